@@ -1,0 +1,3 @@
+//! powerhub-perf: load generator and benchmark runner.
+
+fn main() {}

@@ -1,0 +1,1 @@
+//! powerhub's binary frame transport over TCP.

@@ -1,0 +1,1 @@
+//! WebSocket (RFC 6455) transport for powerhub, sans-IO.

@@ -1,0 +1,1 @@
+//! The hub: topics, subscribers, slow-consumer policies, batches, retained log, priorities, stats.

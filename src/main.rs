@@ -1,0 +1,3 @@
+//! `powerhub`: the push server.
+
+fn main() {}

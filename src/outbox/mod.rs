@@ -1,0 +1,1 @@
+//! The per-connection outbound queue of the push-stream back-pressure spec (sans-IO).

@@ -1,0 +1,1 @@
+//! The push protocol: client commands and server messages, newline-delimited JSON.
