@@ -1,0 +1,324 @@
+//! The server side of the opening handshake (RFC 6455 section 4.2) and the page response.
+
+use std::fmt::Write as _;
+
+use base64::Engine as _;
+use bytes::{BufMut, BytesMut};
+use sha1::{Digest, Sha1};
+
+use crate::config::WebSocketConfig;
+
+/// The GUID of RFC 6455 section 1.3, appended to the key before hashing.
+const ACCEPT_GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+
+/// Most header fields a request may carry.
+const MAX_HEADERS: usize = 64;
+
+/// The `Sec-WebSocket-Accept` value for a `Sec-WebSocket-Key` (RFC 6455 section 4.2.2).
+///
+/// ```
+/// // The example of RFC 6455 section 1.3.
+/// assert_eq!(
+///     powerhub_websocket::accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="),
+///     "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+/// );
+/// ```
+pub fn accept_key(key: &[u8]) -> String {
+    let mut sha = Sha1::new();
+    sha.update(key);
+    sha.update(ACCEPT_GUID);
+    base64::engine::general_purpose::STANDARD.encode(sha.finalize())
+}
+
+/// What the handshake parser decided.
+#[derive(Debug)]
+pub(crate) enum Outcome {
+    /// The request is not complete yet.
+    NeedMore,
+    /// The upgrade is accepted: its 101 response was written; `consumed` request bytes.
+    Upgraded { consumed: usize },
+    /// The page (or its headers, for `HEAD`) was written; the connection closes after it.
+    PageServed,
+    /// The request is refused: the HTTP error response was written.
+    Rejected(Rejection),
+}
+
+/// Why a request was refused.
+#[derive(Debug)]
+pub(crate) enum Rejection {
+    /// The request line and headers exceed `max_handshake_bytes` (at least `size` bytes).
+    TooLarge { size: usize },
+    /// Any other refusal; the string names what was wrong.
+    Invalid(String),
+}
+
+/// Finds the end of the request head (the empty line), scanning from `*scanned` and limited to
+/// `limit + 1` bytes; remembers how far it looked so that a request fed byte by byte is scanned
+/// once.
+fn find_head_end(input: &[u8], scanned: &mut usize, limit: usize) -> Option<usize> {
+    let end = input.len().min(limit.saturating_add(1));
+    let start = scanned.saturating_sub(2);
+    let window = input.get(start..end)?;
+    for (i, _) in window.iter().enumerate().filter(|(_, &b)| b == b'\n') {
+        let at = start + i;
+        // An empty line is `\n\n` or `\n\r\n` (httparse accepts bare line feeds).
+        if input.get(at + 1) == Some(&b'\n') {
+            return Some(at + 2);
+        }
+        if input.get(at + 1) == Some(&b'\r') && input.get(at + 2) == Some(&b'\n') {
+            return Some(at + 3);
+        }
+    }
+    *scanned = end;
+    None
+}
+
+/// Parses the opening handshake at the front of `input` and writes the response to `urgent`.
+pub(crate) fn process(
+    input: &[u8],
+    scanned: &mut usize,
+    config: &WebSocketConfig,
+    max_handshake: usize,
+    urgent: &mut BytesMut,
+) -> Outcome {
+    loop {
+        let Some(head_end) = find_head_end(input, scanned, max_handshake) else {
+            if input.len() > max_handshake {
+                return too_large(max_handshake, urgent);
+            }
+            return Outcome::NeedMore;
+        };
+        if head_end > max_handshake {
+            return too_large(max_handshake, urgent);
+        }
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut request = httparse::Request::new(&mut headers);
+        match request.parse(&input[..head_end]) {
+            Ok(httparse::Status::Complete(consumed)) => {
+                return respond(&request, consumed, config, urgent);
+            }
+            // Only leading empty lines so far: look for the next empty line.
+            Ok(httparse::Status::Partial) => *scanned = head_end,
+            Err(httparse::Error::TooManyHeaders) => {
+                let reason = format!("the request has more than {MAX_HEADERS} header fields");
+                return reject(431, "Request Header Fields Too Large", &reason, "", urgent);
+            }
+            Err(e) => {
+                let reason = format!("malformed HTTP request: {e}");
+                return reject(400, "Bad Request", &reason, "", urgent);
+            }
+        }
+    }
+}
+
+/// The head is longer than `limit`. The size reported is `limit + 1` whatever was read, so the
+/// error does not depend on how the bytes were split.
+fn too_large(limit: usize, urgent: &mut BytesMut) -> Outcome {
+    let reason = format!("the request head exceeds max_handshake_bytes = {limit}");
+    write_response(urgent, 431, "Request Header Fields Too Large", "", &reason);
+    Outcome::Rejected(Rejection::TooLarge {
+        size: limit.saturating_add(1),
+    })
+}
+
+fn reject(
+    status: u16,
+    status_text: &str,
+    reason: &str,
+    extra_headers: &str,
+    urgent: &mut BytesMut,
+) -> Outcome {
+    write_response(urgent, status, status_text, extra_headers, reason);
+    Outcome::Rejected(Rejection::Invalid(format!(
+        "{status} {status_text}: {reason}"
+    )))
+}
+
+/// Every value of header `name`, in order.
+fn values<'a>(req: &'a httparse::Request<'_, '_>, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
+    req.headers
+        .iter()
+        .filter(move |h| h.name.eq_ignore_ascii_case(name))
+        .map(|h| h.value)
+}
+
+/// Whether the comma-separated token lists of header `name` contain `token` (any case).
+fn has_token(req: &httparse::Request<'_, '_>, name: &str, token: &str) -> bool {
+    values(req, name)
+        .flat_map(|v| v.split(|&b| b == b','))
+        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+}
+
+fn respond(
+    req: &httparse::Request<'_, '_>,
+    consumed: usize,
+    config: &WebSocketConfig,
+    urgent: &mut BytesMut,
+) -> Outcome {
+    let method = req.method.unwrap_or_default();
+    let target = req.path.unwrap_or_default();
+    let path = target.split_once('?').map_or(target, |(path, _query)| path);
+    if path != config.path {
+        let reason = format!(
+            "no WebSocket endpoint at {path:?}; the endpoint is {:?}",
+            config.path
+        );
+        return reject(404, "Not Found", &reason, "", urgent);
+    }
+    let upgrade = has_token(req, "upgrade", "websocket");
+    if method != "GET" && !(method == "HEAD" && !upgrade) {
+        let reason = format!("method {method} is not allowed; a WebSocket upgrade uses GET");
+        return reject(
+            405,
+            "Method Not Allowed",
+            &reason,
+            "Allow: GET, HEAD\r\n",
+            urgent,
+        );
+    }
+    if !upgrade {
+        if config.serve_page {
+            write_page(urgent, method == "HEAD");
+            return Outcome::PageServed;
+        }
+        let reason = "this endpoint accepts only WebSocket upgrades (Upgrade: websocket)";
+        let headers = "Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n";
+        return reject(426, "Upgrade Required", reason, headers, urgent);
+    }
+    if req.version != Some(1) {
+        return reject(
+            400,
+            "Bad Request",
+            "a WebSocket upgrade requires HTTP/1.1",
+            "",
+            urgent,
+        );
+    }
+    if !has_token(req, "connection", "upgrade") {
+        let reason = "the Connection header must contain the upgrade token";
+        return reject(400, "Bad Request", reason, "", urgent);
+    }
+    if values(req, "host").next().is_none() {
+        return reject(400, "Bad Request", "the Host header is missing", "", urgent);
+    }
+    let mut versions = values(req, "sec-websocket-version");
+    if versions.next().map(<[u8]>::trim_ascii) != Some(b"13") || versions.next().is_some() {
+        let reason = "Sec-WebSocket-Version must be 13";
+        return reject(
+            426,
+            "Upgrade Required",
+            reason,
+            "Sec-WebSocket-Version: 13\r\n",
+            urgent,
+        );
+    }
+    let mut keys = values(req, "sec-websocket-key");
+    let key = match (keys.next().map(<[u8]>::trim_ascii), keys.next()) {
+        (Some(key), None) if is_valid_key(key) => key,
+        (None, _) => {
+            return reject(
+                400,
+                "Bad Request",
+                "Sec-WebSocket-Key is missing",
+                "",
+                urgent,
+            )
+        }
+        (Some(_), Some(_)) => {
+            let reason = "Sec-WebSocket-Key is given more than once";
+            return reject(400, "Bad Request", reason, "", urgent);
+        }
+        (Some(_), None) => {
+            let reason = "Sec-WebSocket-Key is not the base64 encoding of 16 bytes";
+            return reject(400, "Bad Request", reason, "", urgent);
+        }
+    };
+    if !config.allowed_origins.is_empty() {
+        let mut origins = values(req, "origin");
+        let allowed = match (origins.next(), origins.next()) {
+            (Some(origin), None) => {
+                let origin = origin.trim_ascii();
+                config
+                    .allowed_origins
+                    .iter()
+                    .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+            }
+            _ => false,
+        };
+        if !allowed {
+            let origin = values(req, "origin").next().map(String::from_utf8_lossy);
+            let reason = match origin {
+                Some(origin) => format!("origin {origin:?} is not in allowed_origins"),
+                None => "the Origin header is missing and allowed_origins is set".to_owned(),
+            };
+            return reject(403, "Forbidden", &reason, "", urgent);
+        }
+    }
+    urgent.put_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n");
+    urgent.put_slice(b"Connection: Upgrade\r\nSec-WebSocket-Accept: ");
+    urgent.put_slice(accept_key(key).as_bytes());
+    urgent.put_slice(b"\r\n\r\n");
+    Outcome::Upgraded { consumed }
+}
+
+fn is_valid_key(key: &[u8]) -> bool {
+    let mut decoded = [0u8; 18];
+    key.len() == 24
+        && base64::engine::general_purpose::STANDARD.decode_slice(key, &mut decoded) == Ok(16)
+}
+
+fn write_response(urgent: &mut BytesMut, status: u16, text: &str, headers: &str, reason: &str) {
+    let mut head = String::with_capacity(160 + reason.len());
+    let _ = write!(
+        head,
+        "HTTP/1.1 {status} {text}\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Length: {}\r\nConnection: close\r\n{headers}\r\n{reason}\n",
+        reason.len() + 1
+    );
+    urgent.put_slice(head.as_bytes());
+}
+
+fn write_page(urgent: &mut BytesMut, head_only: bool) {
+    let page = crate::INDEX_HTML.as_bytes();
+    let mut head = String::with_capacity(200);
+    let _ = write!(
+        head,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8\r\nContent-Length: {}\r\n\
+         Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nConnection: close\r\n\r\n",
+        page.len()
+    );
+    urgent.put_slice(head.as_bytes());
+    if !head_only {
+        urgent.put_slice(page);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accept_key_matches_rfc_example() {
+        assert_eq!(
+            accept_key(b"dGhlIHNhbXBsZSBub25jZQ=="),
+            "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+        );
+    }
+
+    #[test]
+    fn key_must_decode_to_16_bytes() {
+        assert!(is_valid_key(b"dGhlIHNhbXBsZSBub25jZQ=="));
+        assert!(!is_valid_key(b"dGhlIHNhbXBsZSBub25jZQ"));
+        assert!(!is_valid_key(b"dGhlIHNhbXBsZSBub25jZWVl"));
+        assert!(!is_valid_key(b"!!!!!!!!!!!!!!!!!!!!!!=="));
+    }
+
+    #[test]
+    fn head_end_is_found_across_calls() {
+        let mut scanned = 0;
+        let req = b"GET / HTTP/1.1\r\nHost: a\r\n\r\nrest";
+        assert_eq!(find_head_end(&req[..20], &mut scanned, 100), None);
+        assert_eq!(find_head_end(&req[..26], &mut scanned, 100), None);
+        assert_eq!(find_head_end(&req[..], &mut scanned, 100), Some(27));
+    }
+}
