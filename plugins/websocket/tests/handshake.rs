@@ -1,0 +1,316 @@
+//! The opening handshake (RFC 6455 section 4.2) and the page, one test per rule.
+
+mod util;
+
+use powerhub_plugin::{Inbound, ProtocolError, ProtocolFactory, ProtocolLimits};
+use powerhub_websocket::{WebSocketConfig, INDEX_HTML};
+use util::*;
+
+fn reject(config: WebSocketConfig, request: &str) -> Step {
+    let mut conn = connection(config);
+    let step = feed(conn.as_mut(), request.as_bytes());
+    assert!(
+        matches!(
+            step.result,
+            Err(ProtocolError::Handshake(_) | ProtocolError::TooLarge { .. })
+        ),
+        "{step:?}"
+    );
+    assert!(!conn.is_ready());
+    step
+}
+
+fn body_of(urgent: &[u8]) -> String {
+    let text = String::from_utf8_lossy(urgent);
+    text.split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default()
+}
+
+#[test]
+fn handshake_valid_upgrade_returns_101_with_accept_key() {
+    let mut conn = connection(WebSocketConfig::default());
+    assert!(!conn.is_ready());
+    let step = feed(conn.as_mut(), request("/", "").as_bytes());
+    assert_eq!(step.result, Ok(()));
+    assert_eq!(step.left, 0);
+    let response = String::from_utf8(step.urgent).unwrap();
+    assert_eq!(
+        response,
+        format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: {ACCEPT}\r\n\r\n"
+        )
+    );
+    assert!(conn.is_ready());
+}
+
+#[test]
+fn handshake_accepts_token_lists_any_case_and_a_query() {
+    let request = format!(
+        "GET /?topic=a HTTP/1.1\r\nhost: x\r\nupgrade: WebSocket\r\nconnection: keep-alive, Upgrade\r\n\
+         sec-websocket-key: {KEY}\r\nsec-websocket-version: 13\r\n\r\n"
+    );
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(conn.as_mut(), request.as_bytes());
+    assert_eq!(step.result, Ok(()));
+    assert_eq!(status_of(&step.urgent), 101);
+}
+
+#[test]
+fn handshake_split_byte_by_byte_gives_the_same_response() {
+    let request = request("/", "");
+    let mut conn = connection(WebSocketConfig::default());
+    let mut input = powerhub_plugin::BytesMut::new();
+    let mut out = powerhub_plugin::ProtocolOutput::default();
+    for &b in request.as_bytes() {
+        input.extend_from_slice(&[b]);
+        conn.decode(&mut input, &mut out).unwrap();
+    }
+    assert_eq!(input.len(), 0);
+    assert!(out
+        .urgent
+        .ends_with(format!("Sec-WebSocket-Accept: {ACCEPT}\r\n\r\n").as_bytes()));
+    assert!(conn.is_ready());
+}
+
+#[test]
+fn handshake_frames_pipelined_after_the_request_are_decoded() {
+    let mut bytes = request("/", "").into_bytes();
+    bytes.extend(data(0x1, b"{\"type\":\"subscribe\"}"));
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(conn.as_mut(), &bytes);
+    assert_eq!(step.result, Ok(()));
+    assert_eq!(
+        step.events,
+        vec![Inbound::Text("{\"type\":\"subscribe\"}".into())]
+    );
+}
+
+#[test]
+fn handshake_wrong_path_is_404() {
+    let step = reject(
+        WebSocketConfig::default().with_path("/ws"),
+        &request("/other", ""),
+    );
+    assert_eq!(status_of(&step.urgent), 404);
+    assert!(body_of(&step.urgent).contains("/other"));
+}
+
+#[test]
+fn handshake_method_other_than_get_is_405() {
+    let request = request("/", "").replacen("GET", "POST", 1);
+    let step = reject(WebSocketConfig::default(), &request);
+    assert_eq!(status_of(&step.urgent), 405);
+    assert!(String::from_utf8_lossy(&step.urgent).contains("Allow: GET"));
+}
+
+#[test]
+fn handshake_http_1_0_upgrade_is_400() {
+    let request = request("/", "").replacen("HTTP/1.1", "HTTP/1.0", 1);
+    let step = reject(WebSocketConfig::default(), &request);
+    assert_eq!(status_of(&step.urgent), 400);
+    assert!(body_of(&step.urgent).contains("HTTP/1.1"));
+}
+
+#[test]
+fn handshake_connection_without_upgrade_token_is_400() {
+    let request = request("/", "").replace("Connection: Upgrade", "Connection: keep-alive");
+    let step = reject(WebSocketConfig::default(), &request);
+    assert_eq!(status_of(&step.urgent), 400);
+    assert!(body_of(&step.urgent).contains("Connection"));
+}
+
+#[test]
+fn handshake_missing_host_is_400() {
+    let request = request("/", "").replace("Host: localhost:8080\r\n", "");
+    let step = reject(WebSocketConfig::default(), &request);
+    assert_eq!(status_of(&step.urgent), 400);
+    assert!(body_of(&step.urgent).contains("Host"));
+}
+
+#[test]
+fn handshake_version_other_than_13_is_426_naming_13() {
+    for version in ["Sec-WebSocket-Version: 8\r\n", ""] {
+        let request = request("/", "").replace("Sec-WebSocket-Version: 13\r\n", version);
+        let step = reject(WebSocketConfig::default(), &request);
+        assert_eq!(status_of(&step.urgent), 426);
+        assert!(String::from_utf8_lossy(&step.urgent).contains("Sec-WebSocket-Version: 13\r\n"));
+    }
+}
+
+#[test]
+fn handshake_invalid_key_is_400() {
+    let bad_keys = [
+        String::new(),
+        "Sec-WebSocket-Key: c2hvcnQ=\r\n".to_owned(),
+        "Sec-WebSocket-Key: !!!!!!!!!!!!!!!!!!!!!!==\r\n".to_owned(),
+        format!("Sec-WebSocket-Key: {KEY}\r\nSec-WebSocket-Key: {KEY}\r\n"),
+    ];
+    for key in bad_keys {
+        let request = request("/", "").replace(&format!("Sec-WebSocket-Key: {KEY}\r\n"), &key);
+        let step = reject(WebSocketConfig::default(), &request);
+        assert_eq!(status_of(&step.urgent), 400, "{key:?}");
+        assert!(
+            body_of(&step.urgent).contains("Sec-WebSocket-Key"),
+            "{key:?}"
+        );
+    }
+}
+
+#[test]
+fn handshake_origin_not_allowed_is_403() {
+    let config = WebSocketConfig::default().with_allowed_origins(["http://good.test"]);
+    let step = reject(
+        config.clone(),
+        &request("/", "Origin: http://evil.test\r\n"),
+    );
+    assert_eq!(status_of(&step.urgent), 403);
+    assert!(body_of(&step.urgent).contains("http://evil.test"));
+
+    let step = reject(config, &request("/", ""));
+    assert_eq!(status_of(&step.urgent), 403);
+    assert!(body_of(&step.urgent).contains("Origin header is missing"));
+}
+
+#[test]
+fn handshake_allowed_origin_matches_without_regard_to_case() {
+    let config = WebSocketConfig::default().with_allowed_origins(["http://good.test:8080"]);
+    let mut conn = connection(config);
+    let step = feed(
+        conn.as_mut(),
+        request("/", "Origin: HTTP://Good.Test:8080\r\n").as_bytes(),
+    );
+    assert_eq!(step.result, Ok(()));
+    assert_eq!(status_of(&step.urgent), 101);
+}
+
+#[test]
+fn handshake_any_origin_when_allowed_origins_is_empty() {
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(
+        conn.as_mut(),
+        request("/", "Origin: http://anything.test\r\n").as_bytes(),
+    );
+    assert_eq!(status_of(&step.urgent), 101);
+}
+
+#[test]
+fn handshake_over_max_handshake_bytes_is_431_too_large() {
+    let config = WebSocketConfig::default().with_max_handshake_bytes(256);
+    let padding = format!("X-Padding: {}\r\n", "a".repeat(300));
+    let step = reject(config.clone(), &request("/", &padding));
+    assert_eq!(status_of(&step.urgent), 431);
+    assert_eq!(
+        step.result,
+        Err(ProtocolError::TooLarge {
+            what: "handshake",
+            limit_name: "max_handshake_bytes",
+            size: 257,
+            limit: 256
+        })
+    );
+    // Without an end of headers in sight, the limit still applies.
+    let step = reject(config, &"G".repeat(1000));
+    assert_eq!(status_of(&step.urgent), 431);
+}
+
+#[test]
+fn handshake_limit_is_the_tighter_of_config_and_runtime() {
+    let factory = factory(WebSocketConfig::default());
+    let limits = ProtocolLimits::default().with_max_handshake_bytes(100);
+    let mut conn = factory.new_connection(&limits);
+    let step = feed(conn.as_mut(), request("/", "").as_bytes());
+    assert!(
+        matches!(step.result, Err(ProtocolError::TooLarge { limit: 100, .. })),
+        "{step:?}"
+    );
+}
+
+#[test]
+fn handshake_malformed_request_is_400() {
+    let step = reject(
+        WebSocketConfig::default(),
+        "GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+    );
+    assert_eq!(status_of(&step.urgent), 400);
+    assert!(body_of(&step.urgent).contains("malformed"));
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(
+        conn.as_mut(),
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\r\n\r\n",
+    );
+    assert_eq!(status_of(&step.urgent), 400);
+}
+
+#[test]
+fn handshake_too_many_header_fields_is_431() {
+    let many: String = (0..100).map(|i| format!("X-{i}: y\r\n")).collect();
+    let step = reject(WebSocketConfig::default(), &request("/", &many));
+    assert_eq!(status_of(&step.urgent), 431);
+}
+
+#[test]
+fn handshake_rejection_is_sticky() {
+    let mut conn = connection(WebSocketConfig::default().with_path("/ws"));
+    let first = feed(conn.as_mut(), request("/", "").as_bytes());
+    let again = feed(conn.as_mut(), &data(0x1, b"x"));
+    assert_eq!(first.result, again.result);
+    assert!(again.urgent.is_empty());
+    assert_eq!(again.left, 0);
+}
+
+#[test]
+fn page_get_without_upgrade_serves_html_and_closes() {
+    let mut conn = connection(WebSocketConfig::default().with_serve_page(true));
+    let step = feed(conn.as_mut(), b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    assert_eq!(step.result, Ok(()));
+    let response = String::from_utf8(step.urgent).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"));
+    assert!(response.contains("Content-Type: text/html; charset=utf-8\r\n"));
+    assert!(response.contains(&format!("Content-Length: {}\r\n", INDEX_HTML.len())));
+    assert!(response.contains("Connection: close\r\n"));
+    assert!(response.ends_with(INDEX_HTML));
+    assert!(matches!(
+        step.events.as_slice(),
+        [Inbound::Close { code: 1000, .. }]
+    ));
+    assert!(!conn.is_ready());
+    // Nothing more is read on that connection.
+    let step = feed(conn.as_mut(), b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(
+        (step.result, step.events.len(), step.urgent.len(), step.left),
+        (Ok(()), 0, 0, 0)
+    );
+}
+
+#[test]
+fn page_head_serves_headers_only() {
+    let mut conn = connection(WebSocketConfig::default().with_serve_page(true));
+    let step = feed(conn.as_mut(), b"HEAD / HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    let response = String::from_utf8(step.urgent).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200 OK\r\n"));
+    assert!(response.ends_with("\r\n\r\n"));
+}
+
+#[test]
+fn page_disabled_get_without_upgrade_is_426() {
+    let step = reject(
+        WebSocketConfig::default(),
+        "GET / HTTP/1.1\r\nHost: localhost\r\n\r\n",
+    );
+    assert_eq!(status_of(&step.urgent), 426);
+    assert!(String::from_utf8_lossy(&step.urgent).contains("Upgrade: websocket\r\n"));
+}
+
+#[test]
+fn page_is_self_contained() {
+    assert!(INDEX_HTML.contains("<script>"));
+    assert!(INDEX_HTML.contains("<style>"));
+    for external in ["src=\"http", "href=\"http", "src='http", "@import", "<link"] {
+        assert!(
+            !INDEX_HTML.contains(external),
+            "the page loads an external resource: {external}"
+        );
+    }
+}
