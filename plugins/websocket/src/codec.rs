@@ -147,6 +147,29 @@ impl WebSocket {
         }
     }
 
+    /// Bytes the connection holds between calls: the message being assembled and the control
+    /// frame being read. Never more than the message limit plus 125.
+    ///
+    /// ```
+    /// use powerhub_plugin::ProtocolLimits;
+    /// use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
+    ///
+    /// let factory = WebSocketFactory::new(WebSocketConfig::default())?;
+    /// let conn = factory.connection(&ProtocolLimits::default());
+    /// assert_eq!(conn.buffered_bytes(), 0);
+    /// assert_eq!(conn.max_message_bytes(), 1 << 20);
+    /// # Ok::<(), powerhub_websocket::ConfigError>(())
+    /// ```
+    pub fn buffered_bytes(&self) -> usize {
+        self.message.len() + self.control.len()
+    }
+
+    /// The largest inbound message this connection accepts: the tighter of the configured and
+    /// the runtime's limit.
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message
+    }
+
     /// Whether a close frame was sent or received, so no data frame may follow.
     fn closing(&self) -> bool {
         !matches!(self.state, State::Handshake { .. } | State::Open)
