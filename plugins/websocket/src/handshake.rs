@@ -166,7 +166,9 @@ fn respond(
         return reject(404, "Not Found", &reason, "", urgent);
     }
     let upgrade = has_token(req, "upgrade", "websocket");
-    if method != "GET" && !(method == "HEAD" && !upgrade) {
+    // `HEAD` is for the page only; an upgrade must be a `GET`.
+    let method_allowed = method == "GET" || (method == "HEAD" && !upgrade);
+    if !method_allowed {
         let reason = format!("method {method} is not allowed; a WebSocket upgrade uses GET");
         return reject(
             405,
