@@ -1,0 +1,360 @@
+//! The web page in headless Chromium, served by the codec over loopback TCP.
+//!
+//! A small test server stands in for the push server: it drives one codec per connection,
+//! keeps a topic → subscribers table, relays `publish` commands as `message`s, and publishes
+//! its counters to the stats topic every 100 ms. Chromium loads the page; the test publishes a
+//! message from a second client (tungstenite) once the page has subscribed, then waits, through
+//! the DevTools protocol, until the page shows the message and the stats, and keeps a
+//! screenshot under `$CARGO_TARGET_TMPDIR/page_chromium/`.
+//!
+//! Needs `chromium` on the PATH (installed by the test dependency script); set
+//! `POWERHUB_SKIP_BROWSER=1` to skip where no browser can be installed.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use powerhub_plugin::{BytesMut, Inbound, ProtocolLimits, ProtocolOutput, StreamProtocol};
+use powerhub_websocket::{ServerFrameHeader, WebSocketConfig, WebSocketFactory};
+use serde_json::{json, Value};
+use tungstenite::Message;
+
+const STATS_TOPIC: &str = "$stats";
+const DEADLINE: Duration = Duration::from_secs(30);
+
+type Writer = Arc<Mutex<TcpStream>>;
+
+#[derive(Default)]
+struct Hub {
+    subs: Mutex<HashMap<String, Vec<(String, Writer)>>>,
+    published: AtomicU64,
+    delivered: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Hub {
+    fn publish(&self, topic: &str, data: Value) {
+        let text = json!({ "type": "message", "topic": topic, "data": data }).to_string();
+        let header = ServerFrameHeader::text(text.len());
+        let subs = self.subs.lock().unwrap();
+        if topic != STATS_TOPIC {
+            self.published.fetch_add(1, Ordering::Relaxed);
+        }
+        for (_, writer) in subs.get(topic).into_iter().flatten() {
+            let mut w = writer.lock().unwrap();
+            if w.write_all(header.as_bytes())
+                .and_then(|()| w.write_all(text.as_bytes()))
+                .is_ok()
+                && topic != STATS_TOPIC
+            {
+                self.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn stats(&self) -> Value {
+        let subs = self.subs.lock().unwrap();
+        let list: Vec<Value> = subs
+            .iter()
+            .flat_map(|(topic, subs)| {
+                subs.iter().map(move |(id, _)| {
+                    json!({ "id": id, "topic": topic, "queued": 0, "dropped": 0, "bytesSent": 0, "inFlight": false })
+                })
+            })
+            .collect();
+        json!({
+            "subscribers": list.len(),
+            "topics": subs.len(),
+            "published": self.published.load(Ordering::Relaxed),
+            "delivered": self.delivered.load(Ordering::Relaxed),
+            "dropped": 0,
+            "disconnected": 0,
+            "list": list,
+        })
+    }
+}
+
+/// Serves connections until the hub stops; returns the port.
+fn start_server(hub: Arc<Hub>) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let factory = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true)).unwrap();
+    let accept_hub = Arc::clone(&hub);
+    thread::spawn(move || {
+        let mut next_id = 0;
+        while !accept_hub.stop.load(Ordering::Relaxed) {
+            match listener.accept() {
+                Ok((sock, _)) => {
+                    next_id += 1;
+                    let (hub, factory) = (Arc::clone(&accept_hub), factory.clone());
+                    thread::spawn(move || serve(sock, format!("client-{next_id}"), &hub, &factory));
+                }
+                Err(_) => thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    });
+    thread::spawn(move || {
+        while !hub.stop.load(Ordering::Relaxed) {
+            hub.publish(STATS_TOPIC, hub.stats());
+            thread::sleep(Duration::from_millis(100));
+        }
+    });
+    port
+}
+
+fn serve(sock: TcpStream, id: String, hub: &Hub, factory: &WebSocketFactory) {
+    sock.set_nonblocking(false).unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let writer: Writer = Arc::new(Mutex::new(sock.try_clone().unwrap()));
+    let mut sock = sock;
+    let mut conn = factory.connection(&ProtocolLimits::default());
+    let (mut input, mut out, mut buf) = (BytesMut::new(), ProtocolOutput::default(), [0u8; 4096]);
+    while !hub.stop.load(Ordering::Relaxed) {
+        let n = match sock.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                continue
+            }
+            Err(_) => break,
+        };
+        input.extend_from_slice(&buf[..n]);
+        let result = conn.decode(&mut input, &mut out);
+        let _ = writer.lock().unwrap().write_all(&out.urgent);
+        let mut done = result.is_err();
+        for event in out.events.drain(..) {
+            match event {
+                Inbound::Text(text) => {
+                    let Ok(cmd) = serde_json::from_slice::<Value>(&text) else {
+                        continue;
+                    };
+                    let topic = cmd["topic"].as_str().unwrap_or_default().to_owned();
+                    match cmd["type"].as_str() {
+                        Some("subscribe") => hub
+                            .subs
+                            .lock()
+                            .unwrap()
+                            .entry(topic)
+                            .or_default()
+                            .push((id.clone(), Arc::clone(&writer))),
+                        Some("publish") => hub.publish(&topic, cmd["data"].clone()),
+                        _ => {}
+                    }
+                }
+                Inbound::Close { .. } => done = true,
+                _ => {}
+            }
+        }
+        out.clear();
+        if done {
+            break;
+        }
+    }
+    for subs in hub.subs.lock().unwrap().values_mut() {
+        subs.retain(|(sub, _)| *sub != id);
+    }
+    let _ = sock.shutdown(Shutdown::Both);
+}
+
+/// A minimal DevTools protocol client over tungstenite.
+struct DevTools {
+    ws: tungstenite::WebSocket<TcpStream>,
+    session: Option<String>,
+    next_id: u64,
+}
+
+impl DevTools {
+    fn call(&mut self, method: &str, params: Value) -> Value {
+        self.next_id += 1;
+        let mut msg = json!({ "id": self.next_id, "method": method, "params": params });
+        if let Some(session) = &self.session {
+            msg["sessionId"] = json!(session);
+        }
+        self.ws.send(Message::text(msg.to_string())).unwrap();
+        loop {
+            let Message::Text(text) = self.ws.read().unwrap() else {
+                continue;
+            };
+            let reply: Value = serde_json::from_str(&text).unwrap();
+            if reply["id"] == json!(self.next_id) {
+                assert!(reply.get("error").is_none(), "{method} failed: {reply}");
+                return reply["result"].clone();
+            }
+        }
+    }
+
+    fn eval(&mut self, expression: &str) -> Value {
+        let result = self.call(
+            "Runtime.evaluate",
+            json!({ "expression": expression, "returnByValue": true }),
+        );
+        result["result"]["value"].clone()
+    }
+
+    /// Evaluates `expression` until it is true, or panics with `what` at the deadline.
+    fn wait_for(&mut self, expression: &str, what: &str, deadline: Instant) {
+        while self.eval(expression) != json!(true) {
+            assert!(Instant::now() < deadline, "the page never {what}");
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+struct Browser(Child);
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn launch_chromium(profile: &Path) -> (Browser, DevTools) {
+    let child = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--window-size=1280,800",
+            "--remote-debugging-port=0",
+            "about:blank",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("chromium is on the PATH (scripts/install-test-deps.sh installs it)");
+    let browser = Browser(child);
+    let port_file = profile.join("DevToolsActivePort");
+    let deadline = Instant::now() + DEADLINE;
+    let endpoint = loop {
+        if let Ok(text) = std::fs::read_to_string(&port_file) {
+            let mut lines = text.lines();
+            if let (Some(port), Some(path)) = (lines.next(), lines.next()) {
+                break format!("ws://127.0.0.1:{port}{path}");
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "chromium did not open its DevTools port"
+        );
+        thread::sleep(Duration::from_millis(50));
+    };
+    let (ws, _) = tungstenite::connect(endpoint).unwrap();
+    (
+        browser,
+        DevTools {
+            ws: into_plain(ws),
+            session: None,
+            next_id: 0,
+        },
+    )
+}
+
+fn into_plain(
+    ws: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
+) -> tungstenite::WebSocket<TcpStream> {
+    let tungstenite::stream::MaybeTlsStream::Plain(stream) = ws.into_inner() else {
+        unreachable!("loopback DevTools is plain TCP")
+    };
+    tungstenite::WebSocket::from_raw_socket(stream, tungstenite::protocol::Role::Client, None)
+}
+
+#[test]
+fn page_in_chromium_connects_subscribes_and_shows_messages_and_stats() {
+    if std::env::var_os("POWERHUB_SKIP_BROWSER").is_some() {
+        eprintln!("POWERHUB_SKIP_BROWSER is set: the browser test is skipped");
+        return;
+    }
+    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("page_chromium");
+    let profile = out_dir.join(format!("profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    std::fs::create_dir_all(&profile).unwrap();
+
+    let hub = Arc::new(Hub::default());
+    let port = start_server(Arc::clone(&hub));
+    let (_browser, mut devtools) = launch_chromium(&profile);
+    let target = devtools.call(
+        "Target.createTarget",
+        json!({ "url": format!("http://127.0.0.1:{port}/?topic=demo") }),
+    );
+    let attached = devtools.call(
+        "Target.attachToTarget",
+        json!({ "targetId": target["targetId"], "flatten": true }),
+    );
+    devtools.session = Some(attached["sessionId"].as_str().unwrap().to_owned());
+    let deadline = Instant::now() + DEADLINE;
+
+    devtools.wait_for(
+        "document.body && document.body.dataset.state === 'open'",
+        "connected",
+        deadline,
+    );
+    while !hub.subs.lock().unwrap().contains_key("demo") {
+        assert!(
+            Instant::now() < deadline,
+            "the page never subscribed to demo"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+
+    // Another client publishes; the page shows it.
+    let (mut publisher, _) = tungstenite::connect(format!("ws://127.0.0.1:{port}/")).unwrap();
+    let payload = json!({ "price": 42000, "note": "from another client" });
+    publisher
+        .send(Message::text(
+            json!({ "type": "publish", "topic": "demo", "data": payload }).to_string(),
+        ))
+        .unwrap();
+    devtools.wait_for(
+        "document.body.dataset.received === '1'",
+        "showed the published message",
+        deadline,
+    );
+    let shown = devtools.eval("document.querySelector('#messages li .data').textContent");
+    assert_eq!(shown, json!(payload.to_string()));
+
+    // The stats panel shows the hub's counters and the per-subscriber table.
+    devtools.wait_for(
+        "document.getElementById('stat-published').textContent === '1'",
+        "showed the stats",
+        deadline,
+    );
+    let subscribers = devtools.eval("document.getElementById('stat-subscribers').textContent");
+    assert_eq!(
+        subscribers,
+        json!("2"),
+        "the page's two subscriptions: demo and the stats topic"
+    );
+    let rows = devtools.eval("document.querySelectorAll('#subscribers tr').length");
+    assert_eq!(rows, json!(2));
+
+    let shot = devtools.call("Page.captureScreenshot", json!({ "format": "png" }));
+    let png = base64::engine::general_purpose::STANDARD
+        .decode(shot["data"].as_str().unwrap())
+        .unwrap();
+    let path = out_dir.join("page.png");
+    std::fs::write(&path, &png).unwrap();
+    eprintln!("screenshot: {}", path.display());
+    assert!(png.starts_with(b"\x89PNG"));
+
+    let _ = publisher.close(None);
+    hub.stop.store(true, Ordering::Relaxed);
+    let _ = std::fs::remove_dir_all(&profile);
+}
