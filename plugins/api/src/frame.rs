@@ -142,7 +142,10 @@ impl Header {
     /// Parses the header at the front of `bytes` (which may hold more than the header).
     pub fn parse(bytes: &[u8]) -> Result<Header, FrameError> {
         let Some(head) = bytes.get(..HEADER_LEN) else {
-            return Err(FrameError::Truncated { needed: HEADER_LEN, available: bytes.len() });
+            return Err(FrameError::Truncated {
+                needed: HEADER_LEN,
+                available: bytes.len(),
+            });
         };
         if head[..2] != MAGIC {
             return Err(FrameError::BadMagic([head[0], head[1]]));
@@ -156,7 +159,11 @@ impl Header {
         if codec == FrameCodec::Raw && count != 1 {
             return Err(FrameError::RawCount(count));
         }
-        Ok(Header { codec, count, length })
+        Ok(Header {
+            codec,
+            count,
+            length,
+        })
     }
 
     /// Total frame length: header plus payload.
@@ -207,12 +214,19 @@ impl<'a> FrameRef<'a> {
         if self.header.codec == FrameCodec::Raw {
             return Ok(vec![self.payload]);
         }
-        let elements: Vec<&'a serde_json::value::RawValue> = serde_json::from_slice(self.payload)
-            .map_err(|e| FrameError::InvalidJson(e.to_string()))?;
+        let elements: Vec<&'a serde_json::value::RawValue> =
+            serde_json::from_slice(self.payload)
+                .map_err(|e| FrameError::InvalidJson(e.to_string()))?;
         if elements.len() != self.header.count as usize {
-            return Err(FrameError::CountMismatch { header: self.header.count, found: elements.len() });
+            return Err(FrameError::CountMismatch {
+                header: self.header.count,
+                found: elements.len(),
+            });
         }
-        Ok(elements.into_iter().map(|raw| raw.get().as_bytes()).collect())
+        Ok(elements
+            .into_iter()
+            .map(|raw| raw.get().as_bytes())
+            .collect())
     }
 }
 
@@ -222,7 +236,10 @@ pub fn decode_prefix(bytes: &[u8]) -> Result<(FrameRef<'_>, usize), FrameError> 
     let header = Header::parse(bytes)?;
     let total = header.frame_len();
     let Some(payload) = bytes.get(HEADER_LEN..total) else {
-        return Err(FrameError::Truncated { needed: total, available: bytes.len() });
+        return Err(FrameError::Truncated {
+            needed: total,
+            available: bytes.len(),
+        });
     };
     Ok((FrameRef { header, payload }, total))
 }
@@ -284,7 +301,11 @@ fn checked_header(codec: FrameCodec, count: usize, length: usize) -> Result<Head
         size: length,
         limit: MAX_PAYLOAD,
     })?;
-    Ok(Header { codec, count, length })
+    Ok(Header {
+        codec,
+        count,
+        length,
+    })
 }
 
 /// Encodes a `json` frame from messages that are each one valid JSON text.
@@ -297,7 +318,9 @@ where
     I::IntoIter: Clone,
 {
     let iter = messages.into_iter();
-    let (count, body) = iter.clone().fold((0usize, 0usize), |(n, len), m| (n + 1, len + m.len()));
+    let (count, body) = iter
+        .clone()
+        .fold((0usize, 0usize), |(n, len), m| (n + 1, len + m.len()));
     // `[` + `]` + one comma between each pair.
     let length = body + 2 + count.saturating_sub(1);
     let header = checked_header(FrameCodec::Json, count, length)?;
@@ -387,7 +410,10 @@ mod tests {
     fn truncated_frame_is_an_error() {
         let f = encode_raw(b"hello").unwrap();
         for cut in 0..f.len() {
-            assert!(matches!(decode(&f[..cut]), Err(FrameError::Truncated { .. })), "cut {cut}");
+            assert!(
+                matches!(decode(&f[..cut]), Err(FrameError::Truncated { .. })),
+                "cut {cut}"
+            );
         }
     }
 
@@ -417,7 +443,10 @@ mod tests {
         f[4] = 3;
         assert_eq!(
             decode(&f).unwrap().json_messages(),
-            Err(FrameError::CountMismatch { header: 3, found: 2 })
+            Err(FrameError::CountMismatch {
+                header: 3,
+                found: 2
+            })
         );
     }
 
@@ -425,7 +454,10 @@ mod tests {
     fn split_frame_rejects_oversized_length_early() {
         let f = encode_raw(&[7; 100]).unwrap();
         let mut buf = BytesMut::from(&f[..HEADER_LEN]);
-        assert!(matches!(split_frame(&mut buf, 10), Err(FrameError::TooLarge { .. })));
+        assert!(matches!(
+            split_frame(&mut buf, 10),
+            Err(FrameError::TooLarge { .. })
+        ));
     }
 
     proptest! {
