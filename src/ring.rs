@@ -18,9 +18,7 @@ pub struct Full<T>(pub T);
 impl<T> Ring<T> {
     /// A ring holding at most `capacity` values (`capacity >= 1`).
     pub fn new(capacity: usize) -> Self {
-        Ring {
-            inner: ArrayQueue::new(capacity),
-        }
+        Ring { inner: ArrayQueue::new(capacity) }
     }
     /// Pushes `value`, or hands it back when the ring is full (drop-newest).
     pub fn push(&self, value: T) -> Result<(), Full<T>> {
