@@ -278,6 +278,10 @@ impl Inner {
         let mut disconnect = Vec::new();
         for e in entry.retained.lock().iter() {
             self.offer(&sub, e, &mut queued, &mut disconnect);
+            if !disconnect.is_empty() {
+                // Cut loose by `disconnect`: the rest of the log is not offered.
+                break;
+            }
         }
         drop(topics);
         for s in disconnect {

@@ -36,6 +36,9 @@ pub(crate) enum Offer {
     Disconnect,
 }
 
+// One `Store` per subscriber, inline in its `Arc`: the ring's cache-padded size is wanted, and
+// boxing it would add a pointer chase on every publish.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 enum Store {
     /// `max_queue: 0`: nothing is ever buffered.

@@ -125,27 +125,27 @@ impl Drop for ChannelSink {
 
 impl ChannelSink {
     fn push(&self, event: ChannelEvent, done: Option<Completion>) -> SendOutcome {
-        let waker = {
+        let (waker, outcome, unused) = {
             let mut st = self.shared.state.lock();
             if !st.receiver_alive {
                 return SendOutcome::Failed(SendError::Closed);
             }
             if st.queue.len() < st.capacity && st.parked.is_empty() {
                 st.queue.push_back(event);
-                drop(done);
-                st.waker
-                    .take()
-                    .map(|w| (w, SendOutcome::Accepted))
-                    .map_or((None, SendOutcome::Accepted), |(w, o)| (Some(w), o))
+                (st.waker.take(), SendOutcome::Accepted, done)
             } else {
+                // Full: park the event; its completion runs when the consumer makes room.
                 st.parked.push_back((event, done));
-                (st.waker.take(), SendOutcome::Pending)
+                (None, SendOutcome::Pending, None)
             }
         };
-        self.shared.ready.notify_one();
-        let (waker, outcome) = waker;
-        if let Some(w) = waker {
-            w.wake();
+        // The completion of an accepted send is not needed; drop it outside the lock.
+        drop(unused);
+        if outcome == SendOutcome::Accepted {
+            self.shared.ready.notify_one();
+            if let Some(w) = waker {
+                w.wake();
+            }
         }
         outcome
     }
