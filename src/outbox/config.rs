@@ -37,7 +37,6 @@ pub enum Framing {
 /// assert!(bad.validate().unwrap_err().to_string().contains("high_water_bytes"));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct OutboxConfig {
     /// Message types that keep only the latest message per slot (subscription, deviceId,
     /// deviceSessionUuid, type) while the connection is paused. Default: `screenshot_update`,

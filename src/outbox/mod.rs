@@ -620,8 +620,10 @@ impl Outbox {
         self.slots.clear();
         while let Some(item) = self.queue.pop_front() {
             self.head_seq += 1;
-            self.stats.queued -= 1;
-            self.stats.queued_bytes -= item.len();
+            if !matches!(item, Item::Removed) {
+                self.stats.queued -= 1;
+                self.stats.queued_bytes -= item.len();
+            }
             match item {
                 Item::Control(json) => self.encode_json(framer, json),
                 Item::Ping => {

@@ -10,7 +10,6 @@ use super::reply;
 
 /// Limits of one push session.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub struct SessionConfig {
     /// Longest command line accepted, in bytes (without newline). A longer line gets a
     /// `line_too_long` error and the connection stays usable. Set the stream protocol's framing
