@@ -1,8 +1,10 @@
 //! The web page in headless Chromium, served by the codec over loopback TCP.
 //!
 //! A small test server stands in for the push server: it drives one codec per connection,
-//! keeps a topic → subscribers table, relays `publish` commands as `message`s, and publishes
-//! its counters to the stats topic every 100 ms. Chromium loads the page; the test publishes a
+//! keeps a topic → subscribers table, answers `subscribe` and `publish` as docs/protocol.md
+//! says (a published message is delivered as is to the topics of its stream and device), and
+//! publishes its counters to the stats stream every 100 ms as
+//! `{"type":"stats","stream":"$stats","subscribers":..,"list":[..],..}`. Chromium loads the page; the test publishes a
 //! message from a second client (tungstenite) once the page has subscribed, then waits, through
 //! the DevTools protocol, until the page shows the message and the stats, and keeps a
 //! screenshot under `$CARGO_TARGET_TMPDIR/page_chromium/`.
@@ -26,7 +28,7 @@ use powerhub_websocket::{ServerFrameHeader, WebSocketConfig, WebSocketFactory};
 use serde_json::{json, Value};
 use tungstenite::Message;
 
-const STATS_TOPIC: &str = "$stats";
+const STATS_STREAM: &str = "$stats";
 const DEADLINE: Duration = Duration::from_secs(30);
 
 type Writer = Arc<Mutex<TcpStream>>;
@@ -40,25 +42,30 @@ struct Hub {
 }
 
 impl Hub {
-    fn publish(&self, topic: &str, data: Value) {
-        let text = json!({ "type": "message", "topic": topic, "data": data }).to_string();
+    /// Delivers `message` (a push-protocol message object) to every subscriber of `topic`.
+    fn publish(&self, topic: &str, message: &Value) -> usize {
+        let text = message.to_string();
         let header = ServerFrameHeader::text(text.len());
         let subs = self.subs.lock().unwrap();
-        if topic != STATS_TOPIC {
-            self.published.fetch_add(1, Ordering::Relaxed);
-        }
+        let mut delivered = 0;
         for (_, writer) in subs.get(topic).into_iter().flatten() {
             let mut w = writer.lock().unwrap();
             if w.write_all(header.as_bytes())
                 .and_then(|()| w.write_all(text.as_bytes()))
                 .is_ok()
-                && topic != STATS_TOPIC
             {
-                self.delivered.fetch_add(1, Ordering::Relaxed);
+                delivered += 1;
             }
         }
+        if topic != STATS_STREAM {
+            self.published.fetch_add(1, Ordering::Relaxed);
+            self.delivered
+                .fetch_add(delivered as u64, Ordering::Relaxed);
+        }
+        delivered
     }
 
+    /// The stats message the page expects on the stats stream.
     fn stats(&self) -> Value {
         let subs = self.subs.lock().unwrap();
         let list: Vec<Value> = subs
@@ -70,12 +77,16 @@ impl Hub {
             })
             .collect();
         json!({
+            "type": "stats",
+            "stream": STATS_STREAM,
             "subscribers": list.len(),
             "topics": subs.len(),
             "published": self.published.load(Ordering::Relaxed),
             "delivered": self.delivered.load(Ordering::Relaxed),
             "dropped": 0,
             "disconnected": 0,
+            "bytesOut": 0,
+            "encoded": 0,
             "list": list,
         })
     }
@@ -103,7 +114,7 @@ fn start_server(hub: Arc<Hub>) -> u16 {
     });
     thread::spawn(move || {
         while !hub.stop.load(Ordering::Relaxed) {
-            hub.publish(STATS_TOPIC, hub.stats());
+            hub.publish(STATS_STREAM, &hub.stats());
             thread::sleep(Duration::from_millis(100));
         }
     });
@@ -140,18 +151,12 @@ fn serve(sock: TcpStream, id: String, hub: &Hub, factory: &WebSocketFactory) {
                     let Ok(cmd) = serde_json::from_slice::<Value>(&text) else {
                         continue;
                     };
-                    let topic = cmd["topic"].as_str().unwrap_or_default().to_owned();
-                    match cmd["type"].as_str() {
-                        Some("subscribe") => hub
-                            .subs
-                            .lock()
-                            .unwrap()
-                            .entry(topic)
-                            .or_default()
-                            .push((id.clone(), Arc::clone(&writer))),
-                        Some("publish") => hub.publish(&topic, cmd["data"].clone()),
-                        _ => {}
-                    }
+                    let reply = command(hub, &id, &writer, &cmd);
+                    let header = ServerFrameHeader::text(reply.len());
+                    let mut w = writer.lock().unwrap();
+                    let _ = w
+                        .write_all(header.as_bytes())
+                        .and_then(|()| w.write_all(reply.as_bytes()));
                 }
                 Inbound::Close { .. } => done = true,
                 _ => {}
@@ -166,6 +171,39 @@ fn serve(sock: TcpStream, id: String, hub: &Hub, factory: &WebSocketFactory) {
         subs.retain(|(sub, _)| *sub != id);
     }
     let _ = sock.shutdown(Shutdown::Both);
+}
+
+/// Topics of a message or subscription (docs/protocol.md): the stream, and `stream/device`.
+fn topics(stream: &str, device: &Value) -> Vec<String> {
+    let mut topics = vec![stream.to_owned()];
+    if let Some(device) = device.as_str() {
+        topics.push(format!("{stream}/{device}"));
+    }
+    topics
+}
+
+/// Runs one push-protocol command; returns the reply.
+fn command(hub: &Hub, conn_id: &str, writer: &Writer, cmd: &Value) -> String {
+    let stream = cmd["stream"].as_str().unwrap_or_default();
+    match cmd["type"].as_str() {
+        Some("subscribe") => {
+            let topic = topics(stream, &cmd["deviceId"]).pop().unwrap();
+            let mut subs = hub.subs.lock().unwrap();
+            let subscribers = subs.entry(topic).or_default();
+            subscribers.push((conn_id.to_owned(), Arc::clone(writer)));
+            let sub_id = format!("{stream}-{}", subscribers.len());
+            json!({ "type": "subscribed", "requestId": cmd["id"], "subscriptionId": sub_id, "stream": stream })
+        }
+        Some("publish") => {
+            let message = &cmd["message"];
+            let stream = message["stream"].as_str().unwrap_or_default();
+            let delivered: usize =
+                topics(stream, &message["deviceId"]).iter().map(|t| hub.publish(t, message)).sum();
+            json!({ "type": "published", "requestId": cmd["id"], "delivered": delivered })
+        }
+        _ => json!({ "type": "error", "requestId": cmd["id"], "code": "unknown_command", "message": "unknown command" }),
+    }
+    .to_string()
 }
 
 /// A minimal DevTools protocol client over tungstenite.
@@ -206,7 +244,13 @@ impl DevTools {
     /// Evaluates `expression` until it is true, or panics with `what` at the deadline.
     fn wait_for(&mut self, expression: &str, what: &str, deadline: Instant) {
         while self.eval(expression) != json!(true) {
-            assert!(Instant::now() < deadline, "the page never {what}");
+            if Instant::now() > deadline {
+                let page = self.eval("document.body.innerText");
+                panic!(
+                    "the page never {what}; it shows:\n{}",
+                    page.as_str().unwrap_or_default()
+                );
+            }
             thread::sleep(Duration::from_millis(100));
         }
     }
@@ -292,7 +336,7 @@ fn page_in_chromium_connects_subscribes_and_shows_messages_and_stats() {
     let (_browser, mut devtools) = launch_chromium(&profile);
     let target = devtools.call(
         "Target.createTarget",
-        json!({ "url": format!("http://127.0.0.1:{port}/?topic=demo") }),
+        json!({ "url": format!("http://127.0.0.1:{port}/?stream=demo") }),
     );
     let attached = devtools.call(
         "Target.attachToTarget",
@@ -316,19 +360,18 @@ fn page_in_chromium_connects_subscribes_and_shows_messages_and_stats() {
 
     // Another client publishes; the page shows it.
     let (mut publisher, _) = tungstenite::connect(format!("ws://127.0.0.1:{port}/")).unwrap();
-    let payload = json!({ "price": 42000, "note": "from another client" });
-    publisher
-        .send(Message::text(
-            json!({ "type": "publish", "topic": "demo", "data": payload }).to_string(),
-        ))
-        .unwrap();
+    let message =
+        json!({ "type": "price", "stream": "demo", "price": 42000, "note": "from another client" });
+    let publish = json!({ "type": "publish", "id": "p1", "message": message });
+    publisher.send(Message::text(publish.to_string())).unwrap();
     devtools.wait_for(
         "document.body.dataset.received === '1'",
         "showed the published message",
         deadline,
     );
-    let shown = devtools.eval("document.querySelector('#messages li .data').textContent");
-    assert_eq!(shown, json!(payload.to_string()));
+    let shown = devtools
+        .eval("JSON.parse(document.querySelector('#messages li.message .data').textContent)");
+    assert_eq!(shown, message);
 
     // The stats panel shows the hub's counters and the per-subscriber table.
     devtools.wait_for(
@@ -340,7 +383,7 @@ fn page_in_chromium_connects_subscribes_and_shows_messages_and_stats() {
     assert_eq!(
         subscribers,
         json!("2"),
-        "the page's two subscriptions: demo and the stats topic"
+        "the page's two subscriptions: demo and the stats stream"
     );
     let rows = devtools.eval("document.querySelectorAll('#subscribers tr').length");
     assert_eq!(rows, json!(2));
