@@ -1,99 +1,26 @@
 //! Cross-check against a client written by others: `tungstenite` talks over loopback TCP to the
 //! sans-IO codec driven by a small echo loop (the test's stand-in for the runtime's shard).
 //!
-//! The loop echoes text and binary messages; `ping-me` makes it send a ping and report the pong
-//! as the text `got pong`; `close-me` makes it start the close handshake with 1001.
+//! The loop (`util::EchoServer`) echoes text and binary messages; `ping-me` makes it send a
+//! ping and report the pong as the text `got pong`; `close-me` makes it start the close
+//! handshake with 1001.
 
 mod util;
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
-use std::thread;
+use util::EchoServer;
+
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::Duration;
 
-use powerhub_plugin::{BytesMut, Inbound, ProtocolError, ProtocolLimits, ProtocolOutput};
-use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
+use powerhub_plugin::{Inbound, ProtocolError};
+use powerhub_websocket::WebSocketConfig;
 use tungstenite::protocol::frame::coding::{CloseCode, Data, OpCode};
 use tungstenite::protocol::frame::Frame;
 use tungstenite::protocol::CloseFrame;
 use tungstenite::{Message, WebSocket};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What the server loop saw.
-#[derive(Debug)]
-struct ServerLog {
-    events: Vec<Inbound>,
-    error: Option<ProtocolError>,
-}
-
-/// Accepts one connection and drives the codec, reading at most `read_chunk` bytes at a time.
-fn spawn_server(
-    config: WebSocketConfig,
-    read_chunk: usize,
-) -> (u16, thread::JoinHandle<ServerLog>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let factory = WebSocketFactory::new(config).unwrap();
-    let handle = thread::spawn(move || {
-        let (mut sock, _) = listener.accept().unwrap();
-        sock.set_read_timeout(Some(TIMEOUT)).unwrap();
-        sock.set_nodelay(true).unwrap();
-        let mut conn = factory.connection(&ProtocolLimits::default());
-        let mut input = BytesMut::new();
-        let mut out = ProtocolOutput::default();
-        let mut buf = vec![0u8; read_chunk];
-        let mut log = ServerLog {
-            events: Vec::new(),
-            error: None,
-        };
-        loop {
-            let n = match sock.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            input.extend_from_slice(&buf[..n]);
-            let result = powerhub_plugin::StreamProtocol::decode(&mut conn, &mut input, &mut out);
-            let mut data = BytesMut::new();
-            let mut closed = false;
-            for event in out.events.drain(..) {
-                use powerhub_plugin::StreamProtocol as _;
-                match &event {
-                    Inbound::Text(t) if &t[..] == b"ping-me" => {
-                        assert!(conn.encode_ping(&mut data))
-                    }
-                    Inbound::Text(t) if &t[..] == b"close-me" => {
-                        conn.encode_close(1001, "bye", &mut data)
-                    }
-                    Inbound::Text(t) => conn.encode_text(t, &mut data),
-                    Inbound::Binary(b) => conn.encode_binary(b, &mut data).unwrap(),
-                    Inbound::Pong => conn.encode_text(b"got pong", &mut data),
-                    Inbound::Close { .. } => closed = true,
-                    other => panic!("unexpected event {other:?}"),
-                }
-                log.events.push(event);
-            }
-            // Urgent bytes first: control never queues behind data.
-            let _ = sock.write_all(&out.urgent);
-            let _ = sock.write_all(&data);
-            out.clear();
-            if let Err(error) = result {
-                log.error = Some(error);
-                break;
-            }
-            if closed {
-                break;
-            }
-        }
-        let _ = sock.shutdown(Shutdown::Write);
-        // Drain until the client closes (bounded), so that it reads our last bytes rather than
-        // a reset.
-        let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = std::io::copy(&mut sock, &mut std::io::sink());
-        log
-    });
-    (port, handle)
-}
 
 fn connect(port: u16) -> WebSocket<TcpStream> {
     let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -127,7 +54,8 @@ fn close_code(ws: &mut WebSocket<TcpStream>) -> Option<CloseCode> {
 
 #[test]
 fn tungstenite_handshake_text_and_binary_round_trip() {
-    let (port, server) = spawn_server(WebSocketConfig::default(), 4096);
+    let server = EchoServer::start(WebSocketConfig::default(), 4096);
+    let port = server.port;
     let mut ws = connect(port);
     ws.send(Message::text(r#"{"type":"subscribe","topic":"t"}"#))
         .unwrap();
@@ -143,14 +71,15 @@ fn tungstenite_handshake_text_and_binary_round_trip() {
     ws.close(None).unwrap();
     let _ = close_code(&mut ws);
     drop(ws);
-    let log = server.join().unwrap();
+    let log = server.next_log();
     assert_eq!(log.error, None);
     assert_eq!(log.events.len(), 4);
 }
 
 #[test]
 fn tungstenite_input_read_in_tiny_pieces_and_fragmented_messages() {
-    let (port, server) = spawn_server(WebSocketConfig::default(), 3);
+    let server = EchoServer::start(WebSocketConfig::default(), 3);
+    let port = server.port;
     let mut ws = connect(port);
     let text = OpCode::Data(Data::Text);
     let cont = OpCode::Data(Data::Continue);
@@ -177,12 +106,13 @@ fn tungstenite_input_read_in_tiny_pieces_and_fragmented_messages() {
     ws.close(None).unwrap();
     let _ = close_code(&mut ws);
     drop(ws);
-    assert_eq!(server.join().unwrap().error, None);
+    assert_eq!(server.next_log().error, None);
 }
 
 #[test]
 fn tungstenite_ping_pong_both_ways() {
-    let (port, server) = spawn_server(WebSocketConfig::default(), 4096);
+    let server = EchoServer::start(WebSocketConfig::default(), 4096);
+    let port = server.port;
     let mut ws = connect(port);
     ws.send(Message::Ping("hello".into())).unwrap();
     assert_eq!(ws.read().unwrap(), Message::Pong("hello".into()));
@@ -194,13 +124,14 @@ fn tungstenite_ping_pong_both_ways() {
     ws.close(None).unwrap();
     let _ = close_code(&mut ws);
     drop(ws);
-    let log = server.join().unwrap();
+    let log = server.next_log();
     assert!(log.events.contains(&Inbound::Pong));
 }
 
 #[test]
 fn tungstenite_client_close_is_echoed_with_its_code() {
-    let (port, server) = spawn_server(WebSocketConfig::default(), 4096);
+    let server = EchoServer::start(WebSocketConfig::default(), 4096);
+    let port = server.port;
     let mut ws = connect(port);
     ws.close(Some(CloseFrame {
         code: CloseCode::Away,
@@ -209,7 +140,7 @@ fn tungstenite_client_close_is_echoed_with_its_code() {
     .unwrap();
     assert_eq!(close_code(&mut ws), Some(CloseCode::Away));
     drop(ws);
-    let log = server.join().unwrap();
+    let log = server.next_log();
     assert_eq!(
         log.events,
         vec![Inbound::Close {
@@ -221,14 +152,15 @@ fn tungstenite_client_close_is_echoed_with_its_code() {
 
 #[test]
 fn tungstenite_server_close_is_answered_by_the_client() {
-    let (port, server) = spawn_server(WebSocketConfig::default(), 4096);
+    let server = EchoServer::start(WebSocketConfig::default(), 4096);
+    let port = server.port;
     let mut ws = connect(port);
     ws.send(Message::text("close-me")).unwrap();
     assert_eq!(close_code(&mut ws), Some(CloseCode::Away));
     // tungstenite queued its reply; writing it completes the handshake.
     let _ = ws.flush();
     drop(ws);
-    let log = server.join().unwrap();
+    let log = server.next_log();
     assert_eq!(log.error, None);
     assert!(
         matches!(log.events.last(), Some(Inbound::Close { code: 1001, .. })),
@@ -238,41 +170,44 @@ fn tungstenite_server_close_is_answered_by_the_client() {
 
 #[test]
 fn tungstenite_sees_1002_for_an_unmasked_frame() {
-    let (port, server) = spawn_server(WebSocketConfig::default(), 4096);
+    let server = EchoServer::start(WebSocketConfig::default(), 4096);
+    let port = server.port;
     let mut ws = connect(port);
     ws.get_mut().write_all(&[0x81, 0x02, b'h', b'i']).unwrap();
     assert_eq!(close_code(&mut ws), Some(CloseCode::Protocol));
     drop(ws);
     assert!(matches!(
-        server.join().unwrap().error,
+        server.next_log().error,
         Some(ProtocolError::Violation(_))
     ));
 }
 
 #[test]
 fn tungstenite_sees_1007_for_invalid_utf8() {
-    let (port, server) = spawn_server(WebSocketConfig::default(), 4096);
+    let server = EchoServer::start(WebSocketConfig::default(), 4096);
+    let port = server.port;
     let mut ws = connect(port);
     ws.get_mut()
         .write_all(&util::data(0x1, b"\xff\xfe"))
         .unwrap();
     assert_eq!(close_code(&mut ws), Some(CloseCode::Invalid));
     drop(ws);
-    assert!(server.join().unwrap().error.is_some());
+    assert!(server.next_log().error.is_some());
 }
 
 #[test]
 fn tungstenite_sees_1009_for_a_message_over_the_limit() {
-    let (port, server) = spawn_server(
+    let server = EchoServer::start(
         WebSocketConfig::default().with_max_message_bytes(1000),
         4096,
     );
+    let port = server.port;
     let mut ws = connect(port);
     ws.send(Message::binary(vec![0u8; 1001])).unwrap();
     assert_eq!(close_code(&mut ws), Some(CloseCode::Size));
     drop(ws);
     assert!(matches!(
-        server.join().unwrap().error,
+        server.next_log().error,
         Some(ProtocolError::TooLarge { .. })
     ));
 }
@@ -280,7 +215,8 @@ fn tungstenite_sees_1009_for_a_message_over_the_limit() {
 #[test]
 fn tungstenite_handshake_refused_for_a_foreign_origin() {
     let config = WebSocketConfig::default().with_allowed_origins(["http://good.test"]);
-    let (port, server) = spawn_server(config, 4096);
+    let server = EchoServer::start(config, 4096);
+    let port = server.port;
     let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream.set_read_timeout(Some(TIMEOUT)).unwrap();
     let request =
@@ -293,7 +229,7 @@ fn tungstenite_handshake_refused_for_a_foreign_origin() {
         other => panic!("expected a 403, got {other:?}"),
     }
     assert!(matches!(
-        server.join().unwrap().error,
+        server.next_log().error,
         Some(ProtocolError::Handshake(_))
     ));
 }

@@ -1,6 +1,13 @@
 //! Helpers shared by the codec's tests: client frames, handshakes, and reading server frames.
 #![allow(dead_code, unreachable_pub)]
 
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::thread;
+use std::time::Duration;
+
 use powerhub_plugin::{
     BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
     StreamProtocol,
@@ -156,4 +163,118 @@ pub fn status_of(urgent: &[u8]) -> u16 {
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(0)
+}
+
+/// What the echo loop saw on one connection.
+#[derive(Debug)]
+pub struct ServerLog {
+    pub events: Vec<Inbound>,
+    pub error: Option<ProtocolError>,
+}
+
+/// A loopback TCP server driving one codec per connection with a small echo loop, standing in
+/// for the runtime's shard: it echoes text and binary messages; `ping-me` makes it send a ping
+/// and report the pong as the text `got pong`; `close-me` makes it close with 1001. Stops
+/// accepting when dropped.
+pub struct EchoServer {
+    pub port: u16,
+    logs: mpsc::Receiver<ServerLog>,
+    stop: Arc<AtomicBool>,
+}
+
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl EchoServer {
+    /// Listens on 127.0.0.1; each connection reads at most `read_chunk` bytes at a time.
+    pub fn start(config: WebSocketConfig, read_chunk: usize) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let factory = WebSocketFactory::new(config).unwrap();
+        let stop = Arc::new(AtomicBool::new(false));
+        let (tx, logs) = mpsc::channel();
+        let accept_stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            while !accept_stop.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((sock, _)) => {
+                        let (factory, tx) = (factory.clone(), tx.clone());
+                        thread::spawn(move || {
+                            let _ = tx.send(echo(sock, &factory, read_chunk));
+                        });
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        EchoServer { port, logs, stop }
+    }
+
+    /// The log of the next connection to finish.
+    pub fn next_log(&self) -> ServerLog {
+        self.logs
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a connection finished")
+    }
+}
+
+impl Drop for EchoServer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn echo(mut sock: TcpStream, factory: &WebSocketFactory, read_chunk: usize) -> ServerLog {
+    sock.set_nonblocking(false).unwrap();
+    sock.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
+    sock.set_nodelay(true).unwrap();
+    let mut conn = factory.connection(&ProtocolLimits::default());
+    let mut input = BytesMut::new();
+    let mut out = ProtocolOutput::default();
+    let mut buf = vec![0u8; read_chunk];
+    let mut log = ServerLog {
+        events: Vec::new(),
+        error: None,
+    };
+    loop {
+        let n = match sock.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        input.extend_from_slice(&buf[..n]);
+        let result = conn.decode(&mut input, &mut out);
+        let mut data = BytesMut::new();
+        let mut closed = false;
+        for event in out.events.drain(..) {
+            match &event {
+                Inbound::Text(t) if &t[..] == b"ping-me" => assert!(conn.encode_ping(&mut data)),
+                Inbound::Text(t) if &t[..] == b"close-me" => {
+                    conn.encode_close(1001, "bye", &mut data)
+                }
+                Inbound::Text(t) => conn.encode_text(t, &mut data),
+                Inbound::Binary(b) => conn.encode_binary(b, &mut data).unwrap(),
+                Inbound::Pong => conn.encode_text(b"got pong", &mut data),
+                Inbound::Close { .. } => closed = true,
+                other => panic!("unexpected event {other:?}"),
+            }
+            log.events.push(event);
+        }
+        // Urgent bytes first: control never queues behind data.
+        let _ = sock.write_all(&out.urgent);
+        let _ = sock.write_all(&data);
+        out.clear();
+        if let Err(error) = result {
+            log.error = Some(error);
+            break;
+        }
+        if closed {
+            break;
+        }
+    }
+    let _ = sock.shutdown(Shutdown::Write);
+    // Drain until the client closes (bounded), so that it reads our last bytes rather than a
+    // reset.
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = std::io::copy(&mut sock, &mut std::io::sink());
+    log
 }
