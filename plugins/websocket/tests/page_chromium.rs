@@ -4,10 +4,10 @@
 //! keeps a topic → subscribers table, answers `subscribe` and `publish` as docs/protocol.md
 //! says (a published message is delivered as is to the topics of its stream and device), and
 //! publishes its counters to the stats stream every 100 ms as
-//! `{"type":"stats","stream":"$stats","subscribers":..,"list":[..],..}`. Chromium loads the page; the test publishes a
-//! message from a second client (tungstenite) once the page has subscribed, then waits, through
-//! the DevTools protocol, until the page shows the message and the stats, and keeps a
-//! screenshot under `$CARGO_TARGET_TMPDIR/page_chromium/`.
+//! `{"type":"stats","stream":"$stats","subscribers":..,"list":[..],..}`. Chromium loads the
+//! page; the test publishes a message from a second client (tungstenite) once the page has
+//! subscribed, then waits, through the DevTools protocol, until the page shows the message and
+//! the stats, and keeps a screenshot under `$CARGO_TARGET_TMPDIR/page_chromium/`.
 //!
 //! Needs `chromium` on the PATH (installed by the test dependency script); set
 //! `POWERHUB_SKIP_BROWSER=1` to skip where no browser can be installed.
@@ -15,18 +15,21 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use powerhub_plugin::{BytesMut, Inbound, ProtocolLimits, ProtocolOutput, StreamProtocol};
 use powerhub_websocket::{ServerFrameHeader, WebSocketConfig, WebSocketFactory};
 use serde_json::{json, Value};
 use tungstenite::Message;
+
+#[path = "util/devtools.rs"]
+mod devtools;
+
+use devtools::launch_chromium;
 
 const STATS_STREAM: &str = "$stats";
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -206,120 +209,6 @@ fn command(hub: &Hub, conn_id: &str, writer: &Writer, cmd: &Value) -> String {
     .to_string()
 }
 
-/// A minimal DevTools protocol client over tungstenite.
-struct DevTools {
-    ws: tungstenite::WebSocket<TcpStream>,
-    session: Option<String>,
-    next_id: u64,
-}
-
-impl DevTools {
-    fn call(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let mut msg = json!({ "id": self.next_id, "method": method, "params": params });
-        if let Some(session) = &self.session {
-            msg["sessionId"] = json!(session);
-        }
-        self.ws.send(Message::text(msg.to_string())).unwrap();
-        loop {
-            let Message::Text(text) = self.ws.read().unwrap() else {
-                continue;
-            };
-            let reply: Value = serde_json::from_str(&text).unwrap();
-            if reply["id"] == json!(self.next_id) {
-                assert!(reply.get("error").is_none(), "{method} failed: {reply}");
-                return reply["result"].clone();
-            }
-        }
-    }
-
-    fn eval(&mut self, expression: &str) -> Value {
-        let result = self.call(
-            "Runtime.evaluate",
-            json!({ "expression": expression, "returnByValue": true }),
-        );
-        result["result"]["value"].clone()
-    }
-
-    /// Evaluates `expression` until it is true, or panics with `what` at the deadline.
-    fn wait_for(&mut self, expression: &str, what: &str, deadline: Instant) {
-        while self.eval(expression) != json!(true) {
-            if Instant::now() > deadline {
-                let page = self.eval("document.body.innerText");
-                panic!(
-                    "the page never {what}; it shows:\n{}",
-                    page.as_str().unwrap_or_default()
-                );
-            }
-            thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-struct Browser(Child);
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn launch_chromium(profile: &Path) -> (Browser, DevTools) {
-    let child = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--window-size=1280,800",
-            "--remote-debugging-port=0",
-            "about:blank",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("chromium is on the PATH (scripts/install-test-deps.sh installs it)");
-    let browser = Browser(child);
-    let port_file = profile.join("DevToolsActivePort");
-    let deadline = Instant::now() + DEADLINE;
-    let endpoint = loop {
-        if let Ok(text) = std::fs::read_to_string(&port_file) {
-            let mut lines = text.lines();
-            if let (Some(port), Some(path)) = (lines.next(), lines.next()) {
-                break format!("ws://127.0.0.1:{port}{path}");
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "chromium did not open its DevTools port"
-        );
-        thread::sleep(Duration::from_millis(50));
-    };
-    let (ws, _) = tungstenite::connect(endpoint).unwrap();
-    (
-        browser,
-        DevTools {
-            ws: into_plain(ws),
-            session: None,
-            next_id: 0,
-        },
-    )
-}
-
-fn into_plain(
-    ws: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
-) -> tungstenite::WebSocket<TcpStream> {
-    let tungstenite::stream::MaybeTlsStream::Plain(stream) = ws.into_inner() else {
-        unreachable!("loopback DevTools is plain TCP")
-    };
-    tungstenite::WebSocket::from_raw_socket(stream, tungstenite::protocol::Role::Client, None)
-}
-
 #[test]
 fn page_in_chromium_connects_subscribes_and_shows_messages_and_stats() {
     if std::env::var_os("POWERHUB_SKIP_BROWSER").is_some() {
@@ -334,15 +223,7 @@ fn page_in_chromium_connects_subscribes_and_shows_messages_and_stats() {
     let hub = Arc::new(Hub::default());
     let port = start_server(Arc::clone(&hub));
     let (_browser, mut devtools) = launch_chromium(&profile);
-    let target = devtools.call(
-        "Target.createTarget",
-        json!({ "url": format!("http://127.0.0.1:{port}/?stream=demo") }),
-    );
-    let attached = devtools.call(
-        "Target.attachToTarget",
-        json!({ "targetId": target["targetId"], "flatten": true }),
-    );
-    devtools.session = Some(attached["sessionId"].as_str().unwrap().to_owned());
+    devtools.open(&format!("http://127.0.0.1:{port}/?stream=demo"));
     let deadline = Instant::now() + DEADLINE;
 
     devtools.wait_for(
@@ -388,12 +269,8 @@ fn page_in_chromium_connects_subscribes_and_shows_messages_and_stats() {
     let rows = devtools.eval("document.querySelectorAll('#subscribers tr').length");
     assert_eq!(rows, json!(2));
 
-    let shot = devtools.call("Page.captureScreenshot", json!({ "format": "png" }));
-    let png = base64::engine::general_purpose::STANDARD
-        .decode(shot["data"].as_str().unwrap())
-        .unwrap();
     let path = out_dir.join("page.png");
-    std::fs::write(&path, &png).unwrap();
+    let png = devtools.screenshot(&path);
     eprintln!("screenshot: {}", path.display());
     assert!(png.starts_with(b"\x89PNG"));
 
