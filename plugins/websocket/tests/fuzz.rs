@@ -356,3 +356,46 @@ fn oversized_announcements_are_refused_before_buffering() {
         "buffers are released after an error"
     );
 }
+
+proptest! {
+    /// Any valid upgrade (header names in any case and order, token lists, extra headers, a
+    /// query) is accepted with the right key, whatever the split.
+    #[test]
+    fn valid_handshakes_in_any_form_are_accepted(
+        upper in proptest::collection::vec(any::<bool>(), 6),
+        order in Just((0..6usize).collect::<Vec<_>>()).prop_shuffle(),
+        extra in proptest::collection::vec(("[A-Za-z][A-Za-z0-9-]{0,15}", "[ -~]{0,40}"), 0..6),
+        query in proptest::option::of("[a-z0-9=&]{0,20}"),
+        key in any::<[u8; 16]>(),
+        split in cuts(),
+    ) {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD.encode(key);
+        let case = |name: &str, up: bool| if up { name.to_ascii_uppercase() } else { name.to_ascii_lowercase() };
+        let fields = [
+            format!("{}: localhost", case("Host", upper[0])),
+            format!("{}: WebSocket", case("Upgrade", upper[1])),
+            format!("{}: keep-alive, Upgrade", case("Connection", upper[2])),
+            format!("{}: {key}", case("Sec-WebSocket-Key", upper[3])),
+            format!("{}: 13", case("Sec-WebSocket-Version", upper[4])),
+            format!("{}: http://any.test", case("Origin", upper[5])),
+        ];
+        let mut head = format!("GET /{} HTTP/1.1\r\n", query.map(|q| format!("?{q}")).unwrap_or_default());
+        for i in order {
+            head.push_str(&fields[i]);
+            head.push_str("\r\n");
+        }
+        for (name, value) in extra {
+            if !name.to_ascii_lowercase().starts_with("sec-websocket") {
+                head.push_str(&format!("X-{name}: {}\r\n", value.trim()));
+            }
+        }
+        head.push_str("\r\n");
+        let got = run(head.as_bytes(), &split);
+        prop_assert_eq!(got.error, None);
+        let response = String::from_utf8(got.urgent).unwrap();
+        prop_assert!(response.starts_with("HTTP/1.1 101 Switching Protocols\r\n"), "{}", response);
+        let accept = format!("Sec-WebSocket-Accept: {}\r\n", powerhub_websocket::accept_key(key.as_bytes()));
+        prop_assert!(response.contains(&accept), "{}", response);
+    }
+}
