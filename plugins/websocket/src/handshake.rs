@@ -97,8 +97,9 @@ pub(crate) fn process(
             Ok(httparse::Status::Complete(consumed)) => {
                 return respond(&request, consumed, config, urgent);
             }
-            // Only leading empty lines so far: look for the next empty line.
-            Ok(httparse::Status::Partial) => *scanned = head_end,
+            // Only leading empty lines so far: look for an empty line after this one (the
+            // search starts 2 bytes before `scanned`, so this moves it past `head_end - 1`).
+            Ok(httparse::Status::Partial) => *scanned = head_end + 2,
             Err(httparse::Error::TooManyHeaders) => {
                 let reason = format!("the request has more than {MAX_HEADERS} header fields");
                 return reject(431, "Request Header Fields Too Large", &reason, "", urgent);
@@ -313,6 +314,31 @@ mod tests {
         assert!(!is_valid_key(b"dGhlIHNhbXBsZSBub25jZQ"));
         assert!(!is_valid_key(b"dGhlIHNhbXBsZSBub25jZWVl"));
         assert!(!is_valid_key(b"!!!!!!!!!!!!!!!!!!!!!!=="));
+    }
+
+    #[test]
+    fn leading_empty_lines_are_skipped_without_looping() {
+        let config = WebSocketConfig::default().with_serve_page(true);
+        for prefix in ["\n\n", "\r\n\r\n", "\n\r\n\n", "\n\n\n\n"] {
+            let request = format!("{prefix}GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+            let mut scanned = 0;
+            let mut urgent = BytesMut::new();
+            let outcome = process(request.as_bytes(), &mut scanned, &config, 1024, &mut urgent);
+            assert!(
+                matches!(outcome, Outcome::PageServed),
+                "{prefix:?}: {outcome:?}"
+            );
+            // Fed in two parts: the empty lines, then the request.
+            let mut scanned = 0;
+            let mut urgent = BytesMut::new();
+            let first = process(prefix.as_bytes(), &mut scanned, &config, 1024, &mut urgent);
+            assert!(matches!(first, Outcome::NeedMore), "{prefix:?}: {first:?}");
+            let outcome = process(request.as_bytes(), &mut scanned, &config, 1024, &mut urgent);
+            assert!(
+                matches!(outcome, Outcome::PageServed),
+                "{prefix:?}: {outcome:?}"
+            );
+        }
     }
 
     #[test]

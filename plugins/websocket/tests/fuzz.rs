@@ -245,6 +245,8 @@ fn handshake() -> impl Strategy<Value = Vec<u8>> {
         Just(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n".to_vec()),
         Just(b"HEAD /?q=1 HTTP/1.0\r\n\r\n".to_vec()),
         ".{0,300}".prop_map(|s| format!("GET /{s} HTTP/1.1\r\nHost: h\r\n\r\n").into_bytes()),
+        // Leading empty lines, which HTTP parsers skip.
+        "[\r\n]{0,8}".prop_map(|s| format!("{s}{}", request("/", "")).into_bytes()),
     ]
 }
 
