@@ -37,7 +37,10 @@ impl StreamProtocol for Ndjson {
 }
 
 fn outbox(framing: Framing, now: Instant) -> Outbox {
-    let config = OutboxConfig { framing, ..OutboxConfig::default() };
+    let config = OutboxConfig {
+        framing,
+        ..OutboxConfig::default()
+    };
     Outbox::new(config, Arc::new(PayloadFactory), now).unwrap()
 }
 
@@ -55,7 +58,10 @@ fn healthy(c: &mut Criterion) {
     let line = Bytes::from(format!("{}\n", message(1)));
     let json = Bytes::from(message(1));
 
-    for (name, framing) in [("shared_ndjson", Framing::Ndjson), ("shared_protocol", Framing::Protocol)] {
+    for (name, framing) in [
+        ("shared_ndjson", Framing::Ndjson),
+        ("shared_protocol", Framing::Protocol),
+    ] {
         let mut ob = outbox(framing, now);
         let mut out = Vec::with_capacity(8);
         g.bench_function(name, |b| {
@@ -67,7 +73,10 @@ fn healthy(c: &mut Criterion) {
             })
         });
     }
-    for (name, framing) in [("event_ndjson", Framing::Ndjson), ("control_protocol", Framing::Protocol)] {
+    for (name, framing) in [
+        ("event_ndjson", Framing::Ndjson),
+        ("control_protocol", Framing::Protocol),
+    ] {
         let mut ob = outbox(framing, now);
         let mut out = Vec::with_capacity(8);
         g.bench_function(name, |b| {
@@ -102,7 +111,10 @@ fn healthy(c: &mut Criterion) {
 
 fn stalled(now: Instant) -> Outbox {
     let mut ob = outbox(Framing::Ndjson, now);
-    ob.push_control(Bytes::from_static(br#"{"type":"subscribed","requestId":"r"}"#), now);
+    ob.push_control(
+        Bytes::from_static(br#"{"type":"subscribed","requestId":"r"}"#),
+        now,
+    );
     let mut out = Vec::new();
     ob.poll_transmit(&mut Ndjson, &mut out, now);
     ob.on_written(3, now);
@@ -156,11 +168,17 @@ fn paused(c: &mut Criterion) {
 fn parse(c: &mut Criterion) {
     let mut g = c.benchmark_group("parse");
     g.throughput(Throughput::Elements(1));
-    let publish = format!(r#"{{"type":"publish","id":"p1","message":{}}}"#, message(7)).into_bytes();
-    let subscribe = br#"{"type":"subscribe","id":"r1","stream":"obs","deviceId":"emulator-5554"}"#.to_vec();
+    let publish =
+        format!(r#"{{"type":"publish","id":"p1","message":{}}}"#, message(7)).into_bytes();
+    let subscribe =
+        br#"{"type":"subscribe","id":"r1","stream":"obs","deviceId":"emulator-5554"}"#.to_vec();
     for (name, line) in [("publish_200B", publish), ("subscribe", subscribe)] {
         g.bench_function(name, |b| {
-            b.iter_batched_ref(|| line.clone(), |l| black_box(parse_command(l).unwrap()), BatchSize::SmallInput)
+            b.iter_batched_ref(
+                || line.clone(),
+                |l| black_box(parse_command(l).unwrap()),
+                BatchSize::SmallInput,
+            )
         });
     }
     g.finish();

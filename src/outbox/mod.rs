@@ -102,6 +102,9 @@ const COPY_BELOW: usize = 512;
 
 static NEWLINE: &[u8] = b"\n";
 
+/// Most subscription ids an outbox remembers (a cache: past it, ids are allocated per push).
+const MAX_NAMES: usize = 64;
+
 /// What [`Outbox::handle_timeout`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -156,6 +159,8 @@ pub struct Outbox {
     wire_len: usize,
     /// Scratch buffer small messages are framed into.
     scratch: BytesMut,
+    /// Subscription ids seen, so a push does not allocate its id (a connection has few).
+    names: Vec<Arc<str>>,
     paused: bool,
     /// Paused and waiting for `on_writable` before offering the unsent bytes again.
     awaiting_writable: bool,
@@ -250,6 +255,7 @@ impl Outbox {
             wire: VecDeque::new(),
             wire_len: 0,
             scratch: BytesMut::new(),
+            names: Vec::new(),
             paused: false,
             awaiting_writable: false,
             reaped: false,
@@ -273,7 +279,7 @@ impl Outbox {
         self.observe_send();
         let meta = event.meta().clone();
         let item = Item::Message {
-            sub: Arc::from(sub),
+            sub: self.intern(sub),
             meta,
             body: Body::Event(event),
         };
@@ -303,7 +309,7 @@ impl Outbox {
         }
         self.observe_send();
         let item = Item::Shared {
-            sub: Arc::from(sub),
+            sub: self.intern(sub),
             lines,
         };
         if self.paused {
@@ -351,6 +357,7 @@ impl Outbox {
             }
         }
         self.notified.retain(|key| &*key.sub != sub);
+        self.names.retain(|name| &**name != sub);
         self.push_control(ack, now);
     }
 
@@ -508,6 +515,18 @@ impl Outbox {
     }
 
     // ---- internals ------------------------------------------------------------------------
+
+    /// The shared id `sub`, allocated once per subscription.
+    fn intern(&mut self, sub: &str) -> Arc<str> {
+        if let Some(name) = self.names.iter().find(|name| &***name == sub) {
+            return Arc::clone(name);
+        }
+        let name: Arc<str> = Arc::from(sub);
+        if self.names.len() < MAX_NAMES {
+            self.names.push(Arc::clone(&name));
+        }
+        name
+    }
 
     fn item_mut(&mut self, seq: u64) -> Option<&mut Item> {
         let idx = seq.checked_sub(self.head_seq)?;

@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::scan::member_span;
+use super::scan::{member_span, members};
 use crate::outbox::Field;
 
 /// The correlation id a client puts in a command's `id` (or `requestId`): a string or an
@@ -237,6 +237,33 @@ impl CommandError {
 /// assert_eq!(err.kind.to_string(), "field `stream` must be a string, got a number");
 /// ```
 pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
+    CommandParser::default().parse(line)
+}
+
+/// A [`parse_command`] that keeps simd-json's buffers between lines (one per connection).
+#[derive(Default)]
+pub struct CommandParser {
+    buffers: Option<simd_json::Buffers>,
+}
+
+impl fmt::Debug for CommandParser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CommandParser").finish_non_exhaustive()
+    }
+}
+
+impl CommandParser {
+    /// Parses one line, as [`parse_command`] does.
+    pub fn parse(&mut self, line: &mut [u8]) -> Result<Command, CommandError> {
+        parse_with(
+            line,
+            self.buffers
+                .get_or_insert_with(|| simd_json::Buffers::new(512)),
+        )
+    }
+}
+
+fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Command, CommandError> {
     if let Err(e) = std::str::from_utf8(line) {
         let id = best_effort_id(&line[..e.valid_up_to()]);
         return Err(CommandError::new(
@@ -253,17 +280,19 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
             ErrorKind::InvalidJson(what.to_owned()),
         ));
     }
-    // Scan before simd-json rewrites the buffer in place.
-    let message_span = member_span(line, "message");
-    let message_bytes = message_span.map(|r| Bytes::copy_from_slice(&line[r]));
-    let fallback_id = best_effort_id(line);
-    let env: Envelope<'_> = match simd_json::serde::from_slice(line) {
+    // Scan before simd-json rewrites the buffer in place; keep a copy of the line only to read
+    // the request id back if it turns out not to be JSON.
+    let ([message, id_span, rid_span], _) = members(line, ["message", "id", "requestId"]);
+    let message_bytes = message.map(|r| Bytes::copy_from_slice(&line[r]));
+    let id_copy = id_span.or(rid_span).map(|r| line[r].to_vec());
+    let env: Envelope<'_> = match simd_json::serde::from_slice_with_buffers(line, buffers) {
         Ok(env) => env,
         Err(e) => {
+            let id = id_copy.as_deref().and_then(read_id);
             return Err(CommandError::new(
-                fallback_id,
+                id,
                 ErrorKind::InvalidJson(json_error(&e)),
-            ))
+            ));
         }
     };
     let id = match request_id(&env.id, "id")? {
@@ -434,15 +463,17 @@ fn wrong(field: &'static str, expected: &'static str, got: &Loose<'_>) -> ErrorK
 /// The request id of a line that failed to parse, when the top-level `id` / `requestId` member
 /// can still be read.
 fn best_effort_id(line: &[u8]) -> Option<RequestId> {
-    let read = |key| {
-        let span = member_span(line, key)?;
-        match serde_json::from_slice::<serde_json::Value>(&line[span]).ok()? {
-            serde_json::Value::String(s) => Some(RequestId::Str(s)),
-            serde_json::Value::Number(n) => n.as_i64().map(RequestId::Int),
-            _ => None,
-        }
-    };
-    read("id").or_else(|| read("requestId"))
+    member_span(line, "id")
+        .and_then(|span| read_id(&line[span]))
+        .or_else(|| member_span(line, "requestId").and_then(|span| read_id(&line[span])))
+}
+
+fn read_id(json: &[u8]) -> Option<RequestId> {
+    match serde_json::from_slice::<serde_json::Value>(json).ok()? {
+        serde_json::Value::String(s) => Some(RequestId::Str(s)),
+        serde_json::Value::Number(n) => n.as_i64().map(RequestId::Int),
+        _ => None,
+    }
 }
 
 fn json_error(e: &simd_json::Error) -> String {

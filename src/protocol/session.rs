@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::command::{parse_command, Command, CommandError, ErrorKind, PublishMeta, RequestId};
+use super::command::{Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId};
 use super::reply;
 
 /// Limits of one push session.
@@ -135,6 +135,7 @@ pub struct Session {
     connection_id: u64,
     subscriptions: HashMap<Arc<str>, SubscriptionInfo>,
     next_id: u64,
+    parser: CommandParser,
 }
 
 impl Session {
@@ -146,6 +147,7 @@ impl Session {
             connection_id,
             subscriptions: HashMap::new(),
             next_id: 1,
+            parser: CommandParser::default(),
         }
     }
 
@@ -160,7 +162,7 @@ impl Session {
             };
             return Action::Reply(CommandError::new(id, kind).to_reply());
         }
-        match parse_command(line) {
+        match self.parser.parse(line) {
             Ok(cmd) => self.handle_command(cmd),
             Err(e) => Action::Reply(e.to_reply()),
         }
