@@ -383,7 +383,6 @@ mod tests {
             r#"{"type":"screenshot_update","id":null}"#,
             r#"{"type":"screenshot_update","requestId":{"a":[1]}}"#,
             r#"{ "type" : "x" , "deviceId" : "d" }"#,
-            r#"{"type":"x","deviceId":"d","deviceId":"e"}"#,
             r#"{"deviceId":"d"}"#,
             r#"{}"#,
         ];

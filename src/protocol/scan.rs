@@ -12,21 +12,23 @@ use std::ops::Range;
 const MAX_DEPTH: usize = 1024;
 
 /// The spans of the values of the top-level members named in `keys` (the last occurrence of a
-/// key wins, as in serde), and whether the whole top level was well formed (`false`: the spans
-/// found before the first error are still returned).
+/// key wins), and whether the whole top level was well formed with each of `keys` at most once
+/// (`false`: the spans found before the first error are still returned).
 pub(crate) fn members<const N: usize>(
     json: &[u8],
     keys: [&str; N],
 ) -> ([Option<Range<usize>>; N], bool) {
     let mut found: [Option<Range<usize>>; N] = std::array::from_fn(|_| None);
+    let mut duplicate = false;
     let ok = scan(json, |key, span| {
         for (k, slot) in keys.iter().zip(found.iter_mut()) {
             if key_matches(key, k) {
+                duplicate |= slot.is_some();
                 *slot = Some(span.clone());
             }
         }
     });
-    (found, ok)
+    (found, ok && !duplicate)
 }
 
 /// The span of the value of the top-level member `key`, if the object is well formed up to it.
