@@ -157,6 +157,8 @@ pub struct Outbox {
     /// Encoded bytes not yet taken by the socket, in order; the front may be partly written.
     wire: VecDeque<Bytes>,
     wire_len: usize,
+    /// Bytes offered by the last `poll_transmit` (a prefix of `wire`).
+    offered: usize,
     /// Scratch buffer small messages are framed into.
     scratch: BytesMut,
     /// Subscription ids seen, so a push does not allocate its id (a connection has few).
@@ -254,6 +256,7 @@ impl Outbox {
             notified: HashSet::new(),
             wire: VecDeque::new(),
             wire_len: 0,
+            offered: 0,
             scratch: BytesMut::new(),
             names: Vec::new(),
             paused: false,
@@ -365,37 +368,58 @@ impl Outbox {
     /// nothing to write (or the connection waits for [`on_writable`](Self::on_writable)).
     ///
     /// `out` always starts at the first unsent byte: after a partial write it starts mid-message.
-    /// Every call must be followed by [`on_written`](Self::on_written) with what the socket took
-    /// before the next call. `framer` frames messages (and keepalive pings) for the wire; `now` is
-    /// passed to the [`MessageFactory`].
+    /// Report what the socket took with [`on_written`](Self::on_written); calling
+    /// `poll_transmit` again without doing so offers the same bytes again (plus what was queued
+    /// since). `framer` frames messages (and keepalive pings) for the wire; `now` is passed to
+    /// the [`MessageFactory`].
     pub fn poll_transmit(
         &mut self,
         framer: &mut dyn StreamProtocol,
         out: &mut Vec<Bytes>,
         now: Instant,
     ) -> usize {
-        if self.reaped || self.awaiting_writable {
+        self.poll_transmit_max(framer, out, now, usize::MAX)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit), offering at most `max_segments` `Bytes` (say, what
+    /// is left of the runtime's `IOV_MAX` gather list). When the socket takes all of a limited
+    /// offer, the connection is not paused and the next call offers the rest.
+    pub fn poll_transmit_max(
+        &mut self,
+        framer: &mut dyn StreamProtocol,
+        out: &mut Vec<Bytes>,
+        now: Instant,
+        max_segments: usize,
+    ) -> usize {
+        if self.reaped || self.awaiting_writable || max_segments == 0 {
+            self.offered = 0;
             return 0;
         }
         if !self.paused {
             self.encode_queue(framer, now);
         }
-        out.extend(self.wire.iter().cloned());
-        self.wire_len
+        let mut offered = 0;
+        for segment in self.wire.iter().take(max_segments) {
+            offered += segment.len();
+            out.push(segment.clone());
+        }
+        self.offered = offered;
+        offered
     }
 
     /// Reports that the socket took the first `n` bytes of what the last
     /// [`poll_transmit`](Self::poll_transmit) offered. Less than offered pauses the connection
     /// until [`on_writable`](Self::on_writable); bytes taken while paused are drain progress and
-    /// refresh liveness.
+    /// refresh liveness. The connection is healthy again once every unsent byte is taken.
     pub fn on_written(&mut self, n: usize, now: Instant) {
-        let n = n.min(self.wire_len);
+        let n = n.min(self.offered);
+        let partial = n < self.offered;
+        self.offered = 0;
         let mut left = n;
-        while left > 0 {
-            let front = self
-                .wire
-                .front_mut()
-                .expect("wire_len counts the wire's bytes");
+        while let Some(front) = self.wire.front_mut() {
+            if left == 0 {
+                break;
+            }
             if front.len() <= left {
                 left -= front.len();
                 self.wire.pop_front();
@@ -410,16 +434,16 @@ impl Outbox {
         if self.paused && n > 0 {
             self.last_alive = now;
         }
-        if self.wire_len == 0 {
-            // Unpaused: what was admitted while paused stays queued (and its slots stay known to
-            // `unsubscribe`) until the next transmit writes it.
-            self.paused = false;
+        // A write observes the unsent bytes: at or below the threshold re-arms notifications.
+        if self.wire_len <= self.config.high_water_bytes {
             self.notified.clear();
-        } else {
+        }
+        if self.wire_len == 0 {
+            // Healthy again: what was admitted while paused stays queued (and its slots stay
+            // known to `unsubscribe`) until the next transmit writes it.
+            self.paused = false;
+        } else if partial {
             self.awaiting_writable = true;
-            if self.wire_len <= self.config.high_water_bytes {
-                self.notified.clear();
-            }
             if !self.paused {
                 self.pause();
             }
@@ -467,6 +491,8 @@ impl Outbox {
             self.slots.clear();
             self.wire.clear();
             self.wire_len = 0;
+            self.offered = 0;
+            self.notified.clear();
             self.stats.queued = 0;
             self.stats.queued_bytes = 0;
             self.stats.unsent_bytes = 0;
