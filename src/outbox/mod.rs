@@ -780,5 +780,5 @@ fn trim_cr(line: &Bytes) -> Bytes {
 }
 
 fn memchr_newline(haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == b'\n')
+    memchr::memchr(b'\n', haystack)
 }
