@@ -132,7 +132,8 @@ pub struct OutboxStats {
     pub removed: u64,
     /// Keepalive pings queued.
     pub pings: u64,
-    /// Messages waiting in the FIFO (not yet encoded for the wire).
+    /// Entries waiting in the FIFO, not yet encoded for the wire (a message; a shared chunk
+    /// pushed while healthy counts once until a pause splits it).
     pub queued: usize,
     /// Bytes of the messages waiting in the FIFO (default serialization for deferred events).
     pub queued_bytes: usize,
