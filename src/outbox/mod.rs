@@ -494,6 +494,8 @@ impl Outbox {
             self.wire_len = 0;
             self.offered = 0;
             self.notified.clear();
+            self.paused = false;
+            self.awaiting_writable = false;
             self.stats.queued = 0;
             self.stats.queued_bytes = 0;
             self.stats.unsent_bytes = 0;
