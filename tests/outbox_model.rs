@@ -511,7 +511,7 @@ fn run<P: StreamProtocol>(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn outbox_matches_the_reference_model_ndjson(ops in prop::collection::vec(op(), 1..80), hw in prop_oneof![Just(60usize), Just(300), Just(1 << 20)]) {

@@ -773,3 +773,11 @@ fn limited_offer_fully_taken_is_not_back_pressure() {
     c.flush();
     assert_eq!(c.take(), lines(&[&big, small]));
 }
+
+#[test]
+fn an_idle_outbox_is_small() {
+    // Idle connections: the outbox is a few hundred bytes and allocates nothing until used.
+    let size = std::mem::size_of::<Outbox>();
+    println!("size_of::<Outbox>() = {size}");
+    assert!(size <= 512, "size_of::<Outbox>() = {size}");
+}

@@ -175,7 +175,7 @@ fn line_over_the_configured_maximum_is_an_error_and_the_connection_stays_usable(
     assert_eq!(
         reply(line(&mut s, &long)),
         format!(
-            r#"{{"type":"error","requestId":null,"code":"line_too_long","message":"line of {} bytes exceeds the limit max_line_bytes = 64"}}"#,
+            r#"{{"type":"error","requestId":"r1","code":"line_too_long","message":"line of {} bytes exceeds the limit max_line_bytes = 64"}}"#,
             long.len()
         )
     );

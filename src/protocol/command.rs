@@ -462,7 +462,7 @@ fn wrong(field: &'static str, expected: &'static str, got: &Loose<'_>) -> ErrorK
 
 /// The request id of a line that failed to parse, when the top-level `id` / `requestId` member
 /// can still be read.
-fn best_effort_id(line: &[u8]) -> Option<RequestId> {
+pub(crate) fn best_effort_id(line: &[u8]) -> Option<RequestId> {
     member_span(line, "id")
         .and_then(|span| read_id(&line[span]))
         .or_else(|| member_span(line, "requestId").and_then(|span| read_id(&line[span])))

@@ -153,7 +153,7 @@ impl Session {
     /// [`Action::Reply`] with an error naming the problem and the request id.
     pub fn handle_line(&mut self, line: &mut [u8]) -> Action {
         if line.len() > self.config.max_line_bytes {
-            let id = None;
+            let id = super::command::best_effort_id(line);
             let kind = ErrorKind::LineTooLong {
                 size: line.len(),
                 limit: self.config.max_line_bytes,
