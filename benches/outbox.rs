@@ -9,6 +9,8 @@
 //! - `paused/*`: a stalled connection receiving state updates for 4 devices, each push coalesced
 //!   into its slot (shared lines are classified; events carry their metadata).
 //! - `parse/*`: one inbound command line through simd-json.
+//! - `classify/*`: reading a paused line's five fields: the outbox's `memchr` top-level scan
+//!   against serde_json.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory, PushEvent};
+use powerhub::outbox::{Framing, MessageMeta, Outbox, OutboxConfig, PayloadFactory, PushEvent};
 use powerhub::plugin::{ProtocolError, ProtocolOutput, StreamProtocol};
 use powerhub::protocol::parse_command;
 
@@ -184,5 +186,43 @@ fn parse(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, healthy, paused, parse);
+/// Why the outbox classifies paused lines with its own top-level scan: the same five fields read
+/// by serde_json (a borrowed struct that skips every other field) against `MessageMeta::classify`.
+fn classify(c: &mut Criterion) {
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Head<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "deviceId", borrow)]
+        device_id: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "deviceSessionUuid", borrow)]
+        session: Option<std::borrow::Cow<'a, str>>,
+        id: Option<serde::de::IgnoredAny>,
+        #[serde(rename = "requestId")]
+        request_id: Option<serde::de::IgnoredAny>,
+    }
+    let mut g = c.benchmark_group("classify");
+    let line = format!(
+        "{{\"type\":\"screenshot_update\",\"deviceId\":\"d1\",\"deviceSessionUuid\":\"s\",\"captureSequence\":1,\"png\":\"{}\"}}",
+        "A".repeat(256 << 10)
+    );
+    g.throughput(Throughput::Bytes(line.len() as u64));
+    g.bench_function("scan_256KiB", |b| {
+        b.iter(|| black_box(MessageMeta::classify(line.as_bytes())))
+    });
+    g.bench_function("serde_json_256KiB", |b| {
+        b.iter(|| {
+            black_box(
+                serde_json::from_slice::<Head<'_>>(line.as_bytes())
+                    .unwrap()
+                    .kind
+                    .is_some(),
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, healthy, paused, parse, classify);
 criterion_main!(benches);

@@ -28,7 +28,13 @@
 //!   dropped and, at most once per (subscription, `deviceId`, `deviceSessionUuid`), replaced by the
 //!   spec's `frames_dropped` notification appended to the FIFO. The "once" is reset whenever a
 //!   drain attempt or a push observes the unsent bytes at or below the threshold. The same check
-//!   applies when the FIFO is written out after a drain, message by message.
+//!   applies when the FIFO is written out, message by message (a shared chunk pushed while
+//!   healthy is written as it is, unread: it is only split and checked if a pause comes first).
+//!
+//! Classifying a message reads five top-level fields (`type`, `deviceId`, `deviceSessionUuid`,
+//! `id`, `requestId`) with a `memchr` scan that skips the rest (a 2 MiB image is one string);
+//! messages with escapes in those fields, odd types or duplicate keys go through serde_json, and
+//! what cannot be read is lossless.
 //! - [`Outbox::unsubscribe`] removes the subscription's pending coalescible frames and its
 //!   notification state, and queues the acknowledgement after everything already queued.
 //!
