@@ -781,3 +781,15 @@ fn an_idle_outbox_is_small() {
     println!("size_of::<Outbox>() = {size}");
     assert!(size <= 512, "size_of::<Outbox>() = {size}");
 }
+
+#[test]
+fn shared_chunk_without_final_newline_still_ends_its_line() {
+    let mut c = Conn::new(ndjson_config());
+    c.shared("s", "{\"type\":\"a\"}\n{\"type\":\"b\"}");
+    c.control(r#"{"type":"c"}"#);
+    c.flush();
+    assert_eq!(
+        c.take(),
+        "{\"type\":\"a\"}\n{\"type\":\"b\"}\n{\"type\":\"c\"}\n"
+    );
+}

@@ -706,7 +706,14 @@ impl Outbox {
                     self.encode_json(framer, json);
                 }
                 Item::Shared { lines, .. } => match self.config.framing {
-                    Framing::Ndjson => self.append_bytes(lines),
+                    Framing::Ndjson => {
+                        let terminated = lines.last() == Some(&b'\n');
+                        self.append_bytes(lines);
+                        if !terminated {
+                            self.scratch.extend_from_slice(NEWLINE);
+                            self.wire_len += 1;
+                        }
+                    }
                     Framing::Protocol => {
                         for line in split_lines(&lines) {
                             let before = self.scratch.len();

@@ -80,7 +80,9 @@ pub enum Command {
     Publish {
         /// The correlation id.
         id: Option<RequestId>,
-        /// The message exactly as the client wrote it (its bytes are what subscribers read).
+        /// The message exactly as the client wrote it (its bytes are what subscribers read),
+        /// except that line breaks in its whitespace become spaces (it arrived over WebSocket,
+        /// say, and is delivered over NDJSON too).
         message: Bytes,
         /// What the message says about itself.
         meta: PublishMeta,
@@ -283,7 +285,7 @@ fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Comma
     // Scan before simd-json rewrites the buffer in place; keep a copy of the line only to read
     // the request id back if it turns out not to be JSON.
     let ([message, id_span, rid_span], _) = members(line, ["message", "id", "requestId"]);
-    let message_bytes = message.map(|r| Bytes::copy_from_slice(&line[r]));
+    let message_bytes = message.map(|r| one_line(&line[r]));
     let id_copy = id_span.or(rid_span).map(|r| line[r].to_vec());
     let env: Envelope<'_> = match simd_json::serde::from_slice_with_buffers(line, buffers) {
         Ok(env) => env,
@@ -383,6 +385,22 @@ fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Comma
         "pong" => Ok(Command::Pong { id }),
         other => fail(ErrorKind::UnknownCommand(other.to_owned())),
     }
+}
+
+/// A copy of a published message that is one line whatever framing it arrived in: a raw `\n` or
+/// `\r` can only be whitespace in valid JSON (strings escape them), so it becomes a space, and an
+/// NDJSON subscriber still reads one message per line.
+fn one_line(message: &[u8]) -> Bytes {
+    if memchr::memchr2(b'\n', b'\r', message).is_none() {
+        return Bytes::copy_from_slice(message);
+    }
+    let mut copy = message.to_vec();
+    for b in &mut copy {
+        if matches!(*b, b'\n' | b'\r') {
+            *b = b' ';
+        }
+    }
+    copy.into()
 }
 
 fn publish_meta(head: &MessageHead<'_>) -> Result<PublishMeta, ErrorKind> {
