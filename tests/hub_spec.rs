@@ -1439,3 +1439,21 @@ fn handlers_may_publish_back_into_the_hub() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
     assert_eq!(received(&spy, "p"), ["1"]);
 }
+
+#[test]
+fn flush_from_inside_a_handler_is_an_error_not_a_deadlock() {
+    let (opts, _errors) = with_errors(HubOptions::default());
+    let (hub, _spy) = manual(opts);
+    let h = hub.clone();
+    let got: Arc<Mutex<Option<Result<(), HubError>>>> = Arc::default();
+    let g = Arc::clone(&got);
+    hub.subscribe(
+        "t",
+        move |_| *g.lock().unwrap() = Some(h.flush()),
+        SubscribeOptions::default(),
+    )
+    .unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(*got.lock().unwrap(), Some(Err(HubError::FlushInsideDrain)));
+}

@@ -1,10 +1,11 @@
 //! The hub's shared state and its drain: what `Hub` and `Subscription` delegate to.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -25,6 +26,32 @@ use super::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
 use super::Message;
 
 pub(crate) type Handler = Arc<dyn Fn(&Delivery<'_>) + Send + Sync>;
+
+thread_local! {
+    /// Whether this thread is inside a drain (holding the drain lock): a handler, sink or hook
+    /// that calls `flush` or `turn` from there would wait for itself.
+    static DRAINING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as draining while alive.
+struct DrainingGuard;
+
+impl DrainingGuard {
+    fn enter() -> DrainingGuard {
+        DRAINING.with(|d| d.set(true));
+        DrainingGuard
+    }
+}
+
+impl Drop for DrainingGuard {
+    fn drop(&mut self) {
+        DRAINING.with(|d| d.set(false));
+    }
+}
+
+fn draining() -> bool {
+    DRAINING.with(Cell::get)
+}
 
 /// Where a subscriber's one outstanding send stands.
 #[derive(Default)]
@@ -167,6 +194,8 @@ pub(crate) struct Inner {
     drain: Mutex<DrainState>,
     flush_mx: Mutex<()>,
     flush_cv: Condvar,
+    /// Flushes waiting on `flush_cv`; completions only take `flush_mx` when there are some.
+    flush_waiters: AtomicUsize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -191,6 +220,7 @@ impl Inner {
             drain: Mutex::new(DrainState::default()),
             flush_mx: Mutex::new(()),
             flush_cv: Condvar::new(),
+            flush_waiters: AtomicUsize::new(0),
             thread: Mutex::new(None),
         });
         if spawn {
@@ -303,7 +333,8 @@ impl Inner {
 
     /// Detaches `sub` and calls its close adapter; `false` if it was already gone.
     pub(crate) fn remove(&self, sub: &Arc<Sub>, reason: CloseReason) -> bool {
-        if sub.closed.swap(true, Ordering::AcqRel) {
+        // SeqCst pairs with the flush waiter count (see `notify_flush`).
+        if sub.closed.swap(true, Ordering::SeqCst) {
             return false;
         }
         {
@@ -513,7 +544,11 @@ impl Inner {
     }
 
     fn run_turn(&self) {
+        if draining() {
+            return;
+        }
         let mut st = self.drain.lock();
+        let _guard = DrainingGuard::enter();
         self.work.store(false, Ordering::Release);
         let m = self.drain_pass(&mut st);
         drop(st);
@@ -748,16 +783,23 @@ impl Inner {
             }
             Err(e) => self.report(&e, Some(&sub.sref)),
         }
-        sub.in_flight.store(false, Ordering::Release);
+        // SeqCst pairs with the flush waiter count (see `notify_flush`).
+        sub.in_flight.store(false, Ordering::SeqCst);
         if !sub.queue.is_empty() && !sub.closed.load(Ordering::Acquire) {
             self.wake();
         }
         self.notify_flush();
     }
 
+    /// Wakes waiting flushes. The state change a flush waits for (`in_flight` cleared, `closed`
+    /// set) is stored SeqCst before this loads the waiter count SeqCst, and a flush increments
+    /// the count SeqCst before it re-checks that state: one of the two sees the other, so no
+    /// wake-up is lost while completions with no flush waiting skip the mutex.
     fn notify_flush(&self) {
-        let _g = self.flush_mx.lock();
-        self.flush_cv.notify_all();
+        if self.flush_waiters.load(Ordering::SeqCst) > 0 {
+            let _g = self.flush_mx.lock();
+            self.flush_cv.notify_all();
+        }
     }
 
     pub(crate) fn report(&self, err: &HubError, sub: Option<&SubscriberRef>) {
@@ -776,6 +818,9 @@ impl Inner {
         if self.is_closed() {
             return Err(HubError::Closed);
         }
+        if draining() {
+            return Err(HubError::FlushInsideDrain);
+        }
         let errors_before = self.counters.errors.load(Ordering::Relaxed);
         // What each subscriber must have got rid of: everything queued now. `removed` is read
         // before the length so a concurrent pop can only make the target smaller.
@@ -789,8 +834,8 @@ impl Inner {
             })
             .collect();
         let done = |s: &Sub, target: u64| {
-            s.closed.load(Ordering::Acquire)
-                || (!s.in_flight.load(Ordering::Acquire)
+            s.closed.load(Ordering::SeqCst)
+                || (!s.in_flight.load(Ordering::SeqCst)
                     && (s.removed.load(Ordering::Relaxed) >= target || s.queue.is_empty()))
         };
         loop {
@@ -800,8 +845,10 @@ impl Inner {
             }
             {
                 let mut st = self.drain.lock();
+                let guard = DrainingGuard::enter();
                 self.work.store(false, Ordering::Release);
                 let m = self.drain_pass(&mut st);
+                drop(guard);
                 drop(st);
                 self.emit_metrics(m);
             }
@@ -813,13 +860,15 @@ impl Inner {
             }
             // Wait for an outstanding send to complete, then drain again.
             let mut g = self.flush_mx.lock();
+            self.flush_waiters.fetch_add(1, Ordering::SeqCst);
             while !self.is_closed()
                 && targets
                     .iter()
-                    .any(|(s, t)| !done(s, *t) && s.in_flight.load(Ordering::Acquire))
+                    .any(|(s, t)| !done(s, *t) && s.in_flight.load(Ordering::SeqCst))
             {
                 self.flush_cv.wait(&mut g);
             }
+            self.flush_waiters.fetch_sub(1, Ordering::SeqCst);
         }
         let errors = self.counters.errors.load(Ordering::Relaxed) - errors_before;
         if errors > 0 {
