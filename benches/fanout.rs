@@ -45,7 +45,11 @@ fn payload() -> Message {
 
 fn hub_with(n: usize) -> (Hub, Arc<AtomicU64>) {
     let sink = Arc::new(Counting::default());
-    let hub = Hub::new(Arc::clone(&sink), HubOptions::default().driver(Driver::Manual)).unwrap();
+    let hub = Hub::new(
+        Arc::clone(&sink),
+        HubOptions::default().driver(Driver::Manual),
+    )
+    .unwrap();
     let consumed = Arc::new(AtomicU64::new(0));
     for i in 0..n {
         let c = Arc::clone(&consumed);
@@ -77,7 +81,8 @@ fn fanout(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("hub/one-turn", n), &n, |b, _| {
             b.iter(|| {
                 for _ in 0..MESSAGES {
-                    hub.publish("t", msg.clone(), PublishOptions::default()).unwrap();
+                    hub.publish("t", msg.clone(), PublishOptions::default())
+                        .unwrap();
                 }
                 hub.turn(Instant::now());
             })
@@ -89,7 +94,8 @@ fn fanout(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("hub/turn-per-message", n), &n, |b, _| {
             b.iter(|| {
                 for _ in 0..MESSAGES {
-                    hub.publish("t", msg.clone(), PublishOptions::default()).unwrap();
+                    hub.publish("t", msg.clone(), PublishOptions::default())
+                        .unwrap();
                     hub.turn(Instant::now());
                 }
             })
@@ -113,22 +119,27 @@ fn fanout(c: &mut Criterion) {
         });
         drop(rxs);
 
-        let (txs, rxs): (Vec<_>, Vec<_>) =
-            (0..n).map(|_| crossbeam_channel::bounded::<Bytes>(64)).unzip();
-        group.bench_with_input(BenchmarkId::new("crossbeam-per-subscriber", n), &n, |b, _| {
-            b.iter(|| {
-                for _ in 0..MESSAGES {
-                    for tx in &txs {
-                        tx.try_send(bytes.clone()).unwrap();
-                    }
-                }
-                for rx in &rxs {
+        let (txs, rxs): (Vec<_>, Vec<_>) = (0..n)
+            .map(|_| crossbeam_channel::bounded::<Bytes>(64))
+            .unzip();
+        group.bench_with_input(
+            BenchmarkId::new("crossbeam-per-subscriber", n),
+            &n,
+            |b, _| {
+                b.iter(|| {
                     for _ in 0..MESSAGES {
-                        black_box(rx.try_recv().unwrap());
+                        for tx in &txs {
+                            tx.try_send(bytes.clone()).unwrap();
+                        }
                     }
-                }
-            })
-        });
+                    for rx in &rxs {
+                        for _ in 0..MESSAGES {
+                            black_box(rx.try_recv().unwrap());
+                        }
+                    }
+                })
+            },
+        );
     }
     group.finish();
 }

@@ -160,6 +160,8 @@ type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<Me
 #[derive(Default)]
 struct DrainState {
     order: Vec<Arc<Sub>>,
+    /// How many entries each subscriber of `order` takes this turn.
+    budgets: Vec<usize>,
     memo: Memo,
     batch: Vec<Arc<Entry>>,
 }
@@ -582,14 +584,24 @@ impl Inner {
         self.refresh_order(st);
         st.memo.clear();
         let order = std::mem::take(&mut st.order);
-        for sub in &order {
+        // The turn boundary: every queue's length, read while no publish is half-way through
+        // its subscribers (publishes hold the topics read lock). Subscribers that queued the same
+        // publications therefore take the same batches and share their frames, even while other
+        // threads keep publishing.
+        st.budgets.clear();
+        {
+            let _no_publish = self.topics.write();
+            st.budgets.extend(order.iter().map(|s| s.queue.len()));
+        }
+        let budgets = std::mem::take(&mut st.budgets);
+        for (sub, &budget) in order.iter().zip(&budgets) {
             if self.is_closed() {
                 break;
             }
             if sub.closed.load(Ordering::Acquire) || sub.in_flight.load(Ordering::Acquire) {
                 continue;
             }
-            let mut budget = sub.queue.len();
+            let mut budget = budget;
             while budget > 0 {
                 let mut batch = std::mem::take(&mut st.batch);
                 batch.clear();
@@ -619,6 +631,7 @@ impl Inner {
             }
         }
         st.order = order;
+        st.budgets = budgets;
         st.memo.clear();
         st.batch.clear();
         m
