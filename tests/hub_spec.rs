@@ -1457,3 +1457,83 @@ fn flush_from_inside_a_handler_is_an_error_not_a_deadlock() {
     turn(&hub);
     assert_eq!(*got.lock().unwrap(), Some(Err(HubError::FlushInsideDrain)));
 }
+
+#[test]
+fn a_pending_send_completed_inside_send_is_finished_once() {
+    /// Completes inside `send`, then reports `Pending`: with `Ok` for "ok", with an error
+    /// otherwise.
+    #[derive(Debug)]
+    struct Eager;
+    impl powerhub_plugin::Sink for Eager {
+        fn send(
+            &self,
+            sub: &SubscriberRef,
+            _f: Bytes,
+            done: powerhub_plugin::Completion,
+        ) -> powerhub_plugin::SendOutcome {
+            if sub.id() == "ok" {
+                done.complete(Ok(()));
+            } else {
+                done.complete(Err(SendError::Refused("late refusal".into())));
+            }
+            powerhub_plugin::SendOutcome::Pending
+        }
+    }
+    let (opts, errors) = with_errors(HubOptions::default().driver(Driver::Manual));
+    let hub = Hub::new(Eager, opts).unwrap();
+    let (seen_ok, handler_ok) = recorder();
+    let (seen_err, handler_err) = recorder();
+    hub.subscribe("t", handler_ok, SubscribeOptions::default().id("ok"))
+        .unwrap();
+    hub.subscribe("t", handler_err, SubscribeOptions::default().id("err"))
+        .unwrap();
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    assert_eq!(*seen_ok.lock().unwrap(), ["1", "2"]);
+    assert!(seen_err.lock().unwrap().is_empty());
+    let errs = errors.lock().unwrap().clone();
+    assert!(
+        matches!(&errs[..], [(HubError::SendFailed { id, error: SendError::Refused(_) }, _)] if id == "err")
+    );
+    assert!(hub.stats().list.iter().all(|s| !s.in_flight));
+    publish(&hub, "t", 3);
+    hub.flush().unwrap_err();
+    assert_eq!(*seen_ok.lock().unwrap(), ["1", "2", "3"]);
+}
+
+#[test]
+fn a_completion_kept_past_an_accepted_send_is_ignored() {
+    #[derive(Debug, Default)]
+    struct Keeper(Mutex<Vec<powerhub_plugin::Completion>>);
+    impl powerhub_plugin::Sink for Keeper {
+        fn send(
+            &self,
+            _s: &SubscriberRef,
+            _f: Bytes,
+            done: powerhub_plugin::Completion,
+        ) -> powerhub_plugin::SendOutcome {
+            self.0.lock().unwrap().push(done);
+            powerhub_plugin::SendOutcome::Accepted
+        }
+    }
+    let keeper = Arc::new(Keeper::default());
+    let hub = Hub::new(
+        Arc::clone(&keeper),
+        HubOptions::default().driver(Driver::Manual),
+    )
+    .unwrap();
+    let (seen, handler) = recorder();
+    hub.subscribe("t", handler, SubscribeOptions::default())
+        .unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    for done in keeper.0.lock().unwrap().drain(..) {
+        done.complete(Err(SendError::Closed));
+    }
+    assert_eq!(*seen.lock().unwrap(), ["1", "2"], "each batch handled once");
+    assert!(!hub.stats().list[0].in_flight);
+    hub.flush().unwrap();
+}
