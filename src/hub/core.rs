@@ -243,7 +243,6 @@ struct DrainState {
 
 #[derive(Default)]
 struct Counters {
-    published: AtomicU64,
     delivered: AtomicU64,
     dropped: AtomicU64,
     disconnected: AtomicU64,
@@ -470,8 +469,8 @@ impl Inner {
         if self.is_closed() {
             return Ok(0);
         }
+        // One sequence number per publication: `seq` doubles as the `published` counter.
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        self.counters.published.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(Entry {
             seq,
             priority: opts.priority.unwrap_or(0),
@@ -627,7 +626,8 @@ impl Inner {
         }
         let mut st = self.drain.lock();
         let _guard = DrainingGuard::enter();
-        self.work.store(false, Ordering::Release);
+        // AcqRel swap: reads-from the publisher's `wake` swap, so its queue pushes are visible.
+        self.work.swap(false, Ordering::AcqRel);
         let m = self.drain_pass(&mut st);
         drop(st);
         self.emit_metrics(m);
@@ -638,7 +638,7 @@ impl Inner {
             if m.frames == 0 && m.encode_dropped == 0 && m.send_failures == 0 {
                 return;
             }
-            m.published_total = self.counters.published.load(Ordering::Relaxed);
+            m.published_total = self.seq.load(Ordering::Relaxed);
             m.dropped_total = self.counters.dropped.load(Ordering::Relaxed);
             m.disconnected_total = self.counters.disconnected.load(Ordering::Relaxed);
             let _ = catch_unwind(AssertUnwindSafe(|| hook(&m)));
@@ -930,7 +930,8 @@ impl Inner {
             {
                 let mut st = self.drain.lock();
                 let guard = DrainingGuard::enter();
-                self.work.store(false, Ordering::Release);
+                // AcqRel swap: reads-from the publisher's `wake` swap, so its queue pushes are visible.
+        self.work.swap(false, Ordering::AcqRel);
                 let m = self.drain_pass(&mut st);
                 drop(guard);
                 drop(st);
@@ -1014,7 +1015,7 @@ impl Inner {
         Stats {
             subscribers: list.len(),
             topics: self.topics.read().len(),
-            published: self.counters.published.load(Ordering::Relaxed),
+            published: self.seq.load(Ordering::Relaxed),
             delivered: self.counters.delivered.load(Ordering::Relaxed),
             dropped: self.counters.dropped.load(Ordering::Relaxed),
             disconnected: self.counters.disconnected.load(Ordering::Relaxed),
