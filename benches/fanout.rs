@@ -45,7 +45,11 @@ fn payload() -> Message {
 
 fn hub_with(n: usize) -> (Hub, Arc<Counting>) {
     let sink = Arc::new(Counting::default());
-    let hub = Hub::new(Arc::clone(&sink), HubOptions::default().driver(Driver::Manual)).unwrap();
+    let hub = Hub::new(
+        Arc::clone(&sink),
+        HubOptions::default().driver(Driver::Manual),
+    )
+    .unwrap();
     for i in 0..n {
         // The consumer: one handler call per delivered message.
         hub.subscribe(
@@ -58,9 +62,13 @@ fn hub_with(n: usize) -> (Hub, Arc<Counting>) {
         .unwrap();
     }
     // Check the path end to end once before measuring it.
-    hub.publish("t", payload(), PublishOptions::default()).unwrap();
+    hub.publish("t", payload(), PublishOptions::default())
+        .unwrap();
     hub.turn(Instant::now());
-    assert!(sink.0.load(Ordering::Relaxed) > 0, "frames reached the transport");
+    assert!(
+        sink.0.load(Ordering::Relaxed) > 0,
+        "frames reached the transport"
+    );
     (hub, sink)
 }
 
@@ -75,7 +83,7 @@ fn fanout(c: &mut Criterion) {
             group.sample_size(30);
         }
 
-        let (hub, sink) = hub_with(n);
+        let (hub, _sink) = hub_with(n);
         group.bench_with_input(BenchmarkId::new("hub/one-turn", n), &n, |b, _| {
             b.iter(|| {
                 for _ in 0..MESSAGES {
