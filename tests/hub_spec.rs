@@ -1537,3 +1537,57 @@ fn a_completion_kept_past_an_accepted_send_is_ignored() {
     assert!(!hub.stats().list[0].in_flight);
     hub.flush().unwrap();
 }
+
+#[test]
+fn concurrent_publishers_keep_each_publishers_order_and_lose_nothing_within_max_queue() {
+    let (sink, rx) = powerhub::transport::channel(64);
+    let hub = Hub::new(sink, HubOptions::default()).unwrap();
+    for id in ["a", "b", "c"] {
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default().id(id).max_queue(20_000),
+        );
+    }
+    let reader = std::thread::spawn(move || {
+        let mut got: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();
+        for ev in rx {
+            if let powerhub::transport::ChannelEvent::Frame { subscriber, frame } = ev {
+                for m in messages(&frame) {
+                    let v: Vec<u64> = serde_json::from_str(&m).unwrap();
+                    got.entry(subscriber.id().to_owned())
+                        .or_default()
+                        .push((v[0], v[1]));
+                }
+            }
+        }
+        got
+    });
+    let publishers: Vec<_> = (0..4u64)
+        .map(|p| {
+            let hub = hub.clone();
+            std::thread::spawn(move || {
+                for n in 0..2000u64 {
+                    hub.publish("t", json([p, n]), PublishOptions::default())
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for p in publishers {
+        p.join().unwrap();
+    }
+    hub.shutdown().unwrap();
+    let s = hub.stats();
+    assert_eq!(s.published, 8000);
+    drop(hub);
+    let got = reader.join().unwrap();
+    for id in ["a", "b", "c"] {
+        let msgs = &got[id];
+        assert_eq!(msgs.len(), 8000, "{id}");
+        for p in 0..4 {
+            let seq: Vec<u64> = msgs.iter().filter(|m| m.0 == p).map(|m| m.1).collect();
+            assert_eq!(seq, (0..2000).collect::<Vec<_>>(), "{id} publisher {p}");
+        }
+    }
+}

@@ -930,7 +930,7 @@ impl Inner {
             {
                 let mut st = self.drain.lock();
                 let guard = DrainingGuard::enter();
-                // AcqRel swap: reads-from the publisher's `wake` swap, so its queue pushes are visible.
+                // AcqRel: reads-from the publisher's `wake` swap, so its pushes are visible.
                 self.work.swap(false, Ordering::AcqRel);
                 let m = self.drain_pass(&mut st);
                 drop(guard);
