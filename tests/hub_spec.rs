@@ -1591,3 +1591,27 @@ fn concurrent_publishers_keep_each_publishers_order_and_lose_nothing_within_max_
         }
     }
 }
+
+#[test]
+fn unsubscribing_or_closing_releases_a_flush_held_by_a_stalled_transport() {
+    for close in [false, true] {
+        let (hub, spy) = manual(HubOptions::default());
+        spy.set_mode(SpyMode::Pending);
+        sub(&hub, "t", SubscribeOptions::default().id("stalled"));
+        publish(&hub, "t", 1);
+        let flusher = {
+            let hub = hub.clone();
+            std::thread::spawn(move || hub.flush())
+        };
+        while spy.pending() == 0 {
+            std::thread::yield_now();
+        }
+        if close {
+            hub.close();
+            assert_eq!(flusher.join().unwrap(), Err(HubError::Closed));
+        } else {
+            assert!(hub.unsubscribe("stalled"));
+            assert_eq!(flusher.join().unwrap(), Ok(()));
+        }
+    }
+}

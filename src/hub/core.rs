@@ -313,7 +313,8 @@ impl Inner {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        // SeqCst pairs with the flush waiter count (see `notify_flush`); a plain load on x86.
+        self.closed.load(Ordering::SeqCst)
     }
 
     // ---- subscribe / unsubscribe -------------------------------------------------------------
@@ -959,7 +960,7 @@ impl Inner {
     }
 
     pub(crate) fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
         {

@@ -198,7 +198,10 @@ impl Hub {
     /// transport, waiting for sends in flight (including ones that were outstanding before).
     ///
     /// Returns [`HubError::FlushErrors`] when delivery errors were reported while it ran (each
-    /// went to the error hook), and [`HubError::Closed`] on a closed hub.
+    /// went to the error hook), and [`HubError::Closed`] on a closed hub. A transport that never
+    /// completes a pending send holds `flush` until that subscriber is unsubscribed or the hub is
+    /// closed (a waiting flush then returns [`HubError::Closed`]). Called from a handler, sink or
+    /// hook inside the drain it returns [`HubError::FlushInsideDrain`] instead of deadlocking.
     pub fn flush(&self) -> Result<(), HubError> {
         self.inner().flush()
     }
