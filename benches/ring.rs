@@ -13,6 +13,10 @@
 //!   channel has no overwrite, so it is not in this group.
 //! - `push_pop_uncontended`: one thread pushes then pops one value: the cost of the two
 //!   operations with no other thread touching the queue.
+//!
+//! `POWERHUB_RING_INTERLEAVED=1 cargo bench -p powerhub --bench ring` instead runs the transfer
+//! scenarios in interleaved rounds (every queue once per round) and prints medians and ratios:
+//! on a shared machine that comparison is fairer than criterion's back-to-back groups.
 
 // `criterion_group!` generates undocumented public functions.
 #![allow(missing_docs)]
@@ -21,7 +25,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::Backoff;
 use powerhub::ring::Ring;
@@ -197,10 +201,56 @@ fn bench_push_pop_uncontended(c: &mut Criterion) {
     group.finish();
 }
 
+/// Interleaved rounds of the transfer scenarios: each round runs every queue once, one after the
+/// other, and the median of the rounds is printed with the ratio to `Ring`. On a shared, noisy
+/// machine the load drifts between criterion's back-to-back groups; interleaving gives every
+/// queue the same drift.
+fn interleaved_transfer() {
+    const ROUNDS: usize = 9;
+    const VALUES: u64 = 1_000_000;
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    println!("interleaved transfer, queue of {CAPACITY}, {VALUES} values per run, median of {ROUNDS} rounds (Mvalues/s)");
+    for producers in [1u64, 2] {
+        let mut rates: [Vec<f64>; 3] = Default::default();
+        for _ in 0..ROUNDS {
+            let runs = [
+                transfer::<Ring<u64>>(producers, VALUES),
+                transfer::<ArrayQueue<u64>>(producers, VALUES),
+                transfer::<Channel>(producers, VALUES),
+            ];
+            for (rate, run) in rates.iter_mut().zip(runs) {
+                rate.push(VALUES as f64 / run.as_secs_f64() / 1e6);
+            }
+        }
+        let [ring, array_queue, channel] = rates.map(median);
+        println!(
+            "  {producers}p1c: {}: {ring:.1}  {}: {array_queue:.1} ({:.2}x of Ring)  {}: {channel:.1} ({:.2}x of Ring)",
+            <Ring<u64> as Queue>::name(),
+            <ArrayQueue<u64> as Queue>::name(),
+            array_queue / ring,
+            Channel::name(),
+            channel / ring,
+        );
+    }
+}
+
 criterion_group!(
     benches,
     bench_transfer,
     bench_force_push_full,
     bench_push_pop_uncontended
 );
-criterion_main!(benches);
+
+fn main() {
+    // `POWERHUB_RING_INTERLEAVED=1 cargo bench -p powerhub --bench ring` prints the interleaved
+    // comparison instead of running criterion.
+    if std::env::var_os("POWERHUB_RING_INTERLEAVED").is_some() {
+        interleaved_transfer();
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
