@@ -202,11 +202,12 @@ fn bench_push_pop_uncontended(c: &mut Criterion) {
 }
 
 /// Interleaved rounds of the transfer scenarios: each round runs every queue once, one after the
-/// other, and the median of the rounds is printed with the ratio to `Ring`. On a shared, noisy
-/// machine the load drifts between criterion's back-to-back groups; interleaving gives every
-/// queue the same drift.
+/// other, starting with a different queue each round; the median of the rounds is printed with
+/// the ratio to `Ring`. On a shared, noisy machine the load drifts between criterion's
+/// back-to-back groups; interleaving gives every queue the same drift. `Ring` runs twice per
+/// round: the ratio of the two (an A/A control) shows the noise floor of the comparison.
 fn interleaved_transfer() {
-    const ROUNDS: usize = 9;
+    const ROUNDS: usize = 12;
     const VALUES: u64 = 1_000_000;
     fn median(mut v: Vec<f64>) -> f64 {
         v.sort_by(f64::total_cmp);
@@ -214,25 +215,30 @@ fn interleaved_transfer() {
     }
     println!("interleaved transfer, queue of {CAPACITY}, {VALUES} values per run, median of {ROUNDS} rounds (Mvalues/s)");
     for producers in [1u64, 2] {
-        let mut rates: [Vec<f64>; 3] = Default::default();
-        for _ in 0..ROUNDS {
-            let runs = [
-                transfer::<Ring<u64>>(producers, VALUES),
-                transfer::<ArrayQueue<u64>>(producers, VALUES),
-                transfer::<Channel>(producers, VALUES),
-            ];
-            for (rate, run) in rates.iter_mut().zip(runs) {
-                rate.push(VALUES as f64 / run.as_secs_f64() / 1e6);
+        let mut rates: [Vec<f64>; 4] = Default::default();
+        for round in 0..ROUNDS {
+            // Rotate which queue goes first: the first run of a round is measurably slower here
+            // (two runs of the very same queue differed by up to 1.7x by position alone).
+            for k in 0..4 {
+                let which = (round + k) % 4;
+                let run = match which {
+                    0 | 3 => transfer::<Ring<u64>>(producers, VALUES),
+                    1 => transfer::<ArrayQueue<u64>>(producers, VALUES),
+                    _ => transfer::<Channel>(producers, VALUES),
+                };
+                rates[which].push(VALUES as f64 / run.as_secs_f64() / 1e6);
             }
         }
-        let [ring, array_queue, channel] = rates.map(median);
+        let [ring, array_queue, channel, control] = rates.map(median);
         println!(
-            "  {producers}p1c: {}: {ring:.1}  {}: {array_queue:.1} ({:.2}x of Ring)  {}: {channel:.1} ({:.2}x of Ring)",
+            "  {producers}p1c: {}: {ring:.1}  {}: {array_queue:.1} ({:.2}x of Ring)  \
+             {}: {channel:.1} ({:.2}x of Ring)  A/A control, Ring again: {control:.1} ({:.2}x)",
             <Ring<u64> as Queue>::name(),
             <ArrayQueue<u64> as Queue>::name(),
             array_queue / ring,
             Channel::name(),
             channel / ring,
+            control / ring,
         );
     }
 }
