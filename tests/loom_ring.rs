@@ -74,7 +74,11 @@ fn assert_exactly_once(mut seen: Vec<u32>, expected: &[u32]) {
 /// Asserts that `order` keeps each producer's ids (given as ranges) increasing.
 fn assert_fifo_per_producer(order: &[u32], producers: &[std::ops::Range<u32>]) {
     for range in producers {
-        let mine: Vec<u32> = order.iter().copied().filter(|id| range.contains(id)).collect();
+        let mine: Vec<u32> = order
+            .iter()
+            .copied()
+            .filter(|id| range.contains(id))
+            .collect();
         assert!(
             mine.windows(2).all(|w| w[0] < w[1]),
             "producer order broken: {order:?}"
@@ -205,7 +209,11 @@ fn overwrites_under_contention_with_a_concurrent_pop() {
 
         // Only the first value is ever old enough to be evicted, and the pop finds a newer
         // value only once that one left the ring.
-        assert!(ids(&evicted).iter().all(|&id| id == 0), "evicted {:?}", ids(&evicted));
+        assert!(
+            ids(&evicted).iter().all(|&id| id == 0),
+            "evicted {:?}",
+            ids(&evicted)
+        );
         if popped.as_ref().is_some_and(|i| i.id != 0) {
             assert_eq!(ids(&evicted), [0]);
         }
