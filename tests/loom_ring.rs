@@ -11,6 +11,13 @@
 //! execution every id must be accounted for exactly once (popped, evicted, refused or still
 //! queued) and, once everything is dropped, the witness must be back to one strong reference, so
 //! a leaked or doubly dropped value fails the model.
+//!
+//! The preemption bound is 2. Waiting in the ring (for a slot that another thread claimed but
+//! has not published or released yet) spins with `yield_now` under loom. When two threads wait
+//! on a third that is preempted, loom can hand the CPU back and forth between the two waiters
+//! forever and stops with "Model exceeded maximum number of branches"; from a bound of 3, the
+//! two-producers model reaches that state. This is a limit of checking spin-waits, not a lost
+//! wake-up: the stalled thread is runnable and finishes as soon as it is scheduled.
 #![cfg(loom)]
 
 use loom::sync::Arc as LoomArc;
