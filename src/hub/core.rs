@@ -712,6 +712,10 @@ impl Inner {
             .delivered
             .fetch_add(m.messages, Ordering::Relaxed);
         st.order = order;
+        if self.is_closed() {
+            // Let go of the subscribers (and what their handlers hold) now, not at drop.
+            st.order.clear();
+        }
         st.budgets = budgets;
         st.memo.clear();
         st.batch.clear();
@@ -985,7 +989,9 @@ impl Inner {
         self.notify_flush();
         let handle = self.thread.lock().take();
         if let Some(handle) = handle {
-            if handle.thread().id() != std::thread::current().id() {
+            // Not from the drain thread itself, nor from a thread inside a drain (a handler run
+            // by `flush`): the drain thread may be waiting for that drain. It exits on its own.
+            if handle.thread().id() != std::thread::current().id() && !draining() {
                 let _ = handle.join();
             }
         }
