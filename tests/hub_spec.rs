@@ -1630,3 +1630,14 @@ fn closing_from_a_handler_during_flush_does_not_deadlock() {
     assert!(hub.is_closed());
     assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
 }
+
+#[test]
+fn a_hub_takes_an_arc_dyn_sink() {
+    let spy = SpySink::new();
+    let sink: Arc<dyn powerhub_plugin::Sink> = Arc::new(spy.clone());
+    let hub = Hub::new(sink, HubOptions::default().driver(Driver::Manual)).unwrap();
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["1"]);
+}
