@@ -269,7 +269,11 @@ type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<Me
 
 /// Per-pass memo of cursor batches: (log, first log index, length, codec) to the shared batch
 /// and its frame.
-type RangeMemo = HashMap<(usize, u64, usize, Codec), (Arc<Vec<Arc<Entry>>>, Bytes)>;
+type RangeMemo = HashMap<
+    (usize, u64, usize, Codec),
+    (Arc<Vec<Arc<Entry>>>, Bytes),
+    std::hash::BuildHasherDefault<MemoHasher>,
+>;
 
 #[derive(Default)]
 struct DrainState {
@@ -594,14 +598,17 @@ impl Inner {
         }
     }
 
-    /// Commits a cursor queue's lazily applied evictions to the drop counters.
-    fn commit_overflow(&self, sub: &Sub) {
-        let n = sub.queue.normalize() as u64;
+    /// Commits a cursor queue's lazily applied evictions to the drop counters; returns the
+    /// queue's length.
+    fn commit_overflow(&self, sub: &Sub) -> usize {
+        let (n, len) = sub.queue.normalize();
+        let n = n as u64;
         if n > 0 {
             sub.removed.fetch_add(n, Ordering::Relaxed);
             sub.dropped.fetch_add(n, Ordering::Relaxed);
             self.counters.dropped.fetch_add(n, Ordering::Relaxed);
         }
+        len
     }
 
     fn offer(
@@ -762,10 +769,8 @@ impl Inner {
         st.budgets.clear();
         {
             let _no_publish = self.topics.write();
-            st.budgets.extend(order.iter().map(|s| {
-                self.commit_overflow(s);
-                s.queue.len()
-            }));
+            st.budgets
+                .extend(order.iter().map(|s| self.commit_overflow(s)));
         }
         let budgets = std::mem::take(&mut st.budgets);
         for (sub, &budget) in order.iter().zip(&budgets) {

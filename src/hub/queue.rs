@@ -204,11 +204,17 @@ impl Queue {
         matches!(self.store, Store::Cursor(_))
     }
 
-    /// Commits lazily applied evictions; returns how many entries they dropped.
-    pub(crate) fn normalize(&self) -> usize {
+    /// Commits lazily applied evictions; returns how many entries they dropped, and the
+    /// queue's length after.
+    pub(crate) fn normalize(&self) -> (usize, usize) {
         match &self.store {
-            Store::Cursor(c) => c.state.lock().normalize(c.log.head(), self.capacity),
-            _ => 0,
+            Store::Cursor(c) => {
+                let head = c.log.head();
+                let mut st = c.state.lock();
+                let evicted = st.normalize(head, self.capacity);
+                (evicted, st.len(head, self.capacity))
+            }
+            _ => (0, self.len()),
         }
     }
 
