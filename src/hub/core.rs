@@ -270,7 +270,7 @@ type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<Me
 /// Per-pass memo of cursor batches: (log, first log index, length, codec) to the shared batch
 /// and its frame.
 type RangeMemo = HashMap<
-    (usize, u64, usize, Codec),
+    (u64, u64, usize, Codec),
     (Arc<Vec<Arc<Entry>>>, Bytes),
     std::hash::BuildHasherDefault<MemoHasher>,
 >;
@@ -283,7 +283,7 @@ struct DrainState {
     memo: Memo,
     ranges: RangeMemo,
     /// The range key of a cursor batch just cloned from the log, to memoise once encoded.
-    pending_range: Option<(usize, u64, usize, Codec)>,
+    pending_range: Option<(u64, u64, usize, Codec)>,
     batch: Vec<Arc<Entry>>,
 }
 

@@ -66,8 +66,10 @@ pub(crate) struct Queue {
 
 /// The recent publications of one topic, shared by its cursor subscribers: a ring of the last
 /// `cap` entries, `cap` being the largest `max_queue` among them.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct TopicLog {
+    /// Unique for the life of the process (an address could be reused by a later topic).
+    id: u64,
     inner: Mutex<LogInner>,
     /// Entries ever appended (`base + buf.len()`), readable without the lock.
     head: AtomicU64,
@@ -79,6 +81,17 @@ struct LogInner {
     /// Log index of `buf[0]`.
     base: u64,
     cap: usize,
+}
+
+impl Default for TopicLog {
+    fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TopicLog {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            inner: Mutex::default(),
+            head: AtomicU64::new(0),
+        }
+    }
 }
 
 impl TopicLog {
@@ -192,9 +205,9 @@ impl Queue {
     }
 
     /// Identifies the topic log of a cursor queue (0 otherwise).
-    pub(crate) fn log_id(&self) -> usize {
+    pub(crate) fn log_id(&self) -> u64 {
         match &self.store {
-            Store::Cursor(c) => Arc::as_ptr(&c.log) as usize,
+            Store::Cursor(c) => c.log.id,
             _ => 0,
         }
     }
