@@ -24,6 +24,9 @@ use super::message::Message;
 use super::options::SlowConsumer;
 use crate::ring::Ring;
 
+/// A message-priority queue: first entry delivered next, last entry evicted first.
+type PrioMap = BTreeMap<(Reverse<i32>, u64), Arc<Entry>>;
+
 /// One queued publication, shared by every subscriber queue it sits in.
 #[derive(Debug)]
 pub(crate) struct Entry {
@@ -53,7 +56,7 @@ enum Store {
     /// FIFO drop-oldest: a cursor into the topic's shared log.
     Cursor(Cursor),
     Fifo(Ring<Arc<Entry>>),
-    Prio(Mutex<BTreeMap<(Reverse<i32>, u64), Arc<Entry>>>),
+    Prio(Mutex<PrioMap>),
 }
 
 /// A bounded queue with a slow-consumer policy.
