@@ -185,7 +185,7 @@ impl Sub {
             error,
         });
         match self.hub.upgrade() {
-            Some(inner) => inner.finish(self, &batch, len, generation, r),
+            Some(inner) => inner.finish(self, &batch, len, generation, r, false),
             None => self
                 .send_state
                 .store(generation << 3 | phase::IDLE, Ordering::SeqCst),
@@ -970,7 +970,7 @@ impl Inner {
                         }
                         sub.send_state
                             .store(generation << 3 | phase::FINISHING, Ordering::SeqCst);
-                        self.finish(sub, &batch, len, generation, r);
+                        self.finish(sub, &batch, len, generation, r, true);
                         return Some(batch);
                     }
                 }
@@ -990,7 +990,7 @@ impl Inner {
         if result.is_err() {
             m.send_failures += 1;
         }
-        self.finish(sub, &batch, len, generation, result);
+        self.finish(sub, &batch, len, generation, result, true);
         Some(batch)
     }
 
@@ -1003,6 +1003,7 @@ impl Inner {
         len: usize,
         generation: u64,
         result: Result<(), HubError>,
+        in_pass: bool,
     ) {
         match result {
             Ok(()) => {
@@ -1043,7 +1044,9 @@ impl Inner {
         // SeqCst pairs with the flush waiter count (see `notify_flush`).
         sub.send_state
             .store(generation << 3 | phase::IDLE, Ordering::SeqCst);
-        if !sub.queue.is_empty() && !sub.closed.load(Ordering::Acquire) {
+        // A send that ended inside the drain of this subscriber: the drainer goes on by itself.
+        // A completion (from any thread) wakes it for what queued meanwhile.
+        if !in_pass && !sub.closed.load(Ordering::Acquire) && !sub.queue.is_empty() {
             self.wake();
         }
         self.notify_flush();

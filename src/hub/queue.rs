@@ -254,33 +254,44 @@ impl Queue {
             return (0, CursorPop::Empty);
         };
         let mut st = c.state.lock();
-        let log = c.log.inner.lock();
-        let head = log.base + log.buf.len() as u64;
+        let head = c.log.head();
         let mut evicted = st.normalize(head, self.capacity);
-        if st.next < log.base {
-            // Cannot happen while the log keeps the largest cursor's `max_queue` entries; if it
-            // did, what the log forgot is dropped, never read out of bounds.
-            evicted += (log.base - st.next) as usize;
-            st.next = log.base;
-        }
         if !st.prefix.is_empty() {
             let k = max.min(st.prefix.len());
             return (evicted, CursorPop::Prefix(st.prefix.drain(..k).collect()));
         }
-        let k = max.min(head.saturating_sub(st.next) as usize);
+        let mut k = max.min(head.saturating_sub(st.next) as usize);
         if k == 0 {
             return (evicted, CursorPop::Empty);
         }
-        let start = st.next;
-        st.next += k as u64;
-        let entries = if have(start, k) {
-            None
-        } else {
-            // `start >= base`: the log keeps at least this subscriber's `max_queue` entries and
-            // `normalize` moved the cursor into that window.
-            let from = (start - log.base) as usize;
-            Some(log.buf.range(from..from + k).cloned().collect())
-        };
+        let mut start = st.next;
+        if have(start, k) {
+            // Another subscriber took this range this pass: no need to touch the log.
+            st.next += k as u64;
+            return (
+                evicted,
+                CursorPop::Range {
+                    start,
+                    k,
+                    entries: None,
+                },
+            );
+        }
+        let log = c.log.inner.lock();
+        if start < log.base {
+            // Cannot happen while the log keeps the largest cursor's `max_queue` entries; if it
+            // did, what the log forgot is dropped, never read out of bounds.
+            evicted += (log.base - start) as usize;
+            k = k.saturating_sub((log.base - start) as usize);
+            start = log.base;
+            if k == 0 {
+                st.next = start;
+                return (evicted, CursorPop::Empty);
+            }
+        }
+        st.next = start + k as u64;
+        let from = (start - log.base) as usize;
+        let entries = Some(log.buf.range(from..from + k).cloned().collect());
         (evicted, CursorPop::Range { start, k, entries })
     }
 
