@@ -131,6 +131,30 @@ fn paused_screenshot_and_hierarchy_keep_only_the_latest_per_slot() {
 }
 
 #[test]
+fn hierarchy_diff_annotations_are_advisory_the_latest_full_tree_replaces_the_earlier_ones() {
+    let mut c = stalled(ndjson_config());
+    let trees = [
+        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":1,"tree":{"id":"root","children":[]},"diff":{"added":["root"]}}"#,
+        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":2,"tree":{"id":"root","children":[{"id":"a"}]},"diff":{"added":["a"],"base":1}}"#,
+        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":3,"tree":{"id":"root","children":[{"id":"b"}]},"diff":{"removed":["a"],"added":["b"],"base":2}}"#,
+    ];
+    c.shared("obs-1", &lines(&trees[..2]));
+    c.event("obs-1", trees[2]);
+    assert_eq!(
+        c.outbox.stats().queued,
+        1,
+        "one slot, whatever the diffs say"
+    );
+    c.drain();
+    assert_eq!(
+        c.read_str(),
+        format!("{}{}", rest_of_stall(), lines(&[trees[2]])),
+        "the surviving tree is delivered byte for byte, diff annotation included"
+    );
+    assert_eq!(c.outbox.stats().coalesced, 2);
+}
+
+#[test]
 fn paused_shared_chunks_are_split_and_coalesced_like_events() {
     let mut c = stalled(ndjson_config());
     let chunk: String = (1..=3)
