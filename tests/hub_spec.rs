@@ -1052,6 +1052,20 @@ fn subscriber_priority_decides_drain_order_ties_by_insertion() {
     assert_eq!(prios, [10, 10, 0, 0, -5], "stats reflect priority back");
 }
 
+#[test]
+fn subscriber_priority_is_not_weighted_or_decayed_across_turns() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("p0"));
+    sub(&hub, "t", SubscribeOptions::default().id("p1").priority(1));
+    for round in 0..10 {
+        publish(&hub, "t", round);
+        turn(&hub);
+    }
+    let order: Vec<String> = spy.frames().into_iter().map(|f| f.subscriber).collect();
+    let want: Vec<&str> = (0..10).flat_map(|_| ["p1", "p0"]).collect();
+    assert_eq!(order, want, "the advantage is permanent, turn after turn");
+}
+
 // ---- flush ---------------------------------------------------------------------------------------
 
 #[test]
