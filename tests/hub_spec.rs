@@ -281,17 +281,27 @@ fn publish_from_many_threads_never_blocks_on_a_stalled_subscriber() {
     );
     publish(&hub, "t", -1);
     turn(&hub); // the stalled subscriber now has a send that never completes
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let hub = hub.clone();
+            let done = done_tx.clone();
             std::thread::spawn(move || {
                 for i in 0..500 {
                     hub.publish("t", json(t * 1000 + i), PublishOptions::default())
                         .unwrap();
                 }
+                done.send(()).unwrap();
             })
         })
         .collect();
+    for _ in 0..4 {
+        // Bounded so a publish that blocks fails the test instead of hanging the suite; no
+        // timing is asserted.
+        done_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a publisher blocked on the stalled subscriber");
+    }
     for t in threads {
         t.join().unwrap();
     }
@@ -1086,7 +1096,8 @@ fn flush_waits_for_sends_in_flight() {
             r
         })
     };
-    // Complete sends as they arrive until both messages went out.
+    // Complete sends as they arrive until both messages went out. A flush that returns early
+    // ends the loop (nothing would send the second message) and fails the last assertion.
     let mut completed = 0;
     while completed < 2 {
         if spy.pending() > 0 {
@@ -1096,12 +1107,18 @@ fn flush_waits_for_sends_in_flight() {
             );
             spy.complete_next(Ok(()));
             completed += 1;
+        } else if flusher.is_finished() {
+            break;
         } else {
             std::thread::yield_now();
         }
     }
     flusher.join().unwrap().unwrap();
-    assert_eq!(received(&spy, "a"), ["1", "2"]);
+    assert_eq!(
+        received(&spy, "a"),
+        ["1", "2"],
+        "flush returned before every queue reached the transport"
+    );
 }
 
 #[test]
@@ -1617,9 +1634,11 @@ fn unsubscribing_or_closing_releases_a_flush_held_by_a_stalled_transport() {
             let hub = hub.clone();
             std::thread::spawn(move || hub.flush())
         };
-        while spy.pending() == 0 {
+        // A flush that returns without sending ends the wait and fails the assertions below.
+        while spy.pending() == 0 && !flusher.is_finished() {
             std::thread::yield_now();
         }
+        assert_eq!(spy.pending(), 1, "flush handed the frame to the transport");
         if close {
             hub.close();
             assert_eq!(flusher.join().unwrap(), Err(HubError::Closed));
