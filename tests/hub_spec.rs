@@ -1183,6 +1183,16 @@ fn bytes_out_equals_the_sum_of_bytes_sent() {
         s.delivered, 4,
         "delivered counts messages offered, failed or not"
     );
+    // The two still reconcile after a subscriber leaves and others receive more.
+    assert!(hub.unsubscribe("b"));
+    publish(&hub, "t", 333);
+    turn(&hub);
+    let s = hub.stats();
+    assert_eq!(
+        s.bytes_out,
+        s.list.iter().map(|x| x.bytes_sent).sum::<u64>()
+    );
+    assert!(s.bytes_out > by_id("a") + by_id("c"));
 }
 
 #[test]
