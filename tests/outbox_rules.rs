@@ -565,8 +565,8 @@ fn successful_local_writes_do_not_refresh_liveness() {
 #[test]
 fn inbound_pong_refreshes_liveness() {
     let mut c = Conn::new(ndjson_config());
-    c.outbox.on_pong(c.at(30.0));
     assert_eq!(c.outbox.handle_timeout(c.at(15.0)), TimeoutAction::SendPing);
+    c.outbox.on_pong(c.at(30.0));
     assert_ne!(c.outbox.handle_timeout(c.at(45.0)), TimeoutAction::Reap);
     assert_eq!(c.outbox.handle_timeout(c.at(75.0)), TimeoutAction::Reap);
 }
