@@ -314,6 +314,46 @@ fn publish_from_many_threads_never_blocks_on_a_stalled_subscriber() {
     assert_eq!(stalled.dropped, 2000 - 8);
 }
 
+#[test]
+fn a_stalled_subscriber_costs_bounded_memory_evicted_messages_are_released() {
+    for policy in [SlowConsumer::DropOldest, SlowConsumer::Disconnect] {
+        let (hub, spy) = manual(HubOptions::default());
+        spy.set_mode(SpyMode::Pending);
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default()
+                .id("small")
+                .max_queue(4)
+                .slow_consumer(policy),
+        );
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default().id("large").max_queue(8),
+        );
+        publish(&hub, "t", -1);
+        turn(&hub); // both now have a send that never completes
+        let probe = Message::json(String::from("[0]")).unwrap();
+        let weak = probe.bytes().clone();
+        hub.publish("t", probe, PublishOptions::default()).unwrap();
+        assert!(!weak.is_unique(), "the hub holds the queued message itself");
+        for i in 1..=8 {
+            publish(&hub, "t", i);
+        }
+        turn(&hub);
+        assert!(
+            weak.is_unique(),
+            "{policy:?}: the hub let go of a message every subscriber evicted"
+        );
+        for _ in 0..10_000 {
+            publish(&hub, "t", 7);
+        }
+        let s = hub.stats();
+        assert!(s.list.iter().all(|x| x.queued <= 8), "{policy:?}: {s:?}");
+    }
+}
+
 // ---- slow-consumer policies --------------------------------------------------------------------
 
 #[test]
