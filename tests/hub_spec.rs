@@ -1522,6 +1522,78 @@ fn handlers_may_publish_back_into_the_hub() {
 }
 
 #[test]
+fn handlers_and_close_adapters_may_subscribe_and_unsubscribe() {
+    // A handler that unsubscribes itself and subscribes a newcomer, on both drivers.
+    for driver in [Driver::Manual, Driver::Thread] {
+        let spy = SpySink::new();
+        let hub = Hub::new(spy.clone(), HubOptions::default().driver(driver)).unwrap();
+        let h = hub.clone();
+        hub.subscribe(
+            "t",
+            move |_| {
+                h.unsubscribe("once");
+                let _ = h.subscribe("t", |_| {}, SubscribeOptions::default().id("late"));
+            },
+            SubscribeOptions::default().id("once"),
+        )
+        .unwrap();
+        sub(&hub, "t", SubscribeOptions::default().id("other"));
+        publish(&hub, "t", 1);
+        hub.flush().unwrap();
+        publish(&hub, "t", 2);
+        hub.flush().unwrap();
+        assert_eq!(received(&spy, "once"), ["1"], "{driver:?}");
+        assert_eq!(received(&spy, "other"), ["1", "2"], "{driver:?}");
+        assert_eq!(received(&spy, "late"), ["2"], "{driver:?}");
+        assert!(spy
+            .closes()
+            .contains(&("once".to_owned(), CloseReason::Unsubscribe)));
+        hub.close();
+    }
+    // A close adapter that publishes, run by a publish that disconnects a slow consumer.
+    #[derive(Debug)]
+    struct Republish(Mutex<Option<Hub>>, SpySink);
+    impl powerhub_plugin::Sink for Republish {
+        fn send(
+            &self,
+            sub: &SubscriberRef,
+            frame: Bytes,
+            done: powerhub_plugin::Completion,
+        ) -> powerhub_plugin::SendOutcome {
+            self.1.send(sub, frame, done)
+        }
+        fn close(&self, sub: &SubscriberRef, reason: CloseReason) {
+            self.1.close(sub, reason);
+            if let Some(hub) = self.0.lock().unwrap().as_ref() {
+                hub.publish_json("gone", &sub.id()).unwrap();
+            }
+        }
+    }
+    let spy = SpySink::new();
+    let sink = Arc::new(Republish(Mutex::new(None), spy.clone()));
+    let hub = Hub::new(
+        Arc::clone(&sink),
+        HubOptions::default().driver(Driver::Manual),
+    )
+    .unwrap();
+    *sink.0.lock().unwrap() = Some(hub.clone());
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("slow")
+            .max_queue(1)
+            .slow_consumer(SlowConsumer::Disconnect),
+    );
+    sub(&hub, "gone", SubscribeOptions::default().id("watcher"));
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2); // disconnects `slow`; its close adapter publishes
+    turn(&hub);
+    assert_eq!(received(&spy, "watcher"), ["\"slow\""]);
+    *sink.0.lock().unwrap() = None; // the sink no longer keeps the hub alive
+}
+
+#[test]
 fn flush_from_inside_a_handler_is_an_error_not_a_deadlock() {
     let (opts, _errors) = with_errors(HubOptions::default());
     let (hub, _spy) = manual(opts);
