@@ -394,6 +394,39 @@ fn over_threshold_screenshot_is_replaced_by_the_exact_frames_dropped_notificatio
 }
 
 #[test]
+fn only_unsent_bytes_exceeding_the_threshold_drop_a_screenshot_exactly_at_it_does_not() {
+    let stall = format!(r#"{{"type":"subscribed","pad":"{}"}}"#, "x".repeat(100));
+    let unsent = stall.len() + 1 - 10; // the line and its newline, 10 bytes taken
+    for (threshold, dropped) in [(unsent, 0), (unsent - 1, 1)] {
+        let config = OutboxConfig {
+            high_water_bytes: threshold,
+            ..ndjson_config()
+        };
+        let mut c = Conn::new(config);
+        c.stall_with(&stall, 10);
+        assert_eq!(c.outbox.unsent_bytes(), unsent);
+        c.event("o", &shot(Some("d1"), S1, 1, 0));
+        assert_eq!(
+            c.outbox.stats().frames_dropped,
+            dropped,
+            "threshold {threshold}, unsent {unsent}"
+        );
+        c.drain();
+        let read = c.take();
+        assert_eq!(
+            read.contains("frames_dropped"),
+            dropped == 1,
+            "threshold {threshold}: {read}"
+        );
+        assert_eq!(
+            read.contains(&shot(Some("d1"), S1, 1, 0)),
+            dropped == 0,
+            "threshold {threshold}: {read}"
+        );
+    }
+}
+
+#[test]
 fn frames_dropped_preserves_device_fields_including_null_and_omits_them_when_absent() {
     let mut c = over_threshold();
     c.event("o", &shot(None, Session::Absent, 1, 0));
