@@ -1,1 +1,434 @@
 //! The runtime: sharded worker threads, IO backends (io_uring, epoll), listeners, the server.
+//!
+//! [`Engine`] binds the configured listeners, starts N shards (worker threads, one per core by
+//! default), each owning its connections, timers and IO backend, and serves the push protocol over
+//! every registered stream-protocol plugin. A service can run it in-process and publish into its
+//! hub from any of its own threads; `powerhub serve` is this engine plus a CLI.
+//!
+//! - Backends: io_uring when the kernel allows it (probed once per process for every opcode
+//!   used), epoll otherwise; `backend = "epoll"` in the config or `POWERHUB_BACKEND=epoll` in the
+//!   environment forces epoll. The contract both implement is written in `sys/mod.rs`.
+//! - Shards: reached from other threads through a lock-free queue and an eventfd wake-up; the
+//!   write path takes no lock. Connections are assigned to shards round-robin, for life.
+//! - Plugins: listeners name a [`ProtocolFactory`](crate::plugin::ProtocolFactory) registered in
+//!   a [`ProtocolRegistry`].
+//!
+//! # Examples
+//!
+//! ```no_run
+//! use powerhub::runtime::{Config, Engine, ListenerConfig, ProtocolRegistry};
+//!
+//! let mut config = Config::default();
+//! config.listeners.push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+//! let engine = Engine::start(config, &ProtocolRegistry::with_builtins())?;
+//! println!("listening on {} with {}", engine.listeners()[0].addr, engine.backend());
+//! engine.shutdown()?;
+//! # Ok::<(), powerhub::runtime::EngineError>(())
+//! ```
+
+use std::fmt;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use powerhub_plugin::{ProtocolFactory, ProtocolLimits};
+
+mod config;
+mod registry;
+mod session;
+mod shard;
+mod sys;
+mod writeq;
+
+pub use config::{
+    BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig, SlowConsumerChoice,
+    SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
+};
+pub use registry::{ProtocolRegistry, RegistryError};
+
+use shard::{Counters, Shard, ShardHandle, ShardMsg};
+
+/// The IO backend the shards run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// io_uring.
+    IoUring,
+    /// epoll.
+    Epoll,
+}
+
+impl BackendKind {
+    /// `io_uring` or `epoll`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::IoUring => "io_uring",
+            BackendKind::Epoll => "epoll",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the engine could not start or stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The configuration was invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listener names a protocol that is not registered.
+    #[error("listener[{index}].protocol: {source}")]
+    Protocol {
+        /// The listener's position in the config.
+        index: usize,
+        /// What was wrong.
+        source: RegistryError,
+    },
+    /// A listener's address could not be bound (in use, not permitted, not local).
+    #[error("cannot listen on {addr} (listener[{index}], protocol {protocol}): {source}")]
+    Bind {
+        /// The listener's position in the config.
+        index: usize,
+        /// The protocol.
+        protocol: String,
+        /// The address.
+        addr: ListenAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `POWERHUB_BACKEND` holds an unknown value.
+    #[error("environment variable {BACKEND_ENV}: {0}")]
+    BackendEnv(String),
+    /// A shard could not be started.
+    #[error("cannot start shard {index}: {source}")]
+    Shard {
+        /// The shard.
+        index: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// A bound listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundListener {
+    /// The protocol served.
+    pub protocol: String,
+    /// The bound address (with the actual port when port 0 was asked for).
+    pub addr: ListenAddr,
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineStats {
+    /// Connections open now (not counting ones refused over `max_connections`).
+    pub open_connections: usize,
+    /// Connections accepted since start (including refused ones).
+    pub accepted: u64,
+    /// Connections closed since start (their memory released).
+    pub closed: u64,
+    /// Connections refused over `max_connections`.
+    pub rejected: u64,
+    /// Times a client went over a limit (each got an error naming it).
+    pub limit_errors: u64,
+    /// Protocol errors (framing violations, oversized messages).
+    pub protocol_errors: u64,
+    /// Push subscriptions held by connections now.
+    pub subscriptions: usize,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes the kernel took.
+    pub bytes_out: u64,
+    /// Hub frames queued onto connections.
+    pub frames_out: u64,
+    /// Sends started (`sendmsg` calls or io_uring `SENDMSG` submissions).
+    pub sends: u64,
+    /// Unsent bytes across connections, as last published by the shards.
+    pub unsent_bytes: usize,
+}
+
+/// What every shard shares (read-only after start, plus atomic counters).
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) listeners: Vec<ListenerSpec>,
+    shards: OnceLock<Vec<Arc<ShardHandle>>>,
+    pub(crate) counters: Counters,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared").field("listeners", &self.listeners.len()).finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn shards(&self) -> &[Arc<ShardHandle>] {
+        self.shards.get().map_or(&[], Vec::as_slice)
+    }
+}
+
+/// A listener as the shards see it.
+#[derive(Debug)]
+pub(crate) struct ListenerSpec {
+    pub(crate) factory: Arc<dyn ProtocolFactory>,
+    pub(crate) protocol_limits: ProtocolLimits,
+    pub(crate) addr: ListenAddr,
+}
+
+/// The running engine: shards, listeners and the hub they serve.
+///
+/// Dropping it stops the shards at once (connections are closed without waiting for their
+/// queues); [`shutdown`](Engine::shutdown) is the graceful stop.
+pub struct Engine {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    backend: BackendKind,
+    bound: Vec<BoundListener>,
+    unix_paths: Vec<PathBuf>,
+    stopped: bool,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine").field("backend", &self.backend).field("listeners", &self.bound).finish_non_exhaustive()
+    }
+}
+
+/// Chooses the backend: the environment override, then the config, then the io_uring probe.
+fn choose_backend(choice: BackendChoice) -> Result<BackendKind, EngineError> {
+    let env = match std::env::var(BACKEND_ENV) {
+        Ok(v) if !v.is_empty() => Some(v.parse::<BackendChoice>().map_err(EngineError::BackendEnv)?),
+        _ => None,
+    };
+    let choice = match env {
+        Some(BackendChoice::Epoll) => {
+            tracing::info!("{BACKEND_ENV}=epoll forces the epoll backend");
+            BackendChoice::Epoll
+        }
+        _ => choice,
+    };
+    if choice == BackendChoice::Epoll {
+        return Ok(BackendKind::Epoll);
+    }
+    match sys::uring::probe() {
+        Ok(()) => Ok(BackendKind::IoUring),
+        Err(why) => {
+            tracing::warn!(reason = %why, "io_uring is unavailable; falling back to epoll");
+            Ok(BackendKind::Epoll)
+        }
+    }
+}
+
+fn bind(index: usize, protocol: &str, addr: &ListenAddr) -> Result<(OwnedFd, ListenAddr), EngineError> {
+    let err = |source: io::Error| EngineError::Bind { index, protocol: protocol.to_owned(), addr: addr.clone(), source };
+    match addr {
+        ListenAddr::Tcp(a) => {
+            let l = std::net::TcpListener::bind(a).map_err(err)?;
+            l.set_nonblocking(true).map_err(err)?;
+            let local = ListenAddr::Tcp(l.local_addr().map_err(err)?);
+            Ok((OwnedFd::from(l), local))
+        }
+        ListenAddr::Unix(path) => {
+            use std::os::unix::fs::FileTypeExt;
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if !meta.file_type().is_socket() {
+                    return Err(err(io::Error::new(io::ErrorKind::AlreadyExists, "the path exists and is not a socket")));
+                }
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(err(io::Error::new(io::ErrorKind::AddrInUse, "another server listens on this socket")));
+                }
+                // A stale socket file left by a process that is gone.
+                std::fs::remove_file(path).map_err(err)?;
+            }
+            let l = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
+            l.set_nonblocking(true).map_err(err)?;
+            Ok((OwnedFd::from(l), addr.clone()))
+        }
+    }
+}
+
+impl Engine {
+    /// Validates `config`, binds its listeners (protocols looked up in `registry`), and starts
+    /// the shards.
+    pub fn start(config: Config, registry: &ProtocolRegistry) -> Result<Engine, EngineError> {
+        config.validate()?;
+        let backend = choose_backend(config.engine.backend)?;
+        let limits = &config.limits;
+        let protocol_limits = ProtocolLimits::default()
+            .with_max_message_bytes(limits.max_message_bytes)
+            .with_max_handshake_bytes(limits.max_handshake_bytes);
+        let mut specs = Vec::new();
+        let mut fds = Vec::new();
+        let mut bound = Vec::new();
+        let mut unix_paths = Vec::new();
+        for (index, l) in config.listeners.iter().enumerate() {
+            let factory = registry.get(&l.protocol).map_err(|source| EngineError::Protocol { index, source })?;
+            let addr = l.listen_addr(index)?;
+            let (fd, local) = bind(index, &l.protocol, &addr)?;
+            if let ListenAddr::Unix(p) = &local {
+                unix_paths.push(p.clone());
+            }
+            tracing::info!(protocol = %l.protocol, addr = %local, "listening");
+            bound.push(BoundListener { protocol: l.protocol.clone(), addr: local.clone() });
+            specs.push(ListenerSpec { factory, protocol_limits: protocol_limits.clone(), addr: local });
+            fds.push(Some(fd));
+        }
+        let n = config.shard_count();
+        let shared = Arc::new(Shared { config, listeners: specs, shards: OnceLock::new(), counters: Counters::default() });
+        let mut handles = Vec::with_capacity(n);
+        for index in 0..n {
+            handles.push(Arc::new(ShardHandle::new(index).map_err(|source| EngineError::Shard { index, source })?));
+        }
+        let _ = shared.shards.set(handles.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut threads = Vec::with_capacity(n);
+        for handle in handles {
+            let index = handle.index;
+            let listeners = if index == 0 { std::mem::take(&mut fds) } else { Vec::new() };
+            let shared = Arc::clone(&shared);
+            let tx = tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("powerhub-shard-{index}"))
+                .spawn(move || run_shard(handle, shared, listeners, backend, &tx))
+                .map_err(|source| EngineError::Shard { index, source })?;
+            threads.push(thread);
+        }
+        drop(tx);
+        let mut actual = backend;
+        for _ in 0..n {
+            match rx.recv() {
+                Ok(Ok(kind)) => {
+                    if kind != backend {
+                        actual = kind;
+                    }
+                }
+                Ok(Err((index, source))) => {
+                    let mut engine = Engine { shared, threads, backend, bound, unix_paths, stopped: false };
+                    engine.stop_now();
+                    return Err(EngineError::Shard { index, source });
+                }
+                Err(_) => break,
+            }
+        }
+        tracing::info!(backend = actual.as_str(), shards = n, "engine started");
+        Ok(Engine { shared, threads, backend: actual, bound, unix_paths, stopped: false })
+    }
+
+    /// The backend the shards run (after probing and overrides).
+    pub fn backend(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// The bound listeners, in config order.
+    pub fn listeners(&self) -> &[BoundListener] {
+        &self.bound
+    }
+
+    /// The configuration the engine runs.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> EngineStats {
+        let c = &self.shared.counters;
+        EngineStats {
+            open_connections: c.open.load(Ordering::Relaxed),
+            accepted: c.accepted.load(Ordering::Relaxed),
+            closed: c.closed.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            limit_errors: c.limit_errors.load(Ordering::Relaxed),
+            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+            subscriptions: c.subscriptions.load(Ordering::Relaxed),
+            bytes_in: c.bytes_in.load(Ordering::Relaxed),
+            bytes_out: c.bytes_out.load(Ordering::Relaxed),
+            frames_out: c.frames_out.load(Ordering::Relaxed),
+            sends: c.send_syscalls.load(Ordering::Relaxed),
+            unsent_bytes: c.unsent.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Graceful shutdown: stop accepting, deliver what was published before the call to every
+    /// connection (bounded by `engine.shutdown_timeout_ms`), close the connections, stop the
+    /// shards.
+    pub fn shutdown(mut self) -> Result<(), EngineError> {
+        let deadline = Instant::now() + Duration::from_millis(self.shared.config.engine.shutdown_timeout_ms);
+        for s in self.shared.shards() {
+            s.send(ShardMsg::Drain { deadline });
+        }
+        for s in self.shared.shards() {
+            s.send(ShardMsg::Finish);
+        }
+        self.join();
+        Ok(())
+    }
+
+    fn stop_now(&mut self) {
+        let now = Instant::now();
+        for s in self.shared.shards() {
+            s.send(ShardMsg::Drain { deadline: now });
+            s.send(ShardMsg::Finish);
+        }
+        self.join();
+    }
+
+    fn join(&mut self) {
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        for p in self.unix_paths.drain(..) {
+            let _ = std::fs::remove_file(p);
+        }
+        self.stopped = true;
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stop_now();
+        }
+    }
+}
+
+type Started = Result<BackendKind, (usize, io::Error)>;
+
+fn run_shard(
+    handle: Arc<ShardHandle>,
+    shared: Arc<Shared>,
+    listeners: Vec<Option<OwnedFd>>,
+    backend: BackendKind,
+    started: &std::sync::mpsc::Sender<Started>,
+) {
+    let index = handle.index;
+    let waker = Shard::<sys::epoll::Epoll>::waker_fd(&handle);
+    if backend == BackendKind::IoUring {
+        match sys::uring::Uring::new(waker) {
+            Ok(ring) => {
+                let _ = started.send(Ok(BackendKind::IoUring));
+                Shard::new(handle, shared, ring, listeners).run();
+                return;
+            }
+            Err(e) => tracing::warn!(shard = index, error = %e, "cannot set up io_uring; this shard runs epoll"),
+        }
+    }
+    match sys::epoll::Epoll::new(waker) {
+        Ok(epoll) => {
+            let _ = started.send(Ok(BackendKind::Epoll));
+            Shard::new(handle, shared, epoll, listeners).run();
+        }
+        Err(e) => {
+            let _ = started.send(Err((index, e)));
+        }
+    }
+}
