@@ -34,6 +34,8 @@ use super::Shared;
 pub(crate) const TICK: Duration = Duration::from_millis(50);
 /// How long a closing connection waits for the peer to finish before the socket is closed.
 const LINGER: Duration = Duration::from_secs(2);
+/// [`LINGER`] during a shutdown.
+const SHUTDOWN_LINGER: Duration = Duration::from_millis(100);
 /// First receive buffer of a connection; doubles up to [`MAX_READ_BUF`] when a read fills it.
 const MIN_READ_BUF: usize = 2048;
 const MAX_READ_BUF: usize = 64 << 10;
@@ -181,6 +183,10 @@ pub(crate) struct Conn {
     msg: libc::msghdr,
     recv_inflight: bool,
     send_inflight: bool,
+    /// A writability poll is in flight (after a partial send: the connection is paused).
+    poll_inflight: bool,
+    /// Bytes offered by the send in flight.
+    offered: usize,
     state: State,
     pub(crate) shared: Arc<ConnShared>,
     pub(crate) session: Session,
@@ -440,6 +446,8 @@ impl<B: Backend> Shard<B> {
             msg: unsafe { std::mem::zeroed() },
             recv_inflight: false,
             send_inflight: false,
+            poll_inflight: false,
+            offered: 0,
             state: State::Open,
             shared,
             session: Session::default(),
@@ -473,6 +481,7 @@ impl<B: Backend> Shard<B> {
             Event::Accept { listener, result } => self.on_accept(listener, result),
             Event::Recv { token, result } => self.on_recv(token, result),
             Event::Send { token, result } => self.on_send(token, result),
+            Event::Writable { token } => self.on_writable(token),
         }
     }
 
@@ -668,13 +677,13 @@ impl<B: Backend> Shard<B> {
 
     fn start_send(&mut self, token: Token) {
         let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
-        if c.send_inflight || c.out.is_empty() || matches!(c.state, State::Dead | State::Lingering(_)) {
-            if c.state == State::Closing && !c.send_inflight && c.out.is_empty() {
+        if c.send_inflight || c.poll_inflight || c.out.is_empty() || matches!(c.state, State::Dead | State::Lingering(_)) {
+            if c.state == State::Closing && !c.send_inflight && !c.poll_inflight && c.out.is_empty() {
                 self.finish_close(token);
             }
             return;
         }
-        c.out.prepare(&mut c.inflight);
+        c.offered = c.out.prepare(&mut c.inflight);
         c.iov.clear();
         for chunk in c.inflight.iter().take(MAX_IOV) {
             c.iov.push(libc::iovec { iov_base: chunk.as_ptr() as *mut libc::c_void, iov_len: chunk.len() });
@@ -710,7 +719,14 @@ impl<B: Backend> Shard<B> {
                         done.complete(Ok(()));
                     }
                 }
-                self.mark_dirty(token);
+                if n < c.offered {
+                    // The socket did not take everything: paused until it drains.
+                    c.poll_inflight = true;
+                    let fd = c.fd.as_raw_fd();
+                    self.backend.poll_writable(token, fd);
+                } else {
+                    self.mark_dirty(token);
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
                 self.mark_dirty(token);
@@ -720,6 +736,16 @@ impl<B: Backend> Shard<B> {
                 self.abort(token);
             }
         }
+    }
+
+    fn on_writable(&mut self, token: Token) {
+        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
+        c.poll_inflight = false;
+        if c.state == State::Dead {
+            self.free_if_idle(token);
+            return;
+        }
+        self.mark_dirty(token);
     }
 
     /// Graceful close: stop reading commands, write what is queued, then shut down.
@@ -738,7 +764,9 @@ impl<B: Backend> Shard<B> {
         let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
         // SAFETY: plain syscall on the connection's socket.
         let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_WR));
-        c.state = State::Lingering(Instant::now() + LINGER);
+        // While shutting down, a peer that keeps its side open is not waited for long.
+        let linger = if self.finishing { SHUTDOWN_LINGER } else { LINGER };
+        c.state = State::Lingering(Instant::now() + linger);
         self.arm_recv(token);
     }
 
@@ -760,7 +788,7 @@ impl<B: Backend> Shard<B> {
             return;
         }
         c.state = State::Dead;
-        if c.recv_inflight || c.send_inflight {
+        if c.recv_inflight || c.send_inflight || c.poll_inflight {
             // Makes the in-flight operations complete; the slot is freed after the last one.
             // SAFETY: plain syscall on the connection's socket.
             let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR));
@@ -772,7 +800,7 @@ impl<B: Backend> Shard<B> {
     fn free_if_idle(&mut self, token: Token) {
         let idx = token as usize;
         let Some(c) = self.slots[idx].as_deref() else { return };
-        if c.state != State::Dead || c.recv_inflight || c.send_inflight {
+        if c.state != State::Dead || c.recv_inflight || c.send_inflight || c.poll_inflight {
             return;
         }
         let c = self.slots[idx].take().expect("checked above");

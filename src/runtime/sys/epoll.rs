@@ -25,6 +25,7 @@ struct Slot {
     writable: bool,
     recv: Option<(*mut u8, usize)>,
     send: Option<*const libc::msghdr>,
+    poll_out: bool,
 }
 
 /// The epoll backend of one shard.
@@ -97,8 +98,26 @@ impl Epoll {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             result => {
                 slot.send = None;
+                // A short send on a non-blocking socket means its buffer is full: the next
+                // `poll_writable` waits for the EPOLLOUT edge.
+                // SAFETY: `msg` is valid (see above); only its iovec lengths are read.
+                let offered: usize = unsafe {
+                    let m = &*msg;
+                    std::slice::from_raw_parts(m.msg_iov, m.msg_iovlen as usize).iter().map(|v| v.iov_len).sum()
+                };
+                if matches!(result, Ok(n) if (n as usize) < offered) {
+                    slot.writable = false;
+                }
                 self.ready.push(Event::Send { token, result: result.map(|n| n as usize) });
             }
+        }
+    }
+
+    fn try_poll_out(&mut self, token: Token) {
+        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return };
+        if slot.poll_out && slot.writable {
+            slot.poll_out = false;
+            self.ready.push(Event::Writable { token });
         }
     }
 
@@ -152,7 +171,7 @@ impl Backend for Epoll {
         }
         let events = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
         self.ctl(libc::EPOLL_CTL_ADD, fd, events, u64::from(token))?;
-        self.conns[idx] = Some(Slot { fd, readable: true, writable: true, recv: None, send: None });
+        self.conns[idx] = Some(Slot { fd, readable: true, writable: true, recv: None, send: None, poll_out: false });
         Ok(())
     }
 
@@ -176,6 +195,13 @@ impl Backend for Epoll {
             debug_assert!(slot.send.is_none(), "one send in flight per connection");
             slot.send = Some(msg);
             self.try_send(token);
+        }
+    }
+
+    fn poll_writable(&mut self, token: Token, _fd: RawFd) {
+        if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
+            slot.poll_out = true;
+            self.try_poll_out(token);
         }
     }
 
@@ -220,6 +246,7 @@ impl Backend for Epoll {
             }
             self.try_recv(token);
             self.try_send(token);
+            self.try_poll_out(token);
         }
         events.append(&mut self.ready);
         Ok(())

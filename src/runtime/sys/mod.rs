@@ -9,7 +9,8 @@
 //!
 //! Rules both backends follow, and the shard relies on:
 //!
-//! - At most one receive and one send are in flight per connection token.
+//! - At most one receive and one send (or one writability poll) are in flight per connection
+//!   token.
 //! - A buffer (or gather list and the bytes it points to) handed to [`Backend::recv`] or
 //!   [`Backend::send`] stays valid and untouched until the matching [`Event`] is returned by
 //!   [`Backend::wait`]. The shard guarantees this by owning the buffers inside the connection and
@@ -65,6 +66,11 @@ pub(crate) enum Event {
         /// Bytes received.
         result: io::Result<usize>,
     },
+    /// The socket became writable after [`Backend::poll_writable`] (the drain event).
+    Writable {
+        /// The connection.
+        token: Token,
+    },
     /// A send finished: the byte count (may be less than offered).
     Send {
         /// The connection.
@@ -104,6 +110,10 @@ pub(crate) trait Backend {
     /// `msg`, its iovec array and every byte range the iovecs point to must stay valid and
     /// unchanged until the matching [`Event::Send`] is returned by [`wait`](Backend::wait).
     unsafe fn send(&mut self, token: Token, fd: RawFd, msg: *const libc::msghdr);
+
+    /// Asks for one [`Event::Writable`] when the socket can take bytes again (after a partial
+    /// send). At most one in flight per connection, never together with a send.
+    fn poll_writable(&mut self, token: Token, fd: RawFd);
 
     /// Submits what was queued, waits up to `timeout` (`None`: until something happens) for
     /// completions or a wake-up, and appends finished operations to `events`.

@@ -1,6 +1,7 @@
 //! The io_uring backend: the completion contract of [`super`], natively.
 //!
-//! One ring per shard. Receives, sends (`IORING_OP_SENDMSG` with `MSG_NOSIGNAL`) and accepts are
+//! One ring per shard. Receives, sends (`IORING_OP_SENDMSG` with `MSG_NOSIGNAL`), writability
+//! polls (`IORING_OP_POLL_ADD`, the drain event after a partial send) and accepts are
 //! pushed to the submission queue as the shard's turn produces them and reach the kernel together
 //! in the next [`Backend::wait`]: one `io_uring_enter` submits every connection's sends of a turn
 //! and waits for completions. The shard's wake-up eventfd is read by an `IORING_OP_READ` kept
@@ -24,6 +25,7 @@ const KIND_RECV: u64 = 1;
 const KIND_SEND: u64 = 2;
 const KIND_ACCEPT: u64 = 3;
 const KIND_WAKE: u64 = 4;
+const KIND_POLL_OUT: u64 = 5;
 
 /// Submission queue entries per ring (the completion queue is twice as large).
 const ENTRIES: u32 = 1024;
@@ -50,6 +52,7 @@ pub(crate) fn probe() -> Result<(), String> {
                 (opcode::Recv::CODE, "RECV"),
                 (opcode::SendMsg::CODE, "SENDMSG"),
                 (opcode::Read::CODE, "READ"),
+                (opcode::PollAdd::CODE, "POLL_ADD"),
             ] {
                 if !probe.is_supported(code) {
                     return Err(format!("io_uring opcode {name} is not supported"));
@@ -175,6 +178,14 @@ impl Backend for Uring {
         unsafe { self.push(&entry) };
     }
 
+    fn poll_writable(&mut self, token: Token, fd: RawFd) {
+        let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
+            .build()
+            .user_data(user_data(KIND_POLL_OUT, u64::from(token)));
+        // SAFETY: a poll points to no memory of ours.
+        unsafe { self.push(&entry) };
+    }
+
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
         let result = match timeout {
             None => self.ring.submit_and_wait(1),
@@ -199,6 +210,7 @@ impl Backend for Uring {
             match kind {
                 KIND_RECV => events.push(Event::Recv { token: index as Token, result }),
                 KIND_SEND => events.push(Event::Send { token: index as Token, result }),
+                KIND_POLL_OUT => events.push(Event::Writable { token: index as Token }),
                 KIND_ACCEPT => {
                     let listener = index as usize;
                     self.accept_armed[listener] = false;

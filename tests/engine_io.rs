@@ -1,0 +1,110 @@
+//! The engine over real loopback sockets, on both IO backends.
+
+mod engine_support;
+
+use engine_support::*;
+
+#[test]
+fn ping_gets_pong_on_both_backends() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        for _ in 0..3 {
+            c.send(r#"{"type":"ping"}"#);
+            assert_eq!(c.json()["type"], "pong");
+        }
+        server.engine.shutdown().unwrap();
+    });
+}
+
+#[test]
+fn malformed_input_gets_an_error_and_the_connection_survives() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        c.send("{not json");
+        let e = c.json();
+        assert_eq!(e["type"], "error", "{e}");
+        c.send_raw(b"\xff\xfe\n");
+        assert_eq!(c.json()["type"], "error");
+        c.send(r#"{"type":"ping"}"#);
+        assert_eq!(c.json()["type"], "pong");
+    });
+}
+
+#[test]
+fn line_over_max_message_bytes_gets_an_error_naming_the_limit_then_close() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_message_bytes = 128;
+        let server = start(config);
+        let mut other = Client::connect(server.addr);
+        let mut c = Client::connect(server.addr);
+        c.send(&format!("{{\"type\":\"ping\",\"pad\":\"{}\"}}", "x".repeat(200)));
+        let e = c.json();
+        assert_eq!(e["type"], "error", "{e}");
+        assert!(e.to_string().contains("max_message_bytes"), "{e}");
+        assert!(c.line().is_none(), "closed after the error");
+        other.send(r#"{"type":"ping"}"#);
+        assert_eq!(other.json()["type"], "pong", "other clients carry on");
+        eventually("the limit is counted", || server.engine.stats().limit_errors >= 1);
+    });
+}
+
+#[test]
+fn max_connections_refuses_the_next_client_with_an_error_naming_the_limit() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_connections = 2;
+        let server = start(config);
+        let mut a = Client::connect(server.addr);
+        let mut b = Client::connect(server.addr);
+        a.send(r#"{"type":"ping"}"#);
+        assert_eq!(a.json()["type"], "pong");
+        b.send(r#"{"type":"ping"}"#);
+        assert_eq!(b.json()["type"], "pong");
+        let mut c = Client::connect(server.addr);
+        let e = c.json();
+        assert_eq!(e["type"], "error");
+        assert_eq!(e["limit"], "max_connections", "{e}");
+        assert!(c.line().is_none());
+        a.send(r#"{"type":"ping"}"#);
+        assert_eq!(a.json()["type"], "pong");
+        eventually("rejection counted", || server.engine.stats().rejected == 1);
+        drop(a);
+        eventually("a slot is free again", || server.engine.stats().open_connections == 1);
+        let mut d = Client::connect(server.addr);
+        d.send(r#"{"type":"ping"}"#);
+        assert_eq!(d.json()["type"], "pong");
+    });
+}
+
+#[test]
+fn peer_half_close_gets_the_queued_replies_then_a_close() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        for _ in 0..100 {
+            c.send(r#"{"type":"ping"}"#);
+        }
+        c.writer.shutdown(std::net::Shutdown::Write).unwrap();
+        let rest = c.rest();
+        let text = String::from_utf8(rest).unwrap();
+        assert_eq!(text.lines().count(), 100);
+        assert!(text.lines().all(|l| l == r#"{"type":"pong"}"#));
+        eventually("connection released", || server.engine.stats().open_connections == 0);
+    });
+}
+
+#[test]
+fn idle_connection_is_closed_after_idle_timeout_with_an_error() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.idle_timeout_ms = 100;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        let e = c.json();
+        assert_eq!(e["limit"], "idle_timeout_ms", "{e}");
+        assert!(c.line().is_none());
+    });
+}
