@@ -105,7 +105,7 @@ pub struct Limits {
     /// Subscriptions per connection.
     pub max_subscriptions_per_connection: usize,
     /// Unsent bytes above which deliveries to a connection are back-pressured.
-    pub outbox_high_water_bytes: usize,
+    pub backpressure_bytes: usize,
     /// Unsent bytes at which the connection is closed with an error.
     pub max_outbox_bytes: usize,
     /// Handshake deadline, in milliseconds.
@@ -121,8 +121,8 @@ impl Default for Limits {
             max_message_bytes: 1 << 20,
             max_handshake_bytes: 8 << 10,
             max_subscriptions_per_connection: 256,
-            outbox_high_water_bytes: 1 << 20,
-            max_outbox_bytes: 16 << 20,
+            backpressure_bytes: 8 << 20,
+            max_outbox_bytes: 32 << 20,
             handshake_timeout_ms: 10_000,
             idle_timeout_ms: 300_000,
         }
@@ -171,6 +171,34 @@ pub struct SubscriptionsSection {
 impl Default for SubscriptionsSection {
     fn default() -> Self {
         SubscriptionsSection { max_queue: 1024, slow_consumer: SlowConsumerChoice::DropOldest, max_batch: 64 }
+    }
+}
+
+/// The `[outbox]` section: the push-stream rules of each connection's outbox.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxSection {
+    /// Unsent bytes above which uncorrelated `drop_types` messages become `frames_dropped`.
+    pub high_water_bytes: usize,
+    /// Keepalive ping interval, in milliseconds.
+    pub keepalive_interval_ms: u64,
+    /// Liveness timeout (no pong, no drain progress), in milliseconds.
+    pub liveness_timeout_ms: u64,
+    /// Types coalesced per slot while a connection is paused.
+    pub coalesce_types: Vec<String>,
+    /// Types replaced by `frames_dropped` above `high_water_bytes`.
+    pub drop_types: Vec<String>,
+}
+
+impl Default for OutboxSection {
+    fn default() -> Self {
+        OutboxSection {
+            high_water_bytes: 8 << 20,
+            keepalive_interval_ms: 15_000,
+            liveness_timeout_ms: 45_000,
+            coalesce_types: vec!["screenshot_update".into(), "hierarchy_update".into()],
+            drop_types: vec!["screenshot_update".into()],
+        }
     }
 }
 
@@ -264,6 +292,9 @@ pub struct Config {
     /// `[subscriptions]`.
     #[serde(default)]
     pub subscriptions: SubscriptionsSection,
+    /// `[outbox]`.
+    #[serde(default)]
+    pub outbox: OutboxSection,
     /// `[[listener]]` tables.
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
@@ -313,18 +344,32 @@ impl Config {
         if l.max_subscriptions_per_connection == 0 {
             return Err(invalid("limits.max_subscriptions_per_connection", 0, "must be at least 1"));
         }
-        if l.outbox_high_water_bytes == 0 {
-            return Err(invalid("limits.outbox_high_water_bytes", 0, "must be at least 1"));
+        if l.backpressure_bytes == 0 {
+            return Err(invalid("limits.backpressure_bytes", 0, "must be at least 1"));
         }
-        if l.max_outbox_bytes <= l.outbox_high_water_bytes {
+        if l.max_outbox_bytes <= l.backpressure_bytes {
             return Err(invalid(
                 "limits.max_outbox_bytes",
                 l.max_outbox_bytes,
-                "must be larger than limits.outbox_high_water_bytes",
+                "must be larger than limits.backpressure_bytes",
             ));
         }
         if l.handshake_timeout_ms == 0 {
             return Err(invalid("limits.handshake_timeout_ms", 0, "must be at least 1"));
+        }
+        let o = &self.outbox;
+        if o.high_water_bytes == 0 {
+            return Err(invalid("outbox.high_water_bytes", 0, "must be at least 1"));
+        }
+        if o.keepalive_interval_ms == 0 {
+            return Err(invalid("outbox.keepalive_interval_ms", 0, "must be at least 1"));
+        }
+        if o.liveness_timeout_ms <= o.keepalive_interval_ms {
+            return Err(invalid(
+                "outbox.liveness_timeout_ms",
+                o.liveness_timeout_ms,
+                "must be longer than outbox.keepalive_interval_ms",
+            ));
         }
         if self.subscriptions.max_batch == 0 {
             return Err(invalid("subscriptions.max_batch", 0, "must be at least 1"));
@@ -357,6 +402,7 @@ mod tests {
         let c = Config::from_toml(DEFAULT_CONFIG, None).unwrap();
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.subscriptions, SubscriptionsSection::default());
+        assert_eq!(c.outbox, OutboxSection::default());
         assert_eq!(c.listeners[0], ListenerConfig::tcp("ndjson", "127.0.0.1:7400"));
         assert_eq!(c.listeners[1], ListenerConfig::tcp("frame", "127.0.0.1:7401"));
     }

@@ -45,7 +45,7 @@ mod sys;
 mod writeq;
 
 pub use config::{
-    BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig, SlowConsumerChoice,
+    BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig, OutboxSection, SlowConsumerChoice,
     SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
 };
 pub use registry::{ProtocolRegistry, RegistryError};

@@ -619,7 +619,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn deliver(&mut self, key: ConnKey, sub: &str, frame: Bytes, done: Option<Completion>) {
-        let high_water = self.shared.config.limits.outbox_high_water_bytes;
+        let high_water = self.shared.config.limits.backpressure_bytes;
         let Some(c) = conn_in(&mut self.slots, key) else {
             if let Some(done) = done {
                 done.complete(Err(SendError::Closed));
@@ -701,7 +701,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn on_send(&mut self, token: Token, result: io::Result<usize>) {
-        let high_water = self.shared.config.limits.outbox_high_water_bytes;
+        let high_water = self.shared.config.limits.backpressure_bytes;
         let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
         c.send_inflight = false;
         c.inflight.clear();
