@@ -10,13 +10,19 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use powerhub::runtime::{BackendChoice, Config, Engine, ListenerConfig, ProtocolRegistry, DEFAULT_CONFIG};
+use powerhub::runtime::{
+    BackendChoice, Config, Engine, ListenerConfig, ProtocolRegistry, DEFAULT_CONFIG,
+};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[derive(Debug, Parser)]
-#[command(name = "powerhub", version, about = "Realtime topic fan-out: the push server")]
+#[command(
+    name = "powerhub",
+    version,
+    about = "Realtime topic fan-out: the push server"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -59,7 +65,9 @@ fn split_pair<'a>(flag: &str, value: &'a str) -> Result<(&'a str, &'a str), Stri
     value
         .split_once('=')
         .filter(|(p, a)| !p.is_empty() && !a.is_empty())
-        .ok_or_else(|| format!("--{flag} {value:?}: expected PROTOCOL=ADDRESS, e.g. ndjson=127.0.0.1:7400"))
+        .ok_or_else(|| {
+            format!("--{flag} {value:?}: expected PROTOCOL=ADDRESS, e.g. ndjson=127.0.0.1:7400")
+        })
 }
 
 fn build_config(args: &ServeArgs) -> Result<Config, String> {
@@ -86,7 +94,9 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
         overrides.push(ListenerConfig::unix(p, a));
     }
     if !overrides.is_empty() {
-        config.listeners.retain(|l| !overrides.iter().any(|o| o.protocol == l.protocol));
+        config
+            .listeners
+            .retain(|l| !overrides.iter().any(|o| o.protocol == l.protocol));
         config.listeners.extend(overrides);
     }
     config.validate().map_err(|e| e.to_string())?;
@@ -164,9 +174,11 @@ fn serve(args: ServeArgs) -> ExitCode {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args),

@@ -65,7 +65,9 @@ impl std::str::FromStr for BackendChoice {
             "auto" => Ok(BackendChoice::Auto),
             "io_uring" | "io-uring" | "uring" => Ok(BackendChoice::IoUring),
             "epoll" => Ok(BackendChoice::Epoll),
-            other => Err(format!("unknown backend `{other}` (expected auto, io_uring or epoll)")),
+            other => Err(format!(
+                "unknown backend `{other}` (expected auto, io_uring or epoll)"
+            )),
         }
     }
 }
@@ -87,7 +89,11 @@ pub struct EngineSection {
 
 impl Default for EngineSection {
     fn default() -> Self {
-        EngineSection { shards: 0, backend: BackendChoice::Auto, shutdown_timeout_ms: 5000 }
+        EngineSection {
+            shards: 0,
+            backend: BackendChoice::Auto,
+            shutdown_timeout_ms: 5000,
+        }
     }
 }
 
@@ -170,7 +176,11 @@ pub struct SubscriptionsSection {
 
 impl Default for SubscriptionsSection {
     fn default() -> Self {
-        SubscriptionsSection { max_queue: 1024, slow_consumer: SlowConsumerChoice::DropOldest, max_batch: 64 }
+        SubscriptionsSection {
+            max_queue: 1024,
+            slow_consumer: SlowConsumerChoice::DropOldest,
+            max_batch: 64,
+        }
     }
 }
 
@@ -237,22 +247,33 @@ impl std::fmt::Display for ListenAddr {
 impl ListenerConfig {
     /// A TCP listener.
     pub fn tcp(protocol: impl Into<String>, address: impl Into<String>) -> Self {
-        ListenerConfig { protocol: protocol.into(), address: Some(address.into()), path: None }
+        ListenerConfig {
+            protocol: protocol.into(),
+            address: Some(address.into()),
+            path: None,
+        }
     }
 
     /// A Unix socket listener.
     pub fn unix(protocol: impl Into<String>, path: impl Into<PathBuf>) -> Self {
-        ListenerConfig { protocol: protocol.into(), address: None, path: Some(path.into()) }
+        ListenerConfig {
+            protocol: protocol.into(),
+            address: None,
+            path: Some(path.into()),
+        }
     }
 
     /// The validated address; `index` is the listener's position, for the error's key.
     pub fn listen_addr(&self, index: usize) -> Result<ListenAddr, ConfigError> {
         match (&self.address, &self.path) {
-            (Some(a), None) => a.parse().map(ListenAddr::Tcp).map_err(|e| ConfigError::Invalid {
-                key: format!("listener[{index}].address"),
-                value: format!("{a:?}"),
-                reason: format!("not a socket address (ip:port): {e}"),
-            }),
+            (Some(a), None) => a
+                .parse()
+                .map(ListenAddr::Tcp)
+                .map_err(|e| ConfigError::Invalid {
+                    key: format!("listener[{index}].address"),
+                    value: format!("{a:?}"),
+                    reason: format!("not a socket address (ip:port): {e}"),
+                }),
             (None, Some(p)) => Ok(ListenAddr::Unix(p.clone())),
             (Some(_), Some(_)) => Err(ConfigError::Invalid {
                 key: format!("listener[{index}]"),
@@ -310,42 +331,70 @@ impl Config {
 
     /// Parses and validates a TOML text; `source_name` names it in errors.
     pub fn from_toml(text: &str, source_name: Option<&str>) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { source_name: source_name.map(str::to_owned), message: e.to_string() })?;
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            source_name: source_name.map(str::to_owned),
+            message: e.to_string(),
+        })?;
         config.validate()?;
         Ok(config)
     }
 
     /// Reads, parses and validates a TOML file.
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         Config::from_toml(&text, Some(&path.display().to_string()))
     }
 
     /// Checks every value's range; the error names the key.
     pub fn validate(&self) -> Result<(), ConfigError> {
         fn invalid(key: &str, value: impl std::fmt::Display, reason: &str) -> ConfigError {
-            ConfigError::Invalid { key: key.into(), value: value.to_string(), reason: reason.into() }
+            ConfigError::Invalid {
+                key: key.into(),
+                value: value.to_string(),
+                reason: reason.into(),
+            }
         }
         let l = &self.limits;
         if self.engine.shards > 1024 {
-            return Err(invalid("engine.shards", self.engine.shards, "at most 1024 (0 = one per core)"));
+            return Err(invalid(
+                "engine.shards",
+                self.engine.shards,
+                "at most 1024 (0 = one per core)",
+            ));
         }
         if l.max_connections == 0 {
             return Err(invalid("limits.max_connections", 0, "must be at least 1"));
         }
         if l.max_message_bytes < 64 || l.max_message_bytes > 1 << 30 {
-            return Err(invalid("limits.max_message_bytes", l.max_message_bytes, "must be between 64 and 1073741824"));
+            return Err(invalid(
+                "limits.max_message_bytes",
+                l.max_message_bytes,
+                "must be between 64 and 1073741824",
+            ));
         }
         if l.max_handshake_bytes < 256 || l.max_handshake_bytes > 1 << 20 {
-            return Err(invalid("limits.max_handshake_bytes", l.max_handshake_bytes, "must be between 256 and 1048576"));
+            return Err(invalid(
+                "limits.max_handshake_bytes",
+                l.max_handshake_bytes,
+                "must be between 256 and 1048576",
+            ));
         }
         if l.max_subscriptions_per_connection == 0 {
-            return Err(invalid("limits.max_subscriptions_per_connection", 0, "must be at least 1"));
+            return Err(invalid(
+                "limits.max_subscriptions_per_connection",
+                0,
+                "must be at least 1",
+            ));
         }
         if l.backpressure_bytes == 0 {
-            return Err(invalid("limits.backpressure_bytes", 0, "must be at least 1"));
+            return Err(invalid(
+                "limits.backpressure_bytes",
+                0,
+                "must be at least 1",
+            ));
         }
         if l.max_outbox_bytes <= l.backpressure_bytes {
             return Err(invalid(
@@ -355,14 +404,22 @@ impl Config {
             ));
         }
         if l.handshake_timeout_ms == 0 {
-            return Err(invalid("limits.handshake_timeout_ms", 0, "must be at least 1"));
+            return Err(invalid(
+                "limits.handshake_timeout_ms",
+                0,
+                "must be at least 1",
+            ));
         }
         let o = &self.outbox;
         if o.high_water_bytes == 0 {
             return Err(invalid("outbox.high_water_bytes", 0, "must be at least 1"));
         }
         if o.keepalive_interval_ms == 0 {
-            return Err(invalid("outbox.keepalive_interval_ms", 0, "must be at least 1"));
+            return Err(invalid(
+                "outbox.keepalive_interval_ms",
+                0,
+                "must be at least 1",
+            ));
         }
         if o.liveness_timeout_ms <= o.keepalive_interval_ms {
             return Err(invalid(
@@ -377,7 +434,11 @@ impl Config {
         for (i, listener) in self.listeners.iter().enumerate() {
             listener.listen_addr(i)?;
             if listener.protocol.is_empty() {
-                return Err(invalid(&format!("listener[{i}].protocol"), "\"\"", "name a registered protocol"));
+                return Err(invalid(
+                    &format!("listener[{i}].protocol"),
+                    "\"\"",
+                    "name a registered protocol",
+                ));
             }
         }
         Ok(())
@@ -403,13 +464,23 @@ mod tests {
         assert_eq!(c.limits, Limits::default());
         assert_eq!(c.subscriptions, SubscriptionsSection::default());
         assert_eq!(c.outbox, OutboxSection::default());
-        assert_eq!(c.listeners[0], ListenerConfig::tcp("ndjson", "127.0.0.1:7400"));
-        assert_eq!(c.listeners[1], ListenerConfig::tcp("frame", "127.0.0.1:7401"));
+        assert_eq!(
+            c.listeners[0],
+            ListenerConfig::tcp("ndjson", "127.0.0.1:7400")
+        );
+        assert_eq!(
+            c.listeners[1],
+            ListenerConfig::tcp("frame", "127.0.0.1:7401")
+        );
     }
 
     #[test]
     fn unknown_key_is_an_error_naming_key_and_line() {
-        let err = Config::from_toml("[engine]\nshards = 2\n\n[limits]\nmax_conections = 1\n", None).unwrap_err();
+        let err = Config::from_toml(
+            "[engine]\nshards = 2\n\n[limits]\nmax_conections = 1\n",
+            None,
+        )
+        .unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("max_conections"), "{msg}");
         assert!(msg.contains("line 5"), "{msg}");
@@ -419,7 +490,11 @@ mod tests {
     fn invalid_value_names_the_key() {
         let err = Config::from_toml("[limits]\nmax_connections = 0\n", None).unwrap_err();
         assert!(err.to_string().contains("limits.max_connections"), "{err}");
-        let err = Config::from_toml("[[listener]]\nprotocol = \"ndjson\"\naddress = \"nope\"\n", None).unwrap_err();
+        let err = Config::from_toml(
+            "[[listener]]\nprotocol = \"ndjson\"\naddress = \"nope\"\n",
+            None,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("listener[0].address"), "{err}");
         let err = Config::from_toml("[engine]\nbackend = \"kqueue\"\n", None).unwrap_err();
         assert!(err.to_string().contains("kqueue"), "{err}");

@@ -30,12 +30,18 @@ use std::fmt;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use powerhub_plugin::{ProtocolFactory, ProtocolLimits};
+use powerhub_plugin::{
+    CloseReason, Completion, Frame, ProtocolFactory, ProtocolLimits, SendError, SendOutcome, Sink,
+    SubscriberRef,
+};
+
+use crate::hub::{Hub, HubError, HubOptions};
+use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 
 mod config;
 mod registry;
@@ -45,8 +51,8 @@ mod sys;
 mod writeq;
 
 pub use config::{
-    BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig, OutboxSection, SlowConsumerChoice,
-    SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
+    BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig,
+    OutboxSection, SlowConsumerChoice, SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
 };
 pub use registry::{ProtocolRegistry, RegistryError};
 
@@ -108,6 +114,12 @@ pub enum EngineError {
     /// `POWERHUB_BACKEND` holds an unknown value.
     #[error("environment variable {BACKEND_ENV}: {0}")]
     BackendEnv(String),
+    /// The hub could not be created.
+    #[error("cannot create the hub: {0}")]
+    Hub(#[from] HubError),
+    /// The `[outbox]` settings were refused.
+    #[error("invalid configuration value in [outbox]: {0}")]
+    Outbox(String),
     /// A shard could not be started.
     #[error("cannot start shard {index}: {source}")]
     Shard {
@@ -163,11 +175,20 @@ pub(crate) struct Shared {
     pub(crate) listeners: Vec<ListenerSpec>,
     shards: OnceLock<Vec<Arc<ShardHandle>>>,
     pub(crate) counters: Counters,
+    pub(crate) hub: Hub,
+    /// Outbox settings for connections whose protocol frames JSON as NDJSON lines.
+    pub(crate) outbox_ndjson: Arc<OutboxConfig>,
+    /// Outbox settings for every other protocol.
+    pub(crate) outbox_protocol: Arc<OutboxConfig>,
+    pub(crate) message_factory: Arc<dyn MessageFactory>,
+    pub(crate) next_conn_id: AtomicU64,
 }
 
 impl fmt::Debug for Shared {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared").field("listeners", &self.listeners.len()).finish_non_exhaustive()
+        f.debug_struct("Shared")
+            .field("listeners", &self.listeners.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -195,19 +216,26 @@ pub struct Engine {
     backend: BackendKind,
     bound: Vec<BoundListener>,
     unix_paths: Vec<PathBuf>,
+    owns_hub: bool,
     stopped: bool,
 }
 
 impl fmt::Debug for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Engine").field("backend", &self.backend).field("listeners", &self.bound).finish_non_exhaustive()
+        f.debug_struct("Engine")
+            .field("backend", &self.backend)
+            .field("listeners", &self.bound)
+            .finish_non_exhaustive()
     }
 }
 
 /// Chooses the backend: the environment override, then the config, then the io_uring probe.
 fn choose_backend(choice: BackendChoice) -> Result<BackendKind, EngineError> {
     let env = match std::env::var(BACKEND_ENV) {
-        Ok(v) if !v.is_empty() => Some(v.parse::<BackendChoice>().map_err(EngineError::BackendEnv)?),
+        Ok(v) if !v.is_empty() => Some(
+            v.parse::<BackendChoice>()
+                .map_err(EngineError::BackendEnv)?,
+        ),
         _ => None,
     };
     let choice = match env {
@@ -229,8 +257,17 @@ fn choose_backend(choice: BackendChoice) -> Result<BackendKind, EngineError> {
     }
 }
 
-fn bind(index: usize, protocol: &str, addr: &ListenAddr) -> Result<(OwnedFd, ListenAddr), EngineError> {
-    let err = |source: io::Error| EngineError::Bind { index, protocol: protocol.to_owned(), addr: addr.clone(), source };
+fn bind(
+    index: usize,
+    protocol: &str,
+    addr: &ListenAddr,
+) -> Result<(OwnedFd, ListenAddr), EngineError> {
+    let err = |source: io::Error| EngineError::Bind {
+        index,
+        protocol: protocol.to_owned(),
+        addr: addr.clone(),
+        source,
+    };
     match addr {
         ListenAddr::Tcp(a) => {
             let l = std::net::TcpListener::bind(a).map_err(err)?;
@@ -242,10 +279,16 @@ fn bind(index: usize, protocol: &str, addr: &ListenAddr) -> Result<(OwnedFd, Lis
             use std::os::unix::fs::FileTypeExt;
             if let Ok(meta) = std::fs::symlink_metadata(path) {
                 if !meta.file_type().is_socket() {
-                    return Err(err(io::Error::new(io::ErrorKind::AlreadyExists, "the path exists and is not a socket")));
+                    return Err(err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        "the path exists and is not a socket",
+                    )));
                 }
                 if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                    return Err(err(io::Error::new(io::ErrorKind::AddrInUse, "another server listens on this socket")));
+                    return Err(err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        "another server listens on this socket",
+                    )));
                 }
                 // A stale socket file left by a process that is gone.
                 std::fs::remove_file(path).map_err(err)?;
@@ -257,12 +300,121 @@ fn bind(index: usize, protocol: &str, addr: &ListenAddr) -> Result<(OwnedFd, Lis
     }
 }
 
+/// The sink of the engine's own hub: every push subscription names its connection's sink, so
+/// this one only answers subscriptions made without a sink.
+#[derive(Debug)]
+struct NoSink;
+
+impl Sink for NoSink {
+    fn send(&self, _sub: &SubscriberRef, _frame: Frame, _done: Completion) -> SendOutcome {
+        SendOutcome::Failed(SendError::Refused(
+            "subscribe with a sink: the engine's hub has no default transport".into(),
+        ))
+    }
+
+    fn close(&self, _sub: &SubscriberRef, _reason: CloseReason) {}
+}
+
+/// Options of [`Engine::builder`]: the hub to serve and the push-message factory.
+///
+/// ```no_run
+/// use powerhub::hub::{Hub, HubOptions};
+/// use powerhub::runtime::{Config, Engine, ListenerConfig};
+/// # #[derive(Debug)] struct MySink;
+/// # impl powerhub::plugin::Sink for MySink {
+/// #     fn send(&self, _: &powerhub::plugin::SubscriberRef, _: powerhub::plugin::Frame, _: powerhub::plugin::Completion) -> powerhub::plugin::SendOutcome { powerhub::plugin::SendOutcome::Accepted }
+/// # }
+///
+/// let hub = Hub::new(MySink, HubOptions::default())?;
+/// let mut config = Config::default();
+/// config.listeners.push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+/// let engine = Engine::builder(config).hub(hub.clone()).start()?;
+/// hub.publish_json("prices", &serde_json::json!({"type": "tick", "stream": "prices", "px": 1}))?;
+/// engine.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct EngineBuilder {
+    config: Config,
+    registry: ProtocolRegistry,
+    hub: Option<Hub>,
+    factory: Arc<dyn MessageFactory>,
+}
+
+impl EngineBuilder {
+    /// Serves protocols from `registry` (default: [`ProtocolRegistry::with_builtins`]).
+    pub fn registry(mut self, registry: ProtocolRegistry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Serves `hub` (default: a hub of its own with a drain thread, closed at shutdown). A hub
+    /// given here is flushed at shutdown but left open.
+    pub fn hub(mut self, hub: Hub) -> Self {
+        self.hub = Some(hub);
+        self
+    }
+
+    /// Serializes deliveries through `factory` (the push-stream spec's `createPushMessage`;
+    /// default: the payload, byte-identical for every subscriber).
+    pub fn message_factory(mut self, factory: Arc<dyn MessageFactory>) -> Self {
+        self.factory = factory;
+        self
+    }
+
+    /// Validates the config, binds the listeners and starts the shards.
+    pub fn start(self) -> Result<Engine, EngineError> {
+        Engine::start_inner(self)
+    }
+}
+
 impl Engine {
+    /// A builder for an engine on `config`.
+    pub fn builder(config: Config) -> EngineBuilder {
+        EngineBuilder {
+            config,
+            registry: ProtocolRegistry::with_builtins(),
+            hub: None,
+            factory: Arc::new(PayloadFactory),
+        }
+    }
+
     /// Validates `config`, binds its listeners (protocols looked up in `registry`), and starts
-    /// the shards.
+    /// the shards, serving a hub of its own ([`Engine::hub`]).
     pub fn start(config: Config, registry: &ProtocolRegistry) -> Result<Engine, EngineError> {
+        Engine::builder(config).registry(registry.clone()).start()
+    }
+
+    fn start_inner(builder: EngineBuilder) -> Result<Engine, EngineError> {
+        let EngineBuilder {
+            config,
+            registry,
+            hub,
+            factory,
+        } = builder;
         config.validate()?;
         let backend = choose_backend(config.engine.backend)?;
+        let o = &config.outbox;
+        let outbox_protocol = OutboxConfig {
+            coalesce_types: o.coalesce_types.clone(),
+            drop_types: o.drop_types.clone(),
+            high_water_bytes: o.high_water_bytes,
+            keepalive_interval: Duration::from_millis(o.keepalive_interval_ms),
+            liveness_timeout: Duration::from_millis(o.liveness_timeout_ms),
+            framing: Framing::Protocol,
+        };
+        outbox_protocol
+            .validate()
+            .map_err(|e| EngineError::Outbox(e.to_string()))?;
+        let outbox_ndjson = OutboxConfig {
+            framing: Framing::Ndjson,
+            ..outbox_protocol.clone()
+        };
+        let owns_hub = hub.is_none();
+        let hub = match hub {
+            Some(h) => h,
+            None => Hub::new(NoSink, HubOptions::default())?,
+        };
         let limits = &config.limits;
         let protocol_limits = ProtocolLimits::default()
             .with_max_message_bytes(limits.max_message_bytes)
@@ -272,29 +424,54 @@ impl Engine {
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
         for (index, l) in config.listeners.iter().enumerate() {
-            let factory = registry.get(&l.protocol).map_err(|source| EngineError::Protocol { index, source })?;
+            let factory = registry
+                .get(&l.protocol)
+                .map_err(|source| EngineError::Protocol { index, source })?;
             let addr = l.listen_addr(index)?;
             let (fd, local) = bind(index, &l.protocol, &addr)?;
             if let ListenAddr::Unix(p) = &local {
                 unix_paths.push(p.clone());
             }
             tracing::info!(protocol = %l.protocol, addr = %local, "listening");
-            bound.push(BoundListener { protocol: l.protocol.clone(), addr: local.clone() });
-            specs.push(ListenerSpec { factory, protocol_limits: protocol_limits.clone(), addr: local });
+            bound.push(BoundListener {
+                protocol: l.protocol.clone(),
+                addr: local.clone(),
+            });
+            specs.push(ListenerSpec {
+                factory,
+                protocol_limits: protocol_limits.clone(),
+                addr: local,
+            });
             fds.push(Some(fd));
         }
         let n = config.shard_count();
-        let shared = Arc::new(Shared { config, listeners: specs, shards: OnceLock::new(), counters: Counters::default() });
+        let shared = Arc::new(Shared {
+            config,
+            listeners: specs,
+            shards: OnceLock::new(),
+            counters: Counters::default(),
+            hub,
+            outbox_ndjson: Arc::new(outbox_ndjson),
+            outbox_protocol: Arc::new(outbox_protocol),
+            message_factory: factory,
+            next_conn_id: AtomicU64::new(1),
+        });
         let mut handles = Vec::with_capacity(n);
         for index in 0..n {
-            handles.push(Arc::new(ShardHandle::new(index).map_err(|source| EngineError::Shard { index, source })?));
+            handles.push(Arc::new(
+                ShardHandle::new(index).map_err(|source| EngineError::Shard { index, source })?,
+            ));
         }
         let _ = shared.shards.set(handles.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         let mut threads = Vec::with_capacity(n);
         for handle in handles {
             let index = handle.index;
-            let listeners = if index == 0 { std::mem::take(&mut fds) } else { Vec::new() };
+            let listeners = if index == 0 {
+                std::mem::take(&mut fds)
+            } else {
+                Vec::new()
+            };
             let shared = Arc::clone(&shared);
             let tx = tx.clone();
             let thread = std::thread::Builder::new()
@@ -305,6 +482,15 @@ impl Engine {
         }
         drop(tx);
         let mut actual = backend;
+        let mut engine = Engine {
+            shared,
+            threads,
+            backend,
+            bound,
+            unix_paths,
+            owns_hub,
+            stopped: false,
+        };
         for _ in 0..n {
             match rx.recv() {
                 Ok(Ok(kind)) => {
@@ -313,15 +499,20 @@ impl Engine {
                     }
                 }
                 Ok(Err((index, source))) => {
-                    let mut engine = Engine { shared, threads, backend, bound, unix_paths, stopped: false };
                     engine.stop_now();
                     return Err(EngineError::Shard { index, source });
                 }
                 Err(_) => break,
             }
         }
+        engine.backend = actual;
         tracing::info!(backend = actual.as_str(), shards = n, "engine started");
-        Ok(Engine { shared, threads, backend: actual, bound, unix_paths, stopped: false })
+        Ok(engine)
+    }
+
+    /// The hub the engine serves: publish into it from any thread.
+    pub fn hub(&self) -> &Hub {
+        &self.shared.hub
     }
 
     /// The backend the shards run (after probing and overrides).
@@ -362,9 +553,15 @@ impl Engine {
     /// connection (bounded by `engine.shutdown_timeout_ms`), close the connections, stop the
     /// shards.
     pub fn shutdown(mut self) -> Result<(), EngineError> {
-        let deadline = Instant::now() + Duration::from_millis(self.shared.config.engine.shutdown_timeout_ms);
+        let deadline =
+            Instant::now() + Duration::from_millis(self.shared.config.engine.shutdown_timeout_ms);
         for s in self.shared.shards() {
             s.send(ShardMsg::Drain { deadline });
+        }
+        // Every message published before now reaches its connection's shard (or its connection
+        // is closed at the deadline, which fails the pending send and ends the flush).
+        if let Err(e) = self.shared.hub.flush() {
+            tracing::warn!(error = %e, "hub flush during shutdown reported errors");
         }
         for s in self.shared.shards() {
             s.send(ShardMsg::Finish);
@@ -385,6 +582,9 @@ impl Engine {
     fn join(&mut self) {
         for t in self.threads.drain(..) {
             let _ = t.join();
+        }
+        if self.owns_hub {
+            self.shared.hub.close();
         }
         for p in self.unix_paths.drain(..) {
             let _ = std::fs::remove_file(p);
@@ -419,7 +619,9 @@ fn run_shard(
                 Shard::new(handle, shared, ring, listeners).run();
                 return;
             }
-            Err(e) => tracing::warn!(shard = index, error = %e, "cannot set up io_uring; this shard runs epoll"),
+            Err(e) => {
+                tracing::warn!(shard = index, error = %e, "cannot set up io_uring; this shard runs epoll")
+            }
         }
     }
     match sys::epoll::Epoll::new(waker) {

@@ -29,6 +29,7 @@ pub enum RegistryError {
 ///
 /// let registry = ProtocolRegistry::with_builtins();
 /// assert!(registry.get("ndjson").is_ok());
+/// assert!(registry.get("frame").is_ok());
 /// let err = registry.get("carrier-pigeon").unwrap_err();
 /// assert!(err.to_string().contains("carrier-pigeon"));
 /// ```
@@ -46,9 +47,13 @@ impl ProtocolRegistry {
     /// A registry holding the built-in plugins: `ndjson` (TCP and Unix sockets) and `frame`.
     pub fn with_builtins() -> Self {
         let mut r = Self::new();
-        let builtins: [Arc<dyn ProtocolFactory>; 1] = [Arc::new(powerhub_ndjson::NdjsonFactory)];
+        let builtins: [Arc<dyn ProtocolFactory>; 2] = [
+            Arc::new(powerhub_ndjson::NdjsonFactory),
+            Arc::new(powerhub_frame::FrameFactory),
+        ];
         for f in builtins {
-            r.register(f).unwrap_or_else(|e| unreachable!("built-in names are distinct: {e}"));
+            r.register(f)
+                .unwrap_or_else(|e| unreachable!("built-in names are distinct: {e}"));
         }
         r
     }
@@ -65,10 +70,18 @@ impl ProtocolRegistry {
 
     /// The factory registered as `name`.
     pub fn get(&self, name: &str) -> Result<Arc<dyn ProtocolFactory>, RegistryError> {
-        self.factories.get(name).cloned().ok_or_else(|| RegistryError::Unknown {
-            name: name.to_owned(),
-            known: self.factories.keys().cloned().collect::<Vec<_>>().join(", "),
-        })
+        self.factories
+            .get(name)
+            .cloned()
+            .ok_or_else(|| RegistryError::Unknown {
+                name: name.to_owned(),
+                known: self
+                    .factories
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
     }
 
     /// The registered names, sorted.

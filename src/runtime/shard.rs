@@ -23,17 +23,24 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use crossbeam_queue::SegQueue;
-use powerhub_plugin::{CloseReason, Completion, Inbound, ProtocolError, ProtocolOutput, SendError, StreamProtocol};
+use powerhub_plugin::{
+    CloseReason, Completion, Inbound, ProtocolError, ProtocolOutput, SendError, Sink,
+    StreamProtocol,
+};
 
-use super::session::{self, Session};
+use super::session::{self, After, ConnSink};
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::writeq::{WriteQueue, MAX_IOV};
 use super::Shared;
+use crate::outbox::{Outbox, TimeoutAction};
+use crate::protocol::{Session, SessionConfig};
 
 /// How often a shard checks its connections' deadlines.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
 /// How long a closing connection waits for the peer to finish before the socket is closed.
 const LINGER: Duration = Duration::from_secs(2);
+/// How long a closing connection may take to write what it holds before it is closed anyway.
+const CLOSE_FLUSH: Duration = Duration::from_secs(5);
 /// [`LINGER`] during a shutdown.
 const SHUTDOWN_LINGER: Duration = Duration::from_millis(100);
 /// First receive buffer of a connection; doubles up to [`MAX_READ_BUF`] when a read fills it.
@@ -53,15 +60,27 @@ pub(crate) struct ConnKey {
 #[derive(Debug)]
 pub(crate) enum ShardMsg {
     /// A socket accepted for this shard.
-    NewConn { fd: OwnedFd, listener: usize, over_limit: bool },
+    NewConn {
+        fd: OwnedFd,
+        listener: usize,
+        over_limit: bool,
+    },
     /// A hub frame for a subscription of a connection. `done` is set when the sink answered
     /// `Pending`: the shard completes it once the connection's unsent bytes fall to the high
     /// water mark (or fails it when the connection closes).
-    Deliver { conn: ConnKey, sub: Arc<str>, frame: Bytes, done: Option<Completion> },
+    Deliver {
+        conn: ConnKey,
+        sub: Arc<str>,
+        frame: Bytes,
+        done: Option<Completion>,
+        shared: Arc<ConnShared>,
+    },
     /// The hub closed a subscription (slow consumer under `disconnect`, hub closed).
-    SubClosed { conn: ConnKey, sub: Arc<str>, reason: CloseReason },
-    /// Stop accepting (acceptor shard only).
-    StopAccepting,
+    SubClosed {
+        conn: ConnKey,
+        sub: Arc<str>,
+        reason: CloseReason,
+    },
     /// Shutdown, phase 1: keep serving; at `deadline` close every connection.
     Drain { deadline: Instant },
     /// Shutdown, phase 2 (the hub is flushed): close each connection once its queue is written,
@@ -79,7 +98,8 @@ impl Waker {
     pub(crate) fn new() -> io::Result<Waker> {
         let fd = sys::new_eventfd()?;
         // SAFETY: `fd` was just created and is owned by nobody else.
-        Ok(Waker { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Waker { fd })
     }
 
     fn raw(&self) -> RawFd {
@@ -145,8 +165,13 @@ pub(crate) struct Counters {
 #[derive(Debug)]
 pub(crate) struct ConnShared {
     pub(crate) key: ConnKey,
-    /// Unsent bytes as of the shard's last update (`Relaxed`: advisory, for back-pressure).
-    pub(crate) unsent: AtomicUsize,
+    /// The outbox's backlog (unsent plus queued bytes) as of the shard's last update (`Relaxed`:
+    /// advisory, read by the sink for back-pressure).
+    pub(crate) backlog: AtomicUsize,
+    /// Bytes of frames a sink queued for the shard that the shard has not taken yet (added by
+    /// the sink, subtracted by the shard): with `backlog`, it bounds what a slow shard lets
+    /// pile up in its queue.
+    pub(crate) in_queue: AtomicUsize,
     /// Set when the connection is closing; sends then fail.
     pub(crate) closed: AtomicBool,
 }
@@ -155,8 +180,9 @@ pub(crate) struct ConnShared {
 enum State {
     /// Serving.
     Open,
-    /// Writing what is queued, then shutting down the sending side.
-    Closing,
+    /// Writing what is queued, then shutting down the sending side; closed regardless at the
+    /// deadline.
+    Closing(Instant),
     /// Sending side shut down; reading (and discarding) until the peer closes or `LINGER`.
     Lingering(Instant),
     /// Closed: waiting for in-flight operations to complete before the slot is freed.
@@ -168,96 +194,79 @@ enum State {
 pub(crate) struct Conn {
     pub(crate) key: ConnKey,
     fd: OwnedFd,
-    pub(crate) listener: usize,
     pub(crate) proto: Box<dyn StreamProtocol>,
-    /// `encode_text(x)` is `x\n`: a hub NDJSON frame is already framed for this protocol.
-    pub(crate) lines_passthrough: bool,
-    /// `encode_binary(x)` is `x`: a hub binary frame is already framed for this protocol.
-    pub(crate) binary_passthrough: bool,
     rbuf: Vec<u8>,
     inbuf: BytesMut,
-    out: WriteQueue,
+    /// Pre-framed control bytes from the protocol plugin (handshake replies, pongs, close
+    /// frames, final errors): written before the outbox's bytes at the next message boundary.
+    urgent: WriteQueue,
+    /// The push-stream outbox: replies, deliveries, keepalive, coalescing while paused.
+    pub(crate) outbox: Outbox,
+    pub(crate) session: Session,
+    pub(crate) sink: Arc<dyn Sink>,
     /// Chunks of the send in flight (clones keep them alive until its completion).
     inflight: Vec<Bytes>,
     iov: Vec<libc::iovec>,
     msg: libc::msghdr,
+    /// Layout of the send in flight: urgent bytes first or last, and how many bytes of each
+    /// part it carries; `outbox_offered` is what the outbox's `poll_transmit` offered.
+    send_urgent_first: bool,
+    send_urgent: usize,
+    send_outbox: usize,
+    outbox_offered: usize,
     recv_inflight: bool,
     send_inflight: bool,
     /// A writability poll is in flight (after a partial send: the connection is paused).
     poll_inflight: bool,
-    /// Bytes offered by the send in flight.
-    offered: usize,
     state: State,
     pub(crate) shared: Arc<ConnShared>,
-    pub(crate) session: Session,
     waiting: Vec<Completion>,
     accepted_at: Instant,
     last_inbound: Instant,
-    /// A fatal error to send once the handshake completes (connection over `max_connections`).
-    reject: Option<Bytes>,
     counted: bool,
 }
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Conn").field("key", &self.key).field("state", &self.state).finish_non_exhaustive()
+        f.debug_struct("Conn")
+            .field("key", &self.key)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
     }
 }
 
 impl Conn {
-    /// Queues one JSON message framed by the connection's protocol.
-    pub(crate) fn send_text(&mut self, json: &[u8]) {
+    /// Queues one JSON message, framed by the connection's protocol, ahead of queued data.
+    pub(crate) fn push_urgent_text(&mut self, json: &[u8]) {
         let mut buf = BytesMut::with_capacity(json.len() + 16);
         self.proto.encode_text(json, &mut buf);
-        self.out.push(buf.freeze());
+        self.urgent.push(buf.freeze());
     }
 
-    /// Queues a hub frame for delivery: as is when the protocol's framing is the frame's own,
-    /// otherwise re-framed message by message.
-    fn push_frame(&mut self, frame: Bytes, binary: bool) {
-        if binary {
-            if self.binary_passthrough {
-                self.out.push(frame);
-            } else {
-                let mut buf = BytesMut::with_capacity(frame.len() + 16);
-                if self.proto.encode_binary(&frame, &mut buf).is_ok() {
-                    self.out.push(buf.freeze());
-                }
-            }
-        } else if self.lines_passthrough {
-            self.out.push(frame);
-        } else {
-            let mut buf = BytesMut::with_capacity(frame.len() + 16 * 4);
-            for line in frame.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-                self.proto.encode_text(line, &mut buf);
-            }
-            self.out.push(buf.freeze());
-        }
+    /// Bytes the connection holds for the peer: the outbox's unsent and queued bytes.
+    fn backlog(&self) -> usize {
+        let stats = self.outbox.stats();
+        stats.unsent_bytes + stats.queued_bytes + self.urgent.unsent()
     }
 
-    pub(crate) fn is_open(&self) -> bool {
-        self.state == State::Open
-    }
-
-    fn sync_unsent(&self, counters: &Counters) {
-        let now = self.out.unsent();
-        let before = self.shared.unsent.swap(now, Ordering::Relaxed);
+    fn sync_backlog(&self, counters: &Counters) -> usize {
+        let now = self.backlog();
+        let before = self.shared.backlog.swap(now, Ordering::Relaxed);
         if now >= before {
             counters.unsent.fetch_add(now - before, Ordering::Relaxed);
         } else {
             counters.unsent.fetch_sub(before - now, Ordering::Relaxed);
         }
+        now
     }
 }
 
-/// Probes the hub-frame passthrough properties of a protocol (see [`Conn::lines_passthrough`]).
-fn passthrough(proto: &mut dyn StreamProtocol) -> (bool, bool) {
+/// Whether a protocol frames a JSON message as the message plus `\n`: then the hub's NDJSON
+/// frames are already framed for it, and the outbox writes them as they are (zero copy).
+fn frames_as_ndjson(proto: &mut dyn StreamProtocol) -> bool {
     let mut buf = BytesMut::new();
     proto.encode_text(b"{}", &mut buf);
-    let lines = &buf[..] == b"{}\n";
-    buf.clear();
-    let binary = proto.encode_binary(b"\x01\x02", &mut buf).is_ok() && &buf[..] == b"\x01\x02";
-    (lines, binary)
+    &buf[..] == b"{}\n"
 }
 
 /// The live connection `key` names, if it is still the slot's tenant.
@@ -282,10 +291,18 @@ pub(crate) struct Shard<B: Backend> {
     drain_deadline: Option<Instant>,
     finishing: bool,
     output: ProtocolOutput,
+    /// Scratch gather lists, reused every send.
+    scratch: Vec<Bytes>,
+    scratch2: Vec<Bytes>,
 }
 
 impl<B: Backend> Shard<B> {
-    pub(crate) fn new(handle: Arc<ShardHandle>, shared: Arc<Shared>, backend: B, listeners: Vec<Option<OwnedFd>>) -> Self {
+    pub(crate) fn new(
+        handle: Arc<ShardHandle>,
+        shared: Arc<Shared>,
+        backend: B,
+        listeners: Vec<Option<OwnedFd>>,
+    ) -> Self {
         Shard {
             handle,
             shared,
@@ -299,6 +316,8 @@ impl<B: Backend> Shard<B> {
             drain_deadline: None,
             finishing: false,
             output: ProtocolOutput::default(),
+            scratch: Vec::new(),
+            scratch2: Vec::new(),
         }
     }
 
@@ -352,19 +371,31 @@ impl<B: Backend> Shard<B> {
     fn drain_queue(&mut self) {
         while let Some(msg) = self.handle.queue.pop() {
             match msg {
-                ShardMsg::NewConn { fd, listener, over_limit } => self.add_conn(fd, listener, over_limit),
-                ShardMsg::Deliver { conn, sub, frame, done } => self.deliver(conn, &sub, frame, done),
+                ShardMsg::NewConn {
+                    fd,
+                    listener,
+                    over_limit,
+                } => self.add_conn(fd, listener, over_limit),
+                ShardMsg::Deliver {
+                    conn,
+                    sub,
+                    frame,
+                    done,
+                    shared,
+                } => {
+                    shared.in_queue.fetch_sub(frame.len(), Ordering::Relaxed);
+                    self.deliver(conn, &sub, frame, done);
+                }
                 ShardMsg::SubClosed { conn, sub, reason } => {
                     if let Some(c) = conn_in(&mut self.slots, conn) {
                         let token = conn.index;
-                        let fatal = session::on_sub_closed(c, &self.shared, &sub, reason);
+                        let after = session::on_sub_closed(c, &self.shared, &sub, reason);
                         self.mark_dirty(token);
-                        if fatal {
+                        if after == After::Close {
                             self.begin_close(token);
                         }
                     }
                 }
-                ShardMsg::StopAccepting => self.close_listeners(),
                 ShardMsg::Drain { deadline } => {
                     self.close_listeners();
                     self.drain_deadline = Some(deadline);
@@ -382,7 +413,12 @@ impl<B: Backend> Shard<B> {
     }
 
     fn live_tokens(&self) -> Vec<Token> {
-        self.slots.iter().enumerate().filter(|(_, s)| s.is_some()).map(|(i, _)| i as Token).collect()
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| i as Token)
+            .collect()
     }
 
     fn close_listeners(&mut self) {
@@ -394,15 +430,33 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-
     fn mark_dirty(&mut self, token: Token) {
         self.dirty.push(token);
     }
 
     fn add_conn(&mut self, fd: OwnedFd, listener: usize, over_limit: bool) {
-        let spec = &self.shared.listeners[listener];
+        let shared = Arc::clone(&self.shared);
+        let spec = &shared.listeners[listener];
         let mut proto = spec.factory.new_connection(&spec.protocol_limits);
-        let (lines_passthrough, binary_passthrough) = passthrough(proto.as_mut());
+        let outbox_config = if frames_as_ndjson(proto.as_mut()) {
+            &shared.outbox_ndjson
+        } else {
+            &shared.outbox_protocol
+        };
+        let now = Instant::now();
+        let outbox = match Outbox::new(
+            Arc::clone(outbox_config),
+            Arc::clone(&shared.message_factory),
+            now,
+        ) {
+            Ok(o) => o,
+            Err(e) => {
+                // Validated at start; unreachable in practice, and never a panic.
+                tracing::error!(error = %e, "invalid outbox configuration");
+                self.release_count(over_limit);
+                return;
+            }
+        };
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -411,60 +465,88 @@ impl<B: Backend> Shard<B> {
                 (self.slots.len() - 1) as u32
             }
         };
-        let key = ConnKey { shard: self.handle.index as u32, index, generation: self.generations[index as usize] };
+        let key = ConnKey {
+            shard: self.handle.index as u32,
+            index,
+            generation: self.generations[index as usize],
+        };
         if let Err(e) = self.backend.add_conn(index, fd.as_raw_fd()) {
             tracing::warn!(error = %e, "cannot register a connection");
             self.free.push(index);
-            if !over_limit {
-                self.shared.counters.open.fetch_sub(1, Ordering::Relaxed);
-            }
+            self.release_count(over_limit);
             return;
         }
-        let now = Instant::now();
-        let reject = over_limit.then(|| {
-            Bytes::from(session::error_json(
-                None,
-                "limit_exceeded",
-                &format!("the server is at its limit max_connections = {}", self.shared.config.limits.max_connections),
-                Some("max_connections"),
-            ))
+        let conn_shared = Arc::new(ConnShared {
+            key,
+            backlog: AtomicUsize::new(0),
+            in_queue: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
         });
-        let shared = Arc::new(ConnShared { key, unsent: AtomicUsize::new(0), closed: AtomicBool::new(false) });
-        let conn = Box::new(Conn {
+        let sink: Arc<dyn Sink> = Arc::new(ConnSink {
+            shard: Arc::clone(&self.handle),
+            conn: Arc::clone(&conn_shared),
+            backpressure: shared.config.limits.backpressure_bytes,
+        });
+        let limits = &shared.config.limits;
+        let session_config = SessionConfig {
+            max_line_bytes: limits.max_message_bytes,
+            max_subscriptions: limits.max_subscriptions_per_connection,
+        };
+        let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+        let mut conn = Box::new(Conn {
             key,
             fd,
-            listener,
             proto,
-            lines_passthrough,
-            binary_passthrough,
             rbuf: vec![0; MIN_READ_BUF],
             inbuf: BytesMut::new(),
-            out: WriteQueue::default(),
+            urgent: WriteQueue::default(),
+            outbox,
+            session: Session::new(conn_id, session_config),
+            sink,
             inflight: Vec::new(),
             iov: Vec::new(),
             // SAFETY: an all-zero `msghdr` is valid (null pointers, zero lengths).
             msg: unsafe { std::mem::zeroed() },
+            send_urgent_first: true,
+            send_urgent: 0,
+            send_outbox: 0,
+            outbox_offered: 0,
             recv_inflight: false,
             send_inflight: false,
             poll_inflight: false,
-            offered: 0,
             state: State::Open,
-            shared,
-            session: Session::default(),
+            shared: conn_shared,
             waiting: Vec::new(),
             accepted_at: now,
             last_inbound: now,
-            reject,
             counted: !over_limit,
         });
+        if over_limit {
+            let max = limits.max_connections;
+            let msg =
+                format!("the server holds its maximum of max_connections = {max} connections");
+            conn.push_urgent_text(&session::limit_error("max_connections", &msg));
+        }
         self.slots[index as usize] = Some(conn);
         self.handle.conns.fetch_add(1, Ordering::Relaxed);
-        self.after_input(index);
-        self.arm_recv(index);
+        if over_limit {
+            self.begin_close(index);
+        } else {
+            self.arm_recv(index);
+        }
+        self.mark_dirty(index);
+    }
+
+    fn release_count(&self, over_limit: bool) {
+        if !over_limit {
+            self.shared.counters.open.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     fn arm_recv(&mut self, token: Token) {
-        let Some(c) = self.slots[token as usize].as_deref_mut() else { return };
+        let Some(c) = self.slots[token as usize].as_deref_mut() else {
+            return;
+        };
         if c.recv_inflight || matches!(c.state, State::Dead) {
             return;
         }
@@ -503,12 +585,19 @@ impl<B: Backend> Shard<B> {
         if counters.open.load(Ordering::Relaxed) >= max {
             counters.rejected.fetch_add(1, Ordering::Relaxed);
             counters.limit_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(limit = "max_connections", max, "connection refused: over the limit");
+            tracing::info!(
+                limit = "max_connections",
+                max,
+                "connection refused: over the limit"
+            );
             self.add_conn(fd, listener, true);
             return;
         }
         counters.open.fetch_add(1, Ordering::Relaxed);
-        if matches!(self.shared.listeners[listener].addr, super::config::ListenAddr::Tcp(_)) {
+        if matches!(
+            self.shared.listeners[listener].addr,
+            super::config::ListenAddr::Tcp(_)
+        ) {
             let one: libc::c_int = 1;
             // SAFETY: `one` is live for the call; setsockopt copies it.
             let _ = syscall!(setsockopt(
@@ -525,23 +614,37 @@ impl<B: Backend> Shard<B> {
         if target == self.handle.index {
             self.add_conn(fd, listener, false);
         } else {
-            shards[target].send(ShardMsg::NewConn { fd, listener, over_limit: false });
+            shards[target].send(ShardMsg::NewConn {
+                fd,
+                listener,
+                over_limit: false,
+            });
         }
     }
 
     fn on_recv(&mut self, token: Token, result: io::Result<usize>) {
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
         c.recv_inflight = false;
         match (c.state, result) {
             (State::Dead, _) => self.free_if_idle(token),
-            (State::Lingering(_), Ok(n)) if n > 0 => self.arm_recv(token),
+            (State::Lingering(_) | State::Closing(_), Ok(n)) if n > 0 => self.arm_recv(token),
             (State::Lingering(_), _) => self.abort(token),
+            (State::Closing(_), Ok(_)) => {}
             (_, Ok(0)) => {
                 // The peer shut down its sending side: write what is queued, then close.
                 self.begin_close(token);
             }
             (_, Ok(n)) => {
-                self.shared.counters.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                self.shared
+                    .counters
+                    .bytes_in
+                    .fetch_add(n as u64, Ordering::Relaxed);
                 c.inbuf.extend_from_slice(&c.rbuf[..n]);
                 if n == c.rbuf.len() && c.rbuf.len() < MAX_READ_BUF {
                     let len = c.rbuf.len() * 2;
@@ -549,7 +652,10 @@ impl<B: Backend> Shard<B> {
                 }
                 c.last_inbound = Instant::now();
                 self.after_input(token);
-                if self.slots[token as usize].as_ref().is_some_and(|c| matches!(c.state, State::Open | State::Closing)) {
+                if self.slots[token as usize]
+                    .as_ref()
+                    .is_some_and(|c| matches!(c.state, State::Open | State::Closing(_)))
+                {
                     self.arm_recv(token);
                 }
             }
@@ -562,7 +668,9 @@ impl<B: Backend> Shard<B> {
 
     /// Decodes what arrived and runs the push session on it.
     fn after_input(&mut self, token: Token) {
-        let Some(c) = self.slots[token as usize].as_deref_mut() else { return };
+        let Some(c) = self.slots[token as usize].as_deref_mut() else {
+            return;
+        };
         if c.state != State::Open {
             c.inbuf.clear();
             return;
@@ -570,32 +678,28 @@ impl<B: Backend> Shard<B> {
         self.output.clear();
         let result = c.proto.decode(&mut c.inbuf, &mut self.output);
         if !self.output.urgent.is_empty() {
-            let urgent = self.output.urgent.split().freeze();
-            c.out.push_urgent(urgent);
+            c.urgent.push(self.output.urgent.split().freeze());
         }
-        if c.proto.is_ready() {
-            if let Some(reject) = c.reject.take() {
-                c.send_text(&reject);
-                self.mark_dirty(token);
-                self.begin_close(token);
-                return;
-            }
-        }
+        let now = Instant::now();
         let mut close = false;
         for event in self.output.events.drain(..) {
-            let c = self.slots[token as usize].as_deref_mut().expect("live connection");
             match event {
                 Inbound::Text(line) => {
-                    if session::on_text(c, &self.shared, line) {
+                    let after = session::on_text(c, &self.shared, line, now);
+                    if after == After::Close {
                         close = true;
                         break;
                     }
                 }
                 Inbound::Binary(_) => {
-                    let json = session::error_json(None, "unsupported", "binary messages carry no command here", None);
-                    c.send_text(json.as_bytes());
+                    let err = crate::protocol::reply::error(
+                        None,
+                        "unsupported",
+                        "binary messages carry no command",
+                    );
+                    c.outbox.push_control(err, now);
                 }
-                Inbound::Pong => {}
+                Inbound::Pong => c.outbox.on_pong(now),
                 Inbound::Close { .. } => {
                     close = true;
                     break;
@@ -605,9 +709,15 @@ impl<B: Backend> Shard<B> {
         }
         self.output.events.clear();
         if let Err(e) = result {
-            self.shared.counters.protocol_errors.fetch_add(1, Ordering::Relaxed);
+            self.shared
+                .counters
+                .protocol_errors
+                .fetch_add(1, Ordering::Relaxed);
             if matches!(e, ProtocolError::TooLarge { .. }) {
-                self.shared.counters.limit_errors.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .counters
+                    .limit_errors
+                    .fetch_add(1, Ordering::Relaxed);
             }
             tracing::debug!(error = %e, "protocol error; closing");
             close = true;
@@ -619,53 +729,56 @@ impl<B: Backend> Shard<B> {
     }
 
     fn deliver(&mut self, key: ConnKey, sub: &str, frame: Bytes, done: Option<Completion>) {
-        let high_water = self.shared.config.limits.backpressure_bytes;
-        let Some(c) = conn_in(&mut self.slots, key) else {
+        let backpressure = self.shared.config.limits.backpressure_bytes;
+        let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) else {
             if let Some(done) = done {
                 done.complete(Err(SendError::Closed));
             }
             return;
         };
-        if c.state != State::Open {
-            if let Some(done) = done {
-                done.complete(Err(SendError::Closed));
-            }
-            return;
-        }
-        let binary = session::sub_is_binary(c, sub);
-        c.push_frame(frame, binary);
-        self.shared.counters.frames_out.fetch_add(1, Ordering::Relaxed);
+        c.outbox.push_shared(sub, frame, Instant::now());
+        self.shared
+            .counters
+            .frames_out
+            .fetch_add(1, Ordering::Relaxed);
+        let backlog = c.sync_backlog(&self.shared.counters);
         if let Some(done) = done {
-            if c.out.unsent() <= high_water {
+            if backlog <= backpressure {
                 done.complete(Ok(()));
             } else {
                 c.waiting.push(done);
             }
         }
-        c.sync_unsent(&self.shared.counters);
         self.mark_dirty(key.index);
     }
 
-    /// Starts one send per dirty connection that has bytes queued and none in flight.
+    /// Starts one send per dirty connection that has bytes to send and none in flight.
     fn flush_writes(&mut self) {
         let max_outbox = self.shared.config.limits.max_outbox_bytes;
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
         for &token in &dirty {
-            let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { continue };
-            if c.out.unsent() > max_outbox && c.state == State::Open {
-                self.shared.counters.limit_errors.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(limit = "max_outbox_bytes", unsent = c.out.unsent(), "closing a connection over its outbox limit");
-                let json = session::error_json(
-                    None,
-                    "limit_exceeded",
-                    &format!("unsent bytes exceed max_outbox_bytes = {max_outbox}"),
-                    Some("max_outbox_bytes"),
-                );
-                c.send_text(json.as_bytes());
-                self.begin_close(token);
+            let Some(c) = self
+                .slots
+                .get_mut(token as usize)
+                .and_then(Option::as_deref_mut)
+            else {
                 continue;
+            };
+            if c.state == State::Open && c.backlog() > max_outbox {
+                self.shared
+                    .counters
+                    .limit_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    limit = "max_outbox_bytes",
+                    backlog = c.backlog(),
+                    "closing a connection over its outbox limit"
+                );
+                let msg = format!("unsent bytes exceed max_outbox_bytes = {max_outbox}");
+                c.push_urgent_text(&session::limit_error("max_outbox_bytes", &msg));
+                self.begin_close(token);
             }
             self.start_send(token);
         }
@@ -676,104 +789,233 @@ impl<B: Backend> Shard<B> {
     }
 
     fn start_send(&mut self, token: Token) {
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
-        if c.send_inflight || c.poll_inflight || c.out.is_empty() || matches!(c.state, State::Dead | State::Lingering(_)) {
-            if c.state == State::Closing && !c.send_inflight && !c.poll_inflight && c.out.is_empty() {
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        if c.send_inflight
+            || c.poll_inflight
+            || matches!(c.state, State::Dead | State::Lingering(_))
+        {
+            return;
+        }
+        let now = Instant::now();
+        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
+        let at_boundary = c.outbox.unsent_bytes() == 0;
+        let mut outbox_chunks = std::mem::take(&mut self.scratch);
+        outbox_chunks.clear();
+        c.outbox_offered = if c.proto.is_ready() || c.outbox.unsent_bytes() > 0 {
+            c.outbox
+                .poll_transmit(c.proto.as_mut(), &mut outbox_chunks, now)
+        } else {
+            0
+        };
+        let mut urgent_chunks = std::mem::take(&mut self.scratch2);
+        c.urgent.prepare(&mut urgent_chunks);
+        c.inflight.clear();
+        c.send_urgent_first = at_boundary;
+        let (first, second) = if at_boundary {
+            (&urgent_chunks, &outbox_chunks)
+        } else {
+            (&outbox_chunks, &urgent_chunks)
+        };
+        let mut parts = [0usize; 2];
+        for (p, chunks) in [first, second].into_iter().enumerate() {
+            for chunk in chunks.iter() {
+                if c.inflight.len() == MAX_IOV {
+                    break;
+                }
+                parts[p] += chunk.len();
+                c.inflight.push(chunk.clone());
+            }
+        }
+        (c.send_urgent, c.send_outbox) = if at_boundary {
+            (parts[0], parts[1])
+        } else {
+            (parts[1], parts[0])
+        };
+        outbox_chunks.clear();
+        urgent_chunks.clear();
+        self.scratch = outbox_chunks;
+        self.scratch2 = urgent_chunks;
+        if c.inflight.is_empty() {
+            if c.outbox_offered > 0 {
+                // Offered but not passed (every iovec went to urgent bytes): keep the outbox
+                // consistent, it is offered again next turn.
+                c.outbox.on_written(0, now);
+                c.outbox.on_writable(now);
+                c.outbox_offered = 0;
+            }
+            if matches!(c.state, State::Closing(_))
+                && c.urgent.is_empty()
+                && !c.outbox.has_transmit()
+            {
                 self.finish_close(token);
             }
             return;
         }
-        c.offered = c.out.prepare(&mut c.inflight);
         c.iov.clear();
-        for chunk in c.inflight.iter().take(MAX_IOV) {
-            c.iov.push(libc::iovec { iov_base: chunk.as_ptr() as *mut libc::c_void, iov_len: chunk.len() });
+        for chunk in &c.inflight {
+            c.iov.push(libc::iovec {
+                iov_base: chunk.as_ptr() as *mut libc::c_void,
+                iov_len: chunk.len(),
+            });
         }
         c.msg.msg_iov = c.iov.as_mut_ptr();
         c.msg.msg_iovlen = c.iov.len() as _;
         c.send_inflight = true;
-        self.shared.counters.send_syscalls.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .counters
+            .send_syscalls
+            .fetch_add(1, Ordering::Relaxed);
         let (fd, msg) = (c.fd.as_raw_fd(), &c.msg as *const libc::msghdr);
         // SAFETY: `msg`, `iov` and the chunks in `inflight` live in the boxed connection, which
         // is not freed while `send_inflight` is set (see `free_if_idle`), and none of them is
         // touched until the `Send` completion clears the flag. The chunks are `Bytes` clones:
-        // their memory stays put even if the write queue drops its own references.
+        // their memory stays put even if the outbox drops its own references.
         unsafe { self.backend.send(token, fd, msg) };
     }
 
     fn on_send(&mut self, token: Token, result: io::Result<usize>) {
-        let high_water = self.shared.config.limits.backpressure_bytes;
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
+        let backpressure = self.shared.config.limits.backpressure_bytes;
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
         c.send_inflight = false;
         c.inflight.clear();
         if c.state == State::Dead {
             self.free_if_idle(token);
             return;
         }
-        match result {
-            Ok(n) => {
-                self.shared.counters.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
-                c.out.advance(n);
-                c.sync_unsent(&self.shared.counters);
-                if c.out.unsent() <= high_water {
-                    for done in c.waiting.drain(..) {
-                        done.complete(Ok(()));
-                    }
-                }
-                if n < c.offered {
-                    // The socket did not take everything: paused until it drains.
-                    c.poll_inflight = true;
-                    let fd = c.fd.as_raw_fd();
-                    self.backend.poll_writable(token, fd);
-                } else {
-                    self.mark_dirty(token);
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::Interrupted => {
-                self.mark_dirty(token);
+        let now = Instant::now();
+        let n = match result {
+            Ok(n) => n,
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                0
             }
             Err(e) => {
                 tracing::debug!(error = %e, "send failed");
                 self.abort(token);
+                return;
             }
+        };
+        self.shared
+            .counters
+            .bytes_out
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let (urgent_taken, outbox_taken) = if c.send_urgent_first {
+            let u = n.min(c.send_urgent);
+            (u, n - u)
+        } else {
+            let o = n.min(c.send_outbox);
+            (n - o, o)
+        };
+        c.urgent.advance(urgent_taken);
+        if c.outbox_offered > 0 {
+            c.outbox.on_written(outbox_taken, now);
+            if outbox_taken == c.send_outbox && c.send_outbox < c.outbox_offered {
+                // Only part of the offer fit in the gather list, and the socket took all of it:
+                // not back-pressure, so the rest goes at once.
+                c.outbox.on_writable(now);
+            }
+            c.outbox_offered = 0;
+        }
+        if c.sync_backlog(&self.shared.counters) <= backpressure {
+            for done in c.waiting.drain(..) {
+                done.complete(Ok(()));
+            }
+        }
+        if n < c.send_urgent + c.send_outbox {
+            // The socket did not take everything: paused until it drains.
+            c.poll_inflight = true;
+            let fd = c.fd.as_raw_fd();
+            self.backend.poll_writable(token, fd);
+        } else {
+            self.mark_dirty(token);
         }
     }
 
     fn on_writable(&mut self, token: Token) {
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
         c.poll_inflight = false;
         if c.state == State::Dead {
             self.free_if_idle(token);
             return;
         }
+        c.outbox.on_writable(Instant::now());
         self.mark_dirty(token);
     }
 
-    /// Graceful close: stop reading commands, write what is queued, then shut down.
+    /// Graceful close: stop taking commands and deliveries, write what is queued, then shut down.
     pub(crate) fn begin_close(&mut self, token: Token) {
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
         if c.state != State::Open {
             return;
         }
-        c.state = State::Closing;
+        let deadline = Instant::now() + CLOSE_FLUSH;
+        c.state = State::Closing(
+            self.drain_deadline
+                .map_or(deadline, |d| d.min(deadline).max(Instant::now())),
+        );
         self.release_session(token);
         self.mark_dirty(token);
     }
 
-    /// The queue is written: shut the sending side down and linger for the peer's close.
+    /// Everything is written: shut the sending side down and linger for the peer's close.
     fn finish_close(&mut self, token: Token) {
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
         // SAFETY: plain syscall on the connection's socket.
         let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_WR));
         // While shutting down, a peer that keeps its side open is not waited for long.
-        let linger = if self.finishing { SHUTDOWN_LINGER } else { LINGER };
+        let linger = if self.finishing {
+            SHUTDOWN_LINGER
+        } else {
+            LINGER
+        };
         c.state = State::Lingering(Instant::now() + linger);
         self.arm_recv(token);
     }
 
     /// Unsubscribes the connection's hub subscriptions and fails its pending sends.
     fn release_session(&mut self, token: Token) {
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
-        c.shared.closed.store(true, Ordering::Relaxed);
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        if c.shared.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
         session::release(c, &self.shared);
         for done in c.waiting.drain(..) {
             done.complete(Err(SendError::Closed));
@@ -783,7 +1025,13 @@ impl<B: Backend> Shard<B> {
     /// Closes at once: no more writes.
     fn abort(&mut self, token: Token) {
         self.release_session(token);
-        let Some(c) = self.slots.get_mut(token as usize).and_then(Option::as_deref_mut) else { return };
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
         if c.state == State::Dead {
             return;
         }
@@ -799,7 +1047,9 @@ impl<B: Backend> Shard<B> {
     /// Frees a dead connection's slot once no operation on it is in flight.
     fn free_if_idle(&mut self, token: Token) {
         let idx = token as usize;
-        let Some(c) = self.slots[idx].as_deref() else { return };
+        let Some(c) = self.slots[idx].as_deref() else {
+            return;
+        };
         if c.state != State::Dead || c.recv_inflight || c.send_inflight || c.poll_inflight {
             return;
         }
@@ -809,7 +1059,10 @@ impl<B: Backend> Shard<B> {
         self.free.push(token);
         self.handle.conns.fetch_sub(1, Ordering::Relaxed);
         let counters = &self.shared.counters;
-        counters.unsent.fetch_sub(c.shared.unsent.swap(0, Ordering::Relaxed), Ordering::Relaxed);
+        counters.unsent.fetch_sub(
+            c.shared.backlog.swap(0, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         counters.closed.fetch_add(1, Ordering::Relaxed);
         if c.counted {
             counters.open.fetch_sub(1, Ordering::Relaxed);
@@ -820,29 +1073,47 @@ impl<B: Backend> Shard<B> {
     fn tick(&mut self, now: Instant) {
         let limits = &self.shared.config.limits;
         let (handshake, idle) = (limits.handshake_timeout(), limits.idle_timeout());
+        let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
         let mut to_close = Vec::new();
         let mut to_abort = Vec::new();
         for (i, slot) in self.slots.iter_mut().enumerate() {
-            let Some(c) = slot.as_deref_mut() else { continue };
+            let Some(c) = slot.as_deref_mut() else {
+                continue;
+            };
+            let token = i as Token;
             match c.state {
-                State::Lingering(deadline) if now >= deadline => to_abort.push(i as Token),
-                State::Closing if self.drain_deadline.is_some_and(|d| now >= d) => to_abort.push(i as Token),
-                State::Open => {
-                    if self.drain_deadline.is_some_and(|d| now >= d) {
-                        to_abort.push(i as Token);
-                    } else if !c.proto.is_ready() && now.duration_since(c.accepted_at) >= handshake {
-                        self.shared.counters.limit_errors.fetch_add(1, Ordering::Relaxed);
-                        to_abort.push(i as Token);
-                    } else if idle.is_some_and(|idle| now.duration_since(c.last_inbound) >= idle) {
-                        self.shared.counters.limit_errors.fetch_add(1, Ordering::Relaxed);
-                        let json = session::error_json(
-                            None,
-                            "limit_exceeded",
-                            &format!("no input for idle_timeout_ms = {}", limits.idle_timeout_ms),
-                            Some("idle_timeout_ms"),
-                        );
-                        c.send_text(json.as_bytes());
-                        to_close.push(i as Token);
+                State::Lingering(deadline) | State::Closing(deadline) if now >= deadline => {
+                    to_abort.push(token)
+                }
+                State::Closing(_) if drain_due => to_abort.push(token),
+                State::Open if drain_due => to_abort.push(token),
+                State::Open
+                    if !c.proto.is_ready() && now.duration_since(c.accepted_at) >= handshake =>
+                {
+                    self.shared
+                        .counters
+                        .limit_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    to_abort.push(token);
+                }
+                State::Open
+                    if idle.is_some_and(|idle| now.duration_since(c.last_inbound) >= idle) =>
+                {
+                    self.shared
+                        .counters
+                        .limit_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    let msg = format!("no input for idle_timeout_ms = {}", limits.idle_timeout_ms);
+                    c.push_urgent_text(&session::limit_error("idle_timeout_ms", &msg));
+                    to_close.push(token);
+                }
+                State::Open if c.outbox.poll_timeout().is_some_and(|t| t <= now) => {
+                    match c.outbox.handle_timeout(now) {
+                        TimeoutAction::Reap => {
+                            tracing::debug!("liveness timeout: reaping a connection");
+                            to_abort.push(token);
+                        }
+                        _ => self.dirty.push(token),
                     }
                 }
                 _ => {}

@@ -14,9 +14,6 @@ pub(crate) const MAX_IOV: usize = 1024;
 #[derive(Debug, Default)]
 pub(crate) struct WriteQueue {
     chunks: VecDeque<Bytes>,
-    /// Control bytes (handshake replies, pongs, close frames) that go before queued data at the
-    /// next chunk boundary: they never queue behind data.
-    urgent: VecDeque<Bytes>,
     front_offset: usize,
     unsent: usize,
 }
@@ -27,14 +24,6 @@ impl WriteQueue {
         if !chunk.is_empty() {
             self.unsent += chunk.len();
             self.chunks.push_back(chunk);
-        }
-    }
-
-    /// Queues control bytes ahead of queued data, at the next chunk boundary.
-    pub(crate) fn push_urgent(&mut self, chunk: Bytes) {
-        if !chunk.is_empty() {
-            self.unsent += chunk.len();
-            self.urgent.push_back(chunk);
         }
     }
 
@@ -50,19 +39,15 @@ impl WriteQueue {
 
     /// Fills `inflight` with the chunks of the next send (the first one trimmed by the offset
     /// already written), at most [`MAX_IOV`] of them. Returns the bytes offered.
-    /// Call only while no send is in flight: urgent chunks move to the front here.
-    pub(crate) fn prepare(&mut self, inflight: &mut Vec<Bytes>) -> usize {
+    pub(crate) fn prepare(&self, inflight: &mut Vec<Bytes>) -> usize {
         inflight.clear();
-        if !self.urgent.is_empty() {
-            // After a partly written chunk, never inside it.
-            let at = usize::from(self.front_offset > 0).min(self.chunks.len());
-            for (i, chunk) in self.urgent.drain(..).enumerate() {
-                self.chunks.insert(at + i, chunk);
-            }
-        }
         let mut offered = 0;
         for (i, chunk) in self.chunks.iter().take(MAX_IOV).enumerate() {
-            let c = if i == 0 { chunk.slice(self.front_offset..) } else { chunk.clone() };
+            let c = if i == 0 {
+                chunk.slice(self.front_offset..)
+            } else {
+                chunk.clone()
+            };
             offered += c.len();
             inflight.push(c);
         }
@@ -74,7 +59,9 @@ impl WriteQueue {
         debug_assert!(n <= self.unsent);
         self.unsent -= n.min(self.unsent);
         while n > 0 {
-            let Some(front) = self.chunks.front() else { break };
+            let Some(front) = self.chunks.front() else {
+                break;
+            };
             let left = front.len() - self.front_offset;
             if n >= left {
                 n -= left;
@@ -120,17 +107,5 @@ mod tests {
             assert_eq!(drain(&mut q, step), b"abc\ndefgh\ni\n");
             assert_eq!(q.unsent(), 0);
         }
-    }
-
-    #[test]
-    fn urgent_bytes_go_before_queued_data_at_a_chunk_boundary() {
-        let mut q = WriteQueue::default();
-        q.push(Bytes::from_static(b"data1\n"));
-        q.push(Bytes::from_static(b"data2\n"));
-        let mut inflight = Vec::new();
-        q.prepare(&mut inflight);
-        q.advance(2); // "da" written
-        q.push_urgent(Bytes::from_static(b"PONG\n"));
-        assert_eq!(drain(&mut q, 100), b"ta1\nPONG\ndata2\n");
     }
 }

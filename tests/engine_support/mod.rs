@@ -6,7 +6,9 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use powerhub::runtime::{BackendChoice, BackendKind, Config, Engine, ListenAddr, ListenerConfig, ProtocolRegistry};
+use powerhub::runtime::{
+    BackendChoice, BackendKind, Config, Engine, ListenAddr, ListenerConfig, ProtocolRegistry,
+};
 
 /// How long any single wait in a test may take before the test fails (a bound, not a timing
 /// assertion: a healthy run finishes each wait in milliseconds).
@@ -37,7 +39,8 @@ pub fn base_config(backend: BackendChoice) -> Config {
     c.engine.backend = backend;
     c.engine.shards = 2;
     c.engine.shutdown_timeout_ms = 3000;
-    c.listeners.push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+    c.listeners
+        .push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
     c
 }
 
@@ -79,7 +82,10 @@ impl Client {
         let stream = TcpStream::connect(addr).expect("connect");
         stream.set_read_timeout(Some(WAIT)).unwrap();
         stream.set_nodelay(true).unwrap();
-        Client { reader: BufReader::new(stream.try_clone().unwrap()), writer: stream }
+        Client {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            writer: stream,
+        }
     }
 
     pub fn send(&mut self, line: &str) {
@@ -124,4 +130,46 @@ impl Client {
             }
         }
     }
+}
+
+impl Client {
+    /// The next message that is not a keepalive `ping`.
+    pub fn msg(&mut self) -> serde_json::Value {
+        loop {
+            let v = self.json();
+            if v["type"] != "ping" {
+                return v;
+            }
+        }
+    }
+
+    /// Subscribes to every device of `stream`; returns the subscription id.
+    pub fn subscribe(&mut self, stream: &str) -> String {
+        self.send(&format!(
+            r#"{{"type":"subscribe","id":"sub-{stream}","stream":"{stream}"}}"#
+        ));
+        let v = self.msg();
+        assert_eq!(v["type"], "subscribed", "{v}");
+        v["subscriptionId"]
+            .as_str()
+            .expect("subscriptionId")
+            .to_owned()
+    }
+}
+
+/// A message of `stream` carrying sequence number `seq` and `pad` bytes of padding.
+pub fn message(stream: &str, seq: u64, pad: usize) -> String {
+    format!(
+        r#"{{"type":"tick","stream":"{stream}","seq":{seq},"pad":"{}"}}"#,
+        "x".repeat(pad)
+    )
+}
+
+/// Publishes `message(stream, seq, pad)` in-process through the engine's hub.
+pub fn publish(engine: &Engine, stream: &str, seq: u64, pad: usize) -> usize {
+    let m = powerhub::hub::Message::json(message(stream, seq, pad)).unwrap();
+    engine
+        .hub()
+        .publish(stream, m, powerhub::hub::PublishOptions::default())
+        .unwrap()
 }

@@ -25,7 +25,10 @@
 //! assert_eq!(&wire[..], b"{\"type\":\"pong\"}\n");
 //! ```
 
-use powerhub_plugin::{BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput, StreamProtocol};
+use powerhub_plugin::{
+    BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
+    StreamProtocol,
+};
 
 /// The name the protocol is registered under: `ndjson`.
 pub const NAME: &str = "ndjson";
@@ -55,14 +58,25 @@ pub struct NdjsonProtocol {
 impl NdjsonProtocol {
     /// A protocol that refuses lines longer than `max_line` bytes (newline excluded).
     pub fn new(max_line: usize) -> Self {
-        NdjsonProtocol { max_line, scanned: 0 }
+        NdjsonProtocol {
+            max_line,
+            scanned: 0,
+        }
     }
 }
 
 impl StreamProtocol for NdjsonProtocol {
-    fn decode(&mut self, input: &mut BytesMut, out: &mut ProtocolOutput) -> Result<(), ProtocolError> {
+    fn decode(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
         loop {
-            let Some(pos) = input[self.scanned..].iter().position(|&b| b == b'\n').map(|p| p + self.scanned) else {
+            let Some(pos) = input[self.scanned..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map(|p| p + self.scanned)
+            else {
                 self.scanned = input.len();
                 // One byte of slack for a `\r` before the newline.
                 if input.len() > self.max_line + 1 {
@@ -84,8 +98,12 @@ impl StreamProtocol for NdjsonProtocol {
                 line.truncate(line.len() - 1);
             }
             if line.len() > self.max_line {
-                let err =
-                    ProtocolError::TooLarge { what: "line", limit_name: "max_message_bytes", size: line.len(), limit: self.max_line };
+                let err = ProtocolError::TooLarge {
+                    what: "line",
+                    limit_name: "max_message_bytes",
+                    size: line.len(),
+                    limit: self.max_line,
+                };
                 final_error(&err, &mut out.urgent);
                 return Err(err);
             }
@@ -107,23 +125,43 @@ impl StreamProtocol for NdjsonProtocol {
     }
 }
 
-/// Appends the final `error` line sent before closing for a line over the limit.
+/// Appends the final `error` line sent before closing: the push protocol's `error` message, with
+/// a `limit` field naming the limit when one was exceeded.
 fn final_error(err: &ProtocolError, out: &mut BytesMut) {
+    let message = json_string(&err.to_string());
     let line = match err {
-        ProtocolError::TooLarge { limit_name, limit, .. } => format!(
-            "{{\"type\":\"error\",\"error\":\"line_too_long\",\"limit\":\"{limit_name}\",\"max\":{limit},\"message\":\"{}\"}}\n",
-            err.to_string().replace('"', "'")
+        ProtocolError::TooLarge { limit_name, .. } => format!(
+            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"line_too_long\",\"limit\":\"{limit_name}\",\"message\":{message}}}\n"
         ),
-        _ => format!("{{\"type\":\"error\",\"error\":\"protocol\",\"message\":\"{}\"}}\n", err.to_string().replace('"', "'")),
+        _ => format!("{{\"type\":\"error\",\"requestId\":null,\"code\":\"fatal\",\"message\":{message}}}\n"),
     };
     out.extend_from_slice(line.as_bytes());
+}
+
+/// A JSON string literal of `s`.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn decode_all(p: &mut NdjsonProtocol, chunks: &[&[u8]]) -> (Vec<Inbound>, Result<(), ProtocolError>) {
+    fn decode_all(
+        p: &mut NdjsonProtocol,
+        chunks: &[&[u8]],
+    ) -> (Vec<Inbound>, Result<(), ProtocolError>) {
         let mut input = BytesMut::new();
         let mut out = ProtocolOutput::default();
         for c in chunks {
@@ -140,7 +178,13 @@ mod tests {
         let mut p = NdjsonProtocol::new(100);
         let (events, r) = decode_all(&mut p, &[b"{\"a\"", b":1}\n{\"b\":2", b"}\n"]);
         r.unwrap();
-        assert_eq!(events, vec![Inbound::Text("{\"a\":1}".into()), Inbound::Text("{\"b\":2}".into())]);
+        assert_eq!(
+            events,
+            vec![
+                Inbound::Text("{\"a\":1}".into()),
+                Inbound::Text("{\"b\":2}".into())
+            ]
+        );
     }
 
     #[test]
@@ -149,8 +193,17 @@ mod tests {
         let mut input = BytesMut::from(&b"0123456789"[..]);
         let mut out = ProtocolOutput::default();
         let err = p.decode(&mut input, &mut out).unwrap_err();
-        assert!(matches!(err, ProtocolError::TooLarge { limit_name: "max_message_bytes", limit: 8, .. }));
-        assert!(std::str::from_utf8(&out.urgent).unwrap().contains("max_message_bytes"));
+        assert!(matches!(
+            err,
+            ProtocolError::TooLarge {
+                limit_name: "max_message_bytes",
+                limit: 8,
+                ..
+            }
+        ));
+        let line = std::str::from_utf8(&out.urgent).unwrap();
+        assert!(line.contains(r#""limit":"max_message_bytes""#), "{line}");
+        assert!(line.ends_with("}\n"), "{line}");
         // A complete but long line too.
         let mut p = NdjsonProtocol::new(4);
         let (_, r) = decode_all(&mut p, &[b"123456\n"]);

@@ -56,7 +56,12 @@ impl Epoll {
             ready: Vec::new(),
             buf: vec![libc::epoll_event { events: 0, u64: 0 }; 1024],
         };
-        this.ctl(libc::EPOLL_CTL_ADD, waker, libc::EPOLLIN as u32 | libc::EPOLLET as u32, WAKER_KEY)?;
+        this.ctl(
+            libc::EPOLL_CTL_ADD,
+            waker,
+            libc::EPOLLIN as u32 | libc::EPOLLET as u32,
+            WAKER_KEY,
+        )?;
         Ok(this)
     }
 
@@ -68,7 +73,9 @@ impl Epoll {
     }
 
     fn try_recv(&mut self, token: Token) {
-        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return };
+        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else {
+            return;
+        };
         let Some((buf, len)) = slot.recv else { return };
         if !slot.readable {
             return;
@@ -80,13 +87,18 @@ impl Epoll {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             result => {
                 slot.recv = None;
-                self.ready.push(Event::Recv { token, result: result.map(|n| n as usize) });
+                self.ready.push(Event::Recv {
+                    token,
+                    result: result.map(|n| n as usize),
+                });
             }
         }
     }
 
     fn try_send(&mut self, token: Token) {
-        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return };
+        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else {
+            return;
+        };
         let Some(msg) = slot.send else { return };
         if !slot.writable {
             return;
@@ -101,20 +113,30 @@ impl Epoll {
                 // A short send on a non-blocking socket means its buffer is full: the next
                 // `poll_writable` waits for the EPOLLOUT edge.
                 // SAFETY: `msg` is valid (see above); only its iovec lengths are read.
+                // (`msg_iovlen` is `usize` on glibc, `c_int` on musl: the cast is for the latter.)
+                #[allow(clippy::unnecessary_cast)]
                 let offered: usize = unsafe {
                     let m = &*msg;
-                    std::slice::from_raw_parts(m.msg_iov, m.msg_iovlen as usize).iter().map(|v| v.iov_len).sum()
+                    std::slice::from_raw_parts(m.msg_iov, m.msg_iovlen as usize)
+                        .iter()
+                        .map(|v| v.iov_len)
+                        .sum()
                 };
                 if matches!(result, Ok(n) if (n as usize) < offered) {
                     slot.writable = false;
                 }
-                self.ready.push(Event::Send { token, result: result.map(|n| n as usize) });
+                self.ready.push(Event::Send {
+                    token,
+                    result: result.map(|n| n as usize),
+                });
             }
         }
     }
 
     fn try_poll_out(&mut self, token: Token) {
-        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else { return };
+        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else {
+            return;
+        };
         if slot.poll_out && slot.writable {
             slot.poll_out = false;
             self.ready.push(Event::Writable { token });
@@ -122,18 +144,31 @@ impl Epoll {
     }
 
     fn accept_all(&mut self, listener: usize) {
-        let Some(Some(fd)) = self.listeners.get(listener).copied() else { return };
+        let Some(Some(fd)) = self.listeners.get(listener).copied() else {
+            return;
+        };
         loop {
             let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
             // SAFETY: null address pointers ask the kernel not to report the peer address.
-            match syscall!(accept4(fd, std::ptr::null_mut(), std::ptr::null_mut(), flags)) {
-                Ok(conn) => self.ready.push(Event::Accept { listener, result: Ok(conn) }),
+            match syscall!(accept4(
+                fd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                flags
+            )) {
+                Ok(conn) => self.ready.push(Event::Accept {
+                    listener,
+                    result: Ok(conn),
+                }),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
                 Err(e) => {
                     // EMFILE and friends: report and wait for the next edge.
-                    self.ready.push(Event::Accept { listener, result: Err(e) });
+                    self.ready.push(Event::Accept {
+                        listener,
+                        result: Err(e),
+                    });
                     return;
                 }
             }
@@ -151,7 +186,12 @@ impl Backend for Epoll {
             self.listeners.resize(listener + 1, None);
         }
         self.listeners[listener] = Some(fd);
-        self.ctl(libc::EPOLL_CTL_ADD, fd, libc::EPOLLIN as u32 | libc::EPOLLET as u32, LISTENER_BIT | listener as u64)?;
+        self.ctl(
+            libc::EPOLL_CTL_ADD,
+            fd,
+            libc::EPOLLIN as u32 | libc::EPOLLET as u32,
+            LISTENER_BIT | listener as u64,
+        )?;
         // Connections may have queued before registration: accept them now.
         self.accept_all(listener);
         Ok(())
@@ -171,7 +211,14 @@ impl Backend for Epoll {
         }
         let events = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
         self.ctl(libc::EPOLL_CTL_ADD, fd, events, u64::from(token))?;
-        self.conns[idx] = Some(Slot { fd, readable: true, writable: true, recv: None, send: None, poll_out: false });
+        self.conns[idx] = Some(Slot {
+            fd,
+            readable: true,
+            writable: true,
+            recv: None,
+            send: None,
+            poll_out: false,
+        });
         Ok(())
     }
 
@@ -216,7 +263,12 @@ impl Backend for Epoll {
             }
         };
         // SAFETY: `self.buf` is a live, initialised array of `len` events the kernel writes into.
-        let n = match syscall!(epoll_wait(self.epfd, self.buf.as_mut_ptr(), self.buf.len() as i32, timeout_ms)) {
+        let n = match syscall!(epoll_wait(
+            self.epfd,
+            self.buf.as_mut_ptr(),
+            self.buf.len() as i32,
+            timeout_ms
+        )) {
             Ok(n) => n as usize,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
             Err(e) => return Err(e),

@@ -46,7 +46,9 @@ pub(crate) fn probe() -> Result<(), String> {
                 return Err("the kernel lacks IORING_FEAT_EXT_ARG".into());
             }
             let mut probe = Probe::new();
-            ring.submitter().register_probe(&mut probe).map_err(|e| format!("io_uring probe failed: {e}"))?;
+            ring.submitter()
+                .register_probe(&mut probe)
+                .map_err(|e| format!("io_uring probe failed: {e}"))?;
             for (code, name) in [
                 (opcode::Accept::CODE, "ACCEPT"),
                 (opcode::Recv::CODE, "RECV"),
@@ -78,16 +80,26 @@ pub(crate) struct Uring {
 
 impl std::fmt::Debug for Uring {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Uring").field("waker", &self.waker).finish_non_exhaustive()
+        f.debug_struct("Uring")
+            .field("waker", &self.waker)
+            .finish_non_exhaustive()
     }
 }
 
 impl Uring {
     /// Creates the ring and arms the wake-up read. Call [`probe`] first.
     pub(crate) fn new(waker: RawFd) -> io::Result<Uring> {
-        let ring = IoUring::builder().setup_cqsize(ENTRIES * 2).build(ENTRIES)?;
-        let mut this =
-            Uring { ring, waker, wake_buf: Box::new(0), wake_armed: false, listeners: Vec::new(), accept_armed: Vec::new() };
+        let ring = IoUring::builder()
+            .setup_cqsize(ENTRIES * 2)
+            .build(ENTRIES)?;
+        let mut this = Uring {
+            ring,
+            waker,
+            wake_buf: Box::new(0),
+            wake_armed: false,
+            listeners: Vec::new(),
+            accept_armed: Vec::new(),
+        };
         this.arm_wake();
         Ok(this)
     }
@@ -113,14 +125,18 @@ impl Uring {
 
     fn arm_wake(&mut self) {
         let buf: *mut u64 = &mut *self.wake_buf;
-        let entry = opcode::Read::new(types::Fd(self.waker), buf.cast(), 8).build().user_data(user_data(KIND_WAKE, 0));
+        let entry = opcode::Read::new(types::Fd(self.waker), buf.cast(), 8)
+            .build()
+            .user_data(user_data(KIND_WAKE, 0));
         // SAFETY: `wake_buf` is boxed and outlives the ring (see the field's comment).
         unsafe { self.push(&entry) };
         self.wake_armed = true;
     }
 
     fn arm_accept(&mut self, listener: usize) {
-        let Some(Some(fd)) = self.listeners.get(listener).copied() else { return };
+        let Some(Some(fd)) = self.listeners.get(listener).copied() else {
+            return;
+        };
         let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
             .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
             .build()
@@ -163,7 +179,9 @@ impl Backend for Uring {
 
     unsafe fn recv(&mut self, token: Token, fd: RawFd, buf: *mut u8, len: usize) {
         let len = len.min(u32::MAX as usize) as u32;
-        let entry = opcode::Recv::new(types::Fd(fd), buf, len).build().user_data(user_data(KIND_RECV, u64::from(token)));
+        let entry = opcode::Recv::new(types::Fd(fd), buf, len)
+            .build()
+            .user_data(user_data(KIND_RECV, u64::from(token)));
         // SAFETY: the caller keeps `buf` valid until the completion (contract of `Backend::recv`).
         unsafe { self.push(&entry) };
     }
@@ -197,7 +215,11 @@ impl Backend for Uring {
         };
         match result {
             Ok(_) => {}
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR | libc::EBUSY)) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ETIME | libc::EINTR | libc::EBUSY)
+                ) => {}
             Err(e) => return Err(e),
         }
         let mut rearm_wake = false;
@@ -206,11 +228,23 @@ impl Backend for Uring {
             let data = cqe.user_data();
             let (kind, index) = (data >> KIND_SHIFT, data & ((1 << KIND_SHIFT) - 1));
             let res = cqe.result();
-            let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+            let result = if res < 0 {
+                Err(io::Error::from_raw_os_error(-res))
+            } else {
+                Ok(res as usize)
+            };
             match kind {
-                KIND_RECV => events.push(Event::Recv { token: index as Token, result }),
-                KIND_SEND => events.push(Event::Send { token: index as Token, result }),
-                KIND_POLL_OUT => events.push(Event::Writable { token: index as Token }),
+                KIND_RECV => events.push(Event::Recv {
+                    token: index as Token,
+                    result,
+                }),
+                KIND_SEND => events.push(Event::Send {
+                    token: index as Token,
+                    result,
+                }),
+                KIND_POLL_OUT => events.push(Event::Writable {
+                    token: index as Token,
+                }),
                 KIND_ACCEPT => {
                     let listener = index as usize;
                     self.accept_armed[listener] = false;
@@ -218,7 +252,10 @@ impl Backend for Uring {
                     if live {
                         let aborted = matches!(&result, Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED));
                         if !aborted {
-                            events.push(Event::Accept { listener, result: result.map(|fd| fd as RawFd) });
+                            events.push(Event::Accept {
+                                listener,
+                                result: result.map(|fd| fd as RawFd),
+                            });
                         }
                         rearm_accept.push(listener);
                     } else if let Ok(fd) = result {
