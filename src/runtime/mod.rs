@@ -15,7 +15,7 @@
 //!
 //! # Examples
 //!
-//! ```no_run
+//! ```
 //! use powerhub::runtime::{Config, Engine, ListenerConfig, ProtocolRegistry};
 //!
 //! let mut config = Config::default();
@@ -317,7 +317,7 @@ impl Sink for NoSink {
 
 /// Options of [`Engine::builder`]: the hub to serve and the push-message factory.
 ///
-/// ```no_run
+/// ```
 /// use powerhub::hub::{Hub, HubOptions};
 /// use powerhub::runtime::{Config, Engine, ListenerConfig};
 /// # #[derive(Debug)] struct MySink;
