@@ -120,3 +120,42 @@ fn idle_connection_is_closed_after_idle_timeout_with_an_error() {
         assert!(c.line().is_none());
     });
 }
+
+#[test]
+fn client_that_never_reads_its_replies_is_closed_at_max_outbox_bytes() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.backpressure_bytes = 16 << 10;
+        config.limits.max_outbox_bytes = 256 << 10;
+        let server = start(config);
+        let mut other = Client::connect(server.addr);
+        let mut c = Client::connect(server.addr);
+        // 20 000 pings whose ids make each pong ~1 KiB: ~20 MiB of replies, never read while
+        // sending, far beyond the socket buffers and the outbox limit.
+        let id = "i".repeat(1000);
+        let writer = {
+            let mut w = c.writer.try_clone().unwrap();
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let line = format!("{{\"type\":\"ping\",\"id\":\"{id}\"}}\n");
+                for _ in 0..20_000 {
+                    if w.write_all(line.as_bytes()).is_err() {
+                        break; // the server closed the connection
+                    }
+                }
+            })
+        };
+        eventually("the limit is hit", || {
+            server.engine.stats().limit_errors >= 1
+        });
+        let rest = String::from_utf8_lossy(&c.rest()).into_owned();
+        assert!(
+            rest.contains("\"limit\":\"max_outbox_bytes\""),
+            "the client is told which limit ({} bytes read)",
+            rest.len()
+        );
+        writer.join().unwrap();
+        other.send(r#"{"type":"ping"}"#);
+        assert_eq!(other.json()["type"], "pong", "other clients carry on");
+    });
+}

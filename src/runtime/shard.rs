@@ -736,6 +736,13 @@ impl<B: Backend> Shard<B> {
             }
             return;
         };
+        if c.session.subscription(sub).is_none() {
+            // Unsubscribed while this frame was on its way: nothing follows the acknowledgement.
+            if let Some(done) = done {
+                done.complete(Ok(()));
+            }
+            return;
+        }
         c.outbox.push_shared(sub, frame, Instant::now());
         self.shared
             .counters
@@ -852,6 +859,7 @@ impl<B: Backend> Shard<B> {
             if matches!(c.state, State::Closing(_))
                 && c.urgent.is_empty()
                 && !c.outbox.has_transmit()
+                && c.outbox.unsent_bytes() == 0
             {
                 self.finish_close(token);
             }
