@@ -10,6 +10,21 @@
 //! Every opcode used is probed once per process ([`probe`]), and the result cached in a
 //! `OnceLock`; a kernel that refuses a ring, an opcode or the `EXT_ARG` wait makes the engine fall
 //! back to epoll.
+//!
+//! # Buffer lifetimes
+//!
+//! The kernel reads and writes submitted buffers asynchronously, so each one must outlive its
+//! operation:
+//!
+//! - Receive buffers, `msghdr`s, iovec arrays and the `Bytes` they point to belong to a boxed
+//!   connection on the shard. The shard frees a connection only when no receive, send or poll on
+//!   it is in flight; to end one early it shuts the socket down (`shutdown(SHUT_RDWR)`), which
+//!   completes every pending operation, and waits for those completions.
+//! - A shard leaves its loop only when it holds no connection, so no connection operation is in
+//!   flight when the ring is dropped.
+//! - Accepts pass no address buffer; polls pass none.
+//! - The wake-up read's 8-byte buffer is boxed in [`Uring`] and declared after the ring, so it is
+//!   freed after the ring's file descriptor is closed (which cancels the read).
 
 use std::io;
 use std::os::fd::RawFd;
