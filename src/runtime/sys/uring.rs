@@ -23,8 +23,8 @@
 //! - A shard leaves its loop only when it holds no connection, so no connection operation is in
 //!   flight when the ring is dropped.
 //! - Accepts pass no address buffer; polls pass none.
-//! - The wake-up read's 8-byte buffer is boxed in [`Uring`] and declared after the ring, so it is
-//!   freed after the ring's file descriptor is closed (which cancels the read).
+//! - The wake-up read's 8-byte buffer is leaked (8 bytes per shard): the ring's teardown in the
+//!   kernel is asynchronous, so it is never freed.
 
 use std::io;
 use std::os::fd::RawFd;
@@ -84,9 +84,9 @@ pub(crate) fn probe() -> Result<(), String> {
 pub(crate) struct Uring {
     ring: IoUring,
     waker: RawFd,
-    /// The eventfd read's 8-byte buffer: boxed so its address is stable while the read is armed;
-    /// freed only after the ring (field order: `ring` drops first, which cancels the read).
-    wake_buf: Box<u64>,
+    /// The eventfd read's 8-byte buffer. Leaked on purpose (8 bytes per shard): the kernel may
+    /// still own it while the ring is torn down, so it is never freed.
+    wake_buf: &'static mut u64,
     wake_armed: bool,
     listeners: Vec<Option<RawFd>>,
     /// Accepts in flight per listener (a removed listener's accept may still complete).
@@ -110,7 +110,7 @@ impl Uring {
         let mut this = Uring {
             ring,
             waker,
-            wake_buf: Box::new(0),
+            wake_buf: Box::leak(Box::new(0)),
             wake_armed: false,
             listeners: Vec::new(),
             accept_armed: Vec::new(),
@@ -143,7 +143,7 @@ impl Uring {
         let entry = opcode::Read::new(types::Fd(self.waker), buf.cast(), 8)
             .build()
             .user_data(user_data(KIND_WAKE, 0));
-        // SAFETY: `wake_buf` is boxed and outlives the ring (see the field's comment).
+        // SAFETY: `wake_buf` is leaked: it stays valid for as long as the kernel may use it.
         unsafe { self.push(&entry) };
         self.wake_armed = true;
     }
