@@ -11,7 +11,9 @@ use powerhub::runtime::SlowConsumerChoice;
 #[test]
 fn many_clients_subscribe_and_receive_in_order() {
     on_both_backends(|backend| {
-        let server = start(base_config(backend));
+        let mut config = base_config(backend);
+        config.subscriptions.max_queue = 1024;
+        let server = start(config);
         const CLIENTS: usize = 16;
         const MESSAGES: u64 = 2000;
         let mut clients: Vec<Client> = (0..CLIENTS).map(|_| Client::connect(server.addr)).collect();
@@ -171,9 +173,9 @@ fn client_that_disconnects_mid_write_is_cleaned_up() {
             assert_eq!(c.msg()["type"], "subscribed");
             for seq in 0..2000 {
                 publish(&server.engine, "bulk", seq, 4096);
-                if seq % 256 == 255 {
+                if seq % 64 == 63 {
                     eventually("the keeper keeps up", || {
-                        kept.load(Ordering::Relaxed) > seq - 255
+                        kept.load(Ordering::Relaxed) > seq - 63
                     });
                 }
             }

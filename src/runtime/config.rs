@@ -177,7 +177,7 @@ pub struct SubscriptionsSection {
 impl Default for SubscriptionsSection {
     fn default() -> Self {
         SubscriptionsSection {
-            max_queue: 1024,
+            max_queue: 256,
             slow_consumer: SlowConsumerChoice::DropOldest,
             max_batch: 64,
         }

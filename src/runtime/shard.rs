@@ -44,7 +44,7 @@ const CLOSE_FLUSH: Duration = Duration::from_secs(5);
 /// [`LINGER`] during a shutdown.
 const SHUTDOWN_LINGER: Duration = Duration::from_millis(100);
 /// First receive buffer of a connection; doubles up to [`MAX_READ_BUF`] when a read fills it.
-const MIN_READ_BUF: usize = 2048;
+const MIN_READ_BUF: usize = 512;
 const MAX_READ_BUF: usize = 64 << 10;
 
 /// Identifies a connection across threads: its shard slot and the slot's generation, so a
