@@ -153,13 +153,15 @@ fn run(args: &Args, backend: BackendChoice) {
             if scheduled >= end {
                 break;
             }
-            while base.elapsed() < scheduled {
-                std::hint::spin_loop();
+            // Sleep rather than spin: on a small machine a spinning publisher starves the shards.
+            let now = base.elapsed();
+            if scheduled > now + Duration::from_micros(100) {
+                std::thread::sleep(scheduled - now);
             }
             scheduled.as_nanos() as u64
         } else {
             while seq * n > received.load(Ordering::Relaxed) + window * n && base.elapsed() < end {
-                std::thread::yield_now();
+                std::thread::sleep(Duration::from_micros(50));
             }
             base.elapsed().as_nanos() as u64
         };
