@@ -5,15 +5,23 @@
 //! shutdown) reach a shard through its lock-free [`SegQueue`] of [`ShardMsg`]s and a wake-up
 //! eventfd. A turn of the shard loop:
 //!
-//! 1. drains the queue (new connections, deliveries, subscription closes, shutdown phases),
-//! 2. prepares one send per connection with queued bytes and none in flight, carrying every
-//!    chunk ready for it (one `sendmsg` gather list, at most 1024 chunks),
+//! 1. drains the queue (new connections, deliveries into the connections' outboxes,
+//!    subscription closes, shutdown phases),
+//! 2. starts one send per connection that has bytes to write and none in flight, carrying
+//!    everything ready for it: the protocol's urgent bytes and what the connection's
+//!    [`Outbox`] offers (one `sendmsg` gather list, at most 1024 chunks; a hub frame is a chunk
+//!    by reference, never copied, on NDJSON connections),
 //! 3. waits in the backend, which first submits everything queued in the turn (under io_uring:
 //!    one `io_uring_enter` for every connection's sends),
-//! 4. handles completions: received bytes go through the connection's [`StreamProtocol`] and the
-//!    push session; sent byte counts advance the write queue (a partial send resumes mid-chunk),
-//! 5. runs the coarse timers (handshake and idle deadlines, shutdown deadlines) every
-//!    [`TICK`].
+//! 4. handles completions: received bytes go through the connection's [`StreamProtocol`] and
+//!    the push session; a send's byte count goes to the outbox (`on_written`), and a partial
+//!    send pauses the connection until a writability poll reports the drain (`on_writable`),
+//! 5. runs the coarse timers every [`TICK`]: handshake and idle deadlines, the outbox's
+//!    keepalive and liveness, closing and shutdown deadlines.
+//!
+//! A connection lives in a boxed slot; it is freed only when no receive, send or poll on it is
+//! in flight (the backend contract's buffer rule), and its slot's generation changes, so a late
+//! message for it never reaches the slot's next tenant.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
