@@ -296,3 +296,25 @@ fn disconnect_policy_closes_a_slow_consumer_and_others_carry_on() {
         );
     });
 }
+
+#[test]
+fn a_backlog_longer_than_one_gather_list_is_delivered_in_order() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.subscriptions.max_queue = 4096;
+        config.subscriptions.max_batch = 1;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        c.subscribe("backlog");
+        // 3000 separate deliveries while the client does not read: more chunks than one
+        // sendmsg gather list (1024) can carry.
+        for seq in 0..3000 {
+            publish(&server.engine, "backlog", seq, 2048);
+        }
+        server.engine.hub().flush().unwrap();
+        for seq in 0..3000 {
+            assert_eq!(c.msg()["seq"], seq);
+        }
+        assert_eq!(server.engine.hub().stats().dropped, 0);
+    });
+}

@@ -206,10 +206,6 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
         }
         Action::Reply(bytes) => conn.outbox.push_control(bytes, now),
         Action::Pong => conn.outbox.on_pong(now),
-        Action::Close(error) => {
-            conn.push_urgent_text(&error);
-            return After::Close;
-        }
     }
     After::Continue
 }

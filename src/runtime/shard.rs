@@ -818,18 +818,27 @@ impl<B: Backend> Shard<B> {
             return;
         }
         let now = Instant::now();
-        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
+        // Urgent bytes go first at a message boundary (nothing of the outbox's half-written),
+        // else after what the outbox offers. The outbox is offered what is left of the gather
+        // list, so everything it offers is passed to the kernel.
         let at_boundary = c.outbox.unsent_bytes() == 0;
+        let mut urgent_chunks = std::mem::take(&mut self.scratch2);
+        c.urgent.prepare(&mut urgent_chunks);
+        urgent_chunks.truncate(MAX_IOV);
+        let room = if at_boundary {
+            MAX_IOV - urgent_chunks.len()
+        } else {
+            MAX_IOV
+        };
         let mut outbox_chunks = std::mem::take(&mut self.scratch);
         outbox_chunks.clear();
-        c.outbox_offered = if c.proto.is_ready() || c.outbox.unsent_bytes() > 0 {
+        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
+        c.outbox_offered = if room > 0 && (c.proto.is_ready() || c.outbox.unsent_bytes() > 0) {
             c.outbox
-                .poll_transmit(c.proto.as_mut(), &mut outbox_chunks, now)
+                .poll_transmit_max(c.proto.as_mut(), &mut outbox_chunks, now, room)
         } else {
             0
         };
-        let mut urgent_chunks = std::mem::take(&mut self.scratch2);
-        c.urgent.prepare(&mut urgent_chunks);
         c.inflight.clear();
         c.send_urgent_first = at_boundary;
         let (first, second) = if at_boundary {
@@ -837,33 +846,21 @@ impl<B: Backend> Shard<B> {
         } else {
             (&outbox_chunks, &urgent_chunks)
         };
-        let mut parts = [0usize; 2];
-        for (p, chunks) in [first, second].into_iter().enumerate() {
-            for chunk in chunks.iter() {
-                if c.inflight.len() == MAX_IOV {
-                    break;
-                }
-                parts[p] += chunk.len();
-                c.inflight.push(chunk.clone());
-            }
+        for chunk in first.iter().chain(second.iter()).take(MAX_IOV) {
+            c.inflight.push(chunk.clone());
         }
-        (c.send_urgent, c.send_outbox) = if at_boundary {
-            (parts[0], parts[1])
+        let urgent_passed = c.inflight.len() - outbox_chunks.len();
+        c.send_outbox = c.outbox_offered;
+        c.send_urgent = if at_boundary {
+            urgent_chunks.iter().map(Bytes::len).sum()
         } else {
-            (parts[1], parts[0])
+            urgent_chunks[..urgent_passed].iter().map(Bytes::len).sum()
         };
         outbox_chunks.clear();
         urgent_chunks.clear();
         self.scratch = outbox_chunks;
         self.scratch2 = urgent_chunks;
         if c.inflight.is_empty() {
-            if c.outbox_offered > 0 {
-                // Offered but not passed (every iovec went to urgent bytes): keep the outbox
-                // consistent, it is offered again next turn.
-                c.outbox.on_written(0, now);
-                c.outbox.on_writable(now);
-                c.outbox_offered = 0;
-            }
             if matches!(c.state, State::Closing(_))
                 && c.urgent.is_empty()
                 && !c.outbox.has_transmit()
@@ -939,11 +936,6 @@ impl<B: Backend> Shard<B> {
         c.urgent.advance(urgent_taken);
         if c.outbox_offered > 0 {
             c.outbox.on_written(outbox_taken, now);
-            if outbox_taken == c.send_outbox && c.send_outbox < c.outbox_offered {
-                // Only part of the offer fit in the gather list, and the socket took all of it:
-                // not back-pressure, so the rest goes at once.
-                c.outbox.on_writable(now);
-            }
             c.outbox_offered = 0;
         }
         if c.sync_backlog(&self.shared.counters) <= backpressure {
