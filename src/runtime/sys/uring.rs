@@ -104,9 +104,15 @@ impl std::fmt::Debug for Uring {
 impl Uring {
     /// Creates the ring and arms the wake-up read. Call [`probe`] first.
     pub(crate) fn new(waker: RawFd) -> io::Result<Uring> {
+        // One thread submits and reaps (the shard's), so the kernel may run completion work
+        // only when the shard asks for completions (`DEFER_TASKRUN`, Linux 6.1) instead of
+        // interrupting it; older kernels refuse the flags and get a plain ring.
         let ring = IoUring::builder()
             .setup_cqsize(ENTRIES * 2)
-            .build(ENTRIES)?;
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .build(ENTRIES)
+            .or_else(|_| IoUring::builder().setup_cqsize(ENTRIES * 2).build(ENTRIES))?;
         let mut this = Uring {
             ring,
             waker,
