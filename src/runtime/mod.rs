@@ -44,6 +44,7 @@ use crate::hub::{Hub, HubError, HubOptions};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 
 mod config;
+mod parker;
 mod registry;
 mod session;
 mod shard;

@@ -25,7 +25,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{fence, AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -36,6 +36,7 @@ use powerhub_plugin::{
     StreamProtocol,
 };
 
+use super::parker::Parker;
 use super::session::{self, After, ConnSink};
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::writeq::{WriteQueue, MAX_IOV};
@@ -121,11 +122,8 @@ pub(crate) struct ShardHandle {
     pub(crate) index: usize,
     queue: SegQueue<ShardMsg>,
     waker: Waker,
-    /// Set by the shard before it blocks in the backend; a sender that finds it set wakes the
-    /// shard. Dekker-style: the shard stores `true` then (SeqCst fence) re-checks the queue; a
-    /// sender pushes then (SeqCst fence) reads the flag. At least one of them sees the other's
-    /// write, so a message is never left behind a sleeping shard.
-    parked: AtomicBool,
+    /// The sleep/wake handshake with senders (see [`Parker`]).
+    parker: Parker,
     /// Open connections on this shard (for least-loaded assignment and stats).
     pub(crate) conns: AtomicUsize,
 }
@@ -136,7 +134,7 @@ impl ShardHandle {
             index,
             queue: SegQueue::new(),
             waker: Waker::new()?,
-            parked: AtomicBool::new(false),
+            parker: Parker::default(),
             conns: AtomicUsize::new(0),
         })
     }
@@ -144,9 +142,7 @@ impl ShardHandle {
     /// Queues a message and wakes the shard if it sleeps.
     pub(crate) fn send(&self, msg: ShardMsg) {
         self.queue.push(msg);
-        // Pairs with the fence in `Shard::run` (see `parked`).
-        fence(Ordering::SeqCst);
-        if self.parked.load(Ordering::Relaxed) && self.parked.swap(false, Ordering::Relaxed) {
+        if self.parker.should_wake() {
             sys::wake_eventfd(self.waker.raw());
         }
     }
@@ -352,9 +348,7 @@ impl<B: Backend> Shard<B> {
             }
             let now = Instant::now();
             let mut timeout = next_tick.saturating_duration_since(now);
-            self.handle.parked.store(true, Ordering::Relaxed);
-            // Pairs with the fence in `ShardHandle::send` (see `parked`).
-            fence(Ordering::SeqCst);
+            self.handle.parker.park_begin();
             if !self.handle.queue.is_empty() {
                 timeout = Duration::ZERO;
             }
@@ -362,7 +356,7 @@ impl<B: Backend> Shard<B> {
                 tracing::error!(error = %e, backend = self.backend.name(), "backend wait failed");
                 std::thread::sleep(Duration::from_millis(1));
             }
-            self.handle.parked.store(false, Ordering::Relaxed);
+            self.handle.parker.park_end();
             for event in events.drain(..) {
                 self.handle_event(event);
             }
