@@ -140,7 +140,11 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
             let options = SubscribeOptions::default()
                 .id(hub_id.as_str())
                 .sink(Arc::clone(&conn.sink))
-                .codec(Codec::Ndjson)
+                .codec(if conn.hub_frames {
+                    Codec::Json
+                } else {
+                    Codec::Ndjson
+                })
                 .max_queue(s.max_queue)
                 .max_batch(s.max_batch)
                 .slow_consumer(slow_consumer(s.slow_consumer))

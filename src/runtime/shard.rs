@@ -199,6 +199,8 @@ pub(crate) struct Conn {
     pub(crate) key: ConnKey,
     fd: OwnedFd,
     pub(crate) proto: Box<dyn StreamProtocol>,
+    /// The protocol's wire form is the hub's binary frame (see [`frames_as_hub_frames`]).
+    pub(crate) hub_frames: bool,
     rbuf: Vec<u8>,
     inbuf: BytesMut,
     /// Pre-framed control bytes from the protocol plugin (handshake replies, pongs, close
@@ -271,6 +273,18 @@ fn frames_as_ndjson(proto: &mut dyn StreamProtocol) -> bool {
     let mut buf = BytesMut::new();
     proto.encode_text(b"{}", &mut buf);
     &buf[..] == b"{}\n"
+}
+
+/// Whether a protocol's wire form is the hub's binary frame (it writes a complete hub frame
+/// handed to `encode_text` as it is, like the `frame` plugin): then subscriptions use the hub's
+/// `json` codec and each subscriber batch reaches the wire as the one frame the hub encoded.
+fn frames_as_hub_frames(proto: &mut dyn StreamProtocol) -> bool {
+    let Ok(sample) = powerhub_plugin::frame::encode_json_batch([&b"{}"[..]]) else {
+        return false;
+    };
+    let mut buf = BytesMut::new();
+    proto.encode_text(&sample, &mut buf);
+    buf[..] == sample[..]
 }
 
 /// The live connection `key` names, if it is still the slot's tenant.
@@ -440,6 +454,7 @@ impl<B: Backend> Shard<B> {
         let shared = Arc::clone(&self.shared);
         let spec = &shared.listeners[listener];
         let mut proto = spec.factory.new_connection(&spec.protocol_limits);
+        let hub_frames = frames_as_hub_frames(proto.as_mut());
         let outbox_config = if frames_as_ndjson(proto.as_mut()) {
             &shared.outbox_ndjson
         } else {
@@ -499,6 +514,7 @@ impl<B: Backend> Shard<B> {
             key,
             fd,
             proto,
+            hub_frames,
             rbuf: vec![0; MIN_READ_BUF],
             inbuf: BytesMut::new(),
             urgent: WriteQueue::default(),
@@ -745,7 +761,12 @@ impl<B: Backend> Shard<B> {
             }
             return;
         }
-        c.outbox.push_shared(sub, frame, Instant::now());
+        if c.hub_frames {
+            // One hub frame per subscriber batch: lossless and in order with the replies.
+            c.outbox.push_control(frame, Instant::now());
+        } else {
+            c.outbox.push_shared(sub, frame, Instant::now());
+        }
         self.shared
             .counters
             .frames_out

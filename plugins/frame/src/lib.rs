@@ -11,7 +11,9 @@
 //!   header arrives ([`ProtocolError::TooLarge`]); a corrupt header or payload is a
 //!   [`ProtocolError::Violation`] naming the fault. Either way a final error frame is put in
 //!   [`ProtocolOutput::urgent`] and the runtime closes the connection.
-//! - Outbound: [`StreamProtocol::encode_text`] writes a one-message `json` frame;
+//! - Outbound: [`StreamProtocol::encode_text`] writes a one-message `json` frame, or, given a
+//!   complete hub frame (no JSON text starts with its magic `P`), that frame as it is: a
+//!   subscriber's batch encoded once by the hub reaches the wire as the same frame;
 //!   [`StreamProtocol::encode_binary`] writes a hub frame as it is (it must be a complete,
 //!   valid frame).
 //!
@@ -88,6 +90,12 @@ impl FrameProtocol {
     }
 }
 
+/// Whether `bytes` is exactly one complete hub frame.
+fn is_one_frame(bytes: &[u8]) -> bool {
+    bytes.starts_with(&frame::MAGIC)
+        && frame::decode_prefix(bytes).is_ok_and(|(_, used)| used == bytes.len())
+}
+
 /// A JSON string literal of `s`.
 fn json_string(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
@@ -158,6 +166,13 @@ impl StreamProtocol for FrameProtocol {
     }
 
     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
+        // A complete hub frame (a subscriber's batch, encoded once by the hub) is already framed
+        // for this protocol and goes as it is. No JSON text starts with `P`, so the two cases
+        // cannot be confused.
+        if is_one_frame(json) {
+            out.extend_from_slice(json);
+            return;
+        }
         // One message never overflows the u32 length field in practice; a message that would
         // (over 4 GiB) is dropped rather than framed wrongly.
         if let Ok(f) = frame::encode_json_batch([json]) {
@@ -170,12 +185,10 @@ impl StreamProtocol for FrameProtocol {
         frame_bytes: &[u8],
         out: &mut BytesMut,
     ) -> Result<(), ProtocolError> {
-        frame::decode_prefix(frame_bytes)
-            .ok()
-            .filter(|(_, used)| *used == frame_bytes.len())
-            .ok_or_else(|| {
-                ProtocolError::Violation("encode_binary takes one complete hub frame".into())
-            })?;
+        if !is_one_frame(frame_bytes) {
+            let msg = "encode_binary takes one complete hub frame";
+            return Err(ProtocolError::Violation(msg.into()));
+        }
         out.extend_from_slice(frame_bytes);
         Ok(())
     }
@@ -233,6 +246,19 @@ mod tests {
             Err(ProtocolError::Violation(_))
         ));
         assert!(!out.urgent.is_empty());
+    }
+
+    #[test]
+    fn encode_text_passes_a_hub_frame_through_and_frames_json() {
+        let mut p = FrameProtocol::new(1024);
+        let batch = frame::encode_json_batch([&b"1"[..], b"2"]).unwrap();
+        let mut out = BytesMut::new();
+        p.encode_text(&batch, &mut out);
+        assert_eq!(&out[..], &batch[..]);
+        out.clear();
+        p.encode_text(b"{\"a\":1}", &mut out);
+        let decoded = frame::decode(&out).unwrap();
+        assert_eq!(decoded.json_messages().unwrap(), vec![&b"{\"a\":1}"[..]]);
     }
 
     #[test]
