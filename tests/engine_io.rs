@@ -159,3 +159,20 @@ fn client_that_never_reads_its_replies_is_closed_at_max_outbox_bytes() {
         assert_eq!(other.json()["type"], "pong", "other clients carry on");
     });
 }
+
+#[test]
+fn counters_are_published_to_the_stats_stream_while_it_has_subscribers() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.engine.stats_interval_ms = 20;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        c.subscribe(powerhub::runtime::STATS_STREAM);
+        let m = c.msg();
+        assert_eq!(m["type"], "stats", "{m}");
+        assert_eq!(m["stats"]["subscribers"], 1, "{m}");
+        assert_eq!(m["stats"]["engine"]["open_connections"], 1, "{m}");
+        let name = server.engine.backend().as_str();
+        assert_eq!(m["stats"]["engine"]["backend"], name, "{m}");
+    });
+}

@@ -85,6 +85,9 @@ pub struct EngineSection {
     pub backend: BackendChoice,
     /// Graceful shutdown deadline for connections, in milliseconds.
     pub shutdown_timeout_ms: u64,
+    /// How often the hub's and the engine's counters are published to the `$stats` stream
+    /// (while it has subscribers), in milliseconds; 0 = never.
+    pub stats_interval_ms: u64,
 }
 
 impl Default for EngineSection {
@@ -93,6 +96,7 @@ impl Default for EngineSection {
             shards: 0,
             backend: BackendChoice::Auto,
             shutdown_timeout_ms: 5000,
+            stats_interval_ms: 1000,
         }
     }
 }

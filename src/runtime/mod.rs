@@ -170,6 +170,64 @@ pub struct EngineStats {
     pub unsent_bytes: usize,
 }
 
+/// The stream the engine publishes its counters to: `{"type":"stats","stream":"$stats",
+/// "stats":{...}}`, every `engine.stats_interval_ms` while it has subscribers.
+pub const STATS_STREAM: &str = "$stats";
+
+/// Most subscribers listed in one stats message.
+const STATS_LIST_MAX: usize = 100;
+
+fn engine_stats(c: &Counters) -> EngineStats {
+    EngineStats {
+        open_connections: c.open.load(Ordering::Relaxed),
+        accepted: c.accepted.load(Ordering::Relaxed),
+        closed: c.closed.load(Ordering::Relaxed),
+        rejected: c.rejected.load(Ordering::Relaxed),
+        limit_errors: c.limit_errors.load(Ordering::Relaxed),
+        protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+        subscriptions: c.subscriptions.load(Ordering::Relaxed),
+        bytes_in: c.bytes_in.load(Ordering::Relaxed),
+        bytes_out: c.bytes_out.load(Ordering::Relaxed),
+        frames_out: c.frames_out.load(Ordering::Relaxed),
+        sends: c.send_syscalls.load(Ordering::Relaxed),
+        unsent_bytes: c.unsent.load(Ordering::Relaxed),
+    }
+}
+
+/// The stats message: the hub's counters (and its first subscribers) and the engine's.
+fn stats_json(shared: &Shared, backend: BackendKind) -> String {
+    let h = shared.hub.stats();
+    let e = engine_stats(&shared.counters);
+    let list: Vec<serde_json::Value> = h
+        .list
+        .iter()
+        .take(STATS_LIST_MAX)
+        .map(|s| {
+            serde_json::json!({
+                "id": s.id, "topic": s.topic, "queued": s.queued, "dropped": s.dropped,
+                "bytes_sent": s.bytes_sent,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "type": "stats",
+        "stream": STATS_STREAM,
+        "stats": {
+            "subscribers": h.subscribers, "topics": h.topics, "published": h.published,
+            "delivered": h.delivered, "dropped": h.dropped, "disconnected": h.disconnected,
+            "encoded": h.encoded, "bytes_out": h.bytes_out, "list": list,
+            "engine": {
+                "backend": backend.as_str(), "open_connections": e.open_connections,
+                "accepted": e.accepted, "closed": e.closed, "rejected": e.rejected,
+                "limit_errors": e.limit_errors, "subscriptions": e.subscriptions,
+                "bytes_in": e.bytes_in, "bytes_out": e.bytes_out, "sends": e.sends,
+                "unsent_bytes": e.unsent_bytes,
+            },
+        },
+    })
+    .to_string()
+}
+
 /// What every shard shares (read-only after start, plus atomic counters).
 pub(crate) struct Shared {
     pub(crate) config: Config,
@@ -218,6 +276,9 @@ pub struct Engine {
     bound: Vec<BoundListener>,
     unix_paths: Vec<PathBuf>,
     owns_hub: bool,
+    /// Dropping it stops the stats publisher.
+    stats_stop: Option<std::sync::mpsc::Sender<()>>,
+    stats_thread: Option<JoinHandle<()>>,
     stopped: bool,
 }
 
@@ -490,6 +551,8 @@ impl Engine {
             bound,
             unix_paths,
             owns_hub,
+            stats_stop: None,
+            stats_thread: None,
             stopped: false,
         };
         for _ in 0..n {
@@ -507,8 +570,48 @@ impl Engine {
             }
         }
         engine.backend = actual;
+        engine.start_stats_publisher();
         tracing::info!(backend = actual.as_str(), shards = n, "engine started");
         Ok(engine)
+    }
+
+    /// Publishes the counters to [`STATS_STREAM`] every `engine.stats_interval_ms`, while the
+    /// stream has subscribers (the WebSocket plugin's web page shows them).
+    fn start_stats_publisher(&mut self) {
+        let interval = Duration::from_millis(self.shared.config.engine.stats_interval_ms);
+        if interval.is_zero() {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let shared = Arc::clone(&self.shared);
+        let backend = self.backend;
+        let spawned = std::thread::Builder::new()
+            .name("powerhub-stats".into())
+            .spawn(move || {
+                // Ends when the engine drops the sender.
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    rx.recv_timeout(interval)
+                {
+                    if shared.hub.presence(Some(STATS_STREAM)).is_empty() {
+                        continue;
+                    }
+                    let json = stats_json(&shared, backend);
+                    if let Ok(m) = crate::hub::Message::json(json) {
+                        let _ = shared.hub.publish(
+                            STATS_STREAM,
+                            m,
+                            crate::hub::PublishOptions::default(),
+                        );
+                    }
+                }
+            });
+        match spawned {
+            Ok(t) => {
+                self.stats_stop = Some(tx);
+                self.stats_thread = Some(t);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot start the stats publisher"),
+        }
     }
 
     /// The hub the engine serves: publish into it from any thread.
@@ -533,21 +636,7 @@ impl Engine {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> EngineStats {
-        let c = &self.shared.counters;
-        EngineStats {
-            open_connections: c.open.load(Ordering::Relaxed),
-            accepted: c.accepted.load(Ordering::Relaxed),
-            closed: c.closed.load(Ordering::Relaxed),
-            rejected: c.rejected.load(Ordering::Relaxed),
-            limit_errors: c.limit_errors.load(Ordering::Relaxed),
-            protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
-            subscriptions: c.subscriptions.load(Ordering::Relaxed),
-            bytes_in: c.bytes_in.load(Ordering::Relaxed),
-            bytes_out: c.bytes_out.load(Ordering::Relaxed),
-            frames_out: c.frames_out.load(Ordering::Relaxed),
-            sends: c.send_syscalls.load(Ordering::Relaxed),
-            unsent_bytes: c.unsent.load(Ordering::Relaxed),
-        }
+        engine_stats(&self.shared.counters)
     }
 
     /// Graceful shutdown: stop accepting, deliver what was published before the call to every
@@ -581,6 +670,10 @@ impl Engine {
     }
 
     fn join(&mut self) {
+        self.stats_stop = None;
+        if let Some(t) = self.stats_thread.take() {
+            let _ = t.join();
+        }
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
