@@ -176,3 +176,38 @@ fn counters_are_published_to_the_stats_stream_while_it_has_subscribers() {
         assert_eq!(m["stats"]["engine"]["backend"], name, "{m}");
     });
 }
+
+#[test]
+fn unix_listener_replaces_a_stale_socket_file_and_refuses_a_live_one() {
+    use powerhub::runtime::{Engine, EngineError, ListenerConfig, ProtocolRegistry};
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    on_both_backends(|backend| {
+        let dir =
+            std::env::temp_dir().join(format!("powerhub-unix-{}-{backend:?}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("push.sock");
+        drop(UnixListener::bind(&path).unwrap()); // leaves a stale socket file behind
+        assert!(path.exists());
+        let mut config = base_config(backend);
+        config.listeners = vec![ListenerConfig::unix("ndjson", &path)];
+        let engine = Engine::start(config.clone(), &ProtocolRegistry::with_builtins())
+            .expect("stale file replaced");
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(b"{\"type\":\"ping\",\"id\":1}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s.try_clone().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("\"pong\""), "{line}");
+        // A second engine on the same path finds it in use and says which listener.
+        let err = Engine::start(config, &ProtocolRegistry::with_builtins()).unwrap_err();
+        assert!(matches!(err, EngineError::Bind { index: 0, .. }), "{err}");
+        assert!(err.to_string().contains("push.sock"), "{err}");
+        engine.shutdown().unwrap();
+        assert!(!path.exists(), "the socket file is removed at shutdown");
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
