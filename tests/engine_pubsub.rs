@@ -318,3 +318,32 @@ fn a_backlog_longer_than_one_gather_list_is_delivered_in_order() {
         assert_eq!(server.engine.hub().stats().dropped, 0);
     });
 }
+
+#[test]
+fn graceful_shutdown_ends_at_its_deadline_when_a_client_never_reads() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.engine.shutdown_timeout_ms = 200;
+        config.limits.backpressure_bytes = 64 << 10;
+        let server = start(config);
+        let mut stalled = Client::connect(server.addr);
+        stalled.subscribe("never-read");
+        for seq in 0..3000 {
+            publish(&server.engine, "never-read", seq, 8192);
+        }
+        let engine = server.engine;
+        let done = Arc::new(AtomicU64::new(0));
+        let stopper = {
+            let done = Arc::clone(&done);
+            std::thread::spawn(move || {
+                engine.shutdown().unwrap();
+                done.store(1, Ordering::Relaxed);
+            })
+        };
+        eventually("shutdown returns although the client never reads", || {
+            done.load(Ordering::Relaxed) == 1
+        });
+        stopper.join().unwrap();
+        drop(stalled);
+    });
+}

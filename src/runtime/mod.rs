@@ -170,6 +170,9 @@ pub struct EngineStats {
     pub unsent_bytes: usize,
 }
 
+/// Slack past a shutdown deadline for the shards' coarse timers to act on it.
+const TICK_GRACE: Duration = Duration::from_millis(200);
+
 /// The stream the engine publishes its counters to: `{"type":"stats","stream":"$stats",
 /// "stats":{...}}`, every `engine.stats_interval_ms` while it has subscribers.
 pub const STATS_STREAM: &str = "$stats";
@@ -649,9 +652,24 @@ impl Engine {
             s.send(ShardMsg::Drain { deadline });
         }
         // Every message published before now reaches its connection's shard (or its connection
-        // is closed at the deadline, which fails the pending send and ends the flush).
-        if let Err(e) = self.shared.hub.flush() {
-            tracing::warn!(error = %e, "hub flush during shutdown reported errors");
+        // is closed at the deadline, which fails the pending send and ends the flush). The wait
+        // is bounded too: a hub given by the caller may have other sinks that never complete.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hub = self.shared.hub.clone();
+        let flusher = std::thread::Builder::new()
+            .name("powerhub-flush".into())
+            .spawn(move || {
+                let _ = tx.send(hub.flush());
+            });
+        if flusher.is_ok() {
+            let wait = deadline.saturating_duration_since(Instant::now()) + TICK_GRACE;
+            match rx.recv_timeout(wait) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "hub flush during shutdown reported errors")
+                }
+                Err(_) => tracing::warn!("hub flush did not finish by the shutdown deadline"),
+            }
         }
         for s in self.shared.shards() {
             s.send(ShardMsg::Finish);
