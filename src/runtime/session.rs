@@ -113,7 +113,10 @@ pub(crate) enum After {
 
 /// Handles one inbound JSON message (an NDJSON line, a frame's element, a WebSocket text).
 pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instant) -> After {
-    let mut buf = line.to_vec();
+    // The line is usually the only reference to its bytes: parsed in place, without a copy.
+    let mut buf = line
+        .try_into_mut()
+        .unwrap_or_else(|shared| bytes::BytesMut::from(&shared[..]));
     let cmd = match protocol::parse_command(&mut buf) {
         Ok(cmd) => cmd,
         Err(e) => {
@@ -125,7 +128,9 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
     if matches!(cmd, Command::Subscribe { .. }) && conn.session.subscriptions().count() >= limit {
         shared.counters.limit_errors.fetch_add(1, Ordering::Relaxed);
         let msg = format!("a connection may hold at most max_subscriptions_per_connection = {limit} subscriptions");
-        conn.push_urgent_text(&limit_error("max_subscriptions_per_connection", &msg));
+        // In order after the replies already queued, then the close.
+        conn.outbox
+            .push_control(limit_error("max_subscriptions_per_connection", &msg), now);
         return After::Close;
     }
     let request_id = cmd.request_id().cloned();
