@@ -185,3 +185,61 @@ fn serve_prints_the_default_config() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert_eq!(text, powerhub::runtime::DEFAULT_CONFIG);
 }
+
+/// Out of file descriptors (a low `ulimit -n`), the server keeps running, and connections
+/// waiting in the listen backlog are accepted once descriptors are free again.
+fn run_out_of_descriptors(backend: &str) {
+    use std::io::{BufRead, BufReader, Write};
+    let cmd = format!(
+        "ulimit -n 48; exec {} serve --shards 1 --backend {backend} --listen ndjson=127.0.0.1:0 --listen frame=127.0.0.1:0",
+        env!("CARGO_BIN_EXE_powerhub")
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut addr = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "powerhub exited before it was ready"
+        );
+        if let Some(a) = line.strip_prefix("listening ndjson ") {
+            addr = a.trim().to_owned();
+        }
+        if line.trim() == "ready" {
+            break;
+        }
+    }
+    // More clients than descriptors: the first ones fill the table, the rest wait in the backlog.
+    let mut clients: Vec<std::net::TcpStream> = (0..80)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let later = clients.split_off(60);
+    drop(clients); // frees descriptors on the server once it sees the closes
+    for mut c in later {
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c.write_all(b"{\"type\":\"ping\",\"id\":1}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(c).read_line(&mut line).unwrap();
+        assert!(
+            line.contains("\"pong\""),
+            "a client from the backlog is served: {line:?}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn out_of_descriptors_the_server_carries_on_and_accepts_the_backlog_later() {
+    run_out_of_descriptors("epoll");
+    if std::env::var("POWERHUB_BACKEND").is_ok_and(|v| v == "epoll") {
+        return;
+    }
+    run_out_of_descriptors("io_uring");
+}

@@ -9,9 +9,12 @@
 
 use std::io;
 use std::os::fd::RawFd;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{syscall, Backend, Event, Token};
+
+/// How long accepting pauses after the kernel ran out of descriptors or memory.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// `epoll_event.u64` of the wake-up eventfd.
 const WAKER_KEY: u64 = u64::MAX;
@@ -37,6 +40,9 @@ pub(crate) struct Epoll {
     listeners: Vec<Option<RawFd>>,
     ready: Vec<Event>,
     buf: Vec<libc::epoll_event>,
+    /// Listeners whose last accept failed for lack of resources, retried at the instant given
+    /// (edge-triggered: no new edge may come while connections wait in the backlog).
+    accept_later: Vec<(usize, Instant)>,
 }
 
 // SAFETY: the raw pointers in `Slot` point into buffers owned by the shard's connections; the
@@ -55,6 +61,7 @@ impl Epoll {
             listeners: Vec::new(),
             ready: Vec::new(),
             buf: vec![libc::epoll_event { events: 0, u64: 0 }; 1024],
+            accept_later: Vec::new(),
         };
         this.ctl(
             libc::EPOLL_CTL_ADD,
@@ -164,11 +171,13 @@ impl Epoll {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
                 Err(e) => {
-                    // EMFILE and friends: report and wait for the next edge.
+                    // EMFILE and friends: report, and retry a little later.
                     self.ready.push(Event::Accept {
                         listener,
                         result: Err(e),
                     });
+                    self.accept_later
+                        .push((listener, Instant::now() + ACCEPT_BACKOFF));
                     return;
                 }
             }
@@ -253,6 +262,17 @@ impl Backend for Epoll {
     }
 
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        let now = Instant::now();
+        let mut timeout = timeout;
+        for (listener, at) in std::mem::take(&mut self.accept_later) {
+            if at <= now {
+                self.accept_all(listener);
+            } else {
+                self.accept_later.push((listener, at));
+                let left = at - now;
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
+        }
         let timeout_ms = if !self.ready.is_empty() {
             0
         } else {

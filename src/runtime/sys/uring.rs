@@ -29,7 +29,7 @@
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use io_uring::{opcode, squeue, types, IoUring, Probe};
 
@@ -41,6 +41,9 @@ const KIND_SEND: u64 = 2;
 const KIND_ACCEPT: u64 = 3;
 const KIND_WAKE: u64 = 4;
 const KIND_POLL_OUT: u64 = 5;
+
+/// How long accepting pauses after the kernel ran out of descriptors or memory.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Submission queue entries per ring (the completion queue is twice as large).
 const ENTRIES: u32 = 1024;
@@ -91,6 +94,9 @@ pub(crate) struct Uring {
     listeners: Vec<Option<RawFd>>,
     /// Accepts in flight per listener (a removed listener's accept may still complete).
     accept_armed: Vec<bool>,
+    /// Listeners whose last accept failed for lack of resources (`EMFILE`, `ENFILE`, `ENOBUFS`,
+    /// `ENOMEM`), re-armed at the given instant rather than at once (no busy loop).
+    accept_later: Vec<(usize, Instant)>,
 }
 
 impl std::fmt::Debug for Uring {
@@ -120,6 +126,7 @@ impl Uring {
             wake_armed: false,
             listeners: Vec::new(),
             accept_armed: Vec::new(),
+            accept_later: Vec::new(),
         };
         this.arm_wake();
         Ok(this)
@@ -226,6 +233,20 @@ impl Backend for Uring {
     }
 
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        let now = Instant::now();
+        let mut timeout = timeout;
+        let mut i = 0;
+        while i < self.accept_later.len() {
+            let (listener, at) = self.accept_later[i];
+            if at <= now {
+                self.accept_later.swap_remove(i);
+                self.arm_accept(listener);
+            } else {
+                let left = at - now;
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+                i += 1;
+            }
+        }
         let result = match timeout {
             None => self.ring.submit_and_wait(1),
             Some(d) => {
@@ -272,13 +293,22 @@ impl Backend for Uring {
                     let live = self.listeners.get(listener).is_some_and(Option::is_some);
                     if live {
                         let aborted = matches!(&result, Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED));
+                        let starved = matches!(&result, Err(e) if matches!(
+                            e.raw_os_error(),
+                            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+                        ));
                         if !aborted {
                             events.push(Event::Accept {
                                 listener,
                                 result: result.map(|fd| fd as RawFd),
                             });
                         }
-                        rearm_accept.push(listener);
+                        if starved {
+                            self.accept_later
+                                .push((listener, Instant::now() + ACCEPT_BACKOFF));
+                        } else {
+                            rearm_accept.push(listener);
+                        }
                     } else if let Ok(fd) = result {
                         // Accepted while the listener was being removed: refuse it.
                         // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
