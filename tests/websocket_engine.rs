@@ -1,0 +1,221 @@
+//! The engine over WebSocket with clients written by others, on loopback: the runtime's shards
+//! (io_uring or epoll, as `POWERHUB_BACKEND` says) serve the push protocol through the
+//! `websocket` plugin, registered the way a service registers a transport.
+//!
+//! - Python `websockets` runs `tests/websocket_client.py --mode push`: handshake (and a refused
+//!   one), ping/pong, close handshake, bad frames closed with 1002/1007/1009, subscribe, a
+//!   message published by another client delivered byte for byte, fragmented commands, and a
+//!   subscriber that stops reading while another keeps receiving every message;
+//! - the web page in headless Chromium: it connects, subscribes, shows a message published by an
+//!   NDJSON client, and shows the hub's stats that the engine publishes on `$stats`; the
+//!   screenshot is kept in `$CARGO_TARGET_TMPDIR/websocket_page/page.png`.
+//!
+//! Needs `python3` with `websockets` and `chromium` (scripts/install-test-deps.sh installs
+//! them); `POWERHUB_SKIP_PYTHON=1` / `POWERHUB_SKIP_BROWSER=1` skip those parts where they
+//! cannot be installed.
+
+#[path = "../plugins/websocket/tests/util/devtools.rs"]
+mod devtools;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use powerhub::runtime::{Config, Engine, ListenAddr, ListenerConfig, ProtocolRegistry};
+use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
+use serde_json::{json, Value};
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// A running engine with a WebSocket (page on) and an NDJSON listener on free loopback ports.
+struct Server {
+    engine: Option<Engine>,
+    websocket: SocketAddr,
+    ndjson: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(engine) = self.engine.take() {
+            let _ = engine.shutdown();
+        }
+    }
+}
+
+fn out_dir(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn start_server() -> Server {
+    let mut registry = ProtocolRegistry::with_builtins();
+    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
+        .expect("a valid websocket config");
+    registry
+        .register(Arc::new(websocket))
+        .expect("websocket is not registered yet");
+    let mut config = Config::default();
+    config.engine.shards = 2;
+    config.engine.stats_interval_ms = 200;
+    config
+        .listeners
+        .push(ListenerConfig::tcp("websocket", "127.0.0.1:0"));
+    config
+        .listeners
+        .push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+    let engine = Engine::start(config, &registry).expect("the engine starts");
+    let addr = |protocol: &str| {
+        let listener = engine
+            .listeners()
+            .iter()
+            .find(|l| l.protocol == protocol)
+            .unwrap();
+        match &listener.addr {
+            ListenAddr::Tcp(addr) => *addr,
+            other => panic!("{protocol} listens on {other:?}"),
+        }
+    };
+    Server {
+        websocket: addr("websocket"),
+        ndjson: addr("ndjson"),
+        engine: Some(engine),
+    }
+}
+
+#[test]
+fn websocket_page_is_served_by_the_engine() {
+    let server = start_server();
+    let mut sock = TcpStream::connect(server.websocket).unwrap();
+    sock.set_read_timeout(Some(DEADLINE)).unwrap();
+    sock.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    sock.read_to_string(&mut response).unwrap();
+    assert!(
+        response.starts_with("HTTP/1.1 200 OK\r\n"),
+        "{response:.200}"
+    );
+    assert!(response.contains("Content-Type: text/html"));
+    assert!(response.ends_with(powerhub_websocket::INDEX_HTML));
+}
+
+#[test]
+fn websocket_python_client_against_the_engine() {
+    if std::env::var_os("POWERHUB_SKIP_PYTHON").is_some() {
+        eprintln!("POWERHUB_SKIP_PYTHON is set: the Python client test is skipped");
+        return;
+    }
+    let server = start_server();
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/websocket_client.py");
+    let output = Command::new("python3")
+        .arg(&script)
+        .args(["--mode", "push", &format!("ws://{}/", server.websocket)])
+        .output()
+        .expect("python3 runs (scripts/install-test-deps.sh installs it and websockets)");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stdout}{stderr}");
+    assert!(
+        output.status.success(),
+        "the Python client reported failures:\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains(" 0 failed"), "{stdout}");
+}
+
+/// An NDJSON client of the push protocol.
+struct Ndjson {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Ndjson {
+    fn connect(addr: SocketAddr) -> Self {
+        let sock = TcpStream::connect(addr).unwrap();
+        sock.set_read_timeout(Some(DEADLINE)).unwrap();
+        Ndjson {
+            writer: sock.try_clone().unwrap(),
+            reader: BufReader::new(sock),
+        }
+    }
+
+    /// Sends `command` and returns the reply carrying its `id`.
+    fn request(&mut self, command: Value) -> Value {
+        writeln!(self.writer, "{command}").unwrap();
+        loop {
+            let mut line = String::new();
+            assert!(
+                self.reader.read_line(&mut line).unwrap() > 0,
+                "the server closed"
+            );
+            let reply: Value = serde_json::from_str(&line).unwrap();
+            if reply["requestId"] == command["id"] {
+                return reply;
+            }
+        }
+    }
+}
+
+#[test]
+fn websocket_page_in_chromium_against_the_engine() {
+    if std::env::var_os("POWERHUB_SKIP_BROWSER").is_some() {
+        eprintln!("POWERHUB_SKIP_BROWSER is set: the browser test is skipped");
+        return;
+    }
+    let server = start_server();
+    let dir = out_dir("websocket_page");
+    let profile = dir.join(format!("profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    std::fs::create_dir_all(&profile).unwrap();
+    let (_browser, mut page) = devtools::launch_chromium(&profile);
+    page.open(&format!("http://{}/?stream=demo", server.websocket));
+    let deadline = Instant::now() + DEADLINE;
+    page.wait_for(
+        "document.body && document.body.dataset.state === 'open'",
+        "connected",
+        deadline,
+    );
+
+    // Another client, over NDJSON, publishes until the page's subscription is in place.
+    let mut publisher = Ndjson::connect(server.ndjson);
+    let message =
+        json!({ "type": "price", "stream": "demo", "price": 42000, "note": "over NDJSON" });
+    for n in 0.. {
+        let reply = publisher.request(json!({ "type": "publish", "id": n, "message": message }));
+        assert_eq!(reply["type"], "published", "{reply}");
+        if reply["delivered"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the page never subscribed to demo"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    page.wait_for(
+        "Number(document.body.dataset.received) >= 1",
+        "showed the published message",
+        deadline,
+    );
+    let shown =
+        page.eval("JSON.parse(document.querySelector('#messages li.message .data').textContent)");
+    assert_eq!(shown, message);
+
+    // The stats the server publishes on the stats stream: at least the page's two subscriptions.
+    page.wait_for(
+        "Number(document.getElementById('stat-subscribers').textContent) >= 2 \
+         && Number(document.getElementById('stat-published').textContent) >= 1 \
+         && document.querySelectorAll('#subscribers tr').length >= 2",
+        "showed the hub's stats",
+        deadline,
+    );
+    let path = dir.join("page.png");
+    let png = page.screenshot(&path);
+    eprintln!("screenshot: {}", path.display());
+    assert!(png.starts_with(b"\x89PNG"));
+    let _ = std::fs::remove_dir_all(&profile);
+}
