@@ -94,34 +94,34 @@ def raw_frame(opcode, payload, fin=True, mask=True, rsv=0):
     return header + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
 
 
-def raw_read_close(sock, rest=b""):
-    """Reads server frames until a close frame; returns its code (1005 when it has none)."""
-    buf = rest
-    deadline = time.monotonic() + TIMEOUT
+def raw_read_frame(sock, buf, deadline):
+    """Reads one server frame: returns (opcode, payload, rest of the buffer)."""
     while True:
-        while len(buf) >= 2:
+        if len(buf) >= 2:
             opcode, n = buf[0] & 0x0F, buf[1] & 0x7F
             assert buf[1] & 0x80 == 0, "server frames must not be masked"
-            off = 2
-            if n == 126:
-                if len(buf) < 4:
-                    break
-                (n,) = struct.unpack("!H", buf[2:4])
-                off = 4
-            elif n == 127:
-                if len(buf) < 10:
-                    break
-                (n,) = struct.unpack("!Q", buf[2:10])
-                off = 10
-            if len(buf) < off + n:
-                break
-            payload, buf = buf[off : off + n], buf[off + n :]
-            if opcode == 0x8:
-                return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
-        assert time.monotonic() < deadline, "no close frame in time"
+            off = {126: 4, 127: 10}.get(n, 2)
+            if len(buf) >= off:
+                if n == 126:
+                    (n,) = struct.unpack("!H", buf[2:4])
+                elif n == 127:
+                    (n,) = struct.unpack("!Q", buf[2:10])
+                if len(buf) >= off + n:
+                    return opcode, buf[off : off + n], buf[off + n :]
+        assert time.monotonic() < deadline, "no frame in time"
         chunk = sock.recv(65536)
-        assert chunk, "connection closed without a close frame"
+        assert chunk, "the connection closed"
         buf += chunk
+
+
+def raw_read_close(sock, rest=b""):
+    """Reads server frames until a close frame; returns its code (1005 when it has none)."""
+    deadline = time.monotonic() + TIMEOUT
+    buf = rest
+    while True:
+        opcode, payload, buf = raw_read_frame(sock, buf, deadline)
+        if opcode == 0x8:
+            return struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else 1005
 
 
 def expect_close_code(url, data, code):
@@ -273,11 +273,30 @@ async def fragmented_command_is_reassembled(url, mode):
 
 
 @check({"push"})
-async def server_keepalive_ping_is_a_protocol_ping(url, mode):
-    # The keepalive interval is long; just check that the JSON ping command still works.
+async def json_ping_command_gets_its_pong(url, mode):
     async with connect(url) as ws:
         await ws.send('{"type":"ping","id":7}')
         assert await recv_json(ws) == {"type": "pong", "requestId": 7}
+
+
+@check({"push"})
+async def keepalive_is_a_ping_frame_and_pongs_keep_the_connection(url, mode):
+    # The test's engine pings every 300 ms and reaps after 1.5 s without a pong; answer every
+    # ping for 3 s: the connection must stay open.
+    sock, head, buf = raw_open(url)
+    try:
+        assert head.startswith("HTTP/1.1 101"), head
+        end = time.monotonic() + 3.0
+        pings = 0
+        while time.monotonic() < end:
+            opcode, payload, buf = raw_read_frame(sock, buf, time.monotonic() + TIMEOUT)
+            assert opcode != 0x8, "closed while answering pings"
+            if opcode == 0x9:
+                pings += 1
+                sock.sendall(raw_frame(0xA, payload))
+        assert pings >= 3, f"only {pings} pings in 3 s"
+    finally:
+        sock.close()
 
 
 @check({"push"})
@@ -286,7 +305,8 @@ async def subscriber_that_stops_reading_does_not_stall_the_others(url, mode):
     async with connect(url, max_queue=1) as slow, connect(url) as healthy, connect(url) as pub:
         await subscribe(slow, stream, "a")
         await subscribe(healthy, stream, "b")
-        # `slow` never reads again. Publish ~64 MiB; the healthy subscriber must get every one.
+        # `slow` never reads again (and so never answers a ping: the server may reap it).
+        # Publish 64 MiB; the healthy subscriber must get every message.
         blob = "x" * (256 << 10)
         count = 256
         received = 0
@@ -298,13 +318,18 @@ async def subscriber_that_stops_reading_does_not_stall_the_others(url, mode):
                 if msg.get("stream") == stream:
                     received += 1
 
+        async def read_replies():
+            replies = 0
+            while replies < count:
+                await recv_json(pub, "published")
+                replies += 1
+
+        # Both readers run while publishing, so that they keep answering keepalive pings.
         reader = asyncio.create_task(read_healthy())
+        replies = asyncio.create_task(read_replies())
         for i in range(count):
             await pub.send(json.dumps({"type": "publish", "message": {"type": "bulk", "stream": stream, "i": i, "blob": blob}}))
-        replies = 0
-        while replies < count:
-            msg = await recv_json(pub, "published")
-            replies += 1
+        await asyncio.wait_for(replies, 60)
         await asyncio.wait_for(reader, 60)
         assert received == count, received
 
