@@ -58,7 +58,7 @@ async def recv_json(ws, want_type=None):
             return msg
 
 
-# ---- raw socket helpers: what a library client refuses to send ----
+# ---- raw sockets: what a library client refuses to send ----
 
 
 def raw_open(url, extra=b""):

@@ -17,8 +17,8 @@ use tungstenite::Message;
 /// A minimal DevTools protocol client over tungstenite.
 pub struct DevTools {
     ws: tungstenite::WebSocket<TcpStream>,
-    /// The page session commands go to, once attached.
-    pub session: Option<String>,
+    /// The DevTools `sessionId` of the attached page, which commands then go to.
+    pub page: Option<String>,
     next_id: u64,
 }
 
@@ -26,8 +26,8 @@ impl DevTools {
     pub fn call(&mut self, method: &str, params: Value) -> Value {
         self.next_id += 1;
         let mut msg = json!({ "id": self.next_id, "method": method, "params": params });
-        if let Some(session) = &self.session {
-            msg["sessionId"] = json!(session);
+        if let Some(page) = &self.page {
+            msg["sessionId"] = json!(page);
         }
         self.ws.send(Message::text(msg.to_string())).unwrap();
         loop {
@@ -114,7 +114,7 @@ pub fn launch_chromium(profile: &Path) -> (Browser, DevTools) {
         browser,
         DevTools {
             ws: into_plain(ws),
-            session: None,
+            page: None,
             next_id: 0,
         },
     )
@@ -137,10 +137,10 @@ impl DevTools {
             "Target.attachToTarget",
             json!({ "targetId": target["targetId"], "flatten": true }),
         );
-        self.session = Some(
+        self.page = Some(
             attached["sessionId"]
                 .as_str()
-                .expect("a session id")
+                .expect("a sessionId")
                 .to_owned(),
         );
     }

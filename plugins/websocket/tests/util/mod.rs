@@ -1,4 +1,4 @@
-//! Helpers shared by the codec's tests: client frames, handshakes, and reading server frames.
+//! Shared by the codec's tests: client frames, handshakes, and reading server frames.
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::{Read, Write};
