@@ -1,7 +1,9 @@
 //! `powerhub`: the push server.
 //!
 //! `powerhub serve` runs the engine on the embedded default config (loopback listeners: NDJSON on
-//! 127.0.0.1:7400, the binary frame on 127.0.0.1:7401), or on `--config FILE`, with CLI overrides.
+//! 127.0.0.1:7400, the binary frame on 127.0.0.1:7401, WebSocket on 127.0.0.1:7402), or on
+//! `--config FILE`, with CLI overrides. It registers the built-in protocols: `ndjson`, `frame`
+//! and `websocket`.
 //! SIGINT or SIGTERM shut it down gracefully: stop accepting, flush the hub, give connections up
 //! to `engine.shutdown_timeout_ms` to receive what was published, close. A second signal exits at
 //! once.
@@ -9,10 +11,13 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use clap::{Parser, Subcommand};
 use powerhub::runtime::{
     BackendChoice, Config, Engine, ListenerConfig, ProtocolRegistry, DEFAULT_CONFIG,
 };
+use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -45,12 +50,12 @@ struct ServeArgs {
     /// IO backend: auto, io_uring or epoll (POWERHUB_BACKEND=epoll also forces epoll).
     #[arg(long, value_name = "BACKEND")]
     backend: Option<BackendChoice>,
-    /// A TCP listener PROTOCOL=ADDRESS (e.g. ndjson=127.0.0.1:7400); repeatable. Replaces the
-    /// configured listeners of that protocol.
+    /// A TCP listener PROTOCOL=ADDRESS (e.g. ndjson=127.0.0.1:7400); repeatable. Listeners given
+    /// on the command line replace the configured ones.
     #[arg(long = "listen", value_name = "PROTOCOL=ADDRESS")]
     listen: Vec<String>,
     /// A Unix socket listener PROTOCOL=PATH (e.g. ndjson=/run/powerhub.sock); repeatable.
-    /// Replaces the configured listeners of that protocol.
+    /// Listeners given on the command line replace the configured ones.
     #[arg(long = "unix", value_name = "PROTOCOL=PATH")]
     unix: Vec<String>,
     /// Maximum open connections (limits.max_connections).
@@ -94,10 +99,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
         overrides.push(ListenerConfig::unix(p, a));
     }
     if !overrides.is_empty() {
-        config
-            .listeners
-            .retain(|l| !overrides.iter().any(|o| o.protocol == l.protocol));
-        config.listeners.extend(overrides);
+        config.listeners = overrides;
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
@@ -138,7 +140,14 @@ fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let signals = block_signals();
-    let registry = ProtocolRegistry::with_builtins();
+    let mut registry = ProtocolRegistry::with_builtins();
+    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
+        .map_err(|e| e.to_string())
+        .and_then(|f| registry.register(Arc::new(f)).map_err(|e| e.to_string()));
+    if let Err(e) = websocket {
+        eprintln!("powerhub: cannot register the websocket protocol: {e}");
+        return ExitCode::from(2);
+    }
     let engine = match Engine::start(config, &registry) {
         Ok(e) => e,
         Err(e) => {

@@ -31,6 +31,7 @@ fn spawn(backend: &str, unix_path: &std::path::Path) -> Server {
             "--listen",
             "frame=127.0.0.1:0",
         ])
+        .args(["--listen", "websocket=127.0.0.1:0"])
         .arg("--unix")
         .arg(format!("ndjson={}", unix_path.display()))
         .stdout(Stdio::piped())
@@ -78,6 +79,21 @@ fn run(backend: &str) {
             .map(|(_, a)| a.trim_start_matches("unix:").to_owned())
             .unwrap_or_else(|| panic!("no {proto} listener in {:?}", server.listeners))
     };
+    // The binary registers the websocket plugin: its page answers a plain GET.
+    {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(find("websocket", true)).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut page = Vec::new();
+        let _ = s.read_to_end(&mut page);
+        let page = String::from_utf8_lossy(&page);
+        assert!(
+            page.starts_with("HTTP/1.1 200") && page.contains("<html"),
+            "{page:.200}"
+        );
+    }
     let (ndjson, frame, unix) = (
         find("ndjson", true),
         find("frame", true),
