@@ -56,14 +56,16 @@ wait_port() {
 start() {
   install
   mkdir -p "$state"
-  # Many idle connections: raise the descriptor limit the servers inherit.
+  # Many idle connections: raise the descriptor limit the servers inherit (as far as allowed).
   ulimit -Hn 200000 2>/dev/null || true
   ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 
   local rport nport
   rport=$(free_port)
+  # Loopback only (--bind); protected mode off so that subscribers may connect from any
+  # 127.0.0.0/8 source address (idle-connections spreads them over several).
   redis-server --save "" --appendonly no --port "$rport" --bind 127.0.0.1 \
-    --maxclients 100000 --daemonize no --loglevel warning \
+    --maxclients 100000 --protected-mode no --daemonize no --loglevel warning \
     >"$state/redis.log" 2>&1 &
   local rpid=$!
   wait_port "$rport" redis-server

@@ -10,6 +10,7 @@ use std::time::Instant;
 use bytes::Bytes;
 
 use crate::payload::Template;
+use crate::procfs;
 use crate::report::{Row, Scenario};
 use crate::scenarios::Ctx;
 use crate::systems::powerhub;
@@ -23,9 +24,24 @@ pub(crate) struct InprocOut {
 }
 
 /// Broadcast capacity; the publisher stays within half of it so nothing lags.
-const BROADCAST_CAP: usize = 1024;
+const BROADCAST_CAP: usize = 16384;
 /// Per-subscriber channel capacity (bounded, like powerhub's per-subscriber queues).
 const CHANNEL_CAP: usize = 64;
+/// Slots across all per-subscriber channels (fewer subscribers get deeper channels).
+const CHANNEL_SLOTS: usize = 65536;
+
+/// The publisher runs on the first CPU and the draining thread on the last: the same two
+/// threads for every system.
+pub(crate) fn pin_consumer() {
+    let n = procfs::cpus();
+    if n > 1 {
+        let _ = procfs::pin_current(n - 1);
+    }
+}
+
+fn pin_publisher() {
+    let _ = procfs::pin_current(0);
+}
 
 fn payload() -> Bytes {
     Bytes::copy_from_slice(Template::new(64, "").stamp(1, 1))
@@ -40,6 +56,7 @@ fn broadcast(n: usize, msgs: u64) -> InprocOut {
     let start = Instant::now();
     let (s2, c2) = (sent.clone(), consumed.clone());
     let consumer = std::thread::spawn(move || {
+        pin_consumer();
         let (mut delivered, mut lost) = (0u64, 0u64);
         let mut open = rxs.len();
         while open > 0 {
@@ -82,10 +99,11 @@ fn broadcast(n: usize, msgs: u64) -> InprocOut {
 
 fn channels(n: usize, msgs: u64) -> InprocOut {
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..n)
-        .map(|_| crossbeam_channel::bounded::<Bytes>(CHANNEL_CAP))
+        .map(|_| crossbeam_channel::bounded::<Bytes>((CHANNEL_SLOTS / n).max(CHANNEL_CAP)))
         .unzip();
     let start = Instant::now();
     let consumer = std::thread::spawn(move || {
+        pin_consumer();
         let mut delivered = 0u64;
         let mut open = rxs.len();
         while open > 0 {
@@ -131,7 +149,11 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
     for &n in &ctx.inproc_subs {
         let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
         let case = format!("N={n}");
-        let systems: [(&str, bool, Box<dyn Fn() -> io::Result<InprocOut>>); 3] = [
+        let systems: [(
+            &str,
+            bool,
+            Box<dyn Fn() -> io::Result<InprocOut> + Send + Sync>,
+        ); 3] = [
             (
                 "powerhub hub",
                 true,
@@ -150,7 +172,15 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         ];
         for (name, is_ph, f) in systems.iter() {
             ctx.pb.set_message(format!("in-process {case} · {name}"));
-            match f() {
+            let res = std::thread::scope(|s| {
+                s.spawn(|| {
+                    pin_publisher();
+                    f()
+                })
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("panicked")))
+            });
+            match res {
                 Ok(out) => {
                     let expected = n as u64 * msgs;
                     let lost = expected.saturating_sub(out.delivered) + out.lost;
@@ -176,7 +206,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         }
     }
     sc.notes.push(format!(
-        "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, channels of {CHANNEL_CAP}); every message must reach every subscriber."
+        "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, channels of max({CHANNEL_CAP}, {CHANNEL_SLOTS}/N)); every message must reach every subscriber."
     ));
     Ok(sc)
 }

@@ -47,6 +47,8 @@ pub(crate) struct SubOutcome {
     pub(crate) gaps: u64,
     /// Seconds after the case started at which the server closed the connection.
     pub(crate) closed_at: Option<f64>,
+    /// The server closed the connection at an unknown time (seen behind unread bytes).
+    pub(crate) closed_unseen: bool,
     /// Non-benchmark messages received (notifications such as `frames_dropped`).
     pub(crate) other: u64,
     pub(crate) frames_dropped: u64,
@@ -248,6 +250,36 @@ fn slow_loop(shared: Arc<FleetShared>, mut conns: Vec<Conn>) -> ReaderOut {
         }
         std::thread::sleep(tick);
     }
+    // A server that closed a never-read connection is only visible behind the unread bytes:
+    // read them (bounded) to find the end of the stream.
+    for c in conns
+        .iter_mut()
+        .filter(|c| c.open && c.out.mode == ReadMode::Never)
+    {
+        let deadline = now_ns() + 500_000_000;
+        let mut sink = vec![0u8; 1 << 20];
+        let mut idle = 0;
+        while now_ns() < deadline && idle < 4 {
+            match c.stream.read(&mut sink) {
+                Ok(0) => {
+                    c.out.closed_unseen = true;
+                    break;
+                }
+                Ok(_) => idle = 0,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    idle += 1;
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e)
+                    if matches!(e.kind(), ErrorKind::ConnectionReset | ErrorKind::BrokenPipe) =>
+                {
+                    c.out.closed_unseen = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+    }
     finish(true, hist, conns, errors)
 }
 
@@ -329,6 +361,7 @@ impl Fleet {
                     received: 0,
                     gaps: 0,
                     closed_at: None,
+                    closed_unseen: false,
                     other: 0,
                     frames_dropped: 0,
                     bytes: 0,
@@ -455,6 +488,8 @@ pub(crate) struct CaseSpec {
     pub(crate) warmup: Duration,
     pub(crate) measure: Duration,
     pub(crate) readers: usize,
+    /// How long to wait after the publisher stopped for readers to get the last message.
+    pub(crate) drain: Duration,
 }
 
 /// Everything measured in one case.
@@ -644,7 +679,7 @@ pub(crate) fn run_case(
         .map_err(|_| io::Error::other("publisher panicked"))?;
 
     // Drain: wait (bounded) until every normal reader has the last message.
-    let deadline = now_ns() + 5_000_000_000;
+    let deadline = now_ns() + spec.drain.as_nanos() as u64;
     while fleet.min_progress() < pub_out.sent && now_ns() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -69,6 +69,30 @@ pub(crate) fn pin(pid: Option<u32>, cpus: &[usize]) -> io::Result<()> {
     Ok(())
 }
 
+/// Pin the calling thread to one CPU (threads it spawns inherit it).
+pub(crate) fn pin_current(cpu: usize) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t and `cpu` is below CPU_SETSIZE.
+    unsafe { libc::CPU_SET(cpu, &mut set) };
+    // SAFETY: pid 0 is the calling thread; `set` is valid for the size passed.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The hard limit on open files of this process.
+pub(crate) fn nofile_hard() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
+    lim.rlim_max
+}
+
 /// Number of CPUs online.
 pub(crate) fn cpus() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())

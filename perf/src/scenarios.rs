@@ -135,6 +135,7 @@ impl Ctx {
             warmup,
             measure,
             readers: self.readers,
+            drain: Duration::from_secs(5),
         }
     }
 
@@ -290,6 +291,14 @@ fn latency(ctx: &Ctx) -> io::Result<Scenario> {
     Ok(sc)
 }
 
+fn closed(s: &crate::load::SubOutcome) -> String {
+    match (s.closed_at, s.closed_unseen) {
+        (Some(at), _) => format!(", disconnected at {at:.2} s"),
+        (None, true) => ", disconnected (seen after its unread bytes)".to_owned(),
+        (None, false) => ", still connected".to_owned(),
+    }
+}
+
 fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = new_scenario("slow-consumer", "deliveries/s");
     let n = ctx.slow_subs;
@@ -362,10 +371,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 if s.gaps > 0 {
                     f += &format!(", {} skipped", s.gaps);
                 }
-                match s.closed_at {
-                    Some(at) => f += &format!(", disconnected at {at:.2} s"),
-                    None => f += ", still connected",
-                }
+                f += &closed(s);
                 f
             };
             let slow = out
@@ -382,10 +388,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 r,
                 out.publisher.max_behind * 1e3,
                 slow.map_or("–".to_owned(), fate),
-                never.map_or("–".to_owned(), |s| match s.closed_at {
-                    Some(at) => format!("disconnected at {at:.2} s"),
-                    None => "still connected".to_owned(),
-                }),
+                never.map_or("–".to_owned(), |s| closed(s).trim_start_matches(", ").to_owned()),
             );
             sc.rows.push(rw);
             rss.push((
@@ -468,6 +471,9 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
             warmup: Duration::ZERO,
             measure: Duration::from_secs_f64(prof.secs),
             readers: ctx.readers,
+            // Longer than NATS's write deadline (10 s), after which it cuts a stalled reader
+            // and the others catch up.
+            drain: Duration::from_secs(12),
         };
         let out = match ctx.run(t, "screens", spec) {
             Ok(o) => o,
@@ -539,8 +545,18 @@ fn connect_from(src: [u8; 4], addr: SocketAddr) -> io::Result<TcpStream> {
 fn idle(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = new_scenario("idle-connections", "connections");
     ctx.pb.inc_length(ctx.targets.len() as u64);
-    let k = ctx.idle_target;
-    procfs::raise_nofile((k as u64) * 2 + 4096);
+    procfs::raise_nofile((ctx.idle_target as u64) + 4096);
+    // One descriptor per connection on both sides: the per-process limit caps what any server
+    // (and this client) can hold.
+    let cap = procfs::nofile_hard().saturating_sub(1024) as usize;
+    let k = ctx.idle_target.min(cap);
+    if k < ctx.idle_target {
+        sc.notes.push(format!(
+            "Asked for {} connections; this machine's hard limit of {} open files per process (not raisable here) caps every server and this client, so {k} were opened.",
+            ctx.idle_target,
+            procfs::nofile_hard()
+        ));
+    }
     let mut rss = Vec::new();
     for t in &ctx.targets {
         ctx.pb.set_message(format!("idle-connections · {}", t.kind));
