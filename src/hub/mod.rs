@@ -1,1 +1,268 @@
 //! The hub: topics, subscribers, slow-consumer policies, batches, retained log, priorities, stats.
+//!
+//! Every subscription has its own bounded queue and a declared [`SlowConsumer`] policy, so one
+//! slow consumer is a bounded, observable, per-subscriber problem. What is published in one turn
+//! is sent as one frame per subscriber batch (up to `max_batch` messages), and **one frame is
+//! encoded per (batch, codec)** and shared by reference (`Bytes`) by every subscriber that
+//! receives that batch: [`Stats::encoded`] stays at one per flush whatever the subscriber count.
+//!
+//! # Threads and turns
+//!
+//! [`Hub::publish`] is callable from any thread; it pushes a reference-counted message into each
+//! subscriber's queue (a lock-free ring, or under `message_priority` a small mutexed ordered
+//! map), wakes the drainer once, and never waits on a subscriber. The drainer runs *turns*: each
+//! turn visits the subscribers with queued work, highest [`SubscribeOptions::priority`] first,
+//! pops up to `max_batch` messages, encodes (or reuses) the frame and hands it to the
+//! subscriber's [`Sink`]. With [`Driver::Thread`] (default) the hub owns one drain thread; with
+//! [`Driver::Manual`] the owner drives it with [`Hub::poll_timeout`] and [`Hub::turn`], passing
+//! its own clock.
+//!
+//! A subscriber has at most one send outstanding: while a sink's [`SendOutcome::Pending`]
+//! (see [`powerhub_plugin::SendOutcome`]) is not completed, the subscriber is skipped and its
+//! queue absorbs new messages under its policy. Its handler runs for each message of a batch
+//! after the transport took the batch.
+//!
+//! Handlers, the `bytes_acknowledged` callback and the sink run on the draining thread (or the
+//! thread that completes a pending send). They may publish, subscribe and unsubscribe, but must
+//! not call [`Hub::flush`], [`Hub::turn`] or [`Hub::shutdown`], which would wait for the drain
+//! they run in.
+//!
+//! # Examples
+//!
+//! ```
+//! use powerhub::hub::{Hub, HubOptions, Message, PublishOptions, SubscribeOptions};
+//! use powerhub::transport::SpySink;
+//!
+//! let spy = SpySink::new();
+//! let hub = Hub::new(spy.clone(), HubOptions::default())?;
+//! let _sub = hub.subscribe("t", |_d| {}, SubscribeOptions::default().id("client-1"))?;
+//! for i in 0..5 {
+//!     hub.publish("t", Message::to_json(&i)?, PublishOptions::default())?;
+//! }
+//! hub.flush()?;
+//! let frames = spy.frames();
+//! let all: Vec<u8> = frames.iter().flat_map(|f| {
+//!     let f = powerhub_plugin::frame::decode(&f.frame).unwrap();
+//!     f.json_messages().unwrap().concat()
+//! }).collect();
+//! assert_eq!(all, b"01234");
+//! assert_eq!(hub.stats().delivered, 5);
+//! hub.shutdown()?;
+//! # Ok::<(), powerhub::hub::HubError>(())
+//! ```
+//!
+//! [`Sink`]: powerhub_plugin::Sink
+//! [`SendOutcome::Pending`]: powerhub_plugin::SendOutcome::Pending
+
+mod core;
+mod error;
+mod message;
+mod options;
+mod queue;
+mod stats;
+
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+
+use powerhub_plugin::{CloseReason, Sink};
+use serde::Serialize;
+
+use self::core::{Inner, Sub};
+pub use self::error::HubError;
+pub use self::message::{Delivery, Message};
+pub use self::options::{
+    BytesAcknowledged, Codec, Driver, ErrorHook, HubConfig, HubOptions, MetricsHook,
+    PublishOptions, SlowConsumer, SubscribeConfig, SubscribeOptions, MAX_BATCH_DELAY,
+    MAX_BATCH_LIMIT, MAX_QUEUE_LIMIT, RETAINED_PER_TOPIC,
+};
+pub use self::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
+pub use powerhub_plugin::SubscriberRef;
+
+/// Closes the hub when the last [`Hub`] clone is dropped.
+struct Owner {
+    inner: Arc<Inner>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.inner.close();
+    }
+}
+
+/// A topic fan-out hub. Cheap to clone; every clone is the same hub; dropping the last clone
+/// closes it (not gracefully: see [`Hub::close`]).
+#[derive(Clone)]
+pub struct Hub {
+    owner: Arc<Owner>,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    /// A hub sending through `sink` (any [`Sink`], including an `Arc<dyn Sink>`).
+    ///
+    /// Fails with an error naming the option when `options` are invalid.
+    pub fn new<S: Sink>(sink: S, options: HubOptions) -> Result<Hub, HubError> {
+        let inner = Inner::new(Arc::new(sink), options)?;
+        Ok(Hub {
+            owner: Arc::new(Owner { inner }),
+        })
+    }
+
+    fn inner(&self) -> &Arc<Inner> {
+        &self.owner.inner
+    }
+
+    /// Subscribes `handler` to `topic`. The handler runs for each delivered message after the
+    /// transport took its batch.
+    ///
+    /// Errors: [`HubError::Closed`] after close, [`HubError::DuplicateId`],
+    /// [`HubError::RawNeedsMaxBatchOne`], [`HubError::InvalidOption`]. The retained log of the
+    /// topic is replayed into the new subscriber's queue under its policy.
+    pub fn subscribe<F>(
+        &self,
+        topic: &str,
+        handler: F,
+        options: SubscribeOptions,
+    ) -> Result<Subscription, HubError>
+    where
+        F: Fn(&Delivery<'_>) + Send + Sync + 'static,
+    {
+        let sub = self.inner().subscribe(topic, Arc::new(handler), options)?;
+        Ok(Subscription {
+            hub: Arc::downgrade(self.inner()),
+            sub,
+        })
+    }
+
+    /// Publishes `message` to `topic`; returns how many subscribers queued it.
+    ///
+    /// Never blocks on a subscriber. After [`close`](Hub::close) it returns `Ok(0)`. A
+    /// `priority` without the hub's `message_priority` is
+    /// [`HubError::PriorityWithoutMessagePriority`].
+    pub fn publish(
+        &self,
+        topic: &str,
+        message: Message,
+        options: PublishOptions,
+    ) -> Result<usize, HubError> {
+        self.inner().publish(topic, message, options)
+    }
+
+    /// Serializes `value` as JSON and publishes it with default options.
+    pub fn publish_json<T: Serialize + ?Sized>(
+        &self,
+        topic: &str,
+        value: &T,
+    ) -> Result<usize, HubError> {
+        self.publish(topic, Message::to_json(value)?, PublishOptions::default())
+    }
+
+    /// Drains every queue now, bypassing batching, and returns once every queue reached its
+    /// transport, waiting for sends in flight (including ones that were outstanding before).
+    ///
+    /// Returns [`HubError::FlushErrors`] when delivery errors were reported while it ran (each
+    /// went to the error hook), and [`HubError::Closed`] on a closed hub.
+    pub fn flush(&self) -> Result<(), HubError> {
+        self.inner().flush()
+    }
+
+    /// Unsubscribes the subscriber `id`; `false` if there is none. Its close adapter is called
+    /// with reason `unsubscribe`.
+    pub fn unsubscribe(&self, id: &str) -> bool {
+        self.inner().unsubscribe_id(id)
+    }
+
+    /// A snapshot of the counters and of every subscriber.
+    pub fn stats(&self) -> Stats {
+        self.inner().stats()
+    }
+
+    /// The live subscribers, optionally only those of `topic`: an owned snapshot.
+    pub fn presence(&self, topic: Option<&str>) -> Vec<Presence> {
+        self.inner().presence(topic)
+    }
+
+    /// Under [`Driver::Manual`]: when the next [`turn`](Hub::turn) has work. `None` when there is
+    /// nothing to do (or `batch` is off). An instant at or before now means "turn now".
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.inner().poll_timeout()
+    }
+
+    /// Under [`Driver::Manual`]: runs a turn at `now`. A turn that finds new work opens the
+    /// `batch_delay` window at `now`; the batch goes out at the first turn at or after
+    /// `now + batch_delay` (at once when the delay is zero). Does nothing when `batch` is off.
+    pub fn turn(&self, now: Instant) {
+        self.inner().turn(now)
+    }
+
+    /// Closes the hub, not gracefully: pending batches are dropped, every subscriber is
+    /// detached and its close adapter called with reason `hub-closed`, retained logs are
+    /// released. Idempotent.
+    pub fn close(&self) {
+        self.inner().close()
+    }
+
+    /// Flushes, then closes, even when the flush fails; returns the flush's result.
+    pub fn shutdown(&self) -> Result<(), HubError> {
+        let flushed = self.flush();
+        self.close();
+        flushed
+    }
+
+    /// Whether the hub is closed.
+    pub fn is_closed(&self) -> bool {
+        self.inner().is_closed()
+    }
+}
+
+/// The handle [`Hub::subscribe`] returns.
+///
+/// Dropping it does **not** unsubscribe: the subscription lives until
+/// [`unsubscribe`](Subscription::unsubscribe), [`Hub::unsubscribe`], a `disconnect`, or the hub's
+/// close. That lets a server keep subscriptions by id without holding the handles.
+pub struct Subscription {
+    hub: Weak<Inner>,
+    sub: Arc<Sub>,
+}
+
+impl std::fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id())
+            .field("topic", &self.topic())
+            .finish()
+    }
+}
+
+impl Subscription {
+    /// The subscriber's id.
+    pub fn id(&self) -> &str {
+        self.sub.sref.id()
+    }
+
+    /// The subscriber's topic.
+    pub fn topic(&self) -> &str {
+        self.sub.sref.topic()
+    }
+
+    /// Whether the subscription is still live.
+    pub fn is_active(&self) -> bool {
+        !self.sub.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Unsubscribes; `false` if it was already gone. Calls the close adapter with reason
+    /// `unsubscribe`.
+    pub fn unsubscribe(&self) -> bool {
+        match self.hub.upgrade() {
+            Some(inner) => inner.remove(&self.sub, CloseReason::Unsubscribe),
+            None => false,
+        }
+    }
+}

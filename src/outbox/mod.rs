@@ -1,1 +1,738 @@
 //! The per-connection outbound queue of the push-stream back-pressure spec (sans-IO).
+//!
+//! One [`Outbox`] per push connection. It owns no socket, no thread and reads no clock: every
+//! input that depends on time takes an `Instant`, and the runtime pulls what to write with
+//! [`Outbox::poll_transmit`] and reports how much the socket took with [`Outbox::on_written`].
+//!
+//! # States
+//!
+//! - **Healthy**: every message pushed is written at the next [`poll_transmit`](Outbox::poll_transmit),
+//!   in its original JSON form, in push order. A shared chunk of NDJSON lines is written as it is
+//!   (with [`Framing::Ndjson`]: the same `Bytes`, no parse, no copy).
+//! - **Paused**: a write the socket did not fully take (`on_written(n)` with `n` below what was
+//!   offered) pauses the connection. The untaken bytes stay *unsent* ([`Outbox::unsent_bytes`],
+//!   the spec's `socket.writableLength`); nothing else is written until the socket is writable
+//!   again ([`Outbox::on_writable`], the drain event) and the unsent bytes are fully taken. While
+//!   paused, messages wait in a FIFO where the coalescing and dropping rules apply.
+//!
+//! # Rules while paused
+//!
+//! - Types in [`OutboxConfig::coalesce_types`] (`screenshot_update`, `hierarchy_update`) keep only
+//!   the latest message per slot (subscription, `deviceId`, `deviceSessionUuid`, type); a
+//!   replacement takes its slot's original FIFO position. Absent, `null` and string session UUIDs
+//!   are three slots (epochs); a new epoch's slot is appended, so it queues after the previous
+//!   epoch's pending frames and whatever was pushed in between.
+//! - Every other message (and any message carrying `id` or `requestId`) is lossless FIFO.
+//! - While more than [`OutboxConfig::high_water_bytes`] are unsent, an uncorrelated message of a
+//!   [`OutboxConfig::drop_types`] type (`screenshot_update`) is not queued: it is counted as
+//!   dropped and, at most once per (subscription, `deviceId`, `deviceSessionUuid`), replaced by the
+//!   spec's `frames_dropped` notification appended to the FIFO. The "once" is reset whenever a
+//!   drain attempt or a push observes the unsent bytes at or below the threshold. The same check
+//!   applies when the FIFO is written out after a drain, message by message.
+//! - [`Outbox::unsubscribe`] removes the subscription's pending coalescible frames and its
+//!   notification state, and queues the acknowledgement after everything already queued.
+//!
+//! # Liveness
+//!
+//! A keepalive ping is queued every [`OutboxConfig::keepalive_interval`], whatever the state and
+//! whether or not the connection has subscriptions. Liveness is refreshed only by
+//! [`Outbox::on_pong`] or by drain progress (bytes taken by the socket while the connection is
+//! paused), never by a write a healthy socket took; past [`OutboxConfig::liveness_timeout`]
+//! without either, [`Outbox::handle_timeout`] returns [`TimeoutAction::Reap`].
+//!
+//! # Memory bound
+//!
+//! While paused: the unsent bytes (never more than one turn's writes), at most one pending frame
+//! per coalescing slot, and lossless messages, which the liveness timeout bounds in time.
+//!
+//! # Examples
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Instant;
+//! use bytes::{Bytes, BytesMut};
+//! use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory};
+//! use powerhub::plugin::{ProtocolError, ProtocolOutput, StreamProtocol};
+//!
+//! // A minimal NDJSON framer.
+//! #[derive(Debug)]
+//! struct Lines;
+//! impl StreamProtocol for Lines {
+//!     fn decode(&mut self, _: &mut BytesMut, _: &mut ProtocolOutput) -> Result<(), ProtocolError> { Ok(()) }
+//!     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) { out.extend_from_slice(json); out.extend_from_slice(b"\n"); }
+//!     fn name(&self) -> &str { "ndjson" }
+//! }
+//!
+//! let t0 = Instant::now();
+//! let config = OutboxConfig { framing: Framing::Ndjson, ..OutboxConfig::default() };
+//! let mut outbox = Outbox::new(config, Arc::new(PayloadFactory), t0).unwrap();
+//! let chunk = Bytes::from_static(b"{\"type\":\"telemetry\",\"n\":1}\n");
+//! outbox.push_shared("s-1", chunk.clone(), t0);
+//!
+//! let mut out = Vec::new();
+//! let offered = outbox.poll_transmit(&mut Lines, &mut out, t0);
+//! assert_eq!(offered, chunk.len());
+//! assert_eq!(out[0].as_ptr(), chunk.as_ptr()); // the shared chunk itself: no copy
+//! outbox.on_written(offered, t0);              // the socket took everything
+//! assert_eq!(outbox.unsent_bytes(), 0);
+//! ```
+
+mod config;
+mod event;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use powerhub_plugin::StreamProtocol;
+
+pub use config::{Framing, OutboxConfig, OutboxConfigError};
+pub(crate) use event::write_json_str;
+pub use event::{
+    frames_dropped_json, Field, MessageFactory, MessageMeta, PayloadFactory, PushEvent,
+};
+
+/// The push protocol's JSON keepalive ping, sent when the stream protocol has no ping of its own.
+pub const PING_JSON: &[u8] = br#"{"type":"ping"}"#;
+
+/// Messages shorter than this are copied into one contiguous buffer with their framing; longer
+/// ones are written as their own `Bytes` (no copy).
+const COPY_BELOW: usize = 512;
+
+static NEWLINE: &[u8] = b"\n";
+
+/// What [`Outbox::handle_timeout`] decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TimeoutAction {
+    /// Nothing is due.
+    Nothing,
+    /// A keepalive ping was queued: call [`Outbox::poll_transmit`].
+    SendPing,
+    /// The liveness timeout passed without a pong or drain progress: close the connection.
+    /// The outbox writes nothing more.
+    Reap,
+}
+
+/// Counters of one outbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Frames replaced in their slot by a newer one while paused (never serialized).
+    pub coalesced: u64,
+    /// Frames dropped because too many bytes were unsent (with or without a notification).
+    pub frames_dropped: u64,
+    /// `frames_dropped` notifications queued.
+    pub notifications: u64,
+    /// Pending frames removed by an unsubscribe.
+    pub removed: u64,
+    /// Keepalive pings queued.
+    pub pings: u64,
+    /// Messages waiting in the FIFO (not yet encoded for the wire).
+    pub queued: usize,
+    /// Bytes of the messages waiting in the FIFO (default serialization for deferred events).
+    pub queued_bytes: usize,
+    /// Bytes encoded but not yet taken by the socket (the spec's `writableLength`).
+    pub unsent_bytes: usize,
+    /// Bytes the socket took.
+    pub bytes_written: u64,
+}
+
+/// The per-connection outbound queue: see the [module documentation](self).
+#[derive(Debug)]
+pub struct Outbox {
+    config: Arc<OutboxConfig>,
+    factory: Arc<dyn MessageFactory>,
+    /// Messages not yet encoded, in order. `queue[i]` has sequence number `head_seq + i`.
+    queue: VecDeque<Item>,
+    head_seq: u64,
+    /// Coalescing slot -> sequence number of its pending frame (only while paused).
+    slots: HashMap<SlotKey, u64>,
+    /// (subscription, deviceId, deviceSessionUuid) that already got a `frames_dropped`.
+    notified: HashSet<DropKey>,
+    /// Encoded bytes not yet taken by the socket, in order; the front may be partly written.
+    wire: VecDeque<Bytes>,
+    wire_len: usize,
+    /// Scratch buffer small messages are framed into.
+    scratch: BytesMut,
+    paused: bool,
+    /// Paused and waiting for `on_writable` before offering the unsent bytes again.
+    awaiting_writable: bool,
+    reaped: bool,
+    last_alive: Instant,
+    next_ping: Instant,
+    stats: OutboxStats,
+}
+
+#[derive(Debug)]
+enum Item {
+    /// A lossless control message (JSON, no newline).
+    Control(Bytes),
+    /// A keepalive ping.
+    Ping,
+    /// A message for a subscription, classified.
+    Message {
+        sub: Arc<str>,
+        meta: MessageMeta,
+        body: Body,
+    },
+    /// An unclassified chunk of NDJSON lines (only while healthy).
+    Shared { sub: Arc<str>, lines: Bytes },
+    /// A frame removed by coalescing or unsubscribe (keeps sequence numbers stable).
+    Removed,
+}
+
+#[derive(Debug)]
+enum Body {
+    /// Serialized through the factory when written.
+    Event(PushEvent),
+    /// One JSON message from a shared chunk (no newline).
+    Json(Bytes),
+}
+
+impl Body {
+    fn len(&self) -> usize {
+        match self {
+            Body::Event(e) => e.payload().len(),
+            Body::Json(b) => b.len(),
+        }
+    }
+}
+
+impl Item {
+    fn len(&self) -> usize {
+        match self {
+            Item::Control(b) => b.len(),
+            Item::Ping => PING_JSON.len(),
+            Item::Message { body, .. } => body.len(),
+            Item::Shared { lines, .. } => lines.len(),
+            Item::Removed => 0,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SlotKey {
+    sub: Arc<str>,
+    device: Field,
+    session: Field,
+    kind: Arc<str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct DropKey {
+    sub: Arc<str>,
+    device: Field,
+    session: Field,
+}
+
+impl Outbox {
+    /// A healthy, empty outbox; keepalive and liveness timers start at `now`.
+    ///
+    /// Pass the same `Arc<OutboxConfig>` to every connection to share it. The config is validated;
+    /// the error names the wrong field.
+    pub fn new(
+        config: impl Into<Arc<OutboxConfig>>,
+        factory: Arc<dyn MessageFactory>,
+        now: Instant,
+    ) -> Result<Self, OutboxConfigError> {
+        let config = config.into();
+        config.validate()?;
+        Ok(Outbox {
+            next_ping: now + config.keepalive_interval,
+            config,
+            factory,
+            queue: VecDeque::new(),
+            head_seq: 0,
+            slots: HashMap::new(),
+            notified: HashSet::new(),
+            wire: VecDeque::new(),
+            wire_len: 0,
+            scratch: BytesMut::new(),
+            paused: false,
+            awaiting_writable: false,
+            reaped: false,
+            last_alive: now,
+            stats: OutboxStats::default(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OutboxConfig {
+        &self.config
+    }
+
+    /// Queues a message for subscription `sub`, serialized through the [`MessageFactory`] only
+    /// when it is written.
+    pub fn push_event(&mut self, sub: &str, event: PushEvent, now: Instant) {
+        let _ = now;
+        if self.reaped {
+            return;
+        }
+        self.observe_send();
+        let meta = event.meta().clone();
+        let item = Item::Message {
+            sub: Arc::from(sub),
+            meta,
+            body: Body::Event(event),
+        };
+        if self.paused {
+            self.admit_paused(item);
+        } else {
+            self.push_back(item);
+        }
+    }
+
+    /// Queues a shared chunk of one or more complete JSON messages, each ending in `\n` (the hub's
+    /// NDJSON batch frame), for subscription `sub`.
+    ///
+    /// Healthy: written as it is at the next transmit (with [`Framing::Ndjson`], the same `Bytes`).
+    /// Paused: split into messages and classified so that the coalescing rules apply.
+    /// With a [`MessageFactory`] that is not the identity, each message of the chunk becomes a
+    /// [`PushEvent`] serialized through the factory when written.
+    pub fn push_shared(&mut self, sub: &str, lines: Bytes, now: Instant) {
+        if self.reaped || lines.is_empty() {
+            return;
+        }
+        if !self.factory.is_identity() {
+            for line in split_lines(&lines) {
+                self.push_event(sub, PushEvent::from_json(line), now);
+            }
+            return;
+        }
+        self.observe_send();
+        let item = Item::Shared {
+            sub: Arc::from(sub),
+            lines,
+        };
+        if self.paused {
+            self.admit_paused(item);
+        } else {
+            self.push_back(item);
+        }
+    }
+
+    /// Queues a control message (a reply, an error, a pong): lossless FIFO. `json` is one JSON
+    /// message without trailing newline.
+    pub fn push_control(&mut self, json: Bytes, now: Instant) {
+        let _ = now;
+        if self.reaped {
+            return;
+        }
+        self.observe_send();
+        self.push_back(Item::Control(json));
+    }
+
+    /// Removes the pending coalescible frames and the notification state of subscription `sub`,
+    /// then queues its acknowledgement `ack` (lossless, after everything already queued).
+    ///
+    /// Lossless messages of `sub` already queued stay queued and keep their order.
+    pub fn unsubscribe(&mut self, sub: &str, ack: Bytes, now: Instant) {
+        let _ = now;
+        if self.reaped {
+            return;
+        }
+        let mut removed = Vec::new();
+        self.slots.retain(|key, seq| {
+            if &*key.sub == sub {
+                removed.push(*seq);
+                false
+            } else {
+                true
+            }
+        });
+        for seq in removed {
+            if let Some(item) = self.item_mut(seq) {
+                let old = std::mem::replace(item, Item::Removed);
+                self.stats.queued_bytes -= old.len();
+                self.stats.queued -= 1;
+                self.stats.removed += 1;
+            }
+        }
+        self.notified.retain(|key| &*key.sub != sub);
+        self.push_control(ack, now);
+    }
+
+    /// Appends what to write next to `out` and returns its length in bytes; 0 when there is
+    /// nothing to write (or the connection waits for [`on_writable`](Self::on_writable)).
+    ///
+    /// `out` always starts at the first unsent byte: after a partial write it starts mid-message.
+    /// Every call must be followed by [`on_written`](Self::on_written) with what the socket took
+    /// before the next call. `framer` frames messages (and keepalive pings) for the wire; `now` is
+    /// passed to the [`MessageFactory`].
+    pub fn poll_transmit(
+        &mut self,
+        framer: &mut dyn StreamProtocol,
+        out: &mut Vec<Bytes>,
+        now: Instant,
+    ) -> usize {
+        if self.reaped || self.awaiting_writable {
+            return 0;
+        }
+        if !self.paused {
+            self.encode_queue(framer, now);
+        }
+        out.extend(self.wire.iter().cloned());
+        self.wire_len
+    }
+
+    /// Reports that the socket took the first `n` bytes of what the last
+    /// [`poll_transmit`](Self::poll_transmit) offered. Less than offered pauses the connection
+    /// until [`on_writable`](Self::on_writable); bytes taken while paused are drain progress and
+    /// refresh liveness.
+    pub fn on_written(&mut self, n: usize, now: Instant) {
+        let n = n.min(self.wire_len);
+        let mut left = n;
+        while left > 0 {
+            let front = self
+                .wire
+                .front_mut()
+                .expect("wire_len counts the wire's bytes");
+            if front.len() <= left {
+                left -= front.len();
+                self.wire.pop_front();
+            } else {
+                let _ = front.split_to(left);
+                left = 0;
+            }
+        }
+        self.wire_len -= n;
+        self.stats.bytes_written += n as u64;
+        self.stats.unsent_bytes = self.wire_len;
+        if self.paused && n > 0 {
+            self.last_alive = now;
+        }
+        if self.wire_len == 0 {
+            if self.paused {
+                self.paused = false;
+                self.slots.clear();
+            }
+            self.notified.clear();
+        } else {
+            self.awaiting_writable = true;
+            if !self.paused {
+                self.pause();
+            } else if self.wire_len <= self.config.high_water_bytes {
+                self.notified.clear();
+            }
+        }
+        if self.wire.is_empty() && self.scratch.capacity() > 64 << 10 {
+            self.scratch = BytesMut::new();
+        }
+    }
+
+    /// The socket is writable again (the drain event): the unsent bytes are offered at the next
+    /// [`poll_transmit`](Self::poll_transmit).
+    pub fn on_writable(&mut self, now: Instant) {
+        let _ = now;
+        self.awaiting_writable = false;
+        if self.wire_len <= self.config.high_water_bytes {
+            self.notified.clear();
+        }
+    }
+
+    /// An inbound pong (the push protocol's `pong`, or a transport pong): refreshes liveness.
+    pub fn on_pong(&mut self, now: Instant) {
+        self.last_alive = now;
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) must next be called; `None` once reaped.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.reaped {
+            return None;
+        }
+        Some(
+            self.next_ping
+                .min(self.last_alive + self.config.liveness_timeout),
+        )
+    }
+
+    /// Runs the timers due at `now`: reaps the connection past the liveness timeout, else queues
+    /// a keepalive ping when one is due.
+    pub fn handle_timeout(&mut self, now: Instant) -> TimeoutAction {
+        if self.reaped {
+            return TimeoutAction::Nothing;
+        }
+        if now >= self.last_alive + self.config.liveness_timeout {
+            self.reaped = true;
+            self.queue.clear();
+            self.slots.clear();
+            self.wire.clear();
+            self.wire_len = 0;
+            self.stats.queued = 0;
+            self.stats.queued_bytes = 0;
+            self.stats.unsent_bytes = 0;
+            return TimeoutAction::Reap;
+        }
+        if now >= self.next_ping {
+            self.next_ping = now + self.config.keepalive_interval;
+            self.stats.pings += 1;
+            self.push_back(Item::Ping);
+            return TimeoutAction::SendPing;
+        }
+        TimeoutAction::Nothing
+    }
+
+    /// Bytes encoded for the wire and not yet taken by the socket (the spec's
+    /// `socket.writableLength`).
+    pub fn unsent_bytes(&self) -> usize {
+        self.wire_len
+    }
+
+    /// Whether a partial write paused the connection and it has not drained yet.
+    pub fn is_paused(&self) -> bool {
+        self.paused
+    }
+
+    /// Whether the outbox waits for [`on_writable`](Self::on_writable) (register write interest).
+    pub fn wants_writable(&self) -> bool {
+        self.awaiting_writable && !self.reaped
+    }
+
+    /// Whether [`poll_transmit`](Self::poll_transmit) would offer bytes now.
+    pub fn has_transmit(&self) -> bool {
+        !self.reaped
+            && !self.awaiting_writable
+            && (self.wire_len > 0 || (!self.paused && !self.queue.is_empty()))
+    }
+
+    /// Whether the liveness timeout reaped the connection.
+    pub fn is_reaped(&self) -> bool {
+        self.reaped
+    }
+
+    /// The counters.
+    pub fn stats(&self) -> OutboxStats {
+        self.stats
+    }
+
+    // ---- internals ------------------------------------------------------------------------
+
+    fn item_mut(&mut self, seq: u64) -> Option<&mut Item> {
+        let idx = seq.checked_sub(self.head_seq)?;
+        self.queue.get_mut(usize::try_from(idx).ok()?)
+    }
+
+    fn push_back(&mut self, item: Item) -> u64 {
+        self.stats.queued += 1;
+        self.stats.queued_bytes += item.len();
+        self.queue.push_back(item);
+        self.head_seq + self.queue.len() as u64 - 1
+    }
+
+    /// A push observes the unsent bytes: at or below the threshold re-arms notifications.
+    fn observe_send(&mut self) {
+        if !self.notified.is_empty() && self.wire_len <= self.config.high_water_bytes {
+            self.notified.clear();
+        }
+    }
+
+    fn over_threshold(&self) -> bool {
+        self.wire_len > self.config.high_water_bytes
+    }
+
+    /// The connection becomes paused: what was queued since the last transmit is re-admitted
+    /// under the paused rules (classified, coalesced).
+    fn pause(&mut self) {
+        self.paused = true;
+        let queued = std::mem::take(&mut self.queue);
+        self.head_seq += queued.len() as u64;
+        self.stats.queued = 0;
+        self.stats.queued_bytes = 0;
+        for item in queued {
+            self.admit_paused(item);
+        }
+    }
+
+    fn admit_paused(&mut self, item: Item) {
+        match item {
+            Item::Shared { sub, lines } => {
+                for line in split_lines(&lines) {
+                    let meta = MessageMeta::classify(&line);
+                    self.admit_message(Arc::clone(&sub), meta, Body::Json(line));
+                }
+            }
+            Item::Message { sub, meta, body } => self.admit_message(sub, meta, body),
+            Item::Removed => {}
+            other => {
+                self.push_back(other);
+            }
+        }
+    }
+
+    fn admit_message(&mut self, sub: Arc<str>, meta: MessageMeta, body: Body) {
+        if !meta.correlated && self.config.is_droppable(&meta.kind) {
+            if self.over_threshold() {
+                self.drop_frame(&sub, &meta, false);
+                return;
+            }
+            self.notified.clear();
+        }
+        if meta.correlated || !self.config.is_coalescible(&meta.kind) {
+            self.push_back(Item::Message { sub, meta, body });
+            return;
+        }
+        let key = SlotKey {
+            sub: Arc::clone(&sub),
+            device: meta.device_id.clone(),
+            session: meta.device_session_uuid.clone(),
+            kind: Arc::clone(&meta.kind),
+        };
+        if let Some(&seq) = self.slots.get(&key) {
+            let new_len = body.len();
+            if let Some(Item::Message { body: old, .. }) = self.item_mut(seq) {
+                let old_len = old.len();
+                *old = body;
+                self.stats.queued_bytes = self.stats.queued_bytes - old_len + new_len;
+                self.stats.coalesced += 1;
+                return;
+            }
+        }
+        let seq = self.push_back(Item::Message { sub, meta, body });
+        self.slots.insert(key, seq);
+    }
+
+    /// Counts a dropped frame and queues its notification if its key has none outstanding. With
+    /// `in_place`, the notification takes the dropped frame's place in the wire order instead of being
+    /// appended to the FIFO.
+    fn drop_frame(&mut self, sub: &Arc<str>, meta: &MessageMeta, in_place: bool) -> Option<Bytes> {
+        self.stats.frames_dropped += 1;
+        let key = DropKey {
+            sub: Arc::clone(sub),
+            device: meta.device_id.clone(),
+            session: meta.device_session_uuid.clone(),
+        };
+        if !self.notified.insert(key) {
+            return None;
+        }
+        self.stats.notifications += 1;
+        let json = frames_dropped_json(sub, &meta.device_id, &meta.device_session_uuid, &meta.kind);
+        if in_place {
+            return Some(json);
+        }
+        self.push_back(Item::Control(json));
+        None
+    }
+
+    /// Encodes the whole FIFO onto the wire (healthy only).
+    fn encode_queue(&mut self, framer: &mut dyn StreamProtocol, now: Instant) {
+        self.slots.clear();
+        while let Some(item) = self.queue.pop_front() {
+            self.head_seq += 1;
+            if !matches!(item, Item::Removed) {
+                self.stats.queued -= 1;
+                self.stats.queued_bytes -= item.len();
+            }
+            match item {
+                Item::Control(json) => self.encode_json(framer, json),
+                Item::Ping => {
+                    let before = self.scratch.len();
+                    if framer.encode_ping(&mut self.scratch) {
+                        self.wire_len += self.scratch.len() - before;
+                    } else {
+                        self.encode_json(framer, Bytes::from_static(PING_JSON));
+                    }
+                }
+                Item::Message { sub, meta, body } => {
+                    if !meta.correlated && self.config.is_droppable(&meta.kind) {
+                        if self.over_threshold() {
+                            if let Some(json) = self.drop_frame(&sub, &meta, true) {
+                                self.encode_json(framer, json);
+                            }
+                            continue;
+                        }
+                        self.notified.clear();
+                    }
+                    let json = match body {
+                        Body::Json(json) => json,
+                        Body::Event(event) => self.factory.create_push_message(&sub, &event, now),
+                    };
+                    self.encode_json(framer, json);
+                }
+                Item::Shared { lines, .. } => match self.config.framing {
+                    Framing::Ndjson => self.append_bytes(lines),
+                    Framing::Protocol => {
+                        for line in split_lines(&lines) {
+                            let before = self.scratch.len();
+                            framer.encode_text(&line, &mut self.scratch);
+                            self.wire_len += self.scratch.len() - before;
+                        }
+                    }
+                },
+                Item::Removed => {}
+            }
+        }
+        self.flush_scratch();
+        self.stats.unsent_bytes = self.wire_len;
+    }
+
+    /// Frames one JSON message (no newline) onto the wire.
+    fn encode_json(&mut self, framer: &mut dyn StreamProtocol, json: Bytes) {
+        match self.config.framing {
+            Framing::Ndjson if json.len() >= COPY_BELOW => {
+                self.append_bytes(json);
+                self.scratch.extend_from_slice(NEWLINE);
+                self.wire_len += 1;
+            }
+            Framing::Ndjson => {
+                self.scratch.extend_from_slice(&json);
+                self.scratch.extend_from_slice(NEWLINE);
+                self.wire_len += json.len() + 1;
+            }
+            Framing::Protocol => {
+                let before = self.scratch.len();
+                framer.encode_text(&json, &mut self.scratch);
+                self.wire_len += self.scratch.len() - before;
+            }
+        }
+    }
+
+    /// Appends a `Bytes` to the wire as its own segment (after what the scratch holds).
+    fn append_bytes(&mut self, bytes: Bytes) {
+        if bytes.is_empty() {
+            return;
+        }
+        self.flush_scratch();
+        self.wire_len += bytes.len();
+        self.wire.push_back(bytes);
+    }
+
+    /// Moves the scratch buffer's bytes onto the wire as one segment (their length is already in
+    /// `wire_len`).
+    fn flush_scratch(&mut self) {
+        if !self.scratch.is_empty() {
+            self.wire.push_back(self.scratch.split().freeze());
+        }
+    }
+}
+
+/// The JSON messages of an NDJSON chunk, without their newlines (zero-copy slices); empty lines
+/// are skipped, a last line without newline is kept.
+fn split_lines(lines: &Bytes) -> impl Iterator<Item = Bytes> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        while start < lines.len() {
+            let end = memchr_newline(&lines[start..]).map_or(lines.len(), |i| start + i);
+            let line = lines.slice(start..end);
+            start = end + 1;
+            let trimmed = trim_cr(&line);
+            if !trimmed.is_empty() {
+                return Some(trimmed);
+            }
+        }
+        None
+    })
+}
+
+fn trim_cr(line: &Bytes) -> Bytes {
+    if line.last() == Some(&b'\r') {
+        line.slice(..line.len() - 1)
+    } else {
+        line.clone()
+    }
+}
+
+fn memchr_newline(haystack: &[u8]) -> Option<usize> {
+    haystack.iter().position(|&b| b == b'\n')
+}

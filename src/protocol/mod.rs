@@ -1,1 +1,23 @@
 //! The push protocol: client commands and server messages, newline-delimited JSON.
+//!
+//! - [`parse_command`] parses one inbound line with simd-json into a typed [`Command`];
+//!   bad input is a [`CommandError`] that names the problem and carries the request id.
+//! - [`reply`] builds the server's messages (`subscribed`, `unsubscribed`, `published`, `pong`,
+//!   `ping`, `error`).
+//! - [`Session`] is the sans-IO state of one connection: it turns lines into [`Action`]s
+//!   (subscribe to a hub topic, publish, push a reply), so the runtime only does IO.
+//!
+//! Topics: a subscription to every device of stream `S` is a hub subscription to topic `S`; a
+//! subscription to device `D` of `S` is one to topic `S/D`. A published message is published to
+//! `S` and, when it has a string `deviceId` `D`, to `S/D`; in each topic the hub encodes it once
+//! and every subscriber reads the same bytes. See the protocol reference (`docs/protocol.md`).
+
+mod command;
+pub mod reply;
+mod scan;
+mod session;
+
+pub use command::{parse_command, Command, CommandError, ErrorKind, PublishMeta, RequestId};
+pub use session::{
+    device_topic, publish_topics, stream_topic, Action, Session, SessionConfig, SubscriptionInfo,
+};

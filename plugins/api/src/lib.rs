@@ -42,6 +42,8 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+pub mod frame;
+
 pub use bytes::{Bytes, BytesMut};
 
 /// An encoded frame: immutable and shared by reference.

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the whole test suite: unit, spec, property, integration (both IO backends), loom models,
+# the real-client tests (Python websockets, headless Chromium) and the perf tool's quick smoke run.
+# Installs the system packages the tests need when they are missing (Debian/Ubuntu, as root or
+# with sudo).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/install-test-deps.sh
+
+echo "== cargo test (io_uring where the kernel allows it)"
+cargo test --workspace --all-targets
+cargo test --workspace --doc
+
+echo "== cargo test, epoll forced (POWERHUB_BACKEND=epoll)"
+POWERHUB_BACKEND=epoll cargo test -p powerhub --tests
+
+echo "== loom models of the ring"
+RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 \
+  cargo test -p powerhub --release --test loom_ring --target-dir target/loom
+
+echo "== benches compile"
+cargo bench --workspace --no-run

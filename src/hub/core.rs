@@ -1,0 +1,950 @@
+//! The hub's shared state and its drain: what `Hub` and `Subscription` delegate to.
+
+use std::cmp::Reverse;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex, RwLock};
+use powerhub_plugin::frame;
+use powerhub_plugin::{CloseReason, Completion, SendError, SendOutcome, Sink, SubscriberRef};
+
+use super::error::{panic_message, HubError};
+use super::message::Delivery;
+use super::options::{
+    BytesAcknowledged, Codec, Driver, HubOptions, PublishOptions, SubscribeOptions,
+    RETAINED_PER_TOPIC,
+};
+use super::queue::{Entry, Offer, Queue};
+use super::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
+use super::Message;
+
+pub(crate) type Handler = Arc<dyn Fn(&Delivery<'_>) + Send + Sync>;
+
+/// Where a subscriber's one outstanding send stands.
+#[derive(Default)]
+enum SendState {
+    #[default]
+    Idle,
+    /// Inside `Sink::send`.
+    Sending,
+    /// The completion ran inside `Sink::send`, before the outcome was known.
+    Early(Result<(), SendError>),
+    /// The sink returned `Pending`; the batch waits for the completion.
+    Pending(Vec<Arc<Entry>>, usize),
+}
+
+#[derive(Default)]
+struct SendSlot {
+    generation: u64,
+    state: SendState,
+}
+
+/// One subscription.
+pub(crate) struct Sub {
+    pub(crate) sref: SubscriberRef,
+    queue: Queue,
+    max_batch: usize,
+    pub(crate) priority: i32,
+    /// Subscription order, for drain-order ties.
+    order: u64,
+    codec: Codec,
+    sink: Arc<dyn Sink>,
+    handler: Handler,
+    ack: Option<BytesAcknowledged>,
+    pub(crate) closed: AtomicBool,
+    in_flight: AtomicBool,
+    dropped: AtomicU64,
+    bytes_sent: AtomicU64,
+    /// Entries that left the queue (popped or evicted); `flush` uses it to know when what was
+    /// queued at its start is gone.
+    removed: AtomicU64,
+    send: Mutex<SendSlot>,
+}
+
+#[derive(Default)]
+struct Topic {
+    subs: Vec<Arc<Sub>>,
+    retained: Mutex<VecDeque<Arc<Entry>>>,
+}
+
+#[derive(Default)]
+struct WakeState {
+    deadline: Option<Instant>,
+    last_now: Option<Instant>,
+}
+
+/// Key of the per-turn encode memo: a batch is identified by its codec and the sequence
+/// numbers of its entries (globally unique, so the topic is implied).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct MemoKey {
+    codec: Codec,
+    first: u64,
+    last: u64,
+    len: usize,
+    mix: u64,
+}
+
+impl MemoKey {
+    fn of(codec: Codec, batch: &[Arc<Entry>]) -> MemoKey {
+        let mut mix = 0xcbf2_9ce4_8422_2325_u64;
+        for e in batch {
+            mix = (mix ^ e.seq).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        MemoKey {
+            codec,
+            first: batch.first().map_or(0, |e| e.seq),
+            last: batch.last().map_or(0, |e| e.seq),
+            len: batch.len(),
+            mix,
+        }
+    }
+}
+
+/// A hasher for [`MemoKey`]: the key already mixes the sequence numbers, so it is folded, not
+/// re-hashed with SipHash.
+#[derive(Default)]
+struct MemoHasher(u64);
+
+impl Hasher for MemoHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<MemoHasher>>;
+
+#[derive(Default)]
+struct DrainState {
+    order: Vec<Arc<Sub>>,
+    memo: Memo,
+    batch: Vec<Arc<Entry>>,
+}
+
+#[derive(Default)]
+struct Counters {
+    published: AtomicU64,
+    delivered: AtomicU64,
+    dropped: AtomicU64,
+    disconnected: AtomicU64,
+    encoded: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The hub's shared state.
+pub(crate) struct Inner {
+    /// A weak handle to this hub, captured by send completions.
+    me: Weak<Inner>,
+    opts: HubOptions,
+    sink: Arc<dyn Sink>,
+    closed: AtomicBool,
+    seq: AtomicU64,
+    next_sub: AtomicU64,
+    topics: RwLock<HashMap<Arc<str>, Topic>>,
+    ids: Mutex<HashMap<Arc<str>, Arc<Sub>>>,
+    order_dirty: AtomicBool,
+    counters: Counters,
+    /// Set by publish and by completions when there is something to drain.
+    work: AtomicBool,
+    wake: Mutex<WakeState>,
+    wake_cv: Condvar,
+    drain: Mutex<DrainState>,
+    flush_mx: Mutex<()>,
+    flush_cv: Condvar,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Inner {
+    pub(crate) fn new(sink: Arc<dyn Sink>, opts: HubOptions) -> Result<Arc<Inner>, HubError> {
+        opts.validate()?;
+        let spawn = opts.driver == Driver::Thread && opts.batch;
+        let inner = Arc::new_cyclic(|me| Inner {
+            me: me.clone(),
+            opts,
+            sink,
+            closed: AtomicBool::new(false),
+            seq: AtomicU64::new(0),
+            next_sub: AtomicU64::new(0),
+            topics: RwLock::new(HashMap::new()),
+            ids: Mutex::new(HashMap::new()),
+            order_dirty: AtomicBool::new(false),
+            counters: Counters::default(),
+            work: AtomicBool::new(false),
+            wake: Mutex::new(WakeState::default()),
+            wake_cv: Condvar::new(),
+            drain: Mutex::new(DrainState::default()),
+            flush_mx: Mutex::new(()),
+            flush_cv: Condvar::new(),
+            thread: Mutex::new(None),
+        });
+        if spawn {
+            let runner = Arc::clone(&inner);
+            let handle = std::thread::Builder::new()
+                .name("powerhub-drain".into())
+                .spawn(move || runner.run_thread())
+                .map_err(|e| {
+                    HubError::invalid("driver", format!("cannot spawn the drain thread: {e}"))
+                })?;
+            *inner.thread.lock() = Some(handle);
+        }
+        Ok(inner)
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    // ---- subscribe / unsubscribe -------------------------------------------------------------
+
+    pub(crate) fn subscribe(
+        &self,
+        topic: &str,
+        handler: Handler,
+        opts: SubscribeOptions,
+    ) -> Result<Arc<Sub>, HubError> {
+        if self.is_closed() {
+            return Err(HubError::Closed);
+        }
+        opts.validate(self.opts.codec)?;
+        let mut topics = self.topics.write();
+        if self.is_closed() {
+            return Err(HubError::Closed);
+        }
+        let mut ids = self.ids.lock();
+        let id: Arc<str> = match opts.id {
+            Some(id) => {
+                if ids.contains_key(&id) {
+                    return Err(HubError::DuplicateId(id.to_string()));
+                }
+                id
+            }
+            None => loop {
+                let n = self.next_sub.fetch_add(1, Ordering::Relaxed);
+                let id: Arc<str> = format!("sub-{n}").into();
+                if !ids.contains_key(&id) {
+                    break id;
+                }
+            },
+        };
+        let mut sref = SubscriberRef::new(Arc::clone(&id), topic);
+        if let Some(t) = opts.transport {
+            sref = sref.with_transport(t);
+        }
+        let sub = Arc::new(Sub {
+            sref,
+            queue: Queue::new(
+                opts.max_queue,
+                opts.slow_consumer,
+                self.opts.message_priority,
+            ),
+            max_batch: opts.max_batch,
+            priority: opts.priority,
+            order: self.next_sub.fetch_add(1, Ordering::Relaxed),
+            codec: opts.codec.unwrap_or(self.opts.codec),
+            sink: opts.sink.unwrap_or_else(|| Arc::clone(&self.sink)),
+            handler,
+            ack: opts.bytes_acknowledged,
+            closed: AtomicBool::new(false),
+            in_flight: AtomicBool::new(false),
+            dropped: AtomicU64::new(0),
+            bytes_sent: AtomicU64::new(0),
+            removed: AtomicU64::new(0),
+            send: Mutex::new(SendSlot::default()),
+        });
+        ids.insert(id, Arc::clone(&sub));
+        drop(ids);
+        self.order_dirty.store(true, Ordering::Release);
+        let entry = topics.entry(Arc::from(topic)).or_default();
+        entry.subs.push(Arc::clone(&sub));
+        // Replay the retained log through the subscriber's own queue and policy. Holding the
+        // topics write lock keeps publishes out, so replay and live traffic cannot interleave.
+        let mut queued = 0;
+        let mut disconnect = Vec::new();
+        for e in entry.retained.lock().iter() {
+            self.offer(&sub, e, &mut queued, &mut disconnect);
+            if !disconnect.is_empty() {
+                // Cut loose by `disconnect`: the rest of the log is not offered.
+                break;
+            }
+        }
+        drop(topics);
+        for s in disconnect {
+            self.remove(&s, CloseReason::SlowConsumer);
+        }
+        if queued > 0 {
+            self.wake();
+        }
+        Ok(sub)
+    }
+
+    pub(crate) fn unsubscribe_id(&self, id: &str) -> bool {
+        let sub = self.ids.lock().get(id).cloned();
+        match sub {
+            Some(sub) => self.remove(&sub, CloseReason::Unsubscribe),
+            None => false,
+        }
+    }
+
+    /// Detaches `sub` and calls its close adapter; `false` if it was already gone.
+    pub(crate) fn remove(&self, sub: &Arc<Sub>, reason: CloseReason) -> bool {
+        if sub.closed.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        {
+            let mut topics = self.topics.write();
+            if let Some(t) = topics.get_mut(sub.sref.topic()) {
+                t.subs.retain(|s| !Arc::ptr_eq(s, sub));
+                if t.subs.is_empty() {
+                    // The last subscriber left: release the retained log with the topic.
+                    topics.remove(sub.sref.topic());
+                }
+            }
+            let mut ids = self.ids.lock();
+            if ids.get(sub.sref.id()).is_some_and(|s| Arc::ptr_eq(s, sub)) {
+                ids.remove(sub.sref.id());
+            }
+        }
+        self.order_dirty.store(true, Ordering::Release);
+        let discarded = sub.queue.clear() as u64;
+        if reason == CloseReason::SlowConsumer {
+            self.counters.disconnected.fetch_add(1, Ordering::Relaxed);
+            sub.dropped.fetch_add(discarded, Ordering::Relaxed);
+            self.counters
+                .dropped
+                .fetch_add(discarded, Ordering::Relaxed);
+        }
+        self.close_adapter(sub, reason);
+        self.notify_flush();
+        true
+    }
+
+    fn close_adapter(&self, sub: &Sub, reason: CloseReason) {
+        let r = catch_unwind(AssertUnwindSafe(|| sub.sink.close(&sub.sref, reason)));
+        if let Err(p) = r {
+            self.report(
+                &HubError::SinkPanicked {
+                    id: sub.sref.id().to_owned(),
+                    message: panic_message(&*p),
+                },
+                Some(&sub.sref),
+            );
+        }
+    }
+
+    // ---- publish ------------------------------------------------------------------------------
+
+    pub(crate) fn publish(
+        &self,
+        topic: &str,
+        message: Message,
+        opts: PublishOptions,
+    ) -> Result<usize, HubError> {
+        if opts.priority.is_some() && !self.opts.message_priority {
+            return Err(HubError::PriorityWithoutMessagePriority);
+        }
+        if self.is_closed() {
+            return Ok(0);
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        self.counters.published.fetch_add(1, Ordering::Relaxed);
+        let entry = Arc::new(Entry {
+            seq,
+            priority: opts.priority.unwrap_or(0),
+            message,
+        });
+        let mut queued = 0;
+        let mut disconnect = Vec::new();
+        {
+            let topics = self.topics.read();
+            if let Some(t) = topics.get(topic) {
+                if opts.retain {
+                    retain(t, &entry);
+                }
+                for sub in &t.subs {
+                    self.offer(sub, &entry, &mut queued, &mut disconnect);
+                }
+            } else if opts.retain {
+                drop(topics);
+                let mut topics = self.topics.write();
+                if self.is_closed() {
+                    return Ok(0);
+                }
+                let t = topics.entry(Arc::from(topic)).or_default();
+                retain(t, &entry);
+                for sub in &t.subs {
+                    self.offer(sub, &entry, &mut queued, &mut disconnect);
+                }
+            }
+        }
+        for s in disconnect {
+            self.remove(&s, CloseReason::SlowConsumer);
+        }
+        if queued > 0 {
+            self.wake();
+        }
+        Ok(queued)
+    }
+
+    fn offer(
+        &self,
+        sub: &Arc<Sub>,
+        entry: &Arc<Entry>,
+        queued: &mut usize,
+        disconnect: &mut Vec<Arc<Sub>>,
+    ) {
+        if sub.closed.load(Ordering::Acquire) {
+            return;
+        }
+        match sub.queue.offer(Arc::clone(entry)) {
+            Offer::Queued { evicted } => {
+                *queued += 1;
+                if evicted > 0 {
+                    sub.removed.fetch_add(evicted as u64, Ordering::Relaxed);
+                    sub.dropped.fetch_add(evicted as u64, Ordering::Relaxed);
+                    self.counters
+                        .dropped
+                        .fetch_add(evicted as u64, Ordering::Relaxed);
+                }
+            }
+            Offer::Dropped => {
+                sub.dropped.fetch_add(1, Ordering::Relaxed);
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            Offer::Disconnect => {
+                sub.dropped.fetch_add(1, Ordering::Relaxed);
+                self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                disconnect.push(Arc::clone(sub));
+            }
+        }
+    }
+
+    /// Marks that there is work and wakes the drain thread if it sleeps.
+    fn wake(&self) {
+        // AcqRel: the queue pushes before this are visible to the drainer that clears the flag.
+        if !self.work.swap(true, Ordering::AcqRel)
+            && self.opts.driver == Driver::Thread
+            && self.opts.batch
+        {
+            let _g = self.wake.lock();
+            self.wake_cv.notify_one();
+        }
+    }
+
+    // ---- drivers ------------------------------------------------------------------------------
+
+    fn run_thread(self: Arc<Self>) {
+        let delay = self.opts.batch_delay;
+        loop {
+            {
+                let mut g = self.wake.lock();
+                while !self.work.load(Ordering::Acquire) && !self.is_closed() {
+                    self.wake_cv.wait(&mut g);
+                }
+                if self.is_closed() {
+                    return;
+                }
+                if !delay.is_zero() {
+                    let deadline = Instant::now() + delay;
+                    while !self.is_closed() && Instant::now() < deadline {
+                        self.wake_cv.wait_until(&mut g, deadline);
+                    }
+                    if self.is_closed() {
+                        return;
+                    }
+                }
+            }
+            self.run_turn();
+        }
+    }
+
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
+        if self.is_closed() || !self.opts.batch {
+            return None;
+        }
+        let w = self.wake.lock();
+        if let Some(d) = w.deadline {
+            return Some(d);
+        }
+        if self.work.load(Ordering::Acquire) {
+            return Some(w.last_now.unwrap_or_else(Instant::now));
+        }
+        None
+    }
+
+    pub(crate) fn turn(&self, now: Instant) {
+        if self.is_closed() || !self.opts.batch {
+            return;
+        }
+        let delay = self.opts.batch_delay;
+        {
+            let mut w = self.wake.lock();
+            w.last_now = Some(now);
+            match w.deadline {
+                None => {
+                    if !self.work.load(Ordering::Acquire) {
+                        return;
+                    }
+                    if !delay.is_zero() {
+                        w.deadline = Some(now + delay);
+                        return;
+                    }
+                }
+                Some(d) if now < d => return,
+                Some(_) => w.deadline = None,
+            }
+        }
+        self.run_turn();
+    }
+
+    fn run_turn(&self) {
+        let mut st = self.drain.lock();
+        self.work.store(false, Ordering::Release);
+        let m = self.drain_pass(&mut st);
+        drop(st);
+        self.emit_metrics(m);
+    }
+
+    fn emit_metrics(&self, mut m: TurnMetrics) {
+        if let Some(hook) = &self.opts.metrics {
+            if m.frames == 0 && m.encode_dropped == 0 && m.send_failures == 0 {
+                return;
+            }
+            m.published_total = self.counters.published.load(Ordering::Relaxed);
+            m.dropped_total = self.counters.dropped.load(Ordering::Relaxed);
+            m.disconnected_total = self.counters.disconnected.load(Ordering::Relaxed);
+            let _ = catch_unwind(AssertUnwindSafe(|| hook(&m)));
+        }
+    }
+
+    fn refresh_order(&self, st: &mut DrainState) {
+        if self.order_dirty.swap(false, Ordering::AcqRel) {
+            st.order.clear();
+            st.order.extend(self.ids.lock().values().cloned());
+            st.order.sort_by_key(|s| (Reverse(s.priority), s.order));
+        }
+    }
+
+    /// One pass over every subscriber, highest priority first: each one not in flight sends what
+    /// it had queued when the pass reached it, one frame per batch of up to `max_batch`.
+    fn drain_pass(&self, st: &mut DrainState) -> TurnMetrics {
+        let mut m = TurnMetrics::default();
+        self.refresh_order(st);
+        st.memo.clear();
+        let order = std::mem::take(&mut st.order);
+        for sub in &order {
+            if self.is_closed() {
+                break;
+            }
+            if sub.closed.load(Ordering::Acquire) || sub.in_flight.load(Ordering::Acquire) {
+                continue;
+            }
+            let mut budget = sub.queue.len();
+            while budget > 0 {
+                let mut batch = std::mem::take(&mut st.batch);
+                batch.clear();
+                sub.queue.pop_into(sub.max_batch.min(budget), &mut batch);
+                if batch.is_empty() {
+                    st.batch = batch;
+                    break;
+                }
+                budget = budget.saturating_sub(batch.len());
+                sub.removed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                let frame = match self.frame_for(&mut st.memo, sub.codec, &batch, &mut m) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let n = batch.len() as u64;
+                        sub.dropped.fetch_add(n, Ordering::Relaxed);
+                        self.counters.dropped.fetch_add(n, Ordering::Relaxed);
+                        m.encode_dropped += n;
+                        self.report(&e, Some(&sub.sref));
+                        st.batch = batch;
+                        continue;
+                    }
+                };
+                match self.send(sub, frame, batch, &mut m) {
+                    Some(back) => st.batch = back,
+                    None => break,
+                }
+            }
+        }
+        st.order = order;
+        st.memo.clear();
+        st.batch.clear();
+        m
+    }
+
+    fn frame_for(
+        &self,
+        memo: &mut Memo,
+        codec: Codec,
+        batch: &[Arc<Entry>],
+        m: &mut TurnMetrics,
+    ) -> Result<Bytes, HubError> {
+        let key = MemoKey::of(codec, batch);
+        if let Some((seqs, frame)) = memo.get(&key) {
+            if seqs.iter().copied().eq(batch.iter().map(|e| e.seq)) {
+                return Ok(frame.clone());
+            }
+        }
+        let frame = encode(codec, batch)?;
+        self.counters.encoded.fetch_add(1, Ordering::Relaxed);
+        m.encoded += 1;
+        memo.insert(key, (batch.iter().map(|e| e.seq).collect(), frame.clone()));
+        Ok(frame)
+    }
+
+    /// Sends one frame. Returns the batch vector for reuse, or `None` when the send is pending
+    /// (the subscriber is done for this pass).
+    fn send(
+        self: &Inner,
+        sub: &Arc<Sub>,
+        frame: Bytes,
+        batch: Vec<Arc<Entry>>,
+        m: &mut TurnMetrics,
+    ) -> Option<Vec<Arc<Entry>>> {
+        let n = batch.len() as u64;
+        self.counters.delivered.fetch_add(n, Ordering::Relaxed);
+        m.frames += 1;
+        m.messages += n;
+        let len = frame.len();
+        let generation = {
+            let mut slot = sub.send.lock();
+            slot.generation += 1;
+            slot.state = SendState::Sending;
+            slot.generation
+        };
+        sub.in_flight.store(true, Ordering::Release);
+        let weak = self.weak_self();
+        let target = Arc::clone(sub);
+        let done = Completion::new(move |result| {
+            if let Some(inner) = weak.upgrade() {
+                inner.on_completion(&target, generation, result);
+            }
+        });
+        let outcome = catch_unwind(AssertUnwindSafe(|| sub.sink.send(&sub.sref, frame, done)));
+        let result = match outcome {
+            Ok(SendOutcome::Accepted) => Ok(()),
+            Ok(SendOutcome::Pending) => {
+                let mut slot = sub.send.lock();
+                match std::mem::take(&mut slot.state) {
+                    SendState::Early(r) => {
+                        drop(slot);
+                        let r = r.map_err(|error| HubError::SendFailed {
+                            id: sub.sref.id().to_owned(),
+                            error,
+                        });
+                        if r.is_err() {
+                            m.send_failures += 1;
+                        }
+                        self.finish(sub, &batch, len, r);
+                        return Some(batch);
+                    }
+                    _ => {
+                        slot.state = SendState::Pending(batch, len);
+                        return None;
+                    }
+                }
+            }
+            Ok(SendOutcome::Failed(error)) => Err(HubError::SendFailed {
+                id: sub.sref.id().to_owned(),
+                error,
+            }),
+            Ok(other) => Err(HubError::SendFailed {
+                id: sub.sref.id().to_owned(),
+                error: SendError::Refused(format!("unknown send outcome {other:?}")),
+            }),
+            Err(p) => Err(HubError::SinkPanicked {
+                id: sub.sref.id().to_owned(),
+                message: panic_message(&*p),
+            }),
+        };
+        sub.send.lock().state = SendState::Idle;
+        if result.is_err() {
+            m.send_failures += 1;
+        }
+        self.finish(sub, &batch, len, result);
+        Some(batch)
+    }
+
+    fn weak_self(&self) -> Weak<Inner> {
+        self.me.clone()
+    }
+
+    fn on_completion(&self, sub: &Arc<Sub>, generation: u64, result: Result<(), SendError>) {
+        let mut slot = sub.send.lock();
+        if slot.generation != generation {
+            return;
+        }
+        match std::mem::take(&mut slot.state) {
+            SendState::Sending => slot.state = SendState::Early(result),
+            SendState::Pending(batch, len) => {
+                drop(slot);
+                let r = result.map_err(|error| HubError::SendFailed {
+                    id: sub.sref.id().to_owned(),
+                    error,
+                });
+                self.finish(sub, &batch, len, r);
+            }
+            other => slot.state = other,
+        }
+    }
+
+    /// After a send ended: account, run the handler (only after the transport took the batch),
+    /// clear in-flight, and wake whoever waits.
+    fn finish(
+        &self,
+        sub: &Arc<Sub>,
+        batch: &[Arc<Entry>],
+        len: usize,
+        result: Result<(), HubError>,
+    ) {
+        match result {
+            Ok(()) => {
+                let total = sub.bytes_sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+                if let Some(ack) = &sub.ack {
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| ack(total, &sub.sref))) {
+                        self.report(
+                            &HubError::AckCallbackPanicked {
+                                id: sub.sref.id().to_owned(),
+                                message: panic_message(&*p),
+                            },
+                            Some(&sub.sref),
+                        );
+                    }
+                }
+                for e in batch {
+                    let d = Delivery {
+                        subscriber: &sub.sref,
+                        message: &e.message,
+                        seq: e.seq,
+                        priority: e.priority,
+                    };
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| (sub.handler)(&d))) {
+                        self.report(
+                            &HubError::HandlerPanicked {
+                                id: sub.sref.id().to_owned(),
+                                message: panic_message(&*p),
+                            },
+                            Some(&sub.sref),
+                        );
+                    }
+                }
+            }
+            Err(e) => self.report(&e, Some(&sub.sref)),
+        }
+        sub.in_flight.store(false, Ordering::Release);
+        if !sub.queue.is_empty() && !sub.closed.load(Ordering::Acquire) {
+            self.wake();
+        }
+        self.notify_flush();
+    }
+
+    fn notify_flush(&self) {
+        let _g = self.flush_mx.lock();
+        self.flush_cv.notify_all();
+    }
+
+    pub(crate) fn report(&self, err: &HubError, sub: Option<&SubscriberRef>) {
+        self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        match &self.opts.on_error {
+            Some(hook) => {
+                let _ = catch_unwind(AssertUnwindSafe(|| hook(err, sub)));
+            }
+            None => tracing::warn!(subscriber = sub.map(|s| s.id()), "powerhub: {err}"),
+        }
+    }
+
+    // ---- flush / close --------------------------------------------------------------------------
+
+    pub(crate) fn flush(&self) -> Result<(), HubError> {
+        if self.is_closed() {
+            return Err(HubError::Closed);
+        }
+        let errors_before = self.counters.errors.load(Ordering::Relaxed);
+        // What each subscriber must have got rid of: everything queued now. `removed` is read
+        // before the length so a concurrent pop can only make the target smaller.
+        let targets: Vec<(Arc<Sub>, u64)> = self
+            .ids
+            .lock()
+            .values()
+            .map(|s| {
+                let removed = s.removed.load(Ordering::Relaxed);
+                (Arc::clone(s), removed + s.queue.len() as u64)
+            })
+            .collect();
+        let done = |s: &Sub, target: u64| {
+            s.closed.load(Ordering::Acquire)
+                || (!s.in_flight.load(Ordering::Acquire)
+                    && (s.removed.load(Ordering::Relaxed) >= target || s.queue.is_empty()))
+        };
+        loop {
+            {
+                let mut w = self.wake.lock();
+                w.deadline = None;
+            }
+            {
+                let mut st = self.drain.lock();
+                self.work.store(false, Ordering::Release);
+                let m = self.drain_pass(&mut st);
+                drop(st);
+                self.emit_metrics(m);
+            }
+            if self.is_closed() {
+                return Err(HubError::Closed);
+            }
+            if targets.iter().all(|(s, t)| done(s, *t)) {
+                break;
+            }
+            // Wait for an outstanding send to complete, then drain again.
+            let mut g = self.flush_mx.lock();
+            while !self.is_closed()
+                && targets
+                    .iter()
+                    .any(|(s, t)| !done(s, *t) && s.in_flight.load(Ordering::Acquire))
+            {
+                self.flush_cv.wait(&mut g);
+            }
+        }
+        let errors = self.counters.errors.load(Ordering::Relaxed) - errors_before;
+        if errors > 0 {
+            return Err(HubError::FlushErrors { errors });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        {
+            let _g = self.wake.lock();
+            self.wake_cv.notify_all();
+        }
+        let topics = std::mem::take(&mut *self.topics.write());
+        let mut subs: Vec<Arc<Sub>> = self.ids.lock().drain().map(|(_, s)| s).collect();
+        subs.sort_by_key(|s| s.order);
+        for sub in &subs {
+            if !sub.closed.swap(true, Ordering::AcqRel) {
+                sub.queue.clear();
+                self.close_adapter(sub, CloseReason::HubClosed);
+            }
+        }
+        // The retained logs go with the topics.
+        drop(topics);
+        self.order_dirty.store(true, Ordering::Release);
+        if let Some(mut st) = self.drain.try_lock() {
+            st.order.clear();
+        }
+        self.notify_flush();
+        let handle = self.thread.lock().take();
+        if let Some(handle) = handle {
+            if handle.thread().id() != std::thread::current().id() {
+                let _ = handle.join();
+            }
+        }
+    }
+
+    // ---- observation ------------------------------------------------------------------------------
+
+    fn ordered_subs(&self) -> Vec<Arc<Sub>> {
+        let mut subs: Vec<Arc<Sub>> = self.ids.lock().values().cloned().collect();
+        subs.sort_by_key(|s| (Reverse(s.priority), s.order));
+        subs
+    }
+
+    pub(crate) fn stats(&self) -> Stats {
+        let list: Vec<SubscriberStats> = self
+            .ordered_subs()
+            .iter()
+            .map(|s| SubscriberStats {
+                id: s.sref.id().to_owned(),
+                topic: s.sref.topic().to_owned(),
+                queued: s.queue.len(),
+                dropped: s.dropped.load(Ordering::Relaxed),
+                bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
+                in_flight: s.in_flight.load(Ordering::Acquire),
+                priority: s.priority,
+            })
+            .collect();
+        Stats {
+            subscribers: list.len(),
+            topics: self.topics.read().len(),
+            published: self.counters.published.load(Ordering::Relaxed),
+            delivered: self.counters.delivered.load(Ordering::Relaxed),
+            dropped: self.counters.dropped.load(Ordering::Relaxed),
+            disconnected: self.counters.disconnected.load(Ordering::Relaxed),
+            bytes_out: list.iter().map(|s| s.bytes_sent).sum(),
+            encoded: self.counters.encoded.load(Ordering::Relaxed),
+            list,
+        }
+    }
+
+    pub(crate) fn presence(&self, topic: Option<&str>) -> Vec<Presence> {
+        let mut subs: Vec<Arc<Sub>> = self.ids.lock().values().cloned().collect();
+        subs.sort_by_key(|s| s.order);
+        subs.iter()
+            .filter(|s| topic.is_none_or(|t| s.sref.topic() == t))
+            .map(|s| Presence {
+                id: s.sref.id().to_owned(),
+                topic: s.sref.topic().to_owned(),
+                transport: s.sref.transport_any().cloned(),
+            })
+            .collect()
+    }
+}
+
+fn retain(topic: &Topic, entry: &Arc<Entry>) {
+    let mut log = topic.retained.lock();
+    if log.len() == RETAINED_PER_TOPIC {
+        log.pop_front();
+    }
+    log.push_back(Arc::clone(entry));
+}
+
+fn encode(codec: Codec, batch: &[Arc<Entry>]) -> Result<Bytes, HubError> {
+    let refuse = |reason: String| HubError::Encode {
+        codec: codec.as_str(),
+        messages: batch.len(),
+        reason,
+    };
+    match codec {
+        Codec::Json | Codec::Ndjson => {
+            if let Some(i) = batch.iter().position(|e| !e.message.is_json()) {
+                return Err(refuse(format!(
+                    "message {i} is binary; only JSON messages can be framed by `{}`",
+                    codec.as_str()
+                )));
+            }
+            let texts = batch.iter().map(|e| &e.message.bytes()[..]);
+            if codec == Codec::Json {
+                Ok(frame::encode_json_batch(texts)?)
+            } else {
+                Ok(frame::encode_ndjson_batch(texts))
+            }
+        }
+        Codec::Raw => {
+            if batch.len() != 1 {
+                return Err(refuse(
+                    "`codec: raw` carries exactly one message per frame".into(),
+                ));
+            }
+            Ok(frame::encode_raw(batch[0].message.bytes())?)
+        }
+    }
+}

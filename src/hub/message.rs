@@ -1,0 +1,109 @@
+//! Messages and what a handler sees of a delivery.
+
+use bytes::Bytes;
+use powerhub_plugin::SubscriberRef;
+use serde::Serialize;
+
+use super::error::HubError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Json,
+    Binary,
+}
+
+/// A published message: JSON text or opaque bytes, cheap to clone (`Bytes`).
+///
+/// A JSON message can be framed by every codec; a binary message only by `raw` (under `json` or
+/// `ndjson` it is an encode failure, counted in `dropped` and reported).
+///
+/// ```
+/// use powerhub::hub::Message;
+///
+/// let m = Message::json(r#"{"a":1}"#).unwrap();
+/// assert!(m.is_json());
+/// assert!(Message::json("{nope").is_err());
+/// let b = Message::binary(vec![0u8, 1, 2]);
+/// assert_eq!(b.bytes().len(), 3);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    body: Bytes,
+    kind: Kind,
+}
+
+impl Message {
+    /// A JSON message, validated.
+    pub fn json(text: impl Into<Bytes>) -> Result<Message, HubError> {
+        let body = text.into();
+        serde_json::from_slice::<serde::de::IgnoredAny>(&body)
+            .map_err(|e| HubError::InvalidJson(e.to_string()))?;
+        Ok(Message {
+            body,
+            kind: Kind::Json,
+        })
+    }
+
+    /// A JSON message serialized from `value`.
+    pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Message, HubError> {
+        let body = serde_json::to_vec(value).map_err(|e| HubError::InvalidJson(e.to_string()))?;
+        Ok(Message {
+            body: body.into(),
+            kind: Kind::Json,
+        })
+    }
+
+    /// An opaque binary message.
+    pub fn binary(bytes: impl Into<Bytes>) -> Message {
+        Message {
+            body: bytes.into(),
+            kind: Kind::Binary,
+        }
+    }
+
+    /// The message's bytes (JSON text for a JSON message).
+    pub fn bytes(&self) -> &Bytes {
+        &self.body
+    }
+
+    /// Whether the message is JSON.
+    pub fn is_json(&self) -> bool {
+        self.kind == Kind::Json
+    }
+}
+
+/// One message as the subscriber's handler sees it, after the transport took its batch.
+#[derive(Debug)]
+pub struct Delivery<'a> {
+    pub(crate) subscriber: &'a SubscriberRef,
+    pub(crate) message: &'a Message,
+    pub(crate) seq: u64,
+    pub(crate) priority: i32,
+}
+
+impl<'a> Delivery<'a> {
+    /// The subscriber (id, topic, transport context).
+    pub fn subscriber(&self) -> &'a SubscriberRef {
+        self.subscriber
+    }
+
+    /// The topic.
+    pub fn topic(&self) -> &'a str {
+        self.subscriber.topic()
+    }
+
+    /// The message.
+    pub fn message(&self) -> &'a Message {
+        self.message
+    }
+
+    /// The hub-wide publication sequence number of the message (increasing in publish order).
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The priority the message was published with (0 when none).
+    pub fn priority(&self) -> i32 {
+        self.priority
+    }
+}

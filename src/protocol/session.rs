@@ -1,0 +1,293 @@
+//! A sans-IO push session: turns a connection's inbound lines into actions for the runtime.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use super::command::{parse_command, Command, CommandError, ErrorKind, PublishMeta, RequestId};
+use super::reply;
+
+/// Limits of one push session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionConfig {
+    /// Longest command line accepted, in bytes (without newline). A longer line gets a
+    /// `line_too_long` error and the connection stays usable. Set the stream protocol's framing
+    /// limit (`ProtocolLimits::max_message_bytes`) above it: only a line over the framing limit
+    /// closes the connection. Default: 8 MiB (a 2 MiB screenshot, base64-encoded, fits).
+    pub max_line_bytes: usize,
+    /// Most subscriptions one connection may hold. Default: 256.
+    pub max_subscriptions: usize,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        SessionConfig {
+            max_line_bytes: 8 << 20,
+            max_subscriptions: 256,
+        }
+    }
+}
+
+/// One subscription of a session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubscriptionInfo {
+    /// The stream.
+    pub stream: String,
+    /// The device, or `None` for all devices of the stream.
+    pub device_id: Option<String>,
+    /// The hub topic: [`stream_topic`] or [`device_topic`].
+    pub topic: String,
+    /// The hub subscriber id: unique across connections (`c<connection>/<subscriptionId>`).
+    pub hub_id: String,
+}
+
+/// What the runtime must do for one inbound line. Replies are JSON messages for
+/// [`Outbox::push_control`](crate::outbox::Outbox::push_control).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Action {
+    /// Subscribe in the hub to `topic` with subscriber id `hub_id`, the sink being this
+    /// connection's outbox, deliveries pushed under `subscription_id`; then push `reply`
+    /// (before any delivery of the subscription). If the hub refuses, call
+    /// [`Session::subscribe_failed`] and push its error instead.
+    Subscribe {
+        /// The subscription id the client sees (in `frames_dropped`, in `unsubscribe`).
+        subscription_id: Arc<str>,
+        /// The hub subscriber id.
+        hub_id: String,
+        /// The hub topic.
+        topic: String,
+        /// The `subscribed` reply.
+        reply: Bytes,
+    },
+    /// Unsubscribe `hub_id` in the hub, then call
+    /// [`Outbox::unsubscribe`](crate::outbox::Outbox::unsubscribe)`(subscription_id, ack)`.
+    Unsubscribe {
+        /// The subscription id the client sees.
+        subscription_id: Arc<str>,
+        /// The hub subscriber id.
+        hub_id: String,
+        /// The `unsubscribed` acknowledgement.
+        ack: Bytes,
+    },
+    /// Publish `message` (verbatim) to every topic of `topics`, add up the subscriber counts,
+    /// and push [`reply::published`]`(request_id, total)`.
+    Publish {
+        /// The command's correlation id, for the reply.
+        request_id: Option<RequestId>,
+        /// The stream topic, then the device topic when the message has a `deviceId` string.
+        topics: Vec<String>,
+        /// The message, byte for byte as the publisher wrote it.
+        message: Bytes,
+        /// What the message says about itself.
+        meta: PublishMeta,
+    },
+    /// Push this reply (a `pong`, or an error reply: the connection stays usable).
+    Reply(Bytes),
+    /// An inbound `pong`: call [`Outbox::on_pong`](crate::outbox::Outbox::on_pong).
+    Pong,
+}
+
+/// The hub topic of every device of `stream`: the stream name itself.
+pub fn stream_topic(stream: &str) -> String {
+    stream.to_owned()
+}
+
+/// The hub topic of one device of `stream`: `stream/deviceId` (stream names contain no `/`).
+pub fn device_topic(stream: &str, device_id: &str) -> String {
+    format!("{stream}/{device_id}")
+}
+
+/// The topics a message is published to: its stream's topic, and its device's topic when
+/// `deviceId` is a string.
+pub fn publish_topics(meta: &PublishMeta) -> Vec<String> {
+    let mut topics = vec![stream_topic(&meta.stream)];
+    if let Some(device) = meta.device_id.as_str() {
+        topics.push(device_topic(&meta.stream, device));
+    }
+    topics
+}
+
+/// The push protocol state of one connection: its subscriptions and limits. No IO: the runtime
+/// feeds it lines and performs the [`Action`]s.
+///
+/// ```
+/// use powerhub::protocol::{Action, Session, SessionConfig};
+///
+/// let mut session = Session::new(7, SessionConfig::default());
+/// let mut line = br#"{"type":"subscribe","id":"r1","stream":"obs","deviceId":"d1"}"#.to_vec();
+/// match session.handle_line(&mut line) {
+///     Action::Subscribe { subscription_id, hub_id, topic, reply } => {
+///         assert_eq!(&*subscription_id, "obs-1");
+///         assert_eq!(hub_id, "c7/obs-1");
+///         assert_eq!(topic, "obs/d1");
+///         assert_eq!(&reply[..], br#"{"type":"subscribed","requestId":"r1","subscriptionId":"obs-1","stream":"obs","deviceId":"d1"}"#);
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// ```
+#[derive(Debug)]
+pub struct Session {
+    config: SessionConfig,
+    connection_id: u64,
+    subscriptions: HashMap<Arc<str>, SubscriptionInfo>,
+    next_id: u64,
+}
+
+impl Session {
+    /// A session for connection `connection_id` (unique within the server; it makes hub ids
+    /// unique).
+    pub fn new(connection_id: u64, config: SessionConfig) -> Self {
+        Session {
+            config,
+            connection_id,
+            subscriptions: HashMap::new(),
+            next_id: 1,
+        }
+    }
+
+    /// Handles one inbound line (without newline). Never fails: bad input becomes an
+    /// [`Action::Reply`] with an error naming the problem and the request id.
+    pub fn handle_line(&mut self, line: &mut [u8]) -> Action {
+        if line.len() > self.config.max_line_bytes {
+            let id = None;
+            let kind = ErrorKind::LineTooLong {
+                size: line.len(),
+                limit: self.config.max_line_bytes,
+            };
+            return Action::Reply(CommandError::new(id, kind).to_reply());
+        }
+        match parse_command(line) {
+            Ok(cmd) => self.handle_command(cmd),
+            Err(e) => Action::Reply(e.to_reply()),
+        }
+    }
+
+    /// Handles one parsed command.
+    pub fn handle_command(&mut self, cmd: Command) -> Action {
+        match self.try_command(cmd) {
+            Ok(action) => action,
+            Err(e) => Action::Reply(e.to_reply()),
+        }
+    }
+
+    fn try_command(&mut self, cmd: Command) -> Result<Action, CommandError> {
+        match cmd {
+            Command::Subscribe {
+                id,
+                stream,
+                device_id,
+                subscription_id,
+            } => {
+                if self.subscriptions.len() >= self.config.max_subscriptions {
+                    let kind = ErrorKind::TooManySubscriptions {
+                        limit: self.config.max_subscriptions,
+                    };
+                    return Err(CommandError::new(id, kind));
+                }
+                let sub_id: Arc<str> = match subscription_id {
+                    Some(s) if self.subscriptions.contains_key(s.as_str()) => {
+                        return Err(CommandError::new(id, ErrorKind::DuplicateSubscription(s)))
+                    }
+                    Some(s) => s.into(),
+                    None => self.generate_id(&stream),
+                };
+                let topic = match &device_id {
+                    Some(d) => device_topic(&stream, d),
+                    None => stream_topic(&stream),
+                };
+                let hub_id = format!("c{}/{}", self.connection_id, sub_id);
+                let reply = reply::subscribed(id.as_ref(), &sub_id, &stream, device_id.as_deref());
+                let info = SubscriptionInfo {
+                    stream,
+                    device_id,
+                    topic: topic.clone(),
+                    hub_id: hub_id.clone(),
+                };
+                self.subscriptions.insert(Arc::clone(&sub_id), info);
+                Ok(Action::Subscribe {
+                    subscription_id: sub_id,
+                    hub_id,
+                    topic,
+                    reply,
+                })
+            }
+            Command::Unsubscribe {
+                id,
+                subscription_id,
+            } => {
+                let Some((sub_id, info)) =
+                    self.subscriptions.remove_entry(subscription_id.as_str())
+                else {
+                    return Err(CommandError::new(
+                        id,
+                        ErrorKind::UnknownSubscription(subscription_id),
+                    ));
+                };
+                let ack = reply::unsubscribed(id.as_ref(), &sub_id);
+                Ok(Action::Unsubscribe {
+                    subscription_id: sub_id,
+                    hub_id: info.hub_id,
+                    ack,
+                })
+            }
+            Command::Publish { id, message, meta } => Ok(Action::Publish {
+                request_id: id,
+                topics: publish_topics(&meta),
+                message,
+                meta,
+            }),
+            Command::Ping { id } => Ok(Action::Reply(reply::pong(id.as_ref()))),
+            Command::Pong { .. } => Ok(Action::Pong),
+        }
+    }
+
+    fn generate_id(&mut self, stream: &str) -> Arc<str> {
+        loop {
+            let candidate = format!("{stream}-{}", self.next_id);
+            self.next_id += 1;
+            if !self.subscriptions.contains_key(candidate.as_str()) {
+                return candidate.into();
+            }
+        }
+    }
+
+    /// The hub refused the subscription of an [`Action::Subscribe`]: forgets it and returns the
+    /// error reply to push instead of the `subscribed` reply.
+    pub fn subscribe_failed(
+        &mut self,
+        subscription_id: &str,
+        request_id: Option<&RequestId>,
+        reason: &str,
+    ) -> Bytes {
+        self.subscriptions.remove(subscription_id);
+        reply::error(request_id, "subscribe_failed", reason)
+    }
+
+    /// The final error to write before closing a connection whose stream protocol rejected its
+    /// input (a line too long to frame, a broken frame).
+    pub fn fatal_error(err: &powerhub_plugin::ProtocolError) -> Bytes {
+        CommandError::new(None, ErrorKind::Fatal(err.to_string())).to_reply()
+    }
+
+    /// The subscription `subscription_id`, if this connection has it.
+    pub fn subscription(&self, subscription_id: &str) -> Option<&SubscriptionInfo> {
+        self.subscriptions.get(subscription_id)
+    }
+
+    /// Every subscription: (subscription id, info).
+    pub fn subscriptions(&self) -> impl Iterator<Item = (&Arc<str>, &SubscriptionInfo)> {
+        self.subscriptions.iter()
+    }
+
+    /// Forgets every subscription and returns them, for teardown (unsubscribe each `hub_id`).
+    pub fn close(&mut self) -> Vec<(Arc<str>, SubscriptionInfo)> {
+        self.subscriptions.drain().collect()
+    }
+
+    /// The limits.
+    pub fn config(&self) -> &SessionConfig {
+        &self.config
+    }
+}

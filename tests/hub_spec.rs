@@ -1,0 +1,1441 @@
+//! One test per rule of the realtime-hub spec, through the public API, on a spy transport.
+//! Timing rules run on a virtual clock with `Driver::Manual`.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use powerhub::hub::{
+    Codec, Delivery, Driver, Hub, HubConfig, HubError, HubOptions, Message, PublishOptions,
+    SlowConsumer, SubscribeOptions, SubscriberRef,
+};
+use powerhub::transport::{SpyMode, SpySink};
+use powerhub_plugin::frame;
+use powerhub_plugin::{CloseReason, SendError};
+
+type Errors = Arc<Mutex<Vec<(HubError, Option<String>)>>>;
+
+fn manual(opts: HubOptions) -> (Hub, SpySink) {
+    let spy = SpySink::new();
+    let hub = Hub::new(spy.clone(), opts.driver(Driver::Manual)).unwrap();
+    (hub, spy)
+}
+
+fn with_errors(opts: HubOptions) -> (HubOptions, Errors) {
+    let errors: Errors = Arc::default();
+    let e = Arc::clone(&errors);
+    let opts = opts.on_error(move |err: &HubError, sub: Option<&SubscriberRef>| {
+        e.lock()
+            .unwrap()
+            .push((err.clone(), sub.map(|s| s.id().to_owned())));
+    });
+    (opts, errors)
+}
+
+fn turn(hub: &Hub) {
+    hub.turn(Instant::now());
+}
+
+fn json(n: impl serde::Serialize) -> Message {
+    Message::to_json(&n).unwrap()
+}
+
+fn publish(hub: &Hub, topic: &str, n: i64) -> usize {
+    hub.publish(topic, json(n), PublishOptions::default())
+        .unwrap()
+}
+
+fn publish_prio(hub: &Hub, topic: &str, n: i64, priority: i32) -> usize {
+    hub.publish(topic, json(n), PublishOptions::default().priority(priority))
+        .unwrap()
+}
+
+/// The messages of a json frame, as strings.
+fn messages(f: &Bytes) -> Vec<String> {
+    let d = frame::decode(f).unwrap();
+    d.json_messages()
+        .unwrap()
+        .iter()
+        .map(|m| String::from_utf8(m.to_vec()).unwrap())
+        .collect()
+}
+
+/// Every message a subscriber received, in order.
+fn received(spy: &SpySink, id: &str) -> Vec<String> {
+    spy.frames_for(id).iter().flat_map(messages).collect()
+}
+
+fn nums(range: std::ops::Range<i64>) -> Vec<String> {
+    range.map(|n| n.to_string()).collect()
+}
+
+fn sub(hub: &Hub, topic: &str, opts: SubscribeOptions) -> powerhub::hub::Subscription {
+    hub.subscribe(topic, |_: &Delivery<'_>| {}, opts).unwrap()
+}
+
+fn recorder() -> (
+    Arc<Mutex<Vec<String>>>,
+    impl Fn(&Delivery<'_>) + Send + Sync + 'static,
+) {
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s = Arc::clone(&seen);
+    (seen, move |d: &Delivery<'_>| {
+        s.lock()
+            .unwrap()
+            .push(String::from_utf8(d.message().bytes().to_vec()).unwrap())
+    })
+}
+
+// ---- options and validation -------------------------------------------------------------------
+
+#[test]
+fn subscribe_defaults_are_max_queue_64_max_batch_32_drop_oldest() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    for i in 0..70 {
+        assert_eq!(publish(&hub, "t", i), 1);
+    }
+    let s = hub.stats();
+    assert_eq!(s.list[0].queued, 64);
+    assert_eq!(s.dropped, 6, "drop-oldest evicted the 6 oldest");
+    turn(&hub);
+    let frames = spy.frames_for("a");
+    assert_eq!(frames.len(), 2, "64 messages in batches of at most 32");
+    assert_eq!(messages(&frames[0]).len(), 32);
+    assert_eq!(received(&spy, "a"), nums(6..70));
+}
+
+#[test]
+fn hub_config_defaults_match_the_options_defaults() {
+    let cfg: HubConfig = serde_json::from_str("{}").unwrap();
+    assert_eq!(cfg, HubConfig::default());
+    assert!(cfg.batch);
+    assert_eq!(cfg.batch_delay_ms, 0.0);
+    assert_eq!(cfg.codec, Codec::Json);
+    assert!(!cfg.message_priority);
+}
+
+#[test]
+fn unknown_option_is_an_error_naming_it() {
+    let err = serde_json::from_str::<HubConfig>(r#"{"batchDelayMs": 5}"#).unwrap_err();
+    assert!(
+        err.to_string().contains("unknown field `batchDelayMs`"),
+        "{err}"
+    );
+    let err =
+        serde_json::from_str::<powerhub::hub::SubscribeConfig>(r#"{"maxQueue": 5}"#).unwrap_err();
+    assert!(
+        err.to_string().contains("unknown field `maxQueue`"),
+        "{err}"
+    );
+    let err = serde_json::from_str::<HubConfig>(r#"{"codec": "xml"}"#).unwrap_err();
+    assert!(err.to_string().contains("xml"), "{err}");
+}
+
+#[test]
+fn negative_or_nan_batch_delay_is_rejected_naming_the_option() {
+    for bad in [-1.0, f64::NAN, f64::INFINITY, 1e12] {
+        let cfg = HubConfig {
+            batch_delay_ms: bad,
+            ..HubConfig::default()
+        };
+        match HubOptions::from_config(&cfg) {
+            Err(HubError::InvalidOption { option, .. }) => assert_eq!(option, "batch_delay_ms"),
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+    let cfg = HubConfig {
+        batch_delay_ms: 0.0,
+        ..HubConfig::default()
+    };
+    assert!(HubOptions::from_config(&cfg).is_ok(), "zero is kept");
+    let err = Hub::new(
+        SpySink::new(),
+        HubOptions::default().batch_delay(Duration::from_secs(3600)),
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("`batch_delay`"), "{err}");
+}
+
+#[test]
+fn raw_codec_requires_max_batch_one() {
+    let (hub, _spy) = manual(HubOptions::default().codec(Codec::Raw));
+    let err = hub
+        .subscribe("t", |_| {}, SubscribeOptions::default())
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        HubError::RawNeedsMaxBatchOne { max_batch: 32 }
+    ));
+    assert!(err.to_string().contains("`max_batch: 1`"), "{err}");
+    assert!(err.to_string().contains("`codec: raw`"), "{err}");
+    // `batch: false` does not rescue the default.
+    let (hub2, _spy2) = manual(HubOptions::default().codec(Codec::Raw).batch(false));
+    assert!(hub2
+        .subscribe("t", |_| {}, SubscribeOptions::default())
+        .is_err());
+    // A per-subscriber raw codec is checked too; max_batch 1 is accepted.
+    let (hub3, _spy3) = manual(HubOptions::default());
+    assert!(hub3
+        .subscribe("t", |_| {}, SubscribeOptions::default().codec(Codec::Raw))
+        .is_err());
+    assert!(hub
+        .subscribe("t", |_| {}, SubscribeOptions::default().max_batch(1))
+        .is_ok());
+}
+
+#[test]
+fn duplicate_subscriber_id_is_an_error_naming_it() {
+    let (hub, _spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("client-42"));
+    let err = hub
+        .subscribe("u", |_| {}, SubscribeOptions::default().id("client-42"))
+        .unwrap_err();
+    assert_eq!(err, HubError::DuplicateId("client-42".into()));
+    assert!(err.to_string().contains("client-42"));
+}
+
+#[test]
+fn invalid_subscribe_options_are_errors_naming_the_option() {
+    let (hub, _spy) = manual(HubOptions::default());
+    let cases = [
+        (SubscribeOptions::default().max_batch(0), "max_batch"),
+        (
+            SubscribeOptions::default().max_queue(usize::MAX),
+            "max_queue",
+        ),
+        (SubscribeOptions::default().id(""), "id"),
+    ];
+    for (opts, name) in cases {
+        match hub.subscribe("t", |_| {}, opts) {
+            Err(HubError::InvalidOption { option, .. }) => assert_eq!(option, name),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn generated_ids_are_unique() {
+    let (hub, _spy) = manual(HubOptions::default());
+    let a = sub(&hub, "t", SubscribeOptions::default());
+    let b = sub(&hub, "t", SubscribeOptions::default());
+    assert_ne!(a.id(), b.id());
+}
+
+// ---- publish ----------------------------------------------------------------------------------
+
+#[test]
+fn publish_returns_the_number_of_subscribers_queued_for() {
+    let (hub, _spy) = manual(HubOptions::default());
+    assert_eq!(publish(&hub, "t", 0), 0);
+    sub(&hub, "t", SubscribeOptions::default());
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .max_queue(1)
+            .slow_consumer(SlowConsumer::DropNewest),
+    );
+    sub(&hub, "other", SubscribeOptions::default());
+    assert_eq!(publish(&hub, "t", 1), 2);
+    assert_eq!(
+        publish(&hub, "t", 2),
+        1,
+        "the full drop-newest subscriber refused it"
+    );
+}
+
+#[test]
+fn publish_priority_without_message_priority_is_an_error() {
+    let (hub, _spy) = manual(HubOptions::default());
+    let err = hub
+        .publish("t", json(1), PublishOptions::default().priority(3))
+        .unwrap_err();
+    assert_eq!(err, HubError::PriorityWithoutMessagePriority);
+    assert!(err.to_string().contains("`message_priority: true`"));
+    assert_eq!(hub.stats().published, 0);
+}
+
+#[test]
+fn publish_after_close_returns_zero() {
+    let (hub, _spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default());
+    hub.close();
+    assert_eq!(publish(&hub, "t", 1), 0);
+}
+
+#[test]
+fn publish_from_many_threads_never_blocks_on_a_stalled_subscriber() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode_for("stalled", SpyMode::Pending);
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("stalled").max_queue(8),
+    );
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("healthy").max_queue(4096),
+    );
+    publish(&hub, "t", -1);
+    turn(&hub); // the stalled subscriber now has a send that never completes
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            let hub = hub.clone();
+            std::thread::spawn(move || {
+                for i in 0..500 {
+                    hub.publish("t", json(t * 1000 + i), PublishOptions::default())
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    turn(&hub);
+    assert_eq!(received(&spy, "healthy").len(), 2001);
+    let s = hub.stats();
+    let stalled = s.list.iter().find(|x| x.id == "stalled").unwrap();
+    assert!(stalled.in_flight);
+    assert_eq!(stalled.queued, 8, "bounded by max_queue");
+    assert_eq!(stalled.dropped, 2000 - 8);
+}
+
+// ---- slow-consumer policies --------------------------------------------------------------------
+
+#[test]
+fn drop_oldest_discards_the_head_to_make_room() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(3));
+    for i in 0..5 {
+        assert_eq!(
+            publish(&hub, "t", i),
+            1,
+            "drop-oldest always queues the incoming one"
+        );
+    }
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), nums(2..5));
+    assert_eq!(hub.stats().dropped, 2);
+    assert_eq!(hub.stats().list[0].dropped, 2);
+}
+
+#[test]
+fn drop_newest_refuses_the_incoming_message() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("a")
+            .max_queue(3)
+            .slow_consumer(SlowConsumer::DropNewest),
+    );
+    let counts: Vec<usize> = (0..5).map(|i| publish(&hub, "t", i)).collect();
+    assert_eq!(counts, [1, 1, 1, 0, 0]);
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), nums(0..3));
+    assert_eq!(hub.stats().dropped, 2);
+}
+
+#[test]
+fn disconnect_closes_with_slow_consumer_and_counts_it() {
+    let (hub, spy) = manual(HubOptions::default());
+    let s = sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("a")
+            .max_queue(2)
+            .slow_consumer(SlowConsumer::Disconnect),
+    );
+    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    assert_eq!(publish(&hub, "t", 0), 2);
+    assert_eq!(publish(&hub, "t", 1), 2);
+    assert_eq!(publish(&hub, "t", 2), 1, "a fell behind and was cut loose");
+    assert_eq!(
+        spy.closes(),
+        vec![("a".to_owned(), CloseReason::SlowConsumer)]
+    );
+    let st = hub.stats();
+    assert_eq!(st.disconnected, 1);
+    assert_eq!(st.subscribers, 1);
+    assert_eq!(
+        st.dropped, 3,
+        "the refused message and the two it had queued"
+    );
+    assert!(!s.is_active());
+    assert_eq!(publish(&hub, "t", 3), 1);
+    turn(&hub);
+    assert!(spy.frames_for("a").is_empty());
+    assert_eq!(received(&spy, "b"), nums(0..4));
+}
+
+#[test]
+fn max_queue_zero_drops_the_incoming_message_under_drop_oldest_and_drop_newest() {
+    for policy in [SlowConsumer::DropOldest, SlowConsumer::DropNewest] {
+        let (hub, spy) = manual(HubOptions::default());
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default()
+                .id("a")
+                .max_queue(0)
+                .slow_consumer(policy),
+        );
+        assert_eq!(publish(&hub, "t", 1), 0, "{policy:?}");
+        turn(&hub);
+        assert!(spy.frames().is_empty());
+        assert_eq!(hub.stats().dropped, 1);
+        assert!(spy.closes().is_empty());
+    }
+}
+
+#[test]
+fn max_queue_zero_disconnects_on_the_first_message_under_disconnect() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("a")
+            .max_queue(0)
+            .slow_consumer(SlowConsumer::Disconnect),
+    );
+    assert_eq!(publish(&hub, "t", 1), 0);
+    assert_eq!(
+        spy.closes(),
+        vec![("a".to_owned(), CloseReason::SlowConsumer)]
+    );
+    assert_eq!(hub.stats().disconnected, 1);
+}
+
+#[test]
+fn drop_oldest_under_message_priority_evicts_lowest_priority_newest_among_equals() {
+    let (hub, spy) = manual(HubOptions::default().message_priority(true));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(2));
+    // The spec's example: `noise` loses its slot; `critical` and `also-noise` are delivered.
+    hub.publish(
+        "t",
+        json("critical"),
+        PublishOptions::default().priority(10),
+    )
+    .unwrap();
+    hub.publish("t", json("noise"), PublishOptions::default().priority(1))
+        .unwrap();
+    hub.publish(
+        "t",
+        json("also-noise"),
+        PublishOptions::default().priority(0),
+    )
+    .unwrap();
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["\"critical\"", "\"also-noise\""]);
+
+    // Among equal priorities the most recently queued goes.
+    let (hub, spy) = manual(HubOptions::default().message_priority(true));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(3));
+    publish_prio(&hub, "t", 1, 5);
+    publish_prio(&hub, "t", 2, 1);
+    publish_prio(&hub, "t", 3, 1);
+    publish_prio(&hub, "t", 4, 9);
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["4", "1", "2"]);
+    assert_eq!(hub.stats().dropped, 1);
+}
+
+#[test]
+fn message_priority_delivers_highest_first_ties_by_arrival() {
+    let (hub, spy) = manual(HubOptions::default().message_priority(true));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish_prio(&hub, "t", 1, 1);
+    publish_prio(&hub, "t", 2, 10);
+    publish(&hub, "t", 3); // an omitted priority is 0
+    publish_prio(&hub, "t", 4, 0);
+    publish_prio(&hub, "t", 5, 10);
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["2", "5", "1", "3", "4"]);
+}
+
+#[test]
+fn message_priority_does_not_read_ordering_from_the_payload() {
+    let (hub, spy) = manual(HubOptions::default().message_priority(true));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    hub.publish(
+        "t",
+        Message::json(r#"{"priority":1}"#).unwrap(),
+        PublishOptions::default(),
+    )
+    .unwrap();
+    hub.publish(
+        "t",
+        Message::json(r#"{"priority":99}"#).unwrap(),
+        PublishOptions::default(),
+    )
+    .unwrap();
+    turn(&hub);
+    assert_eq!(
+        received(&spy, "a"),
+        [r#"{"priority":1}"#, r#"{"priority":99}"#]
+    );
+}
+
+#[test]
+fn drop_newest_under_message_priority_keeps_what_is_queued() {
+    let (hub, spy) = manual(HubOptions::default().message_priority(true));
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("a")
+            .max_queue(1)
+            .slow_consumer(SlowConsumer::DropNewest),
+    );
+    publish_prio(&hub, "t", 1, 0);
+    assert_eq!(
+        publish_prio(&hub, "t", 2, 100),
+        0,
+        "a high priority does not evict under drop-newest"
+    );
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["1"]);
+}
+
+// ---- batching ----------------------------------------------------------------------------------
+
+#[test]
+fn one_turn_becomes_one_frame_per_subscriber_batch() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    for i in 0..5 {
+        publish(&hub, "t", i);
+    }
+    turn(&hub);
+    let frames = spy.frames();
+    assert_eq!(frames.len(), 1);
+    assert_eq!(messages(&frames[0].frame), nums(0..5));
+    assert_eq!(&frames[0].frame[frame::HEADER_LEN..], b"[0,1,2,3,4]");
+}
+
+#[test]
+fn batches_are_split_at_max_batch() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(4));
+    for i in 0..10 {
+        publish(&hub, "t", i);
+    }
+    turn(&hub);
+    let sizes: Vec<usize> = spy
+        .frames_for("a")
+        .iter()
+        .map(|f| messages(f).len())
+        .collect();
+    assert_eq!(sizes, [4, 4, 2]);
+    assert_eq!(received(&spy, "a"), nums(0..10));
+}
+
+#[test]
+fn batch_delay_widens_the_window_on_a_virtual_clock() {
+    let (hub, spy) = manual(HubOptions::default().batch_delay(Duration::from_millis(50)));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    let t0 = Instant::now();
+    assert_eq!(hub.poll_timeout(), None);
+    publish(&hub, "t", 0);
+    hub.turn(t0); // opens the window
+    assert_eq!(hub.poll_timeout(), Some(t0 + Duration::from_millis(50)));
+    publish(&hub, "t", 1);
+    hub.turn(t0 + Duration::from_millis(49));
+    assert!(spy.frames().is_empty(), "still inside the window");
+    publish(&hub, "t", 2);
+    hub.turn(t0 + Duration::from_millis(50));
+    let frames = spy.frames();
+    assert_eq!(frames.len(), 1, "the burst became one frame");
+    assert_eq!(messages(&frames[0].frame), nums(0..3));
+    assert_eq!(hub.poll_timeout(), None);
+}
+
+#[test]
+fn zero_batch_delay_sends_at_the_next_turn() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    let t0 = Instant::now();
+    publish(&hub, "t", 0);
+    assert!(hub.poll_timeout().is_some_and(|t| t <= Instant::now()));
+    hub.turn(t0);
+    assert_eq!(spy.frames().len(), 1);
+}
+
+#[test]
+fn batch_false_sends_only_on_flush() {
+    let (hub, spy) = manual(HubOptions::default().batch(false));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 0);
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(hub.poll_timeout(), None);
+    assert!(spy.frames().is_empty());
+    hub.flush().unwrap();
+    assert_eq!(received(&spy, "a"), nums(0..2));
+    // The same under the thread driver: nothing is sent until flush.
+    let spy = SpySink::new();
+    let hub = Hub::new(spy.clone(), HubOptions::default().batch(false)).unwrap();
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 0);
+    assert_eq!(hub.stats().list[0].queued, 1);
+    hub.flush().unwrap();
+    assert_eq!(received(&spy, "a"), nums(0..1));
+}
+
+#[test]
+fn thread_driver_sends_without_a_flush() {
+    let (sink, rx) = powerhub::transport::channel(16);
+    let hub = Hub::new(sink, HubOptions::default()).unwrap();
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 7);
+    // Bounded wait so a bug cannot hang the suite; no timing is asserted.
+    match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
+        powerhub::transport::ChannelEvent::Frame { subscriber, frame } => {
+            assert_eq!(subscriber.id(), "a");
+            assert_eq!(messages(&frame), ["7"]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+// ---- shared frames -----------------------------------------------------------------------------
+
+#[test]
+fn one_frame_per_topic_batch_is_shared_by_every_subscriber() {
+    let (hub, spy) = manual(HubOptions::default());
+    for i in 0..100 {
+        sub(&hub, "t", SubscribeOptions::default().id(format!("s{i}")));
+    }
+    for i in 0..3 {
+        publish(&hub, "t", i);
+    }
+    turn(&hub);
+    let frames = spy.frames();
+    assert_eq!(frames.len(), 100);
+    let ptr = frames[0].frame.as_ptr();
+    assert!(
+        frames.iter().all(|f| f.frame.as_ptr() == ptr),
+        "the same buffer reached every send"
+    );
+    assert_eq!(hub.stats().encoded, 1);
+}
+
+#[test]
+fn encoded_stays_one_per_flush_whatever_the_subscriber_count() {
+    for n in [1, 10, 1000] {
+        let (hub, _spy) = manual(HubOptions::default());
+        for _ in 0..n {
+            sub(&hub, "t", SubscribeOptions::default());
+        }
+        for round in 0..3 {
+            publish(&hub, "t", round);
+            hub.flush().unwrap();
+        }
+        assert_eq!(hub.stats().encoded, 3, "{n} subscribers");
+    }
+}
+
+#[test]
+fn subscribers_whose_queues_differ_get_their_own_frame() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("early"));
+    publish(&hub, "t", 0);
+    sub(&hub, "t", SubscribeOptions::default().id("late"));
+    sub(&hub, "t", SubscribeOptions::default().id("late2"));
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(received(&spy, "early"), nums(0..2));
+    assert_eq!(received(&spy, "late"), nums(1..2));
+    let late = &spy.frames_for("late")[0];
+    let late2 = &spy.frames_for("late2")[0];
+    assert_eq!(
+        late.as_ptr(),
+        late2.as_ptr(),
+        "identical batches still share"
+    );
+    assert_eq!(hub.stats().encoded, 2);
+}
+
+#[test]
+fn a_codec_override_gets_its_own_shared_frame() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("j1"));
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("n1").codec(Codec::Ndjson),
+    );
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("n2").codec(Codec::Ndjson),
+    );
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    assert_eq!(hub.stats().encoded, 2);
+    let n1 = &spy.frames_for("n1")[0];
+    assert_eq!(&n1[..], b"1\n2\n");
+    assert_eq!(n1.as_ptr(), spy.frames_for("n2")[0].as_ptr());
+}
+
+#[test]
+fn raw_codec_sends_one_message_per_frame() {
+    let (hub, spy) = manual(HubOptions::default().codec(Codec::Raw));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(1));
+    hub.publish(
+        "t",
+        Message::binary(vec![1u8, 2]),
+        PublishOptions::default(),
+    )
+    .unwrap();
+    hub.publish("t", Message::binary(vec![3u8]), PublishOptions::default())
+        .unwrap();
+    turn(&hub);
+    let frames = spy.frames_for("a");
+    assert_eq!(frames.len(), 2);
+    assert_eq!(frame::decode(&frames[0]).unwrap().payload(), &[1, 2]);
+    assert_eq!(frame::decode(&frames[1]).unwrap().payload(), &[3]);
+}
+
+#[test]
+fn encode_failure_is_counted_in_dropped_and_reported_never_requeued() {
+    let (opts, errors) = with_errors(HubOptions::default());
+    let (hub, spy) = manual(opts);
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    hub.publish("t", Message::binary(vec![0xff]), PublishOptions::default())
+        .unwrap();
+    let r = hub.flush();
+    assert_eq!(
+        r,
+        Err(HubError::FlushErrors { errors: 1 }),
+        "flush resolves, it does not spin"
+    );
+    assert!(spy.frames().is_empty());
+    let s = hub.stats();
+    assert_eq!(s.dropped, 1);
+    assert_eq!(s.list[0].queued, 0, "not requeued");
+    let errs = errors.lock().unwrap().clone();
+    assert!(
+        matches!(&errs[0], (HubError::Encode { codec: "json", messages: 1, .. }, Some(id)) if id == "a")
+    );
+    hub.flush().unwrap();
+    assert_eq!(errors.lock().unwrap().len(), 1);
+}
+
+// ---- delivery ----------------------------------------------------------------------------------
+
+#[test]
+fn one_frame_in_flight_per_subscriber() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode(SpyMode::Pending);
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 0);
+    turn(&hub);
+    assert_eq!(spy.sends(), 1);
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    assert_eq!(
+        spy.sends(),
+        1,
+        "no second frame while the first is outstanding"
+    );
+    assert!(hub.stats().list[0].in_flight);
+    spy.set_mode(SpyMode::Accept);
+    assert!(spy.complete_next(Ok(())));
+    assert!(!hub.stats().list[0].in_flight);
+    assert!(
+        hub.poll_timeout().is_some(),
+        "the completion woke the drainer"
+    );
+    turn(&hub);
+    assert_eq!(spy.sends(), 2);
+    assert_eq!(
+        received(&spy, "a"),
+        nums(0..3),
+        "work that waited was neither dropped nor reordered"
+    );
+}
+
+#[test]
+fn frames_reach_a_subscriber_in_publish_order() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("a")
+            .max_batch(3)
+            .max_queue(1000),
+    );
+    let mut next = 0;
+    for round in 0..20 {
+        spy.set_mode(if round % 3 == 0 {
+            SpyMode::Pending
+        } else {
+            SpyMode::Accept
+        });
+        for _ in 0..(round % 7) {
+            publish(&hub, "t", next);
+            next += 1;
+        }
+        turn(&hub);
+        if round % 2 == 1 {
+            spy.set_mode(SpyMode::Accept);
+            spy.complete_all();
+        }
+    }
+    spy.set_mode(SpyMode::Accept);
+    spy.complete_all();
+    hub.flush().unwrap();
+    assert_eq!(received(&spy, "a"), nums(0..next));
+}
+
+#[test]
+fn handler_runs_after_the_transport_accepted_the_batch() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode(SpyMode::Pending);
+    let (seen, handler) = recorder();
+    hub.subscribe("t", handler, SubscribeOptions::default().id("a"))
+        .unwrap();
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    assert_eq!(spy.sends(), 1);
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "not before the transport took it"
+    );
+    spy.complete_next(Ok(()));
+    assert_eq!(*seen.lock().unwrap(), ["1", "2"]);
+}
+
+#[test]
+fn handler_is_not_run_for_a_failed_send() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode(SpyMode::Pending);
+    let (seen, handler) = recorder();
+    hub.subscribe("t", handler, SubscribeOptions::default().id("a"))
+        .unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    spy.complete_next(Err(SendError::Closed));
+    assert!(seen.lock().unwrap().is_empty());
+    assert!(!hub.stats().list[0].in_flight);
+}
+
+#[test]
+fn panicking_handler_is_reported_and_isolated() {
+    let (opts, errors) = with_errors(HubOptions::default());
+    let (hub, spy) = manual(opts);
+    hub.subscribe(
+        "t",
+        |_| panic!("boom"),
+        SubscribeOptions::default().id("bad"),
+    )
+    .unwrap();
+    let (seen, handler) = recorder();
+    hub.subscribe("t", handler, SubscribeOptions::default().id("good"))
+        .unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(*seen.lock().unwrap(), ["1"]);
+    assert_eq!(spy.frames().len(), 2);
+    let errs = errors.lock().unwrap().clone();
+    assert!(
+        matches!(&errs[..], [(HubError::HandlerPanicked { id, message }, Some(s))] if id == "bad" && message == "boom" && s == "bad")
+    );
+    publish(&hub, "t", 2);
+    turn(&hub);
+    assert_eq!(*seen.lock().unwrap(), ["1", "2"], "the hub keeps working");
+}
+
+#[test]
+fn failing_send_is_reported_and_isolated() {
+    let (opts, errors) = with_errors(HubOptions::default());
+    let (hub, spy) = manual(opts);
+    spy.set_mode_for("bad", SpyMode::Fail("socket reset".into()));
+    sub(&hub, "t", SubscribeOptions::default().id("bad"));
+    sub(&hub, "t", SubscribeOptions::default().id("good"));
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(received(&spy, "good"), ["1"]);
+    let errs = errors.lock().unwrap().clone();
+    assert_eq!(errs.len(), 1);
+    assert!(
+        matches!(&errs[0], (HubError::SendFailed { id, error: SendError::Refused(why) }, _) if id == "bad" && why == "socket reset")
+    );
+}
+
+#[test]
+fn panicking_sink_is_reported_and_isolated() {
+    let (opts, errors) = with_errors(HubOptions::default());
+    let (hub, spy) = manual(opts);
+    spy.set_mode_for("bad", SpyMode::Panic);
+    sub(&hub, "t", SubscribeOptions::default().id("bad"));
+    sub(&hub, "t", SubscribeOptions::default().id("good"));
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(received(&spy, "good"), ["1"]);
+    assert!(
+        matches!(&errors.lock().unwrap()[0], (HubError::SinkPanicked { id, .. }, _) if id == "bad")
+    );
+    assert!(!hub.stats().list.iter().any(|s| s.in_flight));
+}
+
+// ---- retained log ------------------------------------------------------------------------------
+
+fn retain(hub: &Hub, topic: &str, n: i64) -> usize {
+    hub.publish(topic, json(n), PublishOptions::default().retain(true))
+        .unwrap()
+}
+
+#[test]
+fn retained_messages_are_replayed_in_order_to_a_new_subscriber() {
+    let (hub, spy) = manual(HubOptions::default());
+    assert_eq!(
+        retain(&hub, "t", 0),
+        0,
+        "publishing with no subscribers is the case retain exists for"
+    );
+    retain(&hub, "t", 1);
+    publish(&hub, "t", 99); // not retained
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 2);
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["0", "1", "2"]);
+}
+
+#[test]
+fn retained_log_keeps_the_last_32_per_topic() {
+    let (hub, spy) = manual(HubOptions::default());
+    for i in 0..40 {
+        retain(&hub, "t", i);
+    }
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), nums(8..40));
+}
+
+#[test]
+fn retained_replay_goes_through_the_subscriber_queue_and_policy() {
+    let (hub, spy) = manual(HubOptions::default());
+    for i in 0..10 {
+        retain(&hub, "t", i);
+    }
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("newest")
+            .max_queue(4)
+            .slow_consumer(SlowConsumer::DropNewest),
+    );
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("oldest").max_queue(4),
+    );
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("cut")
+            .max_queue(4)
+            .slow_consumer(SlowConsumer::Disconnect),
+    );
+    turn(&hub);
+    assert_eq!(received(&spy, "newest"), nums(0..4));
+    assert_eq!(received(&spy, "oldest"), nums(6..10));
+    assert!(spy.frames_for("cut").is_empty());
+    assert_eq!(
+        spy.closes(),
+        vec![("cut".to_owned(), CloseReason::SlowConsumer)]
+    );
+    let s = hub.stats();
+    assert_eq!(s.disconnected, 1);
+    assert_eq!(
+        s.dropped,
+        6 + 6 + 5,
+        "6 refused, 6 evicted, 4 discarded and 1 refused on disconnect"
+    );
+}
+
+#[test]
+fn retained_replay_is_not_counted_in_published() {
+    let (hub, _spy) = manual(HubOptions::default());
+    retain(&hub, "t", 0);
+    retain(&hub, "t", 1);
+    for _ in 0..5 {
+        sub(&hub, "t", SubscribeOptions::default());
+    }
+    assert_eq!(hub.stats().published, 2);
+}
+
+#[test]
+fn retained_log_is_released_when_the_last_subscriber_leaves() {
+    let (hub, spy) = manual(HubOptions::default());
+    let a = sub(&hub, "t", SubscribeOptions::default().id("a"));
+    let b = sub(&hub, "t", SubscribeOptions::default().id("b"));
+    retain(&hub, "t", 1);
+    assert!(a.unsubscribe());
+    sub(&hub, "t", SubscribeOptions::default().id("c"));
+    turn(&hub);
+    assert_eq!(
+        received(&spy, "c"),
+        ["1"],
+        "one leaving does not destroy the others' history"
+    );
+    assert!(b.unsubscribe());
+    assert!(hub.unsubscribe("c"));
+    assert_eq!(hub.stats().topics, 0);
+    sub(&hub, "t", SubscribeOptions::default().id("d"));
+    turn(&hub);
+    assert!(
+        spy.frames_for("d").is_empty(),
+        "the log went with the last subscriber"
+    );
+}
+
+#[test]
+fn retained_log_is_released_on_close() {
+    let (hub, _spy) = manual(HubOptions::default());
+    retain(&hub, "t", 1);
+    let m = Message::json(String::from("[1]")).unwrap();
+    let weak_probe = m.bytes().clone();
+    hub.publish("u", m, PublishOptions::default().retain(true))
+        .unwrap();
+    assert_eq!(hub.stats().topics, 2);
+    hub.close();
+    assert_eq!(hub.stats().topics, 0);
+    assert!(
+        weak_probe.is_unique(),
+        "the hub no longer holds the retained message"
+    );
+}
+
+// ---- subscriber priority -------------------------------------------------------------------------
+
+#[test]
+fn subscriber_priority_decides_drain_order_ties_by_insertion() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("p0-first"));
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("p10").priority(10),
+    );
+    sub(&hub, "t", SubscribeOptions::default().id("p0-second"));
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("p-5").priority(-5),
+    );
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("p10-second").priority(10),
+    );
+    publish(&hub, "t", 1);
+    turn(&hub);
+    let order: Vec<String> = spy.frames().into_iter().map(|f| f.subscriber).collect();
+    assert_eq!(order, ["p10", "p10-second", "p0-first", "p0-second", "p-5"]);
+    let prios: Vec<i32> = hub.stats().list.iter().map(|s| s.priority).collect();
+    assert_eq!(prios, [10, 10, 0, 0, -5], "stats reflect priority back");
+}
+
+// ---- flush ---------------------------------------------------------------------------------------
+
+#[test]
+fn flush_waits_for_sends_in_flight() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode(SpyMode::Pending);
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 1);
+    turn(&hub); // a send is in flight before flush starts
+    publish(&hub, "t", 2);
+    let returned = Arc::new(AtomicBool::new(false));
+    let flusher = {
+        let hub = hub.clone();
+        let returned = Arc::clone(&returned);
+        std::thread::spawn(move || {
+            let r = hub.flush();
+            returned.store(true, Ordering::SeqCst);
+            r
+        })
+    };
+    // Complete sends as they arrive until both messages went out.
+    let mut completed = 0;
+    while completed < 2 {
+        if spy.pending() > 0 {
+            assert!(
+                !returned.load(Ordering::SeqCst),
+                "flush returned with a send outstanding"
+            );
+            spy.complete_next(Ok(()));
+            completed += 1;
+        } else {
+            std::thread::yield_now();
+        }
+    }
+    flusher.join().unwrap().unwrap();
+    assert_eq!(received(&spy, "a"), ["1", "2"]);
+}
+
+#[test]
+fn flush_on_a_closed_hub_is_an_error() {
+    let (hub, _spy) = manual(HubOptions::default());
+    hub.close();
+    assert_eq!(hub.flush(), Err(HubError::Closed));
+}
+
+// ---- stats and presence ----------------------------------------------------------------------------
+
+#[test]
+fn stats_count_published_delivered_dropped_disconnected_encoded() {
+    let (hub, _spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(2));
+    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    sub(
+        &hub,
+        "u",
+        SubscribeOptions::default()
+            .id("c")
+            .max_queue(1)
+            .slow_consumer(SlowConsumer::Disconnect),
+    );
+    for i in 0..3 {
+        publish(&hub, "t", i);
+    }
+    publish(&hub, "u", 0);
+    publish(&hub, "u", 1);
+    turn(&hub);
+    let s = hub.stats();
+    assert_eq!(s.subscribers, 2);
+    assert_eq!(s.topics, 1);
+    assert_eq!(s.published, 5);
+    assert_eq!(s.delivered, 2 + 3);
+    assert_eq!(s.dropped, 1 + 2);
+    assert_eq!(s.disconnected, 1);
+    assert_eq!(s.encoded, 2, "a and b hold different batches");
+}
+
+#[test]
+fn bytes_out_equals_the_sum_of_bytes_sent() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode_for("failing", SpyMode::Fail("no".into()));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    sub(&hub, "t", SubscribeOptions::default().id("failing"));
+    sub(&hub, "u", SubscribeOptions::default().id("c"));
+    publish(&hub, "t", 1);
+    publish(&hub, "u", 22);
+    turn(&hub);
+    let s = hub.stats();
+    assert_eq!(
+        s.bytes_out,
+        s.list.iter().map(|x| x.bytes_sent).sum::<u64>()
+    );
+    let by_id = |id: &str| s.list.iter().find(|x| x.id == id).unwrap().bytes_sent;
+    assert_eq!(by_id("a"), spy.frames_for("a")[0].len() as u64);
+    assert_eq!(by_id("a"), by_id("b"), "one shared frame, the same figure");
+    assert_eq!(by_id("failing"), 0, "a send that failed produced nothing");
+    assert_eq!(
+        s.delivered, 4,
+        "delivered counts messages offered, failed or not"
+    );
+}
+
+#[test]
+fn bytes_acknowledged_is_called_with_bytes_sent_per_subscriber() {
+    let (hub, spy) = manual(HubOptions::default());
+    let calls: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let c = Arc::clone(&calls);
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("a")
+            .bytes_acknowledged(move |n, s| {
+                c.lock().unwrap().push((s.id().to_owned(), n));
+            }),
+    );
+    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    publish(&hub, "t", 1);
+    turn(&hub);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    let len = spy
+        .frames_for("a")
+        .iter()
+        .map(|f| f.len() as u64)
+        .collect::<Vec<_>>();
+    assert_eq!(
+        *calls.lock().unwrap(),
+        vec![("a".to_owned(), len[0]), ("a".to_owned(), len[0] + len[1])]
+    );
+}
+
+#[test]
+fn panicking_bytes_acknowledged_is_reported_and_delivery_goes_on() {
+    let (opts, errors) = with_errors(HubOptions::default());
+    let (hub, _spy) = manual(opts);
+    let (seen, handler) = recorder();
+    hub.subscribe(
+        "t",
+        handler,
+        SubscribeOptions::default()
+            .id("a")
+            .bytes_acknowledged(|_, _| panic!("bad gauge")),
+    )
+    .unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(*seen.lock().unwrap(), ["1"]);
+    assert!(
+        matches!(&errors.lock().unwrap()[0], (HubError::AckCallbackPanicked { id, .. }, _) if id == "a")
+    );
+}
+
+#[test]
+fn presence_is_a_snapshot_the_caller_cannot_mutate() {
+    let (hub, _spy) = manual(HubOptions::default());
+    sub(
+        &hub,
+        "room",
+        SubscribeOptions::default()
+            .id("a")
+            .transport(Arc::new("socket-a")),
+    );
+    sub(&hub, "room", SubscribeOptions::default().id("b"));
+    sub(&hub, "lobby", SubscribeOptions::default().id("c"));
+    let mut p = hub.presence(Some("room"));
+    assert_eq!(
+        p.iter().map(|x| x.id.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert_eq!(
+        p[0].transport.as_ref().unwrap().downcast_ref::<&str>(),
+        Some(&"socket-a")
+    );
+    p[0].id = "mallory".into();
+    p.clear();
+    assert_eq!(hub.presence(None).len(), 3);
+    assert_eq!(hub.presence(Some("room"))[0].id, "a");
+}
+
+#[test]
+fn transport_context_reaches_the_sink() {
+    #[derive(Debug)]
+    struct Ctx(u32);
+    #[derive(Debug, Default)]
+    struct Seen(Mutex<Vec<u32>>);
+    impl powerhub_plugin::Sink for Seen {
+        fn send(
+            &self,
+            sub: &SubscriberRef,
+            _f: Bytes,
+            _d: powerhub_plugin::Completion,
+        ) -> powerhub_plugin::SendOutcome {
+            self.0
+                .lock()
+                .unwrap()
+                .push(sub.transport::<Ctx>().unwrap().0);
+            powerhub_plugin::SendOutcome::Accepted
+        }
+    }
+    let seen = Arc::new(Seen::default());
+    let hub = Hub::new(
+        Arc::clone(&seen),
+        HubOptions::default().driver(Driver::Manual),
+    )
+    .unwrap();
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().transport(Arc::new(Ctx(42))),
+    );
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(*seen.0.lock().unwrap(), [42]);
+}
+
+#[test]
+fn a_per_subscription_sink_overrides_the_hub_sink() {
+    let (hub, hub_spy) = manual(HubOptions::default());
+    let own = SpySink::new();
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("own")
+            .sink(Arc::new(own.clone())),
+    );
+    sub(&hub, "t", SubscribeOptions::default().id("shared"));
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(received(&own, "own"), ["1"]);
+    assert!(hub_spy.frames_for("own").is_empty());
+    assert_eq!(received(&hub_spy, "shared"), ["1"]);
+    hub.close();
+    assert_eq!(
+        own.closes(),
+        vec![("own".to_owned(), CloseReason::HubClosed)]
+    );
+}
+
+#[test]
+fn metrics_hook_is_called_after_a_turn() {
+    let seen: Arc<Mutex<Vec<powerhub::hub::TurnMetrics>>> = Arc::default();
+    let s = Arc::clone(&seen);
+    let (hub, _spy) =
+        manual(HubOptions::default().metrics(move |m| s.lock().unwrap().push(m.clone())));
+    for _ in 0..3 {
+        sub(&hub, "t", SubscribeOptions::default());
+    }
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    turn(&hub); // nothing to do: no call
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        (
+            seen[0].frames,
+            seen[0].messages,
+            seen[0].encoded,
+            seen[0].published_total
+        ),
+        (3, 6, 1, 2)
+    );
+}
+
+// ---- unsubscribe, close, shutdown ----------------------------------------------------------------------
+
+#[test]
+fn unsubscribe_by_id_or_handle_calls_the_close_adapter() {
+    let (hub, spy) = manual(HubOptions::default());
+    let a = sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    assert!(a.unsubscribe());
+    assert!(!a.unsubscribe());
+    assert!(hub.unsubscribe("b"));
+    assert!(!hub.unsubscribe("b"));
+    assert!(!hub.unsubscribe("nobody"));
+    assert_eq!(
+        spy.closes(),
+        vec![
+            ("a".to_owned(), CloseReason::Unsubscribe),
+            ("b".to_owned(), CloseReason::Unsubscribe)
+        ]
+    );
+    assert_eq!(publish(&hub, "t", 1), 0);
+    // The id is free again.
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+}
+
+#[test]
+fn dropping_the_subscription_handle_does_not_unsubscribe() {
+    let (hub, spy) = manual(HubOptions::default());
+    drop(sub(&hub, "t", SubscribeOptions::default().id("a")));
+    assert_eq!(publish(&hub, "t", 1), 1);
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["1"]);
+}
+
+#[test]
+fn close_is_not_graceful() {
+    let (hub, spy) = manual(HubOptions::default().batch_delay(Duration::from_millis(50)));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 1);
+    hub.turn(Instant::now());
+    hub.close();
+    assert!(spy.frames().is_empty(), "the pending batch was dropped");
+    assert_eq!(
+        hub.stats().published,
+        1,
+        "counted as published, never delivered"
+    );
+    assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
+    assert_eq!(hub.stats().subscribers, 0);
+    hub.close(); // idempotent
+    assert_eq!(spy.closes().len(), 1);
+}
+
+#[test]
+fn shutdown_flushes_then_closes() {
+    let (hub, spy) = manual(HubOptions::default().batch_delay(Duration::from_millis(50)));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 1);
+    hub.shutdown().unwrap();
+    assert_eq!(received(&spy, "a"), ["1"]);
+    assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
+    assert!(hub.is_closed());
+}
+
+#[test]
+fn shutdown_closes_even_when_the_flush_fails() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode(SpyMode::Fail("down".into()));
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 1);
+    assert_eq!(hub.shutdown(), Err(HubError::FlushErrors { errors: 1 }));
+    assert!(hub.is_closed());
+    assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
+}
+
+#[test]
+fn subscribe_after_close_is_an_error() {
+    let (hub, _spy) = manual(HubOptions::default());
+    hub.close();
+    assert_eq!(
+        hub.subscribe("t", |_| {}, SubscribeOptions::default())
+            .unwrap_err(),
+        HubError::Closed
+    );
+}
+
+#[test]
+fn dropping_the_last_hub_clone_closes_it() {
+    let spy = SpySink::new();
+    let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
+    let clone = hub.clone();
+    let s = sub(&hub, "t", SubscribeOptions::default().id("a"));
+    drop(hub);
+    assert!(spy.closes().is_empty(), "a clone is still alive");
+    drop(clone);
+    assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
+    assert!(!s.is_active());
+    assert!(!s.unsubscribe());
+}
+
+#[test]
+fn handlers_may_publish_back_into_the_hub() {
+    let (hub, spy) = manual(HubOptions::default());
+    let h = hub.clone();
+    let count = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&count);
+    hub.subscribe(
+        "ping",
+        move |_| {
+            c.fetch_add(1, Ordering::SeqCst);
+            h.publish_json("pong", &1).unwrap();
+        },
+        SubscribeOptions::default(),
+    )
+    .unwrap();
+    sub(&hub, "pong", SubscribeOptions::default().id("p"));
+    publish(&hub, "ping", 0);
+    hub.flush().unwrap();
+    hub.flush().unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(received(&spy, "p"), ["1"]);
+}
