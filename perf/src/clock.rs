@@ -1,10 +1,20 @@
-//! The monotonic clock every process on the machine shares (`CLOCK_MONOTONIC`), in nanoseconds.
+//! The monotonic clock (`CLOCK_MONOTONIC`), in nanoseconds since this process first read it.
 //!
-//! Payloads carry a send time read from this clock, so a subscriber in another thread (or
-//! process) can compute a latency without any clock translation.
+//! Payloads carry a send time read from this clock; the publisher and every subscriber run in
+//! this process, so a latency needs no clock translation, and a small epoch keeps the field
+//! short (12 digits: 1000 s).
 
-/// Nanoseconds on `CLOCK_MONOTONIC`.
+use std::sync::OnceLock;
+
+static EPOCH: OnceLock<u64> = OnceLock::new();
+
+/// Nanoseconds since the process's epoch.
 pub(crate) fn now_ns() -> u64 {
+    let now = monotonic_ns();
+    now - *EPOCH.get_or_init(|| now)
+}
+
+fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -24,11 +24,15 @@ pub(crate) struct InprocOut {
 }
 
 /// Broadcast capacity; the publisher stays within half of it so nothing lags.
-const BROADCAST_CAP: usize = 16384;
-/// Per-subscriber channel capacity (bounded, like powerhub's per-subscriber queues).
-const CHANNEL_CAP: usize = 64;
-/// Slots across all per-subscriber channels (fewer subscribers get deeper channels).
-const CHANNEL_SLOTS: usize = 65536;
+const BROADCAST_CAP: usize = 1024;
+/// Slots across all per-subscriber queues: fewer subscribers get deeper queues, between 64 and
+/// the broadcast capacity.
+const QUEUE_SLOTS: usize = 65536;
+
+/// The per-subscriber queue bound at `n` subscribers (channels, and the hub's `max_queue`).
+fn queue(n: usize) -> usize {
+    (QUEUE_SLOTS / n).clamp(64, BROADCAST_CAP)
+}
 
 /// The publisher runs on the first CPU and the draining thread on the last: the same two
 /// threads for every system.
@@ -44,7 +48,7 @@ fn pin_publisher() {
 }
 
 fn payload() -> Bytes {
-    Bytes::copy_from_slice(Template::new(64, "").stamp(1, 1))
+    Bytes::copy_from_slice(Template::new(64, crate::scenarios::BENCH, "t", "").stamp(1, 1))
 }
 
 fn broadcast(n: usize, msgs: u64) -> InprocOut {
@@ -99,7 +103,7 @@ fn broadcast(n: usize, msgs: u64) -> InprocOut {
 
 fn channels(n: usize, msgs: u64) -> InprocOut {
     let (txs, rxs): (Vec<_>, Vec<_>) = (0..n)
-        .map(|_| crossbeam_channel::bounded::<Bytes>((CHANNEL_SLOTS / n).max(CHANNEL_CAP)))
+        .map(|_| crossbeam_channel::bounded::<Bytes>(queue(n)))
         .unzip();
     let start = Instant::now();
     let consumer = std::thread::spawn(move || {
@@ -157,7 +161,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
             (
                 "powerhub hub",
                 true,
-                Box::new(move || powerhub::inproc(n, msgs, payload())),
+                Box::new(move || powerhub::inproc(n, msgs, queue(n), payload())),
             ),
             (
                 "tokio broadcast",
@@ -206,7 +210,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         }
     }
     sc.notes.push(format!(
-        "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, channels of max({CHANNEL_CAP}, {CHANNEL_SLOTS}/N)); every message must reach every subscriber."
+        "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, per-subscriber channels and hub queues of {QUEUE_SLOTS}/N clamped to 64..={BROADCAST_CAP}, the hub's publisher also kept within half of it); every message must reach every subscriber."
     ));
     Ok(sc)
 }

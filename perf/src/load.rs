@@ -17,7 +17,7 @@ use mio::{Events, Interest, Poll, Token};
 use crate::clock::{now_ns, wait_until};
 use crate::payload::{parse_stamp, Template};
 use crate::procfs::{self, RssPoint, RssSampler};
-use crate::systems::{connect, Decoder, SubOpts, Target};
+use crate::systems::{connect, Decoder, Target};
 
 /// Messages per publisher write: the same pipelining depth for every system.
 pub(crate) const PIPELINE: usize = 64;
@@ -325,7 +325,6 @@ impl Fleet {
         target: &Target,
         topic: &str,
         modes: &[ReadMode],
-        opts: &[SubOpts],
         readers: usize,
     ) -> io::Result<Fleet> {
         let readers = readers.max(1);
@@ -340,8 +339,7 @@ impl Fleet {
             .collect();
         for (idx, &mode) in modes.iter().enumerate() {
             let mut s = connect(target.addr)?;
-            let o = opts.get(idx).copied().unwrap_or_default();
-            let leftover = target.wire.subscribe(&mut s, topic, &o).map_err(|e| {
+            let leftover = target.wire.subscribe(&mut s, topic).map_err(|e| {
                 io::Error::new(e.kind(), format!("{} subscriber {idx}: {e}", target.kind))
             })?;
             s.set_nonblocking(true)?;
@@ -482,7 +480,6 @@ pub(crate) struct PubOut {
 pub(crate) struct CaseSpec {
     pub(crate) topic: String,
     pub(crate) modes: Vec<ReadMode>,
-    pub(crate) opts: Vec<SubOpts>,
     pub(crate) templates: Vec<Template>,
     pub(crate) pace: Pace,
     pub(crate) warmup: Duration,
@@ -632,7 +629,6 @@ pub(crate) fn run_case(
         target,
         &spec.topic,
         &spec.modes,
-        &spec.opts,
         spec.readers,
     )?);
     let sampler = RssSampler::start(target.pid, Duration::from_millis(50));

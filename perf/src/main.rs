@@ -52,8 +52,13 @@ struct Args {
     /// deliver a message it should.
     #[arg(long)]
     quick: bool,
-    /// Systems to run, comma-separated: powerhub, redis, nats, raw.
-    #[arg(long, value_delimiter = ',', default_value = "powerhub,redis,nats,raw")]
+    /// Systems to run, comma-separated: powerhub (default io backend: io_uring where the kernel
+    /// allows it), powerhub-epoll, redis, nats, raw.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "powerhub,powerhub-epoll,redis,nats,raw"
+    )]
     systems: Vec<String>,
     /// Redis address (as written by peers.sh).
     #[arg(long, env = "REDIS_ADDR")]
@@ -225,7 +230,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
     for s in &args.systems {
         kinds.push(SystemKind::parse(s).ok_or_else(|| {
             io::Error::other(format!(
-                "unknown system {s:?} in --systems; the systems are powerhub, redis, nats, raw"
+                "unknown system {s:?} in --systems; the systems are powerhub, powerhub-epoll, redis, nats, raw"
             ))
         })?);
     }
@@ -243,6 +248,16 @@ fn run(args: Args) -> io::Result<ExitCode> {
     if args.budget == Budget::Pinned && cpus > 1 {
         procfs::pin(None, &(0..cpus - 1).collect::<Vec<_>>())?;
     }
+    let server_cpu = (args.budget == Budget::Pinned && cpus > 1).then(|| cpus - 1);
+    let launcher = systems::powerhub::Launcher {
+        bin: args
+            .powerhub_bin
+            .clone()
+            .unwrap_or_else(systems::powerhub::default_bin),
+        shards: threads,
+        pin: server_cpu,
+        dir: results.clone(),
+    };
     let mut failures = Vec::new();
     let mut targets = Vec::new();
     let needs_servers = names.iter().any(|n| n != "in-process");
@@ -252,17 +267,12 @@ fn run(args: Args) -> io::Result<ExitCode> {
                 SystemKind::Raw => start_raw(),
                 SystemKind::Redis => peer(k, args.redis, args.redis_pid),
                 SystemKind::Nats => peer(k, args.nats, args.nats_pid),
-                SystemKind::Powerhub => {
-                    let bin = args.powerhub_bin.clone().unwrap_or_else(|| {
-                        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/powerhub")
-                    });
-                    systems::powerhub::start(&bin, threads)
-                }
+                SystemKind::Powerhub | SystemKind::PowerhubEpoll => launcher.start(k, None),
             };
             match t {
                 Ok(t) => {
-                    if args.budget == Budget::Pinned && cpus > 1 {
-                        procfs::pin(Some(t.pid), &[cpus - 1])?;
+                    if let (Some(cpu), false) = (server_cpu, k.is_powerhub()) {
+                        procfs::pin(Some(t.pid), &[cpu])?;
                     }
                     targets.push(t);
                 }
@@ -320,6 +330,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         inproc_deliveries: if quick { 2_000_000 } else { 20_000_000 },
         threads,
         targets,
+        launcher: Some(launcher),
         pb: pb.clone(),
         max_rates: Default::default(),
     };

@@ -1,57 +1,53 @@
-//! The benchmark message: a JSON object carrying a sequence number and a monotonic send time in
+//! The benchmark message: a JSON object carrying a sequence number and a send time in
 //! fixed-width decimal fields, padded to an exact size.
 //!
 //! ```text
-//! {"seq":00000000000000000042,"t":00000001234567890123,"p":"xxxx"}
+//! {"s":000000042,"t":000123456789,"stream":"b","type":"t","p":"x"}
 //! ```
 //!
-//! Fixed widths let the publisher stamp a pre-encoded template in place (no re-encoding per
-//! message) and let readers parse the two numbers without a JSON parser. Every system receives
-//! byte-identical messages.
+//! `stream` and `type` are what the push protocol needs to route a published message; every
+//! system receives byte-identical messages. Fixed widths let the publisher stamp a pre-encoded
+//! template in place (no re-encoding per message) and let readers parse both numbers at fixed
+//! offsets without a JSON parser. The 64-byte bench message is exactly 64 bytes.
 
-use memchr::memmem;
-
-const SEQ_KEY: &[u8] = b"\"seq\":";
+const PREFIX: &[u8] = b"{\"s\":";
 const T_KEY: &[u8] = b",\"t\":";
-const DIGITS: usize = 20;
+const SEQ_DIGITS: usize = 9;
+const T_DIGITS: usize = 12;
+const SEQ_AT: usize = PREFIX.len();
+const T_KEY_AT: usize = SEQ_AT + SEQ_DIGITS;
+const T_AT: usize = T_KEY_AT + T_KEY.len();
+const STAMP_END: usize = T_AT + T_DIGITS;
 
 /// A message template that is stamped in place.
 #[derive(Debug, Clone)]
 pub(crate) struct Template {
     bytes: Vec<u8>,
-    seq_at: usize,
-    t_at: usize,
 }
 
 impl Template {
-    /// A template of exactly `size` bytes (or the smallest possible, if `size` is smaller),
-    /// with `extra` (a run of `"key":value,` pairs) placed before the padding field.
-    pub(crate) fn new(size: usize, extra: &str) -> Template {
+    /// A message of exactly `size` bytes (or the smallest possible, if `size` is smaller) on
+    /// `stream` with `type` `kind`, with `extra` (a run of `,"key":value` pairs) before the
+    /// padding field.
+    pub(crate) fn new(size: usize, stream: &str, kind: &str, extra: &str) -> Template {
         let mut bytes = Vec::with_capacity(size);
-        bytes.extend_from_slice(b"{");
-        bytes.extend_from_slice(SEQ_KEY);
-        let seq_at = bytes.len();
-        bytes.extend_from_slice(&[b'0'; DIGITS]);
+        bytes.extend_from_slice(PREFIX);
+        bytes.extend_from_slice(&[b'0'; SEQ_DIGITS]);
         bytes.extend_from_slice(T_KEY);
-        let t_at = bytes.len();
-        bytes.extend_from_slice(&[b'0'; DIGITS]);
-        bytes.extend_from_slice(b",");
-        bytes.extend_from_slice(extra.as_bytes());
-        bytes.extend_from_slice(b"\"p\":\"");
+        bytes.extend_from_slice(&[b'0'; T_DIGITS]);
+        bytes.extend_from_slice(
+            format!(",\"stream\":\"{stream}\",\"type\":\"{kind}\"{extra},\"p\":\"").as_bytes(),
+        );
         let fixed = bytes.len() + 2;
         bytes.resize(bytes.len() + size.saturating_sub(fixed), b'x');
         bytes.extend_from_slice(b"\"}");
-        Template {
-            bytes,
-            seq_at,
-            t_at,
-        }
+        Template { bytes }
     }
 
-    /// The message with `seq` and `t` written in.
+    /// The message with `seq` and `t` written in (values past the field width wrap).
     pub(crate) fn stamp(&mut self, seq: u64, t: u64) -> &[u8] {
-        write_digits(&mut self.bytes[self.seq_at..self.seq_at + DIGITS], seq);
-        write_digits(&mut self.bytes[self.t_at..self.t_at + DIGITS], t);
+        write_digits(&mut self.bytes[SEQ_AT..T_KEY_AT], seq);
+        write_digits(&mut self.bytes[T_AT..STAMP_END], t);
         &self.bytes
     }
 
@@ -74,28 +70,20 @@ fn read_digits(src: &[u8]) -> Option<u64> {
         if !d.is_ascii_digit() {
             return None;
         }
-        v = v.checked_mul(10)?.checked_add(u64::from(d - b'0'))?;
+        v = v * 10 + u64::from(d - b'0');
     }
     Some(v)
 }
 
-/// The sequence number and send time of a benchmark message, wherever it sits in `msg` (the
-/// message may be wrapped in an envelope); `None` for anything else (replies, notifications).
+/// The sequence number and send time of a benchmark message; `None` for anything else
+/// (replies, notifications such as `frames_dropped`).
 pub(crate) fn parse_stamp(msg: &[u8]) -> Option<(u64, u64)> {
-    let key = if msg.starts_with(b"{\"seq\":") {
-        1
-    } else {
-        memmem::find(msg, SEQ_KEY)?
-    };
-    let seq_at = key + SEQ_KEY.len();
-    let t_key = seq_at + DIGITS;
-    let t_at = t_key + T_KEY.len();
-    if msg.len() < t_at + DIGITS || &msg[t_key..t_at] != T_KEY {
+    if msg.len() < STAMP_END || !msg.starts_with(PREFIX) || &msg[T_KEY_AT..T_AT] != T_KEY {
         return None;
     }
     Some((
-        read_digits(&msg[seq_at..seq_at + DIGITS])?,
-        read_digits(&msg[t_at..t_at + DIGITS])?,
+        read_digits(&msg[SEQ_AT..T_KEY_AT])?,
+        read_digits(&msg[T_AT..STAMP_END])?,
     ))
 }
 
@@ -106,23 +94,23 @@ mod tests {
     #[test]
     fn template_has_exact_size_and_round_trips() {
         for size in [64, 1024, 8192] {
-            let mut t = Template::new(size, "");
+            let mut t = Template::new(size, "b", "t", "");
             assert_eq!(t.len(), size);
-            let msg = t.stamp(42, 1_234_567_890_123).to_vec();
-            assert_eq!(parse_stamp(&msg), Some((42, 1_234_567_890_123)));
+            let msg = t.stamp(42, 1_234_567_890).to_vec();
+            assert_eq!(parse_stamp(&msg), Some((42, 1_234_567_890)));
             let v: serde_json::Value = serde_json::from_slice(&msg).expect("valid JSON");
-            assert_eq!(v["seq"], 42);
+            assert_eq!(v["s"], 42);
+            assert_eq!(v["stream"], "b");
         }
     }
 
     #[test]
-    fn stamp_is_found_inside_an_envelope() {
-        let mut t = Template::new(64, "\"type\":\"screenshot_update\",");
-        let inner = t.stamp(7, 9).to_vec();
-        let mut wrapped = b"{\"type\":\"message\",\"data\":".to_vec();
-        wrapped.extend_from_slice(&inner);
-        wrapped.push(b'}');
-        assert_eq!(parse_stamp(&wrapped), Some((7, 9)));
-        assert_eq!(parse_stamp(b"{\"type\":\"pong\"}"), None);
+    fn other_messages_have_no_stamp() {
+        let mut t = Template::new(300, "screens", "screenshot_update", ",\"deviceId\":\"d1\"");
+        let msg = t.stamp(7, 9).to_vec();
+        let v: serde_json::Value = serde_json::from_slice(&msg).expect("valid JSON");
+        assert_eq!(v["deviceId"], "d1");
+        assert_eq!(parse_stamp(&msg), Some((7, 9)));
+        assert_eq!(parse_stamp(b"{\"type\":\"frames_dropped\"}"), None);
     }
 }

@@ -16,7 +16,7 @@ use crate::load::{rate, run_case, CaseOut, CaseSpec, Pace, ReadMode};
 use crate::payload::Template;
 use crate::procfs;
 use crate::report::{plot_percentiles, plot_rss, slug, write_hgrm, Row, Scenario};
-use crate::systems::{Policy, SubOpts, SystemKind, Target};
+use crate::systems::{Policy, SystemKind, Target};
 
 /// The scenario names, in run order.
 pub(crate) const NAMES: [&str; 6] = [
@@ -61,9 +61,14 @@ pub(crate) struct Ctx {
     pub(crate) inproc_deliveries: u64,
     pub(crate) threads: usize,
     pub(crate) targets: Vec<Target>,
+    /// Starts extra powerhub servers (one per slow-consumer policy).
+    pub(crate) launcher: Option<crate::systems::powerhub::Launcher>,
     pub(crate) pb: ProgressBar,
     pub(crate) max_rates: RefCell<HashMap<(SystemKind, usize, usize), f64>>,
 }
+
+/// The bench stream (topic): one letter, so that a 64-byte message fits the routing fields.
+pub(crate) const BENCH: &str = "b";
 
 fn window_msgs(size: usize) -> u64 {
     ((1usize << 20) / (size + 48)).clamp(256, 16384) as u64
@@ -78,7 +83,7 @@ fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool)
     Row {
         case: case.to_owned(),
         system,
-        is_powerhub: target.kind == SystemKind::Powerhub,
+        is_powerhub: target.kind.is_powerhub(),
         is_peer: matches!(
             target.kind,
             SystemKind::Redis | SystemKind::Nats | SystemKind::Raw
@@ -127,10 +132,9 @@ impl Ctx {
 
     fn fanout_spec(&self, n: usize, size: usize, warmup: Duration, measure: Duration) -> CaseSpec {
         CaseSpec {
-            topic: "bench".to_owned(),
+            topic: BENCH.to_owned(),
             modes: vec![ReadMode::Normal; n],
-            opts: Vec::new(),
-            templates: vec![Template::new(size, "")],
+            templates: vec![Template::new(size, BENCH, "t", "")],
             pace: Pace::Window(window_msgs(size)),
             warmup,
             measure,
@@ -350,11 +354,23 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             modes.push(ReadMode::Never);
             let spec = CaseSpec {
                 pace: rate(r),
-                opts: vec![SubOpts { policy }; n],
                 modes,
                 ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
             };
             let variant = policy.map_or("", |p| p.name());
+            // A policy is the server's configuration: a server of its own per policy.
+            let dedicated = match (policy, &ctx.launcher) {
+                (Some(p), Some(l)) => match l.start(t.kind, Some(p)) {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        sc.failures
+                            .push(format!("slow-consumer {} {variant}: {e}", t.kind));
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            let t = dedicated.as_ref().unwrap_or(t);
             let out = match ctx.run(t, &format!("slow-consumer {variant}"), spec) {
                 Ok(o) => o,
                 Err(e) => {
@@ -414,6 +430,8 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
     Ok(sc)
 }
 
+/// The screens scenario's stream (topic).
+const SCREENS: &str = "screens";
 const SHOT_SIZES: [usize; 3] = [256 << 10, 1 << 20, 2 << 20];
 const HIERARCHY_SIZE: usize = 16 << 10;
 
@@ -425,16 +443,15 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
     let per_dev = 1 + SHOT_SIZES.len();
     let mut templates = Vec::new();
     for d in 0..prof.devices {
-        let common = format!("\"deviceId\":\"device-{d}\",\"deviceSessionUuid\":\"session-{d}\",");
+        let ids = format!(",\"deviceId\":\"device-{d}\",\"deviceSessionUuid\":\"session-{d}\"");
         templates.push(Template::new(
             HIERARCHY_SIZE,
-            &format!("\"type\":\"hierarchy_update\",{common}"),
+            SCREENS,
+            "hierarchy_update",
+            &ids,
         ));
         for s in SHOT_SIZES {
-            templates.push(Template::new(
-                s,
-                &format!("\"type\":\"screenshot_update\",{common}"),
-            ));
+            templates.push(Template::new(s, SCREENS, "screenshot_update", &ids));
         }
     }
     // The schedule: ticks at `hz`, devices spread across the tick; screenshots every few ticks.
@@ -463,9 +480,8 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
         modes.extend(std::iter::repeat_n(ReadMode::Never, prof.stalled));
         let s2 = sched.clone();
         let spec = CaseSpec {
-            topic: "screens".to_owned(),
+            topic: SCREENS.to_owned(),
             modes,
-            opts: Vec::new(),
             templates: templates.clone(),
             pace: Pace::Schedule(Box::new(move |seq| s2.get(seq as usize).copied())),
             warmup: Duration::ZERO,
@@ -568,7 +584,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         for i in 0..k {
             let src = [127, 0, 0, 2 + (i / 25_000) as u8];
             let r = connect_from(src, t.addr).and_then(|mut s| {
-                let left = t.wire.subscribe(&mut s, "idle", &SubOpts::default())?;
+                let left = t.wire.subscribe(&mut s, "idle")?;
                 s.set_nonblocking(true)?;
                 Ok((s, left))
             });
@@ -620,7 +636,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         sc.rows.push(Row {
             case: format!("{k} idle subscribers"),
             system: t.kind.name().to_owned(),
-            is_powerhub: t.kind == SystemKind::Powerhub,
+            is_powerhub: t.kind.is_powerhub(),
             is_peer: matches!(t.kind, SystemKind::Redis | SystemKind::Nats),
             throughput: Some(alive as f64),
             peak_rss_kib: Some(peak),

@@ -20,7 +20,10 @@ pub(crate) mod redis;
 /// Which system a run measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) enum SystemKind {
+    /// `powerhub serve` with its default io backend (io_uring where the kernel allows it).
     Powerhub,
+    /// `powerhub serve` with the epoll backend.
+    PowerhubEpoll,
     Redis,
     Nats,
     Raw,
@@ -30,6 +33,7 @@ impl SystemKind {
     pub(crate) fn name(self) -> &'static str {
         match self {
             SystemKind::Powerhub => "powerhub",
+            SystemKind::PowerhubEpoll => "powerhub-epoll",
             SystemKind::Redis => "redis",
             SystemKind::Nats => "nats",
             SystemKind::Raw => "raw-writev",
@@ -39,11 +43,19 @@ impl SystemKind {
     pub(crate) fn parse(s: &str) -> Option<SystemKind> {
         match s {
             "powerhub" => Some(SystemKind::Powerhub),
+            "powerhub-epoll" => Some(SystemKind::PowerhubEpoll),
             "redis" => Some(SystemKind::Redis),
             "nats" => Some(SystemKind::Nats),
             "raw" | "raw-writev" => Some(SystemKind::Raw),
             _ => None,
         }
+    }
+}
+
+impl SystemKind {
+    /// Whether this is powerhub (ratios are taken from it).
+    pub(crate) fn is_powerhub(self) -> bool {
+        matches!(self, SystemKind::Powerhub | SystemKind::PowerhubEpoll)
     }
 }
 
@@ -74,17 +86,11 @@ impl Policy {
     }
 }
 
-/// Options of one subscription.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SubOpts {
-    pub(crate) policy: Option<Policy>,
-}
-
 /// How to talk to one system.
 pub(crate) trait Wire: Send + Sync {
     /// Subscribe a fresh connection to `topic` and return once the server confirmed it, with any
     /// bytes read past the confirmation.
-    fn subscribe(&self, s: &mut TcpStream, topic: &str, opts: &SubOpts) -> io::Result<Vec<u8>>;
+    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>>;
     /// Prepare a fresh connection for publishing.
     fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()>;
     /// Append the bytes that publish `msg` on `topic`.

@@ -4,7 +4,7 @@
 use std::io;
 use std::net::TcpStream;
 
-use super::{find_end, read_until, request, Decoder, SubOpts, Wire};
+use super::{find_end, read_until, request, Decoder, Wire};
 
 /// The text wire of NATS.
 #[derive(Debug, Default)]
@@ -18,7 +18,7 @@ fn read_info(s: &mut TcpStream) -> io::Result<()> {
 }
 
 impl Wire for NatsWire {
-    fn subscribe(&self, s: &mut TcpStream, topic: &str, _opts: &SubOpts) -> io::Result<Vec<u8>> {
+    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
         read_info(s)?;
         let mut cmd = CONNECT.to_vec();
         cmd.extend_from_slice(format!("SUB {topic} 1\r\nPING\r\n").as_bytes());

@@ -1,51 +1,273 @@
-//! powerhub as a system under test: the `powerhub serve` push server (NDJSON over TCP).
+//! powerhub as a system under test: the `powerhub serve` push server (NDJSON over TCP), and
+//! the in-process hub (`powerhub::hub::Hub`).
 //!
-//! Everything that depends on the server's command line and push protocol is in this module.
+//! Everything that depends on the server's command line, configuration and push protocol is
+//! in this module.
 
-use std::io;
-use std::net::TcpStream;
-use std::path::Path;
+use std::io::{self, BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
-use super::{Decoder, SubOpts, Target, Wire};
+use bytes::Bytes;
+use powerhub::hub::{
+    Codec, Hub, HubOptions, Message, PublishOptions, SlowConsumer, SubscribeOptions,
+};
+use powerhub::plugin::{Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
-/// The NDJSON push protocol of `powerhub serve`.
+use super::{find_end, request, Decoder, Policy, SystemKind, Target, Wire};
+use crate::inproc::InprocOut;
+
+/// The NDJSON push protocol of `powerhub serve` (`docs/protocol.md`).
 #[derive(Debug, Default)]
 pub(crate) struct PowerhubWire;
 
 impl Wire for PowerhubWire {
-    fn subscribe(&self, _s: &mut TcpStream, _topic: &str, _opts: &SubOpts) -> io::Result<Vec<u8>> {
-        Err(io::Error::other(
-            "the powerhub push protocol is not wired yet",
-        ))
+    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
+        // The slow-consumer policy is the server's `[subscriptions] slow_consumer`: see `Launcher`.
+        let cmd = format!("{{\"type\":\"subscribe\",\"id\":\"s\",\"stream\":\"{topic}\"}}\n");
+        let rest = request(s, cmd.as_bytes(), "powerhub `subscribed` reply", |b| {
+            if memchr::memmem::find(b, b"\"type\":\"error\"").is_some() {
+                return find_end(b, b"\n").map(|_| 0);
+            }
+            let at = memchr::memmem::find(b, b"\"type\":\"subscribed\"")?;
+            find_end(&b[at..], b"\n").map(|e| at + e)
+        })?;
+        if rest.starts_with(b"{") && memchr::memmem::find(&rest, b"\"type\":\"error\"").is_some() {
+            return Err(io::Error::other(format!(
+                "subscribe refused: {}",
+                String::from_utf8_lossy(&rest).trim_end()
+            )));
+        }
+        Ok(rest)
     }
 
-    fn hello_publisher(&self, _s: &mut TcpStream) -> io::Result<()> {
-        Err(io::Error::other(
-            "the powerhub push protocol is not wired yet",
-        ))
+    fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()> {
+        request(
+            s,
+            b"{\"type\":\"ping\",\"id\":1}\n",
+            "powerhub `pong` reply",
+            |b| find_end(b, b"\n"),
+        )
+        .map(drop)
     }
 
-    fn encode_publish(&self, _topic: &str, _msg: &[u8], _out: &mut Vec<u8>) {}
+    fn encode_publish(&self, _topic: &str, msg: &[u8], out: &mut Vec<u8>) {
+        // The message names its stream (topic) itself; it is delivered byte for byte.
+        out.extend_from_slice(b"{\"type\":\"publish\",\"message\":");
+        out.extend_from_slice(msg);
+        out.extend_from_slice(b"}\n");
+    }
 
     fn decoder(&self) -> Box<dyn Decoder> {
-        Box::new(super::raw::LineDecoder)
+        // Delivered messages, replies, pings and notifications: one JSON object per line.
+        Box::new(PushDecoder)
     }
 }
 
-/// Start `powerhub serve` from `bin` on a free loopback port with `threads` shards.
-pub(crate) fn start(bin: &Path, _threads: usize) -> io::Result<Target> {
-    Err(io::Error::other(format!(
-        "powerhub serve is not wired yet ({})",
-        bin.display()
-    )))
+/// Lines; answers the server's keepalive `ping` with a `pong`.
+#[derive(Debug)]
+struct PushDecoder;
+
+impl Decoder for PushDecoder {
+    fn decode(
+        &mut self,
+        buf: &[u8],
+        on_msg: &mut dyn FnMut(&[u8]),
+        reply: &mut Vec<u8>,
+    ) -> io::Result<usize> {
+        let mut pos = 0;
+        for nl in memchr::memchr_iter(b'\n', buf) {
+            let line = &buf[pos..nl];
+            if line == b"{\"type\":\"ping\"}" {
+                reply.extend_from_slice(b"{\"type\":\"pong\"}\n");
+            } else {
+                on_msg(line);
+            }
+            pos = nl + 1;
+        }
+        Ok(pos)
+    }
 }
 
-/// Publish `msgs` copies of `payload` to `n` in-process subscribers of a `powerhub::hub::Hub`
-/// and wait until every subscriber has them.
-pub(crate) fn inproc(
-    _n: usize,
-    _msgs: u64,
-    _payload: bytes::Bytes,
-) -> io::Result<crate::inproc::InprocOut> {
-    Err(io::Error::other("powerhub::hub::Hub is not wired yet"))
+/// How to start `powerhub serve`.
+#[derive(Debug, Clone)]
+pub(crate) struct Launcher {
+    pub(crate) bin: PathBuf,
+    /// Shards (worker threads).
+    pub(crate) shards: usize,
+    /// CPU the server is pinned to, if any.
+    pub(crate) pin: Option<usize>,
+    /// Where the config file and the server log go.
+    pub(crate) dir: PathBuf,
+}
+
+impl Launcher {
+    /// Start a server with the io backend `backend` (`auto` or `epoll`) and the given
+    /// slow-consumer policy for every push subscription (default drop-oldest).
+    pub(crate) fn start(&self, kind: SystemKind, policy: Option<Policy>) -> io::Result<Target> {
+        let backend = if kind == SystemKind::PowerhubEpoll {
+            "epoll"
+        } else {
+            "auto"
+        };
+        let policy = policy.unwrap_or(Policy::DropOldest);
+        let name = format!("powerhub-{backend}-{}", policy.name());
+        let config = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&config, config_text(self.shards, backend, policy))?;
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let mut child = Command::new(&self.bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot run {}: {e}", self.bin.display()))
+            })?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let mut addr: Option<SocketAddr> = None;
+        let mut said = Vec::new();
+        loop {
+            let Some(line) = lines.next().transpose()? else {
+                let _ = child.kill();
+                return Err(io::Error::other(format!(
+                    "powerhub serve exited before `ready` (said {said:?}; log in {name}.log)"
+                )));
+            };
+            if let Some(a) = line.strip_prefix("listening ndjson ") {
+                addr = a.trim().parse().ok();
+            }
+            if line.trim() == "ready" {
+                break;
+            }
+            said.push(line);
+        }
+        // Keep reading stdout so that the server never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        let addr = addr.ok_or_else(|| {
+            io::Error::other(format!(
+                "powerhub serve printed no ndjson listener: {said:?}"
+            ))
+        })?;
+        let pid = child.id();
+        if let Some(cpu) = self.pin {
+            crate::procfs::pin(Some(pid), &[cpu])?;
+        }
+        Ok(Target {
+            kind,
+            addr,
+            pid,
+            wire: Arc::new(PowerhubWire),
+            child: Some(child),
+            policies: Policy::ALL.to_vec(),
+        })
+    }
+}
+
+fn config_text(shards: usize, backend: &str, policy: Policy) -> String {
+    format!(
+        r#"# Written by powerhub-perf.
+[engine]
+shards = {shards}
+backend = "{backend}"
+
+[limits]
+max_connections = 100000
+# Screenshot frames of up to 2 MiB inside a publish command.
+max_message_bytes = 16777216
+
+[subscriptions]
+slow_consumer = "{}"
+
+[[listener]]
+protocol = "ndjson"
+address = "127.0.0.1:0"
+"#,
+        policy.name()
+    )
+}
+
+/// The workspace's release binary.
+pub(crate) fn default_bin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/powerhub")
+}
+
+/// A sink that takes every frame at once (an in-process consumer with nothing to do).
+#[derive(Debug, Default)]
+struct Accepting;
+
+impl Sink for Accepting {
+    fn send(&self, _sub: &SubscriberRef, _frame: Frame, _done: Completion) -> SendOutcome {
+        SendOutcome::Accepted
+    }
+}
+
+/// Publish `msgs` copies of `payload` to `n` subscribers of an in-process hub (its own drain
+/// thread) and wait until every subscriber has them. Each subscriber's handler counts its
+/// deliveries; the publisher stays within half a queue of the drain, as the other in-process
+/// systems do, so that nothing is dropped.
+pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::Result<InprocOut> {
+    let err = |e: powerhub::hub::HubError| io::Error::other(e.to_string());
+    // The drain thread inherits the CPU of the thread that creates the hub.
+    let hub = std::thread::scope(|s| {
+        s.spawn(|| {
+            crate::inproc::pin_consumer();
+            Hub::new(Accepting, HubOptions::default().codec(Codec::Ndjson))
+        })
+        .join()
+        .map_err(|_| io::Error::other("hub creation panicked"))
+    })?
+    .map_err(err)?;
+    let delivered = Arc::new(AtomicU64::new(0));
+    let mut subs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let d = delivered.clone();
+        let handler = move |_: &powerhub::hub::Delivery<'_>| {
+            d.fetch_add(1, Ordering::Relaxed);
+        };
+        let opts = SubscribeOptions::default()
+            .max_queue(queue)
+            .max_batch(64)
+            .slow_consumer(SlowConsumer::DropNewest);
+        subs.push(
+            hub.subscribe(crate::scenarios::BENCH, handler, opts)
+                .map_err(err)?,
+        );
+    }
+    let message = Message::json(payload).map_err(err)?;
+    let window = (queue / 2).max(1) as u64;
+    let start = Instant::now();
+    for i in 0..msgs {
+        if i >= window {
+            let need = (i - window) * n as u64;
+            while delivered.load(Ordering::Relaxed) < need {
+                std::thread::yield_now();
+            }
+        }
+        hub.publish(
+            crate::scenarios::BENCH,
+            message.clone(),
+            PublishOptions::default(),
+        )
+        .map_err(err)?;
+    }
+    hub.flush().map_err(err)?;
+    let secs = start.elapsed().as_secs_f64();
+    let stats = hub.stats();
+    hub.close();
+    Ok(InprocOut {
+        delivered: delivered.load(Ordering::Relaxed),
+        lost: stats.dropped,
+        secs,
+    })
 }

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
-use super::{request, Decoder, SubOpts, Wire};
+use super::{request, Decoder, Wire};
 
 /// Unsent bytes kept per subscriber before batches are dropped for it.
 pub(crate) const PENDING_CAP: usize = 8 << 20;
@@ -22,7 +22,7 @@ pub(crate) const PENDING_CAP: usize = 8 << 20;
 pub(crate) struct RawWire;
 
 impl Wire for RawWire {
-    fn subscribe(&self, s: &mut TcpStream, _topic: &str, _opts: &SubOpts) -> io::Result<Vec<u8>> {
+    fn subscribe(&self, s: &mut TcpStream, _topic: &str) -> io::Result<Vec<u8>> {
         request(s, b"SUB\n", "raw OK", |b| {
             b.starts_with(b"OK\n").then_some(3)
         })

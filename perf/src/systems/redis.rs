@@ -3,7 +3,7 @@
 use std::io;
 use std::net::TcpStream;
 
-use super::{find_end, request, Decoder, SubOpts, Wire};
+use super::{find_end, request, Decoder, Wire};
 
 /// The RESP wire of Redis pub/sub.
 #[derive(Debug, Default)]
@@ -18,7 +18,7 @@ fn bulk(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 impl Wire for RedisWire {
-    fn subscribe(&self, s: &mut TcpStream, topic: &str, _opts: &SubOpts) -> io::Result<Vec<u8>> {
+    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
         let mut cmd = b"*2\r\n".to_vec();
         bulk(&mut cmd, b"SUBSCRIBE");
         bulk(&mut cmd, topic.as_bytes());
