@@ -25,13 +25,13 @@ pub(crate) struct InprocOut {
 
 /// Broadcast capacity; the publisher stays within half of it so nothing lags.
 const BROADCAST_CAP: usize = 1024;
-/// Slots across all per-subscriber queues: fewer subscribers get deeper queues, between 64 and
+/// Slots across all per-subscriber queues: fewer subscribers get deeper queues, between 256 and
 /// the broadcast capacity.
-const QUEUE_SLOTS: usize = 65536;
+const QUEUE_SLOTS: usize = 1 << 20;
 
 /// The per-subscriber queue bound at `n` subscribers (channels, and the hub's `max_queue`).
 fn queue(n: usize) -> usize {
-    (QUEUE_SLOTS / n).clamp(64, BROADCAST_CAP)
+    (QUEUE_SLOTS / n).clamp(256, BROADCAST_CAP)
 }
 
 /// The publisher runs on the first CPU and the draining thread on the last: the same two
@@ -210,7 +210,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         }
     }
     sc.notes.push(format!(
-        "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, per-subscriber channels and hub queues of {QUEUE_SLOTS}/N clamped to 64..={BROADCAST_CAP}, the hub's publisher also kept within half of it); every message must reach every subscriber."
+        "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, per-subscriber channels and hub queues of {QUEUE_SLOTS}/N clamped to 256..={BROADCAST_CAP}, the hub's publisher also kept within half of it); every message must reach every subscriber."
     ));
     Ok(sc)
 }

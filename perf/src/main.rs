@@ -327,7 +327,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
             secs: if quick { 2.0 } else { 5.0 },
         },
         inproc_subs: args.inproc_subs.clone().unwrap_or(vec![1, 100, 10_000]),
-        inproc_deliveries: if quick { 2_000_000 } else { 20_000_000 },
+        inproc_deliveries: if quick { 200_000 } else { 5_000_000 },
         threads,
         targets,
         launcher: Some(launcher),

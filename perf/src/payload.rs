@@ -2,8 +2,11 @@
 //! fixed-width decimal fields, padded to an exact size.
 //!
 //! ```text
-//! {"s":000000042,"t":000123456789,"stream":"b","type":"t","p":"x"}
+//! {"s":       42,"t":   123456789,"stream":"b","type":"t","p":"x"}
 //! ```
+//!
+//! (JSON allows whitespace before a value but no leading zeros, so numbers are right-aligned
+//! with spaces.)
 //!
 //! `stream` and `type` are what the push protocol needs to route a published message; every
 //! system receives byte-identical messages. Fixed widths let the publisher stamp a pre-encoded
@@ -32,9 +35,9 @@ impl Template {
     pub(crate) fn new(size: usize, stream: &str, kind: &str, extra: &str) -> Template {
         let mut bytes = Vec::with_capacity(size);
         bytes.extend_from_slice(PREFIX);
-        bytes.extend_from_slice(&[b'0'; SEQ_DIGITS]);
+        bytes.extend_from_slice(&[b' '; SEQ_DIGITS]);
         bytes.extend_from_slice(T_KEY);
-        bytes.extend_from_slice(&[b'0'; T_DIGITS]);
+        bytes.extend_from_slice(&[b' '; T_DIGITS]);
         bytes.extend_from_slice(
             format!(",\"stream\":\"{stream}\",\"type\":\"{kind}\"{extra},\"p\":\"").as_bytes(),
         );
@@ -58,15 +61,20 @@ impl Template {
 }
 
 fn write_digits(dst: &mut [u8], mut v: u64) {
-    for d in dst.iter_mut().rev() {
-        *d = b'0' + (v % 10) as u8;
+    for (i, d) in dst.iter_mut().rev().enumerate() {
+        *d = if i == 0 || v > 0 {
+            b'0' + (v % 10) as u8
+        } else {
+            b' '
+        };
         v /= 10;
     }
 }
 
 fn read_digits(src: &[u8]) -> Option<u64> {
     let mut v: u64 = 0;
-    for &d in src {
+    let digits = &src[src.iter().position(|&d| d != b' ')?..];
+    for &d in digits {
         if !d.is_ascii_digit() {
             return None;
         }
@@ -101,6 +109,9 @@ mod tests {
             let v: serde_json::Value = serde_json::from_slice(&msg).expect("valid JSON");
             assert_eq!(v["s"], 42);
             assert_eq!(v["stream"], "b");
+            let msg = t.stamp(0, 0).to_vec();
+            assert_eq!(parse_stamp(&msg), Some((0, 0)));
+            assert!(serde_json::from_slice::<serde_json::Value>(&msg).is_ok());
         }
     }
 

@@ -93,9 +93,11 @@ pub(crate) fn nofile_hard() -> u64 {
     lim.rlim_max
 }
 
-/// Number of CPUs online.
+/// Number of CPUs online (whatever this process is pinned to).
 pub(crate) fn cpus() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
 }
 
 /// Raise this process's open-file limit as far as it goes (as root, up to `want`).
