@@ -7,6 +7,7 @@
 #![warn(missing_docs)]
 
 pub mod hub;
+mod loom;
 pub mod outbox;
 pub mod protocol;
 pub mod ring;

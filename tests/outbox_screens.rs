@@ -73,8 +73,10 @@ fn stalled_above_threshold_emits_one_notification_per_device_and_holds_no_screen
         if reaped_at.is_none() {
             for d in devices {
                 let now = c.now;
-                c.outbox.push_event("obs", frame("screenshot_update", d, tick, &png), now);
-                c.outbox.push_event("obs", frame("hierarchy_update", d, tick, &tree), now);
+                c.outbox
+                    .push_event("obs", frame("screenshot_update", d, tick, &png), now);
+                c.outbox
+                    .push_event("obs", frame("hierarchy_update", d, tick, &tree), now);
             }
         }
         // The runtime's turn: the first write is taken not at all, and the socket never drains.
@@ -82,7 +84,11 @@ fn stalled_above_threshold_emits_one_notification_per_device_and_holds_no_screen
             let (offered, taken) = c.write(0);
             assert!(offered > 8 << 20 && taken == 0);
         } else {
-            assert_eq!(c.write(usize::MAX), (0, 0), "nothing is written while stalled");
+            assert_eq!(
+                c.write(usize::MAX),
+                (0, 0),
+                "nothing is written while stalled"
+            );
         }
         match c.outbox.handle_timeout(c.now) {
             TimeoutAction::Reap => reaped_at = Some(tick),
@@ -91,12 +97,28 @@ fn stalled_above_threshold_emits_one_notification_per_device_and_holds_no_screen
         }
         let st = c.outbox.stats();
         // One hierarchy per slot, the notifications, at most three keepalive pings.
-        assert!(st.queued <= devices.len() + devices.len() + 3, "queued {}", st.queued);
-        assert!(st.queued_bytes <= devices.len() * 1024, "no screenshot is retained: {}", st.queued_bytes);
+        assert!(
+            st.queued <= devices.len() + devices.len() + 3,
+            "queued {}",
+            st.queued
+        );
+        assert!(
+            st.queued_bytes <= devices.len() * 1024,
+            "no screenshot is retained: {}",
+            st.queued_bytes
+        );
     }
     let st = c.outbox.stats();
-    assert_eq!(reaped_at, Some(45 * HZ), "reaped at the liveness timeout (45 s)");
-    assert_eq!(st.notifications, devices.len() as u64, "one notification per (subscription, device, session)");
+    assert_eq!(
+        reaped_at,
+        Some(45 * HZ),
+        "reaped at the liveness timeout (45 s)"
+    );
+    assert_eq!(
+        st.notifications,
+        devices.len() as u64,
+        "one notification per (subscription, device, session)"
+    );
     // Four screenshots fitted under 8 MiB in the first write; every other one was dropped.
     assert_eq!(st.frames_dropped, (45 * HZ + 1) * devices.len() as u64 - 4);
     assert_eq!(st.pings, 2);
@@ -122,8 +144,10 @@ fn stalled_below_threshold_retains_the_latest_screenshot_per_slot_and_drops_noth
     for tick in 0..=last {
         c.now = c.t0 + at(tick);
         let now = c.now;
-        c.outbox.push_event("obs", frame("screenshot_update", "d1", tick, &png), now);
-        c.outbox.push_event("obs", frame("hierarchy_update", "d1", tick, &tree), now);
+        c.outbox
+            .push_event("obs", frame("screenshot_update", "d1", tick, &png), now);
+        c.outbox
+            .push_event("obs", frame("hierarchy_update", "d1", tick, &tree), now);
         if tick == 0 {
             c.write(64 << 10);
         } else {
@@ -134,7 +158,10 @@ fn stalled_below_threshold_retains_the_latest_screenshot_per_slot_and_drops_noth
         }
         assert_ne!(c.outbox.handle_timeout(now), TimeoutAction::Reap);
         let st = c.outbox.stats();
-        assert!(st.queued <= 2 + 4, "one screenshot and one hierarchy per slot, plus pings");
+        assert!(
+            st.queued <= 2 + 4,
+            "one screenshot and one hierarchy per slot, plus pings"
+        );
         assert!(st.queued_bytes <= FRAME + 64);
     }
     let st = c.outbox.stats();
@@ -142,17 +169,36 @@ fn stalled_below_threshold_retains_the_latest_screenshot_per_slot_and_drops_noth
     assert_eq!(st.frames_dropped, 0);
     assert_eq!(st.coalesced, 2 * (last - 1));
     let calls_before = factory.calls.load(Ordering::SeqCst);
-    assert_eq!(calls_before, 2, "only the first write's two frames were serialized");
+    assert_eq!(
+        calls_before, 2,
+        "only the first write's two frames were serialized"
+    );
 
     c.drain();
     let read = c.take();
     let got: Vec<&str> = read.lines().collect();
     assert_eq!(got.len(), 2 + 2 + 3);
     let head = |line: &str| line[..line.find(",\"png\"").unwrap()].to_owned();
-    assert_eq!(head(got[0]), r#"{"type":"screenshot_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":0"#);
-    assert_eq!(head(got[1]), r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":0"#);
-    assert_eq!(head(got[2]), format!(r#"{{"type":"screenshot_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":{last}"#));
-    assert_eq!(head(got[3]), format!(r#"{{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":{last}"#));
+    assert_eq!(
+        head(got[0]),
+        r#"{"type":"screenshot_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":0"#
+    );
+    assert_eq!(
+        head(got[1]),
+        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":0"#
+    );
+    assert_eq!(
+        head(got[2]),
+        format!(
+            r#"{{"type":"screenshot_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":{last}"#
+        )
+    );
+    assert_eq!(
+        head(got[3]),
+        format!(
+            r#"{{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":{last}"#
+        )
+    );
     assert_eq!(&got[4..], [r#"{"type":"ping"}"#; 3]);
     assert_eq!(factory.calls.load(Ordering::SeqCst), 4);
     assert!(!read.contains("frames_dropped"));

@@ -404,17 +404,17 @@ impl Outbox {
             self.last_alive = now;
         }
         if self.wire_len == 0 {
-            if self.paused {
-                self.paused = false;
-                self.slots.clear();
-            }
+            // Unpaused: what was admitted while paused stays queued (and its slots stay known to
+            // `unsubscribe`) until the next transmit writes it.
+            self.paused = false;
             self.notified.clear();
         } else {
             self.awaiting_writable = true;
+            if self.wire_len <= self.config.high_water_bytes {
+                self.notified.clear();
+            }
             if !self.paused {
                 self.pause();
-            } else if self.wire_len <= self.config.high_water_bytes {
-                self.notified.clear();
             }
         }
         if self.wire.is_empty() && self.scratch.capacity() > 64 << 10 {
@@ -536,6 +536,7 @@ impl Outbox {
     /// under the paused rules (classified, coalesced).
     fn pause(&mut self) {
         self.paused = true;
+        self.slots.clear();
         let queued = std::mem::take(&mut self.queue);
         self.head_seq += queued.len() as u64;
         self.stats.queued = 0;

@@ -246,6 +246,13 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
             },
         ));
     }
+    if line.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        let what = "a command must be a JSON object";
+        return Err(CommandError::new(
+            None,
+            ErrorKind::InvalidJson(what.to_owned()),
+        ));
+    }
     // Scan before simd-json rewrites the buffer in place.
     let message_span = member_span(line, "message");
     let message_bytes = message_span.map(|r| Bytes::copy_from_slice(&line[r]));

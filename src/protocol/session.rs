@@ -87,6 +87,8 @@ pub enum Action {
     Reply(Bytes),
     /// An inbound `pong`: call [`Outbox::on_pong`](crate::outbox::Outbox::on_pong).
     Pong,
+    /// Write this final error, then close the connection (the input could not be framed).
+    Close(Bytes),
 }
 
 /// The hub topic of every device of `stream`: the stream name itself.
@@ -265,8 +267,14 @@ impl Session {
         reply::error(request_id, "subscribe_failed", reason)
     }
 
+    /// The connection's stream protocol rejected its input (a line too long to frame, a broken
+    /// frame): [`Action::Close`] with the final error naming the problem.
+    pub fn handle_protocol_error(&mut self, err: &powerhub_plugin::ProtocolError) -> Action {
+        Action::Close(Self::fatal_error(err))
+    }
+
     /// The final error to write before closing a connection whose stream protocol rejected its
-    /// input (a line too long to frame, a broken frame).
+    /// input: `{"type":"error","requestId":null,"code":"fatal","message":"...; closing the connection"}`.
     pub fn fatal_error(err: &powerhub_plugin::ProtocolError) -> Bytes {
         CommandError::new(None, ErrorKind::Fatal(err.to_string())).to_reply()
     }

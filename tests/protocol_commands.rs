@@ -1,0 +1,285 @@
+//! The push protocol's command parser: every command, every kind of bad input.
+
+use bytes::Bytes;
+use powerhub::outbox::Field;
+use powerhub::protocol::{parse_command, Command, CommandError, ErrorKind, PublishMeta, RequestId};
+
+fn parse(line: &str) -> Result<Command, CommandError> {
+    let mut buf = line.as_bytes().to_vec();
+    parse_command(&mut buf)
+}
+
+fn err(line: &str) -> CommandError {
+    parse(line).unwrap_err()
+}
+
+fn rid(s: &str) -> Option<RequestId> {
+    Some(RequestId::Str(s.into()))
+}
+
+#[test]
+fn subscribe_to_one_device_or_all_devices_of_a_stream() {
+    assert_eq!(
+        parse(r#"{"type":"subscribe","id":"r1","stream":"obs","deviceId":"emulator-5554"}"#)
+            .unwrap(),
+        Command::Subscribe {
+            id: rid("r1"),
+            stream: "obs".into(),
+            device_id: Some("emulator-5554".into()),
+            subscription_id: None
+        }
+    );
+    assert_eq!(
+        parse(r#"{"type":"subscribe","id":2,"stream":"obs","subscriptionId":"mine"}"#).unwrap(),
+        Command::Subscribe {
+            id: Some(RequestId::Int(2)),
+            stream: "obs".into(),
+            device_id: None,
+            subscription_id: Some("mine".into())
+        }
+    );
+    assert_eq!(
+        parse(r#"{"type":"subscribe","stream":"obs","deviceId":null}"#).unwrap(),
+        Command::Subscribe {
+            id: None,
+            stream: "obs".into(),
+            device_id: None,
+            subscription_id: None
+        }
+    );
+}
+
+#[test]
+fn unsubscribe_ping_and_pong() {
+    assert_eq!(
+        parse(r#"{"type":"unsubscribe","requestId":"r2","subscriptionId":"obs-1"}"#).unwrap(),
+        Command::Unsubscribe {
+            id: rid("r2"),
+            subscription_id: "obs-1".into()
+        }
+    );
+    assert_eq!(
+        parse(r#"{"type":"ping","id":-5}"#).unwrap(),
+        Command::Ping {
+            id: Some(RequestId::Int(-5))
+        }
+    );
+    assert_eq!(
+        parse(r#"{"type":"pong"}"#).unwrap(),
+        Command::Pong { id: None }
+    );
+}
+
+#[test]
+fn publish_carries_the_message_byte_for_byte() {
+    let message = r#"{ "type" : "screenshot_update","stream":"obs","deviceId":"d1","deviceSessionUuid":null,"captureSequence":7,"png":"a\"b\u00e9\n"}"#;
+    let line = format!(r#"{{"type":"publish","id":"p1","message":{message},"extra":[1,2]}}"#);
+    let Command::Publish {
+        id,
+        message: got,
+        meta,
+    } = parse(&line).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(id, rid("p1"));
+    assert_eq!(got, Bytes::from(message.to_owned()));
+    assert_eq!(
+        meta,
+        PublishMeta {
+            stream: "obs".into(),
+            kind: "screenshot_update".into(),
+            device_id: Field::str("d1"),
+            device_session_uuid: Field::Null
+        }
+    );
+    let Command::Publish { meta, .. } =
+        parse(r#"{"type":"publish","message":{"type":"t","stream":"s"}}"#).unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(
+        (meta.device_id, meta.device_session_uuid),
+        (Field::Absent, Field::Absent)
+    );
+}
+
+#[test]
+fn unknown_fields_are_tolerated() {
+    assert_eq!(
+        parse(r#"{"future":{"x":[1,{"y":null}]},"type":"ping","id":"r","also":true}"#).unwrap(),
+        Command::Ping { id: rid("r") }
+    );
+}
+
+#[test]
+fn invalid_json_is_an_error_naming_the_problem_with_the_request_id_when_readable() {
+    let e = err(r#"{"id":"r7","type":"subscribe","stream":}"#);
+    assert!(matches!(e.kind, ErrorKind::InvalidJson(_)), "{e:?}");
+    assert_eq!(e.request_id, rid("r7"));
+    assert_eq!(e.kind.code(), "invalid_json");
+    let e = err("not json");
+    assert_eq!(e.request_id, None);
+    assert!(matches!(err("[1,2]").kind, ErrorKind::InvalidJson(_)));
+    assert!(matches!(err("").kind, ErrorKind::InvalidJson(_)));
+}
+
+#[test]
+fn invalid_utf8_is_an_error_naming_the_offset() {
+    let mut line = br#"{"type":"ping","id":"r1","x":"#.to_vec();
+    line.extend_from_slice(b"\"\xff\"}");
+    let e = parse_command(&mut line).unwrap_err();
+    assert_eq!(e.kind, ErrorKind::InvalidUtf8 { offset: 30 });
+    assert_eq!(e.request_id, rid("r1"));
+    assert_eq!(e.to_reply(), Bytes::from_static(br#"{"type":"error","requestId":"r1","code":"invalid_utf8","message":"invalid UTF-8 at byte 30"}"#));
+}
+
+#[test]
+fn missing_field_is_an_error_naming_the_field() {
+    assert_eq!(err(r#"{"id":"a"}"#).kind, ErrorKind::MissingField("type"));
+    assert_eq!(
+        err(r#"{"type":"subscribe","id":"a"}"#).kind,
+        ErrorKind::MissingField("stream")
+    );
+    assert_eq!(
+        err(r#"{"type":"unsubscribe","id":"a"}"#).kind,
+        ErrorKind::MissingField("subscriptionId")
+    );
+    assert_eq!(
+        err(r#"{"type":"publish","id":"a"}"#).kind,
+        ErrorKind::MissingField("message")
+    );
+    assert_eq!(
+        err(r#"{"type":"publish","message":{"stream":"s"}}"#).kind,
+        ErrorKind::MissingField("message.type")
+    );
+    assert_eq!(
+        err(r#"{"type":"publish","message":{"type":"t"}}"#).kind,
+        ErrorKind::MissingField("message.stream")
+    );
+    let e = err(r#"{"type":"subscribe","id":"a"}"#);
+    assert_eq!(e.request_id, rid("a"));
+    assert_eq!(e.to_reply(), Bytes::from_static(br#"{"type":"error","requestId":"a","code":"missing_field","message":"missing field `stream`"}"#));
+}
+
+#[test]
+fn wrongly_typed_field_is_an_error_naming_the_field_and_types() {
+    let cases = [
+        (r#"{"type":7}"#, "type", "a string", "a number"),
+        (
+            r#"{"type":"subscribe","stream":["s"]}"#,
+            "stream",
+            "a string",
+            "an array",
+        ),
+        (
+            r#"{"type":"subscribe","stream":"s","deviceId":1.5}"#,
+            "deviceId",
+            "a string",
+            "a number",
+        ),
+        (
+            r#"{"type":"subscribe","stream":"s","subscriptionId":{}}"#,
+            "subscriptionId",
+            "a string",
+            "an object",
+        ),
+        (
+            r#"{"type":"unsubscribe","subscriptionId":true}"#,
+            "subscriptionId",
+            "a string",
+            "a boolean",
+        ),
+        (
+            r#"{"type":"publish","message":"x"}"#,
+            "message",
+            "an object",
+            "a string",
+        ),
+        (
+            r#"{"type":"publish","message":null}"#,
+            "message",
+            "an object",
+            "null",
+        ),
+        (
+            r#"{"type":"publish","message":{"type":"t","stream":"s","deviceId":5}}"#,
+            "message.deviceId",
+            "a string or null",
+            "a number",
+        ),
+        (
+            r#"{"type":"publish","message":{"type":"t","stream":"s","deviceSessionUuid":[]}}"#,
+            "message.deviceSessionUuid",
+            "a string or null",
+            "an array",
+        ),
+        (
+            r#"{"type":"ping","id":{"a":1}}"#,
+            "id",
+            "a string or an integer",
+            "an object",
+        ),
+        (
+            r#"{"type":"ping","id":1.5}"#,
+            "id",
+            "a string or an integer",
+            "a number",
+        ),
+    ];
+    for (line, field, expected, got) in cases {
+        assert_eq!(
+            err(line).kind,
+            ErrorKind::WrongType {
+                field,
+                expected,
+                got
+            },
+            "{line}"
+        );
+    }
+    assert_eq!(
+        err(r#"{"type":"subscribe","id":"q","stream":1}"#).request_id,
+        rid("q")
+    );
+}
+
+#[test]
+fn invalid_values_are_errors_naming_the_field() {
+    for (line, field) in [
+        (r#"{"type":"subscribe","stream":""}"#, "stream"),
+        (r#"{"type":"subscribe","stream":"a/b"}"#, "stream"),
+        (
+            r#"{"type":"subscribe","stream":"s","deviceId":""}"#,
+            "deviceId",
+        ),
+        (
+            r#"{"type":"publish","message":{"type":"t","stream":"x/y"}}"#,
+            "message.stream",
+        ),
+    ] {
+        assert!(
+            matches!(err(line).kind, ErrorKind::InvalidValue { field: f, .. } if f == field),
+            "{line}"
+        );
+    }
+}
+
+#[test]
+fn unknown_command_is_an_error_naming_it() {
+    let e = err(r#"{"type":"subscirbe","id":"r9"}"#);
+    assert_eq!(e.kind, ErrorKind::UnknownCommand("subscirbe".into()));
+    assert_eq!(
+        e.to_reply(),
+        Bytes::from_static(br#"{"type":"error","requestId":"r9","code":"unknown_command","message":"unknown command `subscirbe`"}"#)
+    );
+}
+
+#[test]
+fn error_messages_are_escaped_json() {
+    let e = err(r#"{"type":"a\"b\\c","id":"q\"1"}"#);
+    let reply = e.to_reply();
+    let v: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+    assert_eq!(v["requestId"], "q\"1");
+    assert_eq!(v["message"], "unknown command `a\"b\\c`");
+}
