@@ -188,6 +188,10 @@ max_message_bytes = 16777216
 
 [subscriptions]
 slow_consumer = "{}"
+# As deep as the load generator's window (16384 messages of 64 B in flight per subscriber):
+# Redis and NATS buffer that much per subscriber without a bound, so powerhub gets the same
+# room instead of dropping by policy.
+max_queue = 16384
 
 [[listener]]
 protocol = "ndjson"
