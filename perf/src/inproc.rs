@@ -142,6 +142,9 @@ fn channels(n: usize, msgs: u64) -> InprocOut {
     }
 }
 
+/// One in-process system's run.
+type Runner = Box<dyn Fn() -> io::Result<InprocOut> + Send + Sync>;
+
 /// Run the in-process scenario.
 pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = Scenario {
@@ -153,11 +156,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
     for &n in &ctx.inproc_subs {
         let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
         let case = format!("N={n}");
-        let systems: [(
-            &str,
-            bool,
-            Box<dyn Fn() -> io::Result<InprocOut> + Send + Sync>,
-        ); 3] = [
+        let systems: [(&str, bool, Runner); 3] = [
             (
                 "powerhub hub",
                 true,

@@ -32,7 +32,7 @@ pub(crate) struct Row {
 
 impl Row {
     pub(crate) fn latency_of(h: &Histogram<u64>) -> Option<[u64; 4]> {
-        (h.len() > 0).then(|| {
+        (!h.is_empty()).then(|| {
             [
                 h.value_at_quantile(0.5),
                 h.value_at_quantile(0.99),
@@ -228,7 +228,7 @@ pub(crate) fn plot_percentiles(
     title: &str,
     series: &[(String, &Histogram<u64>)],
 ) -> io::Result<()> {
-    let series: Vec<_> = series.iter().filter(|(_, h)| h.len() > 0).collect();
+    let series: Vec<_> = series.iter().filter(|(_, h)| !h.is_empty()).collect();
     if series.is_empty() {
         return Ok(());
     }

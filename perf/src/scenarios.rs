@@ -621,7 +621,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         }
         let after = procfs::rss_kib(t.pid)?;
         let opened = conns.len();
-        let per = (after.saturating_sub(base)) as f64 * 1024.0 / opened.max(1) as f64;
+        let per = (after as f64 - base as f64) * 1024.0 / opened.max(1) as f64;
         drop(conns);
         let series = sampler.finish();
         let peak = series.iter().map(|p| p.1).max().unwrap_or(after);
@@ -641,10 +641,11 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             throughput: Some(alive as f64),
             peak_rss_kib: Some(peak),
             note: format!(
-                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB); opened in {open_secs:.1} s, held {:.0} s{}",
+                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s{}",
                 per / 1024.0,
                 base as f64 / 1024.0,
                 after as f64 / 1024.0,
+                if after < base { ": RSS fell, memory freed by the runtime meanwhile" } else { "" },
                 ctx.idle_hold.as_secs_f64(),
                 err.map_or(String::new(), |e| format!("; stopped: {e}"))
             ),

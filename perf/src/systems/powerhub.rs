@@ -106,16 +106,20 @@ pub(crate) struct Launcher {
 }
 
 impl Launcher {
-    /// Start a server with the io backend `backend` (`auto` or `epoll`) and the given
-    /// slow-consumer policy for every push subscription (default drop-oldest).
+    /// Start a server with the io backend of `kind` (default, or epoll). Without a `policy`
+    /// it is the throughput server: default policy, subscription queues as deep as the load
+    /// generator's window. With one, every push subscription has that slow-consumer policy and
+    /// the default queue depth, as an operator would run it.
     pub(crate) fn start(&self, kind: SystemKind, policy: Option<Policy>) -> io::Result<Target> {
         let backend = if kind == SystemKind::PowerhubEpoll {
             "epoll"
         } else {
             "auto"
         };
-        let policy = policy.unwrap_or(Policy::DropOldest);
-        let name = format!("powerhub-{backend}-{}", policy.name());
+        let name = format!(
+            "powerhub-{backend}-{}",
+            policy.map_or("throughput", Policy::name)
+        );
         let config = self.dir.join(format!("{name}.toml"));
         std::fs::write(&config, config_text(self.shards, backend, policy))?;
         let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
@@ -174,7 +178,14 @@ impl Launcher {
     }
 }
 
-fn config_text(shards: usize, backend: &str, policy: Policy) -> String {
+fn config_text(shards: usize, backend: &str, policy: Option<Policy>) -> String {
+    let subscriptions = match policy {
+        // As deep as the load generator's window (16384 messages of 64 B in flight per
+        // subscriber): Redis and NATS buffer that much per subscriber without a bound, so
+        // powerhub gets the same room instead of dropping by policy.
+        None => "max_queue = 16384".to_owned(),
+        Some(p) => format!("slow_consumer = \"{}\"", p.name()),
+    };
     format!(
         r#"# Written by powerhub-perf.
 [engine]
@@ -187,17 +198,12 @@ max_connections = 100000
 max_message_bytes = 16777216
 
 [subscriptions]
-slow_consumer = "{}"
-# As deep as the load generator's window (16384 messages of 64 B in flight per subscriber):
-# Redis and NATS buffer that much per subscriber without a bound, so powerhub gets the same
-# room instead of dropping by policy.
-max_queue = 16384
+{subscriptions}
 
 [[listener]]
 protocol = "ndjson"
 address = "127.0.0.1:0"
-"#,
-        policy.name()
+"#
     )
 }
 
