@@ -701,3 +701,112 @@ pub(crate) fn run_case(
         short,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::systems::raw::{serve_on, RawWire};
+    use crate::systems::SystemKind;
+    use std::net::TcpListener;
+
+    /// A raw baseline server on a thread of this process, stopped on drop.
+    struct RawServer {
+        target: Target,
+        stop: Arc<AtomicBool>,
+    }
+
+    impl RawServer {
+        fn start() -> RawServer {
+            let listener = TcpListener::bind("127.0.0.1:0").expect("bind loopback");
+            let addr = listener.local_addr().expect("local addr");
+            let stop = Arc::new(AtomicBool::new(false));
+            let s2 = stop.clone();
+            std::thread::spawn(move || serve_on(listener, &s2));
+            RawServer {
+                target: Target {
+                    kind: SystemKind::Raw,
+                    addr,
+                    pid: std::process::id(),
+                    wire: Arc::new(RawWire),
+                    child: None,
+                    policies: Vec::new(),
+                },
+                stop,
+            }
+        }
+    }
+
+    impl Drop for RawServer {
+        fn drop(&mut self) {
+            self.stop.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn spec(modes: Vec<ReadMode>, pace: Pace) -> CaseSpec {
+        CaseSpec {
+            topic: "b".to_owned(),
+            modes,
+            templates: vec![Template::new(64, "b", "t", "")],
+            pace,
+            warmup: Duration::from_millis(50),
+            measure: Duration::from_millis(200),
+            readers: 2,
+            drain: Duration::from_secs(10),
+        }
+    }
+
+    #[test]
+    fn closed_loop_fanout_counts_every_delivery_and_loses_none() {
+        let server = RawServer::start();
+        let out = run_case(
+            &server.target,
+            spec(vec![ReadMode::Normal; 5], Pace::Window(1024)),
+            &|_| {},
+        )
+        .expect("case runs");
+        assert!(out.publisher.sent > 0, "{out:?}");
+        assert_eq!(out.lost, 0);
+        assert_eq!(out.short, 0);
+        assert!(out
+            .fleet
+            .subs
+            .iter()
+            .all(|s| s.received == out.publisher.sent && s.gaps == 0));
+        assert!(out.deliveries > 0 && !out.fleet.hist.is_empty());
+        assert!(out.fleet.errors.is_empty(), "{:?}", out.fleet.errors);
+    }
+
+    #[test]
+    fn open_loop_stamps_the_scheduled_time_and_paced_readers_are_not_counted_as_lost() {
+        let server = RawServer::start();
+        let modes = vec![
+            ReadMode::Normal,
+            ReadMode::Normal,
+            ReadMode::Slow(10_000),
+            ReadMode::Never,
+        ];
+        let out =
+            run_case(&server.target, spec(modes, rate(20_000.0)), &|_| {}).expect("case runs");
+        assert!(out.publisher.sent > 0);
+        // Only the two normal readers must have everything.
+        assert_eq!(out.lost, 0);
+        assert_eq!(out.short, 0);
+        let slow = out
+            .fleet
+            .subs
+            .iter()
+            .find(|s| matches!(s.mode, ReadMode::Slow(_)))
+            .expect("slow reader");
+        assert!(slow.received < out.publisher.sent);
+        let never = out
+            .fleet
+            .subs
+            .iter()
+            .find(|s| s.mode == ReadMode::Never)
+            .expect("never-reader");
+        assert_eq!(never.received, 0);
+        // Latency is measured from the scheduled send time, so it is never negative: the
+        // histogram's minimum is at least its 1 ns floor.
+        assert!(out.fleet.hist.min() >= 1);
+    }
+}

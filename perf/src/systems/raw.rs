@@ -10,6 +10,7 @@
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use super::{request, Decoder, Wire};
@@ -127,6 +128,11 @@ pub(crate) fn serve(listen: &str) -> io::Result<()> {
     let listener = TcpListener::bind(listen)?;
     println!("LISTEN {}", listener.local_addr()?);
     io::stdout().flush()?;
+    serve_on(listener, &AtomicBool::new(false))
+}
+
+/// Serve on `listener` until `stop` is set.
+pub(crate) fn serve_on(listener: TcpListener, stop: &AtomicBool) -> io::Result<()> {
     let (tx, rx) = crossbeam_channel::unbounded::<(bool, TcpStream)>();
     std::thread::spawn(move || {
         for conn in listener.incoming() {
@@ -150,7 +156,7 @@ pub(crate) fn serve(listen: &str) -> io::Result<()> {
     let mut publisher: Option<TcpStream> = None;
     let mut buf = vec![0u8; 1 << 20];
     let mut filled = 0;
-    loop {
+    while !stop.load(Ordering::Relaxed) {
         let incoming = if publisher.is_none() && subs.iter().all(|s| s.pending.is_empty()) {
             rx.recv_timeout(Duration::from_millis(100)).ok()
         } else {
@@ -229,4 +235,5 @@ pub(crate) fn serve(listen: &str) -> io::Result<()> {
             buf.resize(buf.len() * 2, 0);
         }
     }
+    Ok(())
 }
