@@ -503,6 +503,8 @@ pub(crate) struct CaseOut {
     pub(crate) lost: u64,
     /// Normal readers that did not receive the last message.
     pub(crate) short: usize,
+    /// Seconds from the start of the measured window to the end of the drain.
+    pub(crate) until_drained: f64,
 }
 
 impl CaseOut {
@@ -679,6 +681,7 @@ pub(crate) fn run_case(
     while fleet.min_progress() < pub_out.sent && now_ns() < deadline {
         std::thread::sleep(Duration::from_millis(10));
     }
+    let until_drained = (now_ns() - t0) as f64 / 1e9;
     let fleet = Arc::try_unwrap(fleet).map_err(|_| io::Error::other("fleet still shared"))?;
     let fleet_out = fleet.stop();
     let rss = sampler.finish();
@@ -699,6 +702,7 @@ pub(crate) fn run_case(
         fleet: fleet_out,
         lost,
         short,
+        until_drained,
     })
 }
 

@@ -522,14 +522,16 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
             .filter(|s| s.mode == ReadMode::Never && s.closed_at.is_some())
             .count();
         let mut rw = row("screens", t, "", &out, true);
-        rw.throughput = Some(bytes as f64 / 1e6 / out.secs.max(1e-9));
+        // Everything the healthy subscribers read, over the time until they had read it.
+        rw.throughput = Some(bytes as f64 / 1e6 / out.until_drained.max(1e-9));
         rw.cpu_per_m = None;
         rw.note = format!(
-            "offered {:.0} MB/s per subscriber, published {}/{} frames in {:.1} s; healthy: {} frames not delivered (coalesced or dropped), {} frames_dropped notices; stalled subscribers disconnected: {stalled_closed}/{}",
+            "offered {:.0} MB/s per subscriber, published {}/{} frames in {:.1} s, drained after {:.1} s; healthy: {} frames not delivered (coalesced or dropped), {} frames_dropped notices; stalled subscribers disconnected: {stalled_closed}/{}",
             offered_bytes as f64 / 1e6 / prof.secs,
             out.publisher.sent,
             sched.len(),
             out.publisher.secs,
+            out.until_drained,
             out.lost,
             notices,
             prof.stalled,
