@@ -173,38 +173,58 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
                 Box::new(move || Ok(channels(n, msgs))),
             ),
         ];
-        for (name, is_ph, f) in systems.iter() {
-            ctx.pb.set_message(format!("in-process {case} · {name}"));
-            let res = std::thread::scope(|s| {
-                s.spawn(|| {
-                    pin_publisher();
-                    f()
-                })
-                .join()
-                .unwrap_or_else(|_| Err(io::Error::other("panicked")))
-            });
-            match res {
-                Ok(out) => {
-                    let expected = n as u64 * msgs;
-                    let lost = expected.saturating_sub(out.delivered) + out.lost;
-                    if lost > 0 {
-                        sc.failures.push(format!(
-                            "in-process {case} {name}: {lost} of {expected} deliveries missing"
-                        ));
+        // Repetitions interleaved across the systems, so that the machine's noise (it is
+        // shared) spreads over all of them; the median is reported.
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+        let mut lost = vec![0u64; systems.len()];
+        for _ in 0..ctx.reps {
+            for (k, (name, _, f)) in systems.iter().enumerate() {
+                ctx.pb.set_message(format!("in-process {case} · {name}"));
+                let res = std::thread::scope(|s| {
+                    s.spawn(|| {
+                        pin_publisher();
+                        f()
+                    })
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("panicked")))
+                });
+                match res {
+                    Ok(out) => {
+                        let expected = n as u64 * msgs;
+                        let l = expected.saturating_sub(out.delivered) + out.lost;
+                        if l > 0 {
+                            sc.failures.push(format!(
+                                "in-process {case} {name}: {l} of {expected} deliveries missing"
+                            ));
+                        }
+                        lost[k] += l;
+                        runs[k].push(out.delivered as f64 / out.secs.max(1e-9));
                     }
-                    sc.rows.push(Row {
-                        case: case.clone(),
-                        system: (*name).to_owned(),
-                        is_powerhub: *is_ph,
-                        is_peer: !is_ph,
-                        throughput: Some(out.delivered as f64 / out.secs.max(1e-9)),
-                        lost: Some(lost),
-                        note: format!("{msgs} messages of 64 B"),
-                        ..Row::default()
-                    });
+                    Err(e) => sc.failures.push(format!("in-process {case} {name}: {e}")),
                 }
-                Err(e) => sc.failures.push(format!("in-process {case} {name}: {e}")),
             }
+        }
+        for (k, (name, is_ph, _)) in systems.iter().enumerate() {
+            let r = &mut runs[k];
+            if r.is_empty() {
+                continue;
+            }
+            r.sort_by(f64::total_cmp);
+            sc.rows.push(Row {
+                case: case.clone(),
+                system: (*name).to_owned(),
+                is_powerhub: *is_ph,
+                is_peer: !is_ph,
+                throughput: Some(r[r.len() / 2]),
+                lost: Some(lost[k]),
+                note: format!(
+                    "{msgs} messages of 64 B; median of {} runs ({:.2}–{:.2} M/s)",
+                    r.len(),
+                    r[0] / 1e6,
+                    r[r.len() - 1] / 1e6
+                ),
+                ..Row::default()
+            });
             ctx.pb.inc(1);
         }
     }

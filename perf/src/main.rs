@@ -328,6 +328,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         },
         inproc_subs: args.inproc_subs.clone().unwrap_or(vec![1, 100, 10_000]),
         inproc_deliveries: if quick { 200_000 } else { 5_000_000 },
+        reps: if quick { 1 } else { 3 },
         threads,
         targets,
         launcher: Some(launcher),

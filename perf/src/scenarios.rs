@@ -59,6 +59,8 @@ pub(crate) struct Ctx {
     pub(crate) screens: ScreensProfile,
     pub(crate) inproc_subs: Vec<usize>,
     pub(crate) inproc_deliveries: u64,
+    /// Repetitions of each in-process run (the median is reported).
+    pub(crate) reps: usize,
     pub(crate) threads: usize,
     pub(crate) targets: Vec<Target>,
     /// Starts extra powerhub servers (one per slow-consumer policy).
