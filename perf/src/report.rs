@@ -198,16 +198,11 @@ pub(crate) fn write_hgrm(path: &Path, h: &Histogram<u64>) -> io::Result<()> {
         h.max() as f64 / 1e3,
         h.len()
     );
-    let _ = writeln!(
-        s,
-        "#[Buckets = {:>12}, SubBuckets     = {:>12}]",
-        h.buckets(),
-        h.distinct_values()
-    );
+    let _ = writeln!(s, "#[Buckets = {:>12}]", h.buckets());
     std::fs::write(path, s)
 }
 
-const COLORS: [RGBColor; 8] = [
+const COLORS: [RGBColor; 16] = [
     RGBColor(214, 39, 40),
     RGBColor(31, 119, 180),
     RGBColor(44, 160, 44),
@@ -216,6 +211,14 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(140, 86, 75),
     RGBColor(227, 119, 194),
     RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+    RGBColor(255, 152, 150),
+    RGBColor(174, 199, 232),
+    RGBColor(152, 223, 138),
+    RGBColor(255, 187, 120),
+    RGBColor(197, 176, 213),
+    RGBColor(0, 0, 0),
 ];
 
 fn plot_err<E: std::fmt::Debug>(e: E) -> io::Error {
