@@ -9,6 +9,8 @@
 //! - `paused/*`: a stalled connection receiving state updates for 4 devices, each push coalesced
 //!   into its slot (shared lines are classified; events carry their metadata).
 //! - `parse/*`: one inbound command line through simd-json.
+//! - `classify/*`: reading a paused line's five fields: the outbox's `memchr` top-level scan
+//!   against serde_json.
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory, PushEvent};
+use powerhub::outbox::{Framing, MessageMeta, Outbox, OutboxConfig, PayloadFactory, PushEvent};
 use powerhub::plugin::{ProtocolError, ProtocolOutput, StreamProtocol};
 use powerhub::protocol::parse_command;
 
@@ -37,7 +39,10 @@ impl StreamProtocol for Ndjson {
 }
 
 fn outbox(framing: Framing, now: Instant) -> Outbox {
-    let config = OutboxConfig { framing, ..OutboxConfig::default() };
+    let config = OutboxConfig {
+        framing,
+        ..OutboxConfig::default()
+    };
     Outbox::new(config, Arc::new(PayloadFactory), now).unwrap()
 }
 
@@ -55,7 +60,10 @@ fn healthy(c: &mut Criterion) {
     let line = Bytes::from(format!("{}\n", message(1)));
     let json = Bytes::from(message(1));
 
-    for (name, framing) in [("shared_ndjson", Framing::Ndjson), ("shared_protocol", Framing::Protocol)] {
+    for (name, framing) in [
+        ("shared_ndjson", Framing::Ndjson),
+        ("shared_protocol", Framing::Protocol),
+    ] {
         let mut ob = outbox(framing, now);
         let mut out = Vec::with_capacity(8);
         g.bench_function(name, |b| {
@@ -67,7 +75,10 @@ fn healthy(c: &mut Criterion) {
             })
         });
     }
-    for (name, framing) in [("event_ndjson", Framing::Ndjson), ("control_protocol", Framing::Protocol)] {
+    for (name, framing) in [
+        ("event_ndjson", Framing::Ndjson),
+        ("control_protocol", Framing::Protocol),
+    ] {
         let mut ob = outbox(framing, now);
         let mut out = Vec::with_capacity(8);
         g.bench_function(name, |b| {
@@ -102,7 +113,10 @@ fn healthy(c: &mut Criterion) {
 
 fn stalled(now: Instant) -> Outbox {
     let mut ob = outbox(Framing::Ndjson, now);
-    ob.push_control(Bytes::from_static(br#"{"type":"subscribed","requestId":"r"}"#), now);
+    ob.push_control(
+        Bytes::from_static(br#"{"type":"subscribed","requestId":"r"}"#),
+        now,
+    );
     let mut out = Vec::new();
     ob.poll_transmit(&mut Ndjson, &mut out, now);
     ob.on_written(3, now);
@@ -156,15 +170,59 @@ fn paused(c: &mut Criterion) {
 fn parse(c: &mut Criterion) {
     let mut g = c.benchmark_group("parse");
     g.throughput(Throughput::Elements(1));
-    let publish = format!(r#"{{"type":"publish","id":"p1","message":{}}}"#, message(7)).into_bytes();
-    let subscribe = br#"{"type":"subscribe","id":"r1","stream":"obs","deviceId":"emulator-5554"}"#.to_vec();
+    let publish =
+        format!(r#"{{"type":"publish","id":"p1","message":{}}}"#, message(7)).into_bytes();
+    let subscribe =
+        br#"{"type":"subscribe","id":"r1","stream":"obs","deviceId":"emulator-5554"}"#.to_vec();
     for (name, line) in [("publish_200B", publish), ("subscribe", subscribe)] {
         g.bench_function(name, |b| {
-            b.iter_batched_ref(|| line.clone(), |l| black_box(parse_command(l).unwrap()), BatchSize::SmallInput)
+            b.iter_batched_ref(
+                || line.clone(),
+                |l| black_box(parse_command(l).unwrap()),
+                BatchSize::SmallInput,
+            )
         });
     }
     g.finish();
 }
 
-criterion_group!(benches, healthy, paused, parse);
+/// Why the outbox classifies paused lines with its own top-level scan: the same five fields read
+/// by serde_json (a borrowed struct that skips every other field) against `MessageMeta::classify`.
+fn classify(c: &mut Criterion) {
+    #[derive(serde::Deserialize)]
+    #[allow(dead_code)]
+    struct Head<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "deviceId", borrow)]
+        device_id: Option<std::borrow::Cow<'a, str>>,
+        #[serde(rename = "deviceSessionUuid", borrow)]
+        session: Option<std::borrow::Cow<'a, str>>,
+        id: Option<serde::de::IgnoredAny>,
+        #[serde(rename = "requestId")]
+        request_id: Option<serde::de::IgnoredAny>,
+    }
+    let mut g = c.benchmark_group("classify");
+    let line = format!(
+        "{{\"type\":\"screenshot_update\",\"deviceId\":\"d1\",\"deviceSessionUuid\":\"s\",\"captureSequence\":1,\"png\":\"{}\"}}",
+        "A".repeat(256 << 10)
+    );
+    g.throughput(Throughput::Bytes(line.len() as u64));
+    g.bench_function("scan_256KiB", |b| {
+        b.iter(|| black_box(MessageMeta::classify(line.as_bytes())))
+    });
+    g.bench_function("serde_json_256KiB", |b| {
+        b.iter(|| {
+            black_box(
+                serde_json::from_slice::<Head<'_>>(line.as_bytes())
+                    .unwrap()
+                    .kind
+                    .is_some(),
+            )
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, healthy, paused, parse, classify);
 criterion_main!(benches);

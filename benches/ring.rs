@@ -13,6 +13,10 @@
 //!   channel has no overwrite, so it is not in this group.
 //! - `push_pop_uncontended`: one thread pushes then pops one value: the cost of the two
 //!   operations with no other thread touching the queue.
+//!
+//! `POWERHUB_RING_INTERLEAVED=1 cargo bench -p powerhub --bench ring` instead runs the transfer
+//! scenarios in interleaved rounds (every queue once per round) and prints medians and ratios:
+//! on a shared machine that comparison is fairer than criterion's back-to-back groups.
 
 // `criterion_group!` generates undocumented public functions.
 #![allow(missing_docs)]
@@ -21,7 +25,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, Throughput};
 use crossbeam_queue::ArrayQueue;
 use crossbeam_utils::Backoff;
 use powerhub::ring::Ring;
@@ -197,10 +201,62 @@ fn bench_push_pop_uncontended(c: &mut Criterion) {
     group.finish();
 }
 
+/// Interleaved rounds of the transfer scenarios: each round runs every queue once, one after the
+/// other, starting with a different queue each round; the median of the rounds is printed with
+/// the ratio to `Ring`. On a shared, noisy machine the load drifts between criterion's
+/// back-to-back groups; interleaving gives every queue the same drift. `Ring` runs twice per
+/// round: the ratio of the two (an A/A control) shows the noise floor of the comparison.
+fn interleaved_transfer() {
+    const ROUNDS: usize = 12;
+    const VALUES: u64 = 1_000_000;
+    fn median(mut v: Vec<f64>) -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    }
+    println!("interleaved transfer, queue of {CAPACITY}, {VALUES} values per run, median of {ROUNDS} rounds (Mvalues/s)");
+    for producers in [1u64, 2] {
+        let mut rates: [Vec<f64>; 4] = Default::default();
+        for round in 0..ROUNDS {
+            // Rotate which queue goes first: the first run of a round is measurably slower here
+            // (two runs of the very same queue differed by up to 1.7x by position alone).
+            for k in 0..4 {
+                let which = (round + k) % 4;
+                let run = match which {
+                    0 | 3 => transfer::<Ring<u64>>(producers, VALUES),
+                    1 => transfer::<ArrayQueue<u64>>(producers, VALUES),
+                    _ => transfer::<Channel>(producers, VALUES),
+                };
+                rates[which].push(VALUES as f64 / run.as_secs_f64() / 1e6);
+            }
+        }
+        let [ring, array_queue, channel, control] = rates.map(median);
+        println!(
+            "  {producers}p1c: {}: {ring:.1}  {}: {array_queue:.1} ({:.2}x of Ring)  \
+             {}: {channel:.1} ({:.2}x of Ring)  A/A control, Ring again: {control:.1} ({:.2}x)",
+            <Ring<u64> as Queue>::name(),
+            <ArrayQueue<u64> as Queue>::name(),
+            array_queue / ring,
+            Channel::name(),
+            channel / ring,
+            control / ring,
+        );
+    }
+}
+
 criterion_group!(
     benches,
     bench_transfer,
     bench_force_push_full,
     bench_push_pop_uncontended
 );
-criterion_main!(benches);
+
+fn main() {
+    // `POWERHUB_RING_INTERLEAVED=1 cargo bench -p powerhub --bench ring` prints the interleaved
+    // comparison instead of running criterion.
+    if std::env::var_os("POWERHUB_RING_INTERLEAVED").is_some() {
+        interleaved_transfer();
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -1439,3 +1439,179 @@ fn handlers_may_publish_back_into_the_hub() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
     assert_eq!(received(&spy, "p"), ["1"]);
 }
+
+#[test]
+fn flush_from_inside_a_handler_is_an_error_not_a_deadlock() {
+    let (opts, _errors) = with_errors(HubOptions::default());
+    let (hub, _spy) = manual(opts);
+    let h = hub.clone();
+    let got: Arc<Mutex<Option<Result<(), HubError>>>> = Arc::default();
+    let g = Arc::clone(&got);
+    hub.subscribe(
+        "t",
+        move |_| *g.lock().unwrap() = Some(h.flush()),
+        SubscribeOptions::default(),
+    )
+    .unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(*got.lock().unwrap(), Some(Err(HubError::FlushInsideDrain)));
+}
+
+#[test]
+fn a_pending_send_completed_inside_send_is_finished_once() {
+    /// Completes inside `send`, then reports `Pending`: with `Ok` for "ok", with an error
+    /// otherwise.
+    #[derive(Debug)]
+    struct Eager;
+    impl powerhub_plugin::Sink for Eager {
+        fn send(
+            &self,
+            sub: &SubscriberRef,
+            _f: Bytes,
+            done: powerhub_plugin::Completion,
+        ) -> powerhub_plugin::SendOutcome {
+            if sub.id() == "ok" {
+                done.complete(Ok(()));
+            } else {
+                done.complete(Err(SendError::Refused("late refusal".into())));
+            }
+            powerhub_plugin::SendOutcome::Pending
+        }
+    }
+    let (opts, errors) = with_errors(HubOptions::default().driver(Driver::Manual));
+    let hub = Hub::new(Eager, opts).unwrap();
+    let (seen_ok, handler_ok) = recorder();
+    let (seen_err, handler_err) = recorder();
+    hub.subscribe("t", handler_ok, SubscribeOptions::default().id("ok"))
+        .unwrap();
+    hub.subscribe("t", handler_err, SubscribeOptions::default().id("err"))
+        .unwrap();
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    assert_eq!(*seen_ok.lock().unwrap(), ["1", "2"]);
+    assert!(seen_err.lock().unwrap().is_empty());
+    let errs = errors.lock().unwrap().clone();
+    assert!(
+        matches!(&errs[..], [(HubError::SendFailed { id, error: SendError::Refused(_) }, _)] if id == "err")
+    );
+    assert!(hub.stats().list.iter().all(|s| !s.in_flight));
+    publish(&hub, "t", 3);
+    hub.flush().unwrap_err();
+    assert_eq!(*seen_ok.lock().unwrap(), ["1", "2", "3"]);
+}
+
+#[test]
+fn a_completion_kept_past_an_accepted_send_is_ignored() {
+    #[derive(Debug, Default)]
+    struct Keeper(Mutex<Vec<powerhub_plugin::Completion>>);
+    impl powerhub_plugin::Sink for Keeper {
+        fn send(
+            &self,
+            _s: &SubscriberRef,
+            _f: Bytes,
+            done: powerhub_plugin::Completion,
+        ) -> powerhub_plugin::SendOutcome {
+            self.0.lock().unwrap().push(done);
+            powerhub_plugin::SendOutcome::Accepted
+        }
+    }
+    let keeper = Arc::new(Keeper::default());
+    let hub = Hub::new(
+        Arc::clone(&keeper),
+        HubOptions::default().driver(Driver::Manual),
+    )
+    .unwrap();
+    let (seen, handler) = recorder();
+    hub.subscribe("t", handler, SubscribeOptions::default())
+        .unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    publish(&hub, "t", 2);
+    turn(&hub);
+    for done in keeper.0.lock().unwrap().drain(..) {
+        done.complete(Err(SendError::Closed));
+    }
+    assert_eq!(*seen.lock().unwrap(), ["1", "2"], "each batch handled once");
+    assert!(!hub.stats().list[0].in_flight);
+    hub.flush().unwrap();
+}
+
+#[test]
+fn concurrent_publishers_keep_each_publishers_order_and_lose_nothing_within_max_queue() {
+    let (sink, rx) = powerhub::transport::channel(64);
+    let hub = Hub::new(sink, HubOptions::default()).unwrap();
+    for id in ["a", "b", "c"] {
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default().id(id).max_queue(20_000),
+        );
+    }
+    let reader = std::thread::spawn(move || {
+        let mut got: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();
+        for ev in rx {
+            if let powerhub::transport::ChannelEvent::Frame { subscriber, frame } = ev {
+                for m in messages(&frame) {
+                    let v: Vec<u64> = serde_json::from_str(&m).unwrap();
+                    got.entry(subscriber.id().to_owned())
+                        .or_default()
+                        .push((v[0], v[1]));
+                }
+            }
+        }
+        got
+    });
+    let publishers: Vec<_> = (0..4u64)
+        .map(|p| {
+            let hub = hub.clone();
+            std::thread::spawn(move || {
+                for n in 0..2000u64 {
+                    hub.publish("t", json([p, n]), PublishOptions::default())
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for p in publishers {
+        p.join().unwrap();
+    }
+    hub.shutdown().unwrap();
+    let s = hub.stats();
+    assert_eq!(s.published, 8000);
+    drop(hub);
+    let got = reader.join().unwrap();
+    for id in ["a", "b", "c"] {
+        let msgs = &got[id];
+        assert_eq!(msgs.len(), 8000, "{id}");
+        for p in 0..4 {
+            let seq: Vec<u64> = msgs.iter().filter(|m| m.0 == p).map(|m| m.1).collect();
+            assert_eq!(seq, (0..2000).collect::<Vec<_>>(), "{id} publisher {p}");
+        }
+    }
+}
+
+#[test]
+fn unsubscribing_or_closing_releases_a_flush_held_by_a_stalled_transport() {
+    for close in [false, true] {
+        let (hub, spy) = manual(HubOptions::default());
+        spy.set_mode(SpyMode::Pending);
+        sub(&hub, "t", SubscribeOptions::default().id("stalled"));
+        publish(&hub, "t", 1);
+        let flusher = {
+            let hub = hub.clone();
+            std::thread::spawn(move || hub.flush())
+        };
+        while spy.pending() == 0 {
+            std::thread::yield_now();
+        }
+        if close {
+            hub.close();
+            assert_eq!(flusher.join().unwrap(), Err(HubError::Closed));
+        } else {
+            assert!(hub.unsubscribe("stalled"));
+            assert_eq!(flusher.join().unwrap(), Ok(()));
+        }
+    }
+}

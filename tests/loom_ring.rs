@@ -11,6 +11,13 @@
 //! execution every id must be accounted for exactly once (popped, evicted, refused or still
 //! queued) and, once everything is dropped, the witness must be back to one strong reference, so
 //! a leaked or doubly dropped value fails the model.
+//!
+//! The preemption bound is 2. Waiting in the ring (for a slot that another thread claimed but
+//! has not published or released yet) spins with `yield_now` under loom. When two threads wait
+//! on a third that is preempted, loom can hand the CPU back and forth between the two waiters
+//! forever and stops with "Model exceeded maximum number of branches"; from a bound of 3, the
+//! two-producers model reaches that state. This is a limit of checking spin-waits, not a lost
+//! wake-up: the stalled thread is runnable and finishes as soon as it is scheduled.
 #![cfg(loom)]
 
 use loom::sync::Arc as LoomArc;
@@ -74,7 +81,11 @@ fn assert_exactly_once(mut seen: Vec<u32>, expected: &[u32]) {
 /// Asserts that `order` keeps each producer's ids (given as ranges) increasing.
 fn assert_fifo_per_producer(order: &[u32], producers: &[std::ops::Range<u32>]) {
     for range in producers {
-        let mine: Vec<u32> = order.iter().copied().filter(|id| range.contains(id)).collect();
+        let mine: Vec<u32> = order
+            .iter()
+            .copied()
+            .filter(|id| range.contains(id))
+            .collect();
         assert!(
             mine.windows(2).all(|w| w[0] < w[1]),
             "producer order broken: {order:?}"
@@ -205,7 +216,11 @@ fn overwrites_under_contention_with_a_concurrent_pop() {
 
         // Only the first value is ever old enough to be evicted, and the pop finds a newer
         // value only once that one left the ring.
-        assert!(ids(&evicted).iter().all(|&id| id == 0), "evicted {:?}", ids(&evicted));
+        assert!(
+            ids(&evicted).iter().all(|&id| id == 0),
+            "evicted {:?}",
+            ids(&evicted)
+        );
         if popped.as_ref().is_some_and(|i| i.id != 0) {
             assert_eq!(ids(&evicted), [0]);
         }

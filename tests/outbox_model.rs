@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use outbox_support::{Conn, Marked, Ndjson};
-use powerhub::outbox::{Framing, OutboxConfig, PayloadFactory, PushEvent};
+use powerhub::outbox::{Framing, OutboxConfig, PayloadFactory, PushEvent, TimeoutAction};
 use powerhub::plugin::StreamProtocol;
 use proptest::prelude::*;
 
@@ -38,6 +38,9 @@ enum Op {
     Unsubscribe(u8),
     Write(usize),
     Writable,
+    /// Advance the virtual clock by this many milliseconds and run the timers.
+    Tick(u64),
+    Pong,
 }
 
 fn field() -> impl Strategy<Value = F> {
@@ -72,6 +75,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..2).prop_map(Op::Unsubscribe),
         4 => prop_oneof![0usize..300, Just(usize::MAX)].prop_map(Op::Write),
         3 => Just(Op::Writable),
+        2 => (0u64..20_000).prop_map(Op::Tick),
+        1 => Just(Op::Pong),
     ]
 }
 
@@ -102,6 +107,7 @@ fn render(m: &Msg, seq: u64) -> String {
 #[derive(Debug, Clone)]
 enum Item {
     Control(String),
+    Ping,
     /// `retained`: admitted while paused (an unsubscribe removes it if coalescible).
     Msg {
         sub: u8,
@@ -126,6 +132,12 @@ struct Model {
     wire: Vec<u8>,
     notified: Vec<(u8, F, F)>,
     client: Vec<u8>,
+    /// Virtual time in milliseconds; keepalive every 15 s, reaped 45 s after the last sign of
+    /// life (a pong, or bytes taken while paused).
+    now: u64,
+    last_alive: u64,
+    next_ping: u64,
+    reaped: bool,
 }
 
 fn sub_name(s: u8) -> String {
@@ -167,6 +179,9 @@ impl Model {
     }
 
     fn push_msg(&mut self, sub: u8, msg: Msg, json: String) {
+        if self.reaped {
+            return;
+        }
         self.observe();
         let item = Item::Msg {
             sub,
@@ -195,7 +210,7 @@ impl Model {
                 }
                 return;
             }
-            Item::Control(_) => {
+            Item::Control(_) | Item::Ping => {
                 self.queue.push(item);
                 return;
             }
@@ -235,24 +250,39 @@ impl Model {
     }
 
     fn control(&mut self, json: String) {
+        if self.reaped {
+            return;
+        }
         self.observe();
         self.queue.push(Item::Control(json));
     }
 
     fn unsubscribe(&mut self, sub: u8, ack: String) {
+        if self.reaped {
+            return;
+        }
         self.queue.retain(|it| !matches!(it, Item::Msg { sub: s, msg, retained: true, .. } if *s == sub && coalescible(msg)));
         self.notified.retain(|k| k.0 != sub);
         self.control(ack);
     }
 
     fn write(&mut self, cap: usize) {
-        if self.awaiting {
+        if self.awaiting || self.reaped {
             return;
         }
         if !self.paused {
             for item in std::mem::take(&mut self.queue) {
                 let json = match item {
                     Item::Control(json) => json,
+                    Item::Ping => {
+                        let ping = if self.ndjson {
+                            b"{\"type\":\"ping\"}\n".to_vec()
+                        } else {
+                            b"PING|".to_vec()
+                        };
+                        self.wire.extend(ping);
+                        continue;
+                    }
                     Item::Chunk { lines, .. } => {
                         for (_, json) in lines {
                             let framed = self.frame(&json);
@@ -287,6 +317,9 @@ impl Model {
         }
         let taken = cap.min(self.wire.len());
         self.client.extend(self.wire.drain(..taken));
+        if self.paused && taken > 0 {
+            self.last_alive = self.now;
+        }
         if self.wire.is_empty() {
             self.paused = false;
             self.notified.clear();
@@ -302,6 +335,25 @@ impl Model {
                 }
             }
         }
+    }
+
+    fn tick(&mut self, ms: u64) -> bool {
+        self.now += ms;
+        if self.reaped {
+            return false;
+        }
+        if self.now >= self.last_alive + 45_000 {
+            self.reaped = true;
+            self.queue.clear();
+            self.wire.clear();
+            self.paused = false;
+            return true;
+        }
+        if self.now >= self.next_ping {
+            self.next_ping = self.now + 15_000;
+            self.queue.push(Item::Ping);
+        }
+        false
     }
 
     fn writable(&mut self) {
@@ -356,6 +408,10 @@ fn run<P: StreamProtocol>(
         wire: Vec::new(),
         notified: Vec::new(),
         client: Vec::new(),
+        now: 0,
+        last_alive: 0,
+        next_ping: 15_000,
+        reaped: false,
     };
     let mut seq = 0u64;
     for op in ops {
@@ -383,6 +439,9 @@ fn run<P: StreamProtocol>(
                 }
                 c.outbox
                     .push_shared(&sub_name(*sub), Bytes::from(chunk), now);
+                if m.reaped {
+                    continue;
+                }
                 // One push: the threshold is observed once, then each line is admitted.
                 m.observe();
                 let item = Item::Chunk {
@@ -416,7 +475,20 @@ fn run<P: StreamProtocol>(
                 c.outbox.on_writable(now);
                 m.writable();
             }
+            Op::Tick(ms) => {
+                c.advance(std::time::Duration::from_millis(*ms));
+                let action = c.outbox.handle_timeout(c.now);
+                let reaped = m.tick(*ms);
+                prop_assert_eq!(action == TimeoutAction::Reap, reaped);
+            }
+            Op::Pong => {
+                c.outbox.on_pong(now);
+                if !m.reaped {
+                    m.last_alive = m.now;
+                }
+            }
         }
+        prop_assert_eq!(c.outbox.is_reaped(), m.reaped);
         m.check_bound();
         prop_assert_eq!(&c.read, &m.client, "client bytes after {:?}", op);
         prop_assert_eq!(c.outbox.unsent_bytes(), m.wire.len());
@@ -433,12 +505,13 @@ fn run<P: StreamProtocol>(
     }
     prop_assert_eq!(&c.read, &m.client);
     prop_assert_eq!(c.outbox.stats().queued, 0);
+    prop_assert_eq!(c.outbox.is_reaped(), m.reaped);
     prop_assert_eq!(c.outbox.unsent_bytes(), 0);
     Ok(())
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
     fn outbox_matches_the_reference_model_ndjson(ops in prop::collection::vec(op(), 1..80), hw in prop_oneof![Just(60usize), Just(300), Just(1 << 20)]) {

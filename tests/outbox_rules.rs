@@ -755,3 +755,41 @@ fn push_event_metadata_can_be_given_without_parsing() {
         format!("{}{}", rest_of_stall(), "{\"n\":2}\n")
     );
 }
+
+#[test]
+fn limited_offer_fully_taken_is_not_back_pressure() {
+    let mut c = Conn::new(ndjson_config());
+    let big = shot(Some("d1"), S1, 1, 600); // its own segment
+    let small = r#"{"type":"telemetry"}"#;
+    c.event("o", &big);
+    c.event("o", small);
+    let now = c.now;
+    let mut out = Vec::new();
+    let n = c.outbox.poll_transmit_max(&mut Ndjson, &mut out, now, 1);
+    assert_eq!((out.len(), n), (1, big.len()));
+    c.read.extend_from_slice(&out[0]);
+    c.outbox.on_written(n, now);
+    assert!(!c.outbox.is_paused() && !c.outbox.wants_writable());
+    c.flush();
+    assert_eq!(c.take(), lines(&[&big, small]));
+}
+
+#[test]
+fn an_idle_outbox_is_small() {
+    // Idle connections: the outbox is a few hundred bytes and allocates nothing until used.
+    let size = std::mem::size_of::<Outbox>();
+    println!("size_of::<Outbox>() = {size}");
+    assert!(size <= 512, "size_of::<Outbox>() = {size}");
+}
+
+#[test]
+fn shared_chunk_without_final_newline_still_ends_its_line() {
+    let mut c = Conn::new(ndjson_config());
+    c.shared("s", "{\"type\":\"a\"}\n{\"type\":\"b\"}");
+    c.control(r#"{"type":"c"}"#);
+    c.flush();
+    assert_eq!(
+        c.take(),
+        "{\"type\":\"a\"}\n{\"type\":\"b\"}\n{\"type\":\"c\"}\n"
+    );
+}

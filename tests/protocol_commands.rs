@@ -283,3 +283,15 @@ fn error_messages_are_escaped_json() {
     assert_eq!(v["requestId"], "q\"1");
     assert_eq!(v["message"], "unknown command `a\"b\\c`");
 }
+
+#[test]
+fn published_message_with_line_breaks_in_its_whitespace_stays_one_line() {
+    let line = "{\"type\":\"publish\",\"message\":{\r\n  \"type\": \"t\",\n  \"stream\": \"s\",\"text\":\"a\\nb\"\n}}";
+    let Command::Publish { message, .. } = parse(line).unwrap() else {
+        panic!()
+    };
+    assert_eq!(
+        &message[..],
+        b"{    \"type\": \"t\",   \"stream\": \"s\",\"text\":\"a\\nb\" }"
+    );
+}

@@ -175,7 +175,7 @@ fn line_over_the_configured_maximum_is_an_error_and_the_connection_stays_usable(
     assert_eq!(
         reply(line(&mut s, &long)),
         format!(
-            r#"{{"type":"error","requestId":null,"code":"line_too_long","message":"line of {} bytes exceeds the limit max_line_bytes = 64"}}"#,
+            r#"{{"type":"error","requestId":"r1","code":"line_too_long","message":"line of {} bytes exceeds the limit max_line_bytes = 64"}}"#,
             long.len()
         )
     );
@@ -225,16 +225,13 @@ fn ping_gets_pong_and_pong_refreshes_liveness() {
 
 #[test]
 fn a_line_too_long_to_frame_closes_the_connection_with_a_final_error() {
-    let mut s = Session::new(1, SessionConfig::default());
     let e = ProtocolError::TooLarge {
         what: "line",
         limit_name: "max_message_bytes",
         size: 20_000_000,
         limit: 16_777_216,
     };
-    let Action::Close(bytes) = s.handle_protocol_error(&e) else {
-        panic!()
-    };
+    let bytes = Session::fatal_error(&e);
     assert_eq!(
         &bytes[..],
         br#"{"type":"error","requestId":null,"code":"fatal","message":"line of 20000000 bytes exceeds the limit max_message_bytes = 16777216; closing the connection"}"#
@@ -303,7 +300,6 @@ fn run_line(topics: &mut Topics, clients: &mut [Client], who: usize, text: &str,
         }
         Action::Reply(r) => clients[who].outbox.push_control(r, now),
         Action::Pong => clients[who].outbox.on_pong(now),
-        Action::Close(r) => clients[who].outbox.push_control(r, now),
         other => panic!("{other:?}"),
     }
     for c in clients.iter_mut() {

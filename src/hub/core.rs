@@ -1,10 +1,11 @@
 //! The hub's shared state and its drain: what `Hub` and `Subscription` delegate to.
 
+use std::cell::Cell;
 use std::cmp::Reverse;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -26,23 +27,60 @@ use super::Message;
 
 pub(crate) type Handler = Arc<dyn Fn(&Delivery<'_>) + Send + Sync>;
 
-/// Where a subscriber's one outstanding send stands.
-#[derive(Default)]
-enum SendState {
-    #[default]
-    Idle,
-    /// Inside `Sink::send`.
-    Sending,
-    /// The completion ran inside `Sink::send`, before the outcome was known.
-    Early(Result<(), SendError>),
-    /// The sink returned `Pending`; the batch waits for the completion.
-    Pending(Vec<Arc<Entry>>, usize),
+thread_local! {
+    /// Whether this thread is inside a drain (holding the drain lock): a handler, sink or hook
+    /// that calls `flush` or `turn` from there would wait for itself.
+    static DRAINING: Cell<bool> = const { Cell::new(false) };
 }
 
+/// Marks the current thread as draining while alive.
+struct DrainingGuard;
+
+impl DrainingGuard {
+    fn enter() -> DrainingGuard {
+        DRAINING.with(|d| d.set(true));
+        DrainingGuard
+    }
+}
+
+impl Drop for DrainingGuard {
+    fn drop(&mut self) {
+        DRAINING.with(|d| d.set(false));
+    }
+}
+
+fn draining() -> bool {
+    DRAINING.with(Cell::get)
+}
+
+/// A subscriber's send state: `generation << 3 | phase`, in one atomic word so the common
+/// case (the sink accepts at once) costs no lock. Only the drainer starts a send (bumping the
+/// generation); a completion acts only on its own generation.
+mod phase {
+    /// No send outstanding.
+    pub(super) const IDLE: u64 = 0;
+    /// Inside `Sink::send`.
+    pub(super) const SENDING: u64 = 1;
+    /// The completion ran inside `Sink::send` with `Ok`.
+    pub(super) const EARLY_OK: u64 = 2;
+    /// The completion was dropped inside `Sink::send` (normal for an accepted send).
+    pub(super) const EARLY_DROPPED: u64 = 3;
+    /// The completion ran inside `Sink::send` with an error, kept in `Sub::pending`.
+    pub(super) const EARLY_ERR: u64 = 4;
+    /// The sink returned `Pending`; the batch waits in `Sub::pending` for the completion.
+    pub(super) const PENDING: u64 = 5;
+    /// Finishing: accounting and handlers run, still in flight.
+    pub(super) const FINISHING: u64 = 6;
+    /// The phase bits.
+    pub(super) const MASK: u64 = 7;
+}
+
+/// What a pending send leaves behind for its completion.
 #[derive(Default)]
-struct SendSlot {
-    generation: u64,
-    state: SendState,
+struct PendingSend {
+    batch: Vec<Arc<Entry>>,
+    len: usize,
+    early_error: Option<SendError>,
 }
 
 /// One subscription.
@@ -58,13 +96,77 @@ pub(crate) struct Sub {
     handler: Handler,
     ack: Option<BytesAcknowledged>,
     pub(crate) closed: AtomicBool,
-    in_flight: AtomicBool,
+    /// `generation << 3 | phase`; see [`phase`].
+    send_state: AtomicU64,
     dropped: AtomicU64,
     bytes_sent: AtomicU64,
     /// Entries that left the queue (popped or evicted); `flush` uses it to know when what was
     /// queued at its start is gone.
     removed: AtomicU64,
-    send: Mutex<SendSlot>,
+    pending: Mutex<PendingSend>,
+    /// The hub, for completions of pending sends.
+    hub: Weak<Inner>,
+}
+
+impl Sub {
+    fn in_flight(&self) -> bool {
+        // SeqCst pairs with the flush waiter count (see `Inner::notify_flush`).
+        self.send_state.load(Ordering::SeqCst) & phase::MASK != phase::IDLE
+    }
+
+    /// The completion of send `generation`.
+    fn on_completion(self: &Arc<Sub>, generation: u64, result: Result<(), SendError>) {
+        let sending = generation << 3 | phase::SENDING;
+        let early = match &result {
+            Ok(()) => phase::EARLY_OK,
+            Err(SendError::CompletionDropped) => phase::EARLY_DROPPED,
+            Err(e) => {
+                // Stored before the CAS publishes EARLY_ERR; the mutex orders the two.
+                self.pending.lock().early_error = Some(e.clone());
+                phase::EARLY_ERR
+            }
+        };
+        let cur = match self.send_state.compare_exchange(
+            sending,
+            generation << 3 | early,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return, // the drainer, still inside `send`, picks it up
+            Err(cur) => cur,
+        };
+        if early == phase::EARLY_ERR {
+            self.pending.lock().early_error = None;
+        }
+        let pending = generation << 3 | phase::PENDING;
+        if cur != pending
+            || self
+                .send_state
+                .compare_exchange(
+                    pending,
+                    generation << 3 | phase::FINISHING,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                )
+                .is_err()
+        {
+            return; // a stale or repeated completion, or one for an accepted send
+        }
+        let (batch, len) = {
+            let mut p = self.pending.lock();
+            (std::mem::take(&mut p.batch), p.len)
+        };
+        let r = result.map_err(|error| HubError::SendFailed {
+            id: self.sref.id().to_owned(),
+            error,
+        });
+        match self.hub.upgrade() {
+            Some(inner) => inner.finish(self, &batch, len, generation, r),
+            None => self
+                .send_state
+                .store(generation << 3 | phase::IDLE, Ordering::SeqCst),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -133,13 +235,14 @@ type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<Me
 #[derive(Default)]
 struct DrainState {
     order: Vec<Arc<Sub>>,
+    /// How many entries each subscriber of `order` takes this turn.
+    budgets: Vec<usize>,
     memo: Memo,
     batch: Vec<Arc<Entry>>,
 }
 
 #[derive(Default)]
 struct Counters {
-    published: AtomicU64,
     delivered: AtomicU64,
     dropped: AtomicU64,
     disconnected: AtomicU64,
@@ -167,6 +270,8 @@ pub(crate) struct Inner {
     drain: Mutex<DrainState>,
     flush_mx: Mutex<()>,
     flush_cv: Condvar,
+    /// Flushes waiting on `flush_cv`; completions only take `flush_mx` when there are some.
+    flush_waiters: AtomicUsize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -191,6 +296,7 @@ impl Inner {
             drain: Mutex::new(DrainState::default()),
             flush_mx: Mutex::new(()),
             flush_cv: Condvar::new(),
+            flush_waiters: AtomicUsize::new(0),
             thread: Mutex::new(None),
         });
         if spawn {
@@ -207,7 +313,8 @@ impl Inner {
     }
 
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        // SeqCst pairs with the flush waiter count (see `notify_flush`); a plain load on x86.
+        self.closed.load(Ordering::SeqCst)
     }
 
     // ---- subscribe / unsubscribe -------------------------------------------------------------
@@ -261,11 +368,12 @@ impl Inner {
             handler,
             ack: opts.bytes_acknowledged,
             closed: AtomicBool::new(false),
-            in_flight: AtomicBool::new(false),
+            send_state: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             removed: AtomicU64::new(0),
-            send: Mutex::new(SendSlot::default()),
+            pending: Mutex::new(PendingSend::default()),
+            hub: self.me.clone(),
         });
         ids.insert(id, Arc::clone(&sub));
         drop(ids);
@@ -303,7 +411,8 @@ impl Inner {
 
     /// Detaches `sub` and calls its close adapter; `false` if it was already gone.
     pub(crate) fn remove(&self, sub: &Arc<Sub>, reason: CloseReason) -> bool {
-        if sub.closed.swap(true, Ordering::AcqRel) {
+        // SeqCst pairs with the flush waiter count (see `notify_flush`).
+        if sub.closed.swap(true, Ordering::SeqCst) {
             return false;
         }
         {
@@ -361,8 +470,8 @@ impl Inner {
         if self.is_closed() {
             return Ok(0);
         }
+        // One sequence number per publication: `seq` doubles as the `published` counter.
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        self.counters.published.fetch_add(1, Ordering::Relaxed);
         let entry = Arc::new(Entry {
             seq,
             priority: opts.priority.unwrap_or(0),
@@ -513,8 +622,13 @@ impl Inner {
     }
 
     fn run_turn(&self) {
+        if draining() {
+            return;
+        }
         let mut st = self.drain.lock();
-        self.work.store(false, Ordering::Release);
+        let _guard = DrainingGuard::enter();
+        // AcqRel swap: reads-from the publisher's `wake` swap, so its queue pushes are visible.
+        self.work.swap(false, Ordering::AcqRel);
         let m = self.drain_pass(&mut st);
         drop(st);
         self.emit_metrics(m);
@@ -525,7 +639,7 @@ impl Inner {
             if m.frames == 0 && m.encode_dropped == 0 && m.send_failures == 0 {
                 return;
             }
-            m.published_total = self.counters.published.load(Ordering::Relaxed);
+            m.published_total = self.seq.load(Ordering::Relaxed);
             m.dropped_total = self.counters.dropped.load(Ordering::Relaxed);
             m.disconnected_total = self.counters.disconnected.load(Ordering::Relaxed);
             let _ = catch_unwind(AssertUnwindSafe(|| hook(&m)));
@@ -547,14 +661,24 @@ impl Inner {
         self.refresh_order(st);
         st.memo.clear();
         let order = std::mem::take(&mut st.order);
-        for sub in &order {
+        // The turn boundary: every queue's length, read while no publish is half-way through
+        // its subscribers (publishes hold the topics read lock). Subscribers that queued the same
+        // publications therefore take the same batches and share their frames, even while other
+        // threads keep publishing.
+        st.budgets.clear();
+        {
+            let _no_publish = self.topics.write();
+            st.budgets.extend(order.iter().map(|s| s.queue.len()));
+        }
+        let budgets = std::mem::take(&mut st.budgets);
+        for (sub, &budget) in order.iter().zip(&budgets) {
             if self.is_closed() {
                 break;
             }
-            if sub.closed.load(Ordering::Acquire) || sub.in_flight.load(Ordering::Acquire) {
+            if sub.closed.load(Ordering::Acquire) || sub.in_flight() {
                 continue;
             }
-            let mut budget = sub.queue.len();
+            let mut budget = budget;
             while budget > 0 {
                 let mut batch = std::mem::take(&mut st.batch);
                 batch.clear();
@@ -583,7 +707,12 @@ impl Inner {
                 }
             }
         }
+        // Messages offered to transports this pass, counted once rather than per send.
+        self.counters
+            .delivered
+            .fetch_add(m.messages, Ordering::Relaxed);
         st.order = order;
+        st.budgets = budgets;
         st.memo.clear();
         st.batch.clear();
         m
@@ -612,97 +741,84 @@ impl Inner {
     /// Sends one frame. Returns the batch vector for reuse, or `None` when the send is pending
     /// (the subscriber is done for this pass).
     fn send(
-        self: &Inner,
+        &self,
         sub: &Arc<Sub>,
         frame: Bytes,
         batch: Vec<Arc<Entry>>,
         m: &mut TurnMetrics,
     ) -> Option<Vec<Arc<Entry>>> {
         let n = batch.len() as u64;
-        self.counters.delivered.fetch_add(n, Ordering::Relaxed);
         m.frames += 1;
         m.messages += n;
         let len = frame.len();
-        let generation = {
-            let mut slot = sub.send.lock();
-            slot.generation += 1;
-            slot.state = SendState::Sending;
-            slot.generation
-        };
-        sub.in_flight.store(true, Ordering::Release);
-        let weak = self.weak_self();
+        // Only the drainer starts sends, and the previous one is finished (IDLE): bump the
+        // generation so a late completion of an older send is recognised and ignored.
+        let generation = (sub.send_state.load(Ordering::Acquire) >> 3) + 1;
+        sub.send_state
+            .store(generation << 3 | phase::SENDING, Ordering::SeqCst);
         let target = Arc::clone(sub);
-        let done = Completion::new(move |result| {
-            if let Some(inner) = weak.upgrade() {
-                inner.on_completion(&target, generation, result);
-            }
-        });
+        let done = Completion::new(move |result| target.on_completion(generation, result));
         let outcome = catch_unwind(AssertUnwindSafe(|| sub.sink.send(&sub.sref, frame, done)));
+        let failed = |error| HubError::SendFailed {
+            id: sub.sref.id().to_owned(),
+            error,
+        };
         let result = match outcome {
             Ok(SendOutcome::Accepted) => Ok(()),
             Ok(SendOutcome::Pending) => {
-                let mut slot = sub.send.lock();
-                match std::mem::take(&mut slot.state) {
-                    SendState::Early(r) => {
-                        drop(slot);
-                        let r = r.map_err(|error| HubError::SendFailed {
-                            id: sub.sref.id().to_owned(),
-                            error,
-                        });
+                {
+                    let mut p = sub.pending.lock();
+                    p.batch = batch;
+                    p.len = len;
+                }
+                let sending = generation << 3 | phase::SENDING;
+                let pending = generation << 3 | phase::PENDING;
+                match sub.send_state.compare_exchange(
+                    sending,
+                    pending,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => return None,
+                    Err(cur) => {
+                        // The completion already ran, inside `send`.
+                        let mut p = sub.pending.lock();
+                        let batch = std::mem::take(&mut p.batch);
+                        let r = match cur & phase::MASK {
+                            phase::EARLY_OK => Ok(()),
+                            phase::EARLY_ERR => Err(failed(
+                                p.early_error.take().unwrap_or(SendError::CompletionDropped),
+                            )),
+                            _ => Err(failed(SendError::CompletionDropped)),
+                        };
+                        drop(p);
                         if r.is_err() {
                             m.send_failures += 1;
                         }
-                        self.finish(sub, &batch, len, r);
+                        sub.send_state
+                            .store(generation << 3 | phase::FINISHING, Ordering::SeqCst);
+                        self.finish(sub, &batch, len, generation, r);
                         return Some(batch);
-                    }
-                    _ => {
-                        slot.state = SendState::Pending(batch, len);
-                        return None;
                     }
                 }
             }
-            Ok(SendOutcome::Failed(error)) => Err(HubError::SendFailed {
-                id: sub.sref.id().to_owned(),
-                error,
-            }),
-            Ok(other) => Err(HubError::SendFailed {
-                id: sub.sref.id().to_owned(),
-                error: SendError::Refused(format!("unknown send outcome {other:?}")),
-            }),
+            Ok(SendOutcome::Failed(error)) => Err(failed(error)),
+            Ok(other) => Err(failed(SendError::Refused(format!(
+                "unknown send outcome {other:?}"
+            )))),
             Err(p) => Err(HubError::SinkPanicked {
                 id: sub.sref.id().to_owned(),
                 message: panic_message(&*p),
             }),
         };
-        sub.send.lock().state = SendState::Idle;
+        // Accepted or failed: a completion that runs from now on finds FINISHING and is ignored.
+        sub.send_state
+            .store(generation << 3 | phase::FINISHING, Ordering::SeqCst);
         if result.is_err() {
             m.send_failures += 1;
         }
-        self.finish(sub, &batch, len, result);
+        self.finish(sub, &batch, len, generation, result);
         Some(batch)
-    }
-
-    fn weak_self(&self) -> Weak<Inner> {
-        self.me.clone()
-    }
-
-    fn on_completion(&self, sub: &Arc<Sub>, generation: u64, result: Result<(), SendError>) {
-        let mut slot = sub.send.lock();
-        if slot.generation != generation {
-            return;
-        }
-        match std::mem::take(&mut slot.state) {
-            SendState::Sending => slot.state = SendState::Early(result),
-            SendState::Pending(batch, len) => {
-                drop(slot);
-                let r = result.map_err(|error| HubError::SendFailed {
-                    id: sub.sref.id().to_owned(),
-                    error,
-                });
-                self.finish(sub, &batch, len, r);
-            }
-            other => slot.state = other,
-        }
     }
 
     /// After a send ended: account, run the handler (only after the transport took the batch),
@@ -712,11 +828,14 @@ impl Inner {
         sub: &Arc<Sub>,
         batch: &[Arc<Entry>],
         len: usize,
+        generation: u64,
         result: Result<(), HubError>,
     ) {
         match result {
             Ok(()) => {
-                let total = sub.bytes_sent.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+                // One send at a time per subscriber: only this thread writes `bytes_sent` now.
+                let total = sub.bytes_sent.load(Ordering::Relaxed) + len as u64;
+                sub.bytes_sent.store(total, Ordering::Relaxed);
                 if let Some(ack) = &sub.ack {
                     if let Err(p) = catch_unwind(AssertUnwindSafe(|| ack(total, &sub.sref))) {
                         self.report(
@@ -748,16 +867,24 @@ impl Inner {
             }
             Err(e) => self.report(&e, Some(&sub.sref)),
         }
-        sub.in_flight.store(false, Ordering::Release);
+        // SeqCst pairs with the flush waiter count (see `notify_flush`).
+        sub.send_state
+            .store(generation << 3 | phase::IDLE, Ordering::SeqCst);
         if !sub.queue.is_empty() && !sub.closed.load(Ordering::Acquire) {
             self.wake();
         }
         self.notify_flush();
     }
 
+    /// Wakes waiting flushes. The state change a flush waits for (`in_flight` cleared, `closed`
+    /// set) is stored SeqCst before this loads the waiter count SeqCst, and a flush increments
+    /// the count SeqCst before it re-checks that state: one of the two sees the other, so no
+    /// wake-up is lost while completions with no flush waiting skip the mutex.
     fn notify_flush(&self) {
-        let _g = self.flush_mx.lock();
-        self.flush_cv.notify_all();
+        if self.flush_waiters.load(Ordering::SeqCst) > 0 {
+            let _g = self.flush_mx.lock();
+            self.flush_cv.notify_all();
+        }
     }
 
     pub(crate) fn report(&self, err: &HubError, sub: Option<&SubscriberRef>) {
@@ -776,6 +903,9 @@ impl Inner {
         if self.is_closed() {
             return Err(HubError::Closed);
         }
+        if draining() {
+            return Err(HubError::FlushInsideDrain);
+        }
         let errors_before = self.counters.errors.load(Ordering::Relaxed);
         // What each subscriber must have got rid of: everything queued now. `removed` is read
         // before the length so a concurrent pop can only make the target smaller.
@@ -789,8 +919,8 @@ impl Inner {
             })
             .collect();
         let done = |s: &Sub, target: u64| {
-            s.closed.load(Ordering::Acquire)
-                || (!s.in_flight.load(Ordering::Acquire)
+            s.closed.load(Ordering::SeqCst)
+                || (!s.in_flight()
                     && (s.removed.load(Ordering::Relaxed) >= target || s.queue.is_empty()))
         };
         loop {
@@ -800,8 +930,11 @@ impl Inner {
             }
             {
                 let mut st = self.drain.lock();
-                self.work.store(false, Ordering::Release);
+                let guard = DrainingGuard::enter();
+                // AcqRel: reads-from the publisher's `wake` swap, so its pushes are visible.
+                self.work.swap(false, Ordering::AcqRel);
                 let m = self.drain_pass(&mut st);
+                drop(guard);
                 drop(st);
                 self.emit_metrics(m);
             }
@@ -813,13 +946,11 @@ impl Inner {
             }
             // Wait for an outstanding send to complete, then drain again.
             let mut g = self.flush_mx.lock();
-            while !self.is_closed()
-                && targets
-                    .iter()
-                    .any(|(s, t)| !done(s, *t) && s.in_flight.load(Ordering::Acquire))
-            {
+            self.flush_waiters.fetch_add(1, Ordering::SeqCst);
+            while !self.is_closed() && targets.iter().any(|(s, t)| !done(s, *t) && s.in_flight()) {
                 self.flush_cv.wait(&mut g);
             }
+            self.flush_waiters.fetch_sub(1, Ordering::SeqCst);
         }
         let errors = self.counters.errors.load(Ordering::Relaxed) - errors_before;
         if errors > 0 {
@@ -829,7 +960,7 @@ impl Inner {
     }
 
     pub(crate) fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.closed.swap(true, Ordering::SeqCst) {
             return;
         }
         {
@@ -878,14 +1009,14 @@ impl Inner {
                 queued: s.queue.len(),
                 dropped: s.dropped.load(Ordering::Relaxed),
                 bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
-                in_flight: s.in_flight.load(Ordering::Acquire),
+                in_flight: s.in_flight(),
                 priority: s.priority,
             })
             .collect();
         Stats {
             subscribers: list.len(),
             topics: self.topics.read().len(),
-            published: self.counters.published.load(Ordering::Relaxed),
+            published: self.seq.load(Ordering::Relaxed),
             delivered: self.counters.delivered.load(Ordering::Relaxed),
             dropped: self.counters.dropped.load(Ordering::Relaxed),
             disconnected: self.counters.disconnected.load(Ordering::Relaxed),

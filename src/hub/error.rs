@@ -85,6 +85,13 @@ pub enum HubError {
         /// The panic message.
         message: String,
     },
+    /// `flush()` was called from a handler, sink or hook running inside the hub's drain, where
+    /// it would wait for itself.
+    #[error(
+        "`flush()` called from inside the hub's drain (a handler, sink or hook); it would wait \
+         for itself"
+    )]
+    FlushInsideDrain,
     /// `flush()` completed, but `errors` delivery errors were reported while it ran.
     #[error("flush finished with {errors} delivery error(s), each reported to `on_error`")]
     FlushErrors {

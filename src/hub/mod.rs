@@ -90,7 +90,37 @@ impl Drop for Owner {
 }
 
 /// A topic fan-out hub. Cheap to clone; every clone is the same hub; dropping the last clone
-/// closes it (not gracefully: see [`Hub::close`]).
+/// closes it (not gracefully: see [`Hub::close`]). A handler that captures a clone keeps the hub
+/// alive until [`Hub::close`] detaches it.
+///
+/// # Examples
+///
+/// Driving the hub by hand on a virtual clock, as a runtime shard (or a test) does:
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use powerhub::hub::{Driver, Hub, HubOptions, Message, PublishOptions, SlowConsumer, SubscribeOptions};
+/// use powerhub::transport::SpySink;
+///
+/// let spy = SpySink::new();
+/// let opts = HubOptions::default().driver(Driver::Manual).batch_delay(Duration::from_millis(10));
+/// let hub = Hub::new(spy.clone(), opts)?;
+/// let sub = hub.subscribe(
+///     "trades",
+///     |d| println!("{} got {:?}", d.subscriber().id(), d.message().bytes()),
+///     SubscribeOptions::default().id("client-42").max_queue(128).slow_consumer(SlowConsumer::DropOldest),
+/// )?;
+/// assert_eq!(hub.publish("trades", Message::json(r#"{"px":1}"#)?, PublishOptions::default())?, 1);
+///
+/// let t0 = Instant::now();
+/// hub.turn(t0); // opens the batch window
+/// assert!(spy.frames().is_empty());
+/// hub.turn(hub.poll_timeout().unwrap()); // the window closes: one frame
+/// assert_eq!(spy.frames().len(), 1);
+/// assert_eq!(hub.stats().encoded, 1);
+/// assert!(sub.unsubscribe());
+/// # Ok::<(), powerhub::hub::HubError>(())
+/// ```
 #[derive(Clone)]
 pub struct Hub {
     owner: Arc<Owner>,
@@ -168,7 +198,10 @@ impl Hub {
     /// transport, waiting for sends in flight (including ones that were outstanding before).
     ///
     /// Returns [`HubError::FlushErrors`] when delivery errors were reported while it ran (each
-    /// went to the error hook), and [`HubError::Closed`] on a closed hub.
+    /// went to the error hook), and [`HubError::Closed`] on a closed hub. A transport that never
+    /// completes a pending send holds `flush` until that subscriber is unsubscribed or the hub is
+    /// closed (a waiting flush then returns [`HubError::Closed`]). Called from a handler, sink or
+    /// hook inside the drain it returns [`HubError::FlushInsideDrain`] instead of deadlocking.
     pub fn flush(&self) -> Result<(), HubError> {
         self.inner().flush()
     }

@@ -86,6 +86,40 @@ impl MessageMeta {
     /// assert!(!meta.correlated);
     /// ```
     pub fn classify(json: &[u8]) -> MessageMeta {
+        Self::scan(json).unwrap_or_else(|| Self::classify_slow(json))
+    }
+
+    /// The fast path: a top-level scan (strings skipped with `memchr`), reading only the five
+    /// fields; `None` when the message is not plain enough (escapes, odd types, malformed).
+    fn scan(json: &[u8]) -> Option<MessageMeta> {
+        let keys = ["type", "deviceId", "deviceSessionUuid", "id", "requestId"];
+        let ([kind, device, session, id, request_id], ok) =
+            crate::protocol::scan::members(json, keys);
+        if !ok {
+            return None;
+        }
+        let field = |span: Option<std::ops::Range<usize>>| -> Option<Field> {
+            match span {
+                None => Some(Field::Absent),
+                Some(r) if &json[r.clone()] == b"null" => Some(Field::Null),
+                Some(r) => crate::protocol::scan::plain_str(&json[r]).map(Field::str),
+            }
+        };
+        let kind = match kind {
+            None => Arc::from(""),
+            Some(r) => Arc::from(crate::protocol::scan::plain_str(&json[r])?),
+        };
+        Some(MessageMeta {
+            kind,
+            device_id: field(device)?,
+            device_session_uuid: field(session)?,
+            correlated: id.is_some() || request_id.is_some(),
+        })
+    }
+
+    /// The general path: serde_json reads the five fields (escaped strings included); a message
+    /// it rejects is lossless.
+    fn classify_slow(json: &[u8]) -> MessageMeta {
         match serde_json::from_slice::<Head<'_>>(json) {
             Ok(head) => MessageMeta {
                 kind: match head.kind {
@@ -335,4 +369,47 @@ fn write_field(out: &mut Vec<u8>, name: &[u8], field: &Field) {
 pub(crate) fn write_json_str(out: &mut Vec<u8>, s: &str) {
     // Serializing a `str` into a `Vec` cannot fail.
     let _ = serde_json::to_writer(&mut *out, s);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MessageMeta;
+
+    #[test]
+    fn fast_and_slow_classification_agree() {
+        let cases = [
+            r#"{"type":"screenshot_update","deviceId":"d1","deviceSessionUuid":null,"png":"AAAA"}"#,
+            r#"{"png":"A\"B","type":"hierarchy_update","deviceSessionUuid":"s"}"#,
+            r#"{"type":"screenshot_update","id":null}"#,
+            r#"{"type":"screenshot_update","requestId":{"a":[1]}}"#,
+            r#"{ "type" : "x" , "deviceId" : "d" }"#,
+            r#"{"deviceId":"d"}"#,
+            r#"{}"#,
+        ];
+        for json in cases {
+            let fast = MessageMeta::scan(json.as_bytes()).expect(json);
+            assert_eq!(fast, MessageMeta::classify_slow(json.as_bytes()), "{json}");
+        }
+    }
+
+    #[test]
+    fn unusual_messages_fall_back_and_are_lossless() {
+        for json in [
+            r#"{"type":"t\u0041"}"#,
+            r#"{"type":5}"#,
+            r#"{"type":"a","deviceId":7}"#,
+            "[1]",
+            "{",
+            "",
+        ] {
+            assert!(MessageMeta::scan(json.as_bytes()).is_none(), "{json}");
+        }
+        assert_eq!(&*MessageMeta::classify(br#"{"type":"t\u0041"}"#).kind, "tA");
+        assert_eq!(&*MessageMeta::classify(br#"{"type":5}"#).kind, "");
+        assert_eq!(
+            &*MessageMeta::classify(br#"{"type":"a","deviceId":7}"#).kind,
+            ""
+        );
+        assert_eq!(&*MessageMeta::classify(b"{").kind, "");
+    }
 }

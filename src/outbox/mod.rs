@@ -28,7 +28,13 @@
 //!   dropped and, at most once per (subscription, `deviceId`, `deviceSessionUuid`), replaced by the
 //!   spec's `frames_dropped` notification appended to the FIFO. The "once" is reset whenever a
 //!   drain attempt or a push observes the unsent bytes at or below the threshold. The same check
-//!   applies when the FIFO is written out after a drain, message by message.
+//!   applies when the FIFO is written out, message by message (a shared chunk pushed while
+//!   healthy is written as it is, unread: it is only split and checked if a pause comes first).
+//!
+//! Classifying a message reads five top-level fields (`type`, `deviceId`, `deviceSessionUuid`,
+//! `id`, `requestId`) with a `memchr` scan that skips the rest (a 2 MiB image is one string);
+//! messages with escapes in those fields, odd types or duplicate keys go through serde_json, and
+//! what cannot be read is lossless.
 //! - [`Outbox::unsubscribe`] removes the subscription's pending coalescible frames and its
 //!   notification state, and queues the acknowledgement after everything already queued.
 //!
@@ -102,6 +108,9 @@ const COPY_BELOW: usize = 512;
 
 static NEWLINE: &[u8] = b"\n";
 
+/// Most subscription ids an outbox remembers (a cache: past it, ids are allocated per push).
+const MAX_NAMES: usize = 64;
+
 /// What [`Outbox::handle_timeout`] decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -129,7 +138,8 @@ pub struct OutboxStats {
     pub removed: u64,
     /// Keepalive pings queued.
     pub pings: u64,
-    /// Messages waiting in the FIFO (not yet encoded for the wire).
+    /// Entries waiting in the FIFO, not yet encoded for the wire (a message; a shared chunk
+    /// pushed while healthy counts once until a pause splits it).
     pub queued: usize,
     /// Bytes of the messages waiting in the FIFO (default serialization for deferred events).
     pub queued_bytes: usize,
@@ -154,8 +164,12 @@ pub struct Outbox {
     /// Encoded bytes not yet taken by the socket, in order; the front may be partly written.
     wire: VecDeque<Bytes>,
     wire_len: usize,
+    /// Bytes offered by the last `poll_transmit` (a prefix of `wire`).
+    offered: usize,
     /// Scratch buffer small messages are framed into.
     scratch: BytesMut,
+    /// Subscription ids seen, so a push does not allocate its id (a connection has few).
+    names: Vec<Arc<str>>,
     paused: bool,
     /// Paused and waiting for `on_writable` before offering the unsent bytes again.
     awaiting_writable: bool,
@@ -249,7 +263,9 @@ impl Outbox {
             notified: HashSet::new(),
             wire: VecDeque::new(),
             wire_len: 0,
+            offered: 0,
             scratch: BytesMut::new(),
+            names: Vec::new(),
             paused: false,
             awaiting_writable: false,
             reaped: false,
@@ -273,7 +289,7 @@ impl Outbox {
         self.observe_send();
         let meta = event.meta().clone();
         let item = Item::Message {
-            sub: Arc::from(sub),
+            sub: self.intern(sub),
             meta,
             body: Body::Event(event),
         };
@@ -303,7 +319,7 @@ impl Outbox {
         }
         self.observe_send();
         let item = Item::Shared {
-            sub: Arc::from(sub),
+            sub: self.intern(sub),
             lines,
         };
         if self.paused {
@@ -351,6 +367,7 @@ impl Outbox {
             }
         }
         self.notified.retain(|key| &*key.sub != sub);
+        self.names.retain(|name| &**name != sub);
         self.push_control(ack, now);
     }
 
@@ -358,37 +375,58 @@ impl Outbox {
     /// nothing to write (or the connection waits for [`on_writable`](Self::on_writable)).
     ///
     /// `out` always starts at the first unsent byte: after a partial write it starts mid-message.
-    /// Every call must be followed by [`on_written`](Self::on_written) with what the socket took
-    /// before the next call. `framer` frames messages (and keepalive pings) for the wire; `now` is
-    /// passed to the [`MessageFactory`].
+    /// Report what the socket took with [`on_written`](Self::on_written); calling
+    /// `poll_transmit` again without doing so offers the same bytes again (plus what was queued
+    /// since). `framer` frames messages (and keepalive pings) for the wire; `now` is passed to
+    /// the [`MessageFactory`].
     pub fn poll_transmit(
         &mut self,
         framer: &mut dyn StreamProtocol,
         out: &mut Vec<Bytes>,
         now: Instant,
     ) -> usize {
-        if self.reaped || self.awaiting_writable {
+        self.poll_transmit_max(framer, out, now, usize::MAX)
+    }
+
+    /// [`poll_transmit`](Self::poll_transmit), offering at most `max_segments` `Bytes` (say, what
+    /// is left of the runtime's `IOV_MAX` gather list). When the socket takes all of a limited
+    /// offer, the connection is not paused and the next call offers the rest.
+    pub fn poll_transmit_max(
+        &mut self,
+        framer: &mut dyn StreamProtocol,
+        out: &mut Vec<Bytes>,
+        now: Instant,
+        max_segments: usize,
+    ) -> usize {
+        if self.reaped || self.awaiting_writable || max_segments == 0 {
+            self.offered = 0;
             return 0;
         }
         if !self.paused {
             self.encode_queue(framer, now);
         }
-        out.extend(self.wire.iter().cloned());
-        self.wire_len
+        let mut offered = 0;
+        for segment in self.wire.iter().take(max_segments) {
+            offered += segment.len();
+            out.push(segment.clone());
+        }
+        self.offered = offered;
+        offered
     }
 
     /// Reports that the socket took the first `n` bytes of what the last
     /// [`poll_transmit`](Self::poll_transmit) offered. Less than offered pauses the connection
     /// until [`on_writable`](Self::on_writable); bytes taken while paused are drain progress and
-    /// refresh liveness.
+    /// refresh liveness. The connection is healthy again once every unsent byte is taken.
     pub fn on_written(&mut self, n: usize, now: Instant) {
-        let n = n.min(self.wire_len);
+        let n = n.min(self.offered);
+        let partial = n < self.offered;
+        self.offered = 0;
         let mut left = n;
-        while left > 0 {
-            let front = self
-                .wire
-                .front_mut()
-                .expect("wire_len counts the wire's bytes");
+        while let Some(front) = self.wire.front_mut() {
+            if left == 0 {
+                break;
+            }
             if front.len() <= left {
                 left -= front.len();
                 self.wire.pop_front();
@@ -403,16 +441,16 @@ impl Outbox {
         if self.paused && n > 0 {
             self.last_alive = now;
         }
-        if self.wire_len == 0 {
-            // Unpaused: what was admitted while paused stays queued (and its slots stay known to
-            // `unsubscribe`) until the next transmit writes it.
-            self.paused = false;
+        // A write observes the unsent bytes: at or below the threshold re-arms notifications.
+        if self.wire_len <= self.config.high_water_bytes {
             self.notified.clear();
-        } else {
+        }
+        if self.wire_len == 0 {
+            // Healthy again: what was admitted while paused stays queued (and its slots stay
+            // known to `unsubscribe`) until the next transmit writes it.
+            self.paused = false;
+        } else if partial {
             self.awaiting_writable = true;
-            if self.wire_len <= self.config.high_water_bytes {
-                self.notified.clear();
-            }
             if !self.paused {
                 self.pause();
             }
@@ -460,6 +498,10 @@ impl Outbox {
             self.slots.clear();
             self.wire.clear();
             self.wire_len = 0;
+            self.offered = 0;
+            self.notified.clear();
+            self.paused = false;
+            self.awaiting_writable = false;
             self.stats.queued = 0;
             self.stats.queued_bytes = 0;
             self.stats.unsent_bytes = 0;
@@ -508,6 +550,18 @@ impl Outbox {
     }
 
     // ---- internals ------------------------------------------------------------------------
+
+    /// The shared id `sub`, allocated once per subscription.
+    fn intern(&mut self, sub: &str) -> Arc<str> {
+        if let Some(name) = self.names.iter().find(|name| &***name == sub) {
+            return Arc::clone(name);
+        }
+        let name: Arc<str> = Arc::from(sub);
+        if self.names.len() < MAX_NAMES {
+            self.names.push(Arc::clone(&name));
+        }
+        name
+    }
 
     fn item_mut(&mut self, seq: u64) -> Option<&mut Item> {
         let idx = seq.checked_sub(self.head_seq)?;
@@ -652,7 +706,14 @@ impl Outbox {
                     self.encode_json(framer, json);
                 }
                 Item::Shared { lines, .. } => match self.config.framing {
-                    Framing::Ndjson => self.append_bytes(lines),
+                    Framing::Ndjson => {
+                        let terminated = lines.last() == Some(&b'\n');
+                        self.append_bytes(lines);
+                        if !terminated {
+                            self.scratch.extend_from_slice(NEWLINE);
+                            self.wire_len += 1;
+                        }
+                    }
                     Framing::Protocol => {
                         for line in split_lines(&lines) {
                             let before = self.scratch.len();
@@ -735,5 +796,5 @@ fn trim_cr(line: &Bytes) -> Bytes {
 }
 
 fn memchr_newline(haystack: &[u8]) -> Option<usize> {
-    haystack.iter().position(|&b| b == b'\n')
+    memchr::memchr(b'\n', haystack)
 }

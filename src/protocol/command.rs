@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
-use super::scan::member_span;
+use super::scan::{member_span, members};
 use crate::outbox::Field;
 
 /// The correlation id a client puts in a command's `id` (or `requestId`): a string or an
@@ -80,7 +80,9 @@ pub enum Command {
     Publish {
         /// The correlation id.
         id: Option<RequestId>,
-        /// The message exactly as the client wrote it (its bytes are what subscribers read).
+        /// The message exactly as the client wrote it (its bytes are what subscribers read),
+        /// except that line breaks in its whitespace become spaces (it arrived over WebSocket,
+        /// say, and is delivered over NDJSON too).
         message: Bytes,
         /// What the message says about itself.
         meta: PublishMeta,
@@ -237,6 +239,33 @@ impl CommandError {
 /// assert_eq!(err.kind.to_string(), "field `stream` must be a string, got a number");
 /// ```
 pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
+    CommandParser::default().parse(line)
+}
+
+/// A [`parse_command`] that keeps simd-json's buffers between lines (one per connection).
+#[derive(Default)]
+pub struct CommandParser {
+    buffers: Option<simd_json::Buffers>,
+}
+
+impl fmt::Debug for CommandParser {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CommandParser").finish_non_exhaustive()
+    }
+}
+
+impl CommandParser {
+    /// Parses one line, as [`parse_command`] does.
+    pub fn parse(&mut self, line: &mut [u8]) -> Result<Command, CommandError> {
+        parse_with(
+            line,
+            self.buffers
+                .get_or_insert_with(|| simd_json::Buffers::new(512)),
+        )
+    }
+}
+
+fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Command, CommandError> {
     if let Err(e) = std::str::from_utf8(line) {
         let id = best_effort_id(&line[..e.valid_up_to()]);
         return Err(CommandError::new(
@@ -253,17 +282,19 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
             ErrorKind::InvalidJson(what.to_owned()),
         ));
     }
-    // Scan before simd-json rewrites the buffer in place.
-    let message_span = member_span(line, "message");
-    let message_bytes = message_span.map(|r| Bytes::copy_from_slice(&line[r]));
-    let fallback_id = best_effort_id(line);
-    let env: Envelope<'_> = match simd_json::serde::from_slice(line) {
+    // Scan before simd-json rewrites the buffer in place; keep a copy of the line only to read
+    // the request id back if it turns out not to be JSON.
+    let ([message, id_span, rid_span], _) = members(line, ["message", "id", "requestId"]);
+    let message_bytes = message.map(|r| one_line(&line[r]));
+    let id_copy = id_span.or(rid_span).map(|r| line[r].to_vec());
+    let env: Envelope<'_> = match simd_json::serde::from_slice_with_buffers(line, buffers) {
         Ok(env) => env,
         Err(e) => {
+            let id = id_copy.as_deref().and_then(read_id);
             return Err(CommandError::new(
-                fallback_id,
+                id,
                 ErrorKind::InvalidJson(json_error(&e)),
-            ))
+            ));
         }
     };
     let id = match request_id(&env.id, "id")? {
@@ -356,6 +387,22 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
     }
 }
 
+/// A copy of a published message that is one line whatever framing it arrived in: a raw `\n` or
+/// `\r` can only be whitespace in valid JSON (strings escape them), so it becomes a space, and an
+/// NDJSON subscriber still reads one message per line.
+fn one_line(message: &[u8]) -> Bytes {
+    if memchr::memchr2(b'\n', b'\r', message).is_none() {
+        return Bytes::copy_from_slice(message);
+    }
+    let mut copy = message.to_vec();
+    for b in &mut copy {
+        if matches!(*b, b'\n' | b'\r') {
+            *b = b' ';
+        }
+    }
+    copy.into()
+}
+
 fn publish_meta(head: &MessageHead<'_>) -> Result<PublishMeta, ErrorKind> {
     let stream = required_str(&head.stream, "message.stream")?;
     validate_stream(&stream, "message.stream")?;
@@ -433,16 +480,18 @@ fn wrong(field: &'static str, expected: &'static str, got: &Loose<'_>) -> ErrorK
 
 /// The request id of a line that failed to parse, when the top-level `id` / `requestId` member
 /// can still be read.
-fn best_effort_id(line: &[u8]) -> Option<RequestId> {
-    let read = |key| {
-        let span = member_span(line, key)?;
-        match serde_json::from_slice::<serde_json::Value>(&line[span]).ok()? {
-            serde_json::Value::String(s) => Some(RequestId::Str(s)),
-            serde_json::Value::Number(n) => n.as_i64().map(RequestId::Int),
-            _ => None,
-        }
-    };
-    read("id").or_else(|| read("requestId"))
+pub(crate) fn best_effort_id(line: &[u8]) -> Option<RequestId> {
+    member_span(line, "id")
+        .and_then(|span| read_id(&line[span]))
+        .or_else(|| member_span(line, "requestId").and_then(|span| read_id(&line[span])))
+}
+
+fn read_id(json: &[u8]) -> Option<RequestId> {
+    match serde_json::from_slice::<serde_json::Value>(json).ok()? {
+        serde_json::Value::String(s) => Some(RequestId::Str(s)),
+        serde_json::Value::Number(n) => n.as_i64().map(RequestId::Int),
+        _ => None,
+    }
 }
 
 fn json_error(e: &simd_json::Error) -> String {

@@ -14,10 +14,12 @@
 
 mod command;
 pub mod reply;
-mod scan;
+pub(crate) mod scan;
 mod session;
 
-pub use command::{parse_command, Command, CommandError, ErrorKind, PublishMeta, RequestId};
+pub use command::{
+    parse_command, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
+};
 pub use session::{
     device_topic, publish_topics, stream_topic, Action, Session, SessionConfig, SubscriptionInfo,
 };

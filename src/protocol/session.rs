@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::command::{parse_command, Command, CommandError, ErrorKind, PublishMeta, RequestId};
+use super::command::{Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId};
 use super::reply;
 
 /// Limits of one push session.
@@ -87,8 +87,6 @@ pub enum Action {
     Reply(Bytes),
     /// An inbound `pong`: call [`Outbox::on_pong`](crate::outbox::Outbox::on_pong).
     Pong,
-    /// Write this final error, then close the connection (the input could not be framed).
-    Close(Bytes),
 }
 
 /// The hub topic of every device of `stream`: the stream name itself.
@@ -135,6 +133,7 @@ pub struct Session {
     connection_id: u64,
     subscriptions: HashMap<Arc<str>, SubscriptionInfo>,
     next_id: u64,
+    parser: CommandParser,
 }
 
 impl Session {
@@ -146,6 +145,7 @@ impl Session {
             connection_id,
             subscriptions: HashMap::new(),
             next_id: 1,
+            parser: CommandParser::default(),
         }
     }
 
@@ -153,14 +153,14 @@ impl Session {
     /// [`Action::Reply`] with an error naming the problem and the request id.
     pub fn handle_line(&mut self, line: &mut [u8]) -> Action {
         if line.len() > self.config.max_line_bytes {
-            let id = None;
+            let id = super::command::best_effort_id(line);
             let kind = ErrorKind::LineTooLong {
                 size: line.len(),
                 limit: self.config.max_line_bytes,
             };
             return Action::Reply(CommandError::new(id, kind).to_reply());
         }
-        match parse_command(line) {
+        match self.parser.parse(line) {
             Ok(cmd) => self.handle_command(cmd),
             Err(e) => Action::Reply(e.to_reply()),
         }
@@ -267,14 +267,9 @@ impl Session {
         reply::error(request_id, "subscribe_failed", reason)
     }
 
-    /// The connection's stream protocol rejected its input (a line too long to frame, a broken
-    /// frame): [`Action::Close`] with the final error naming the problem.
-    pub fn handle_protocol_error(&mut self, err: &powerhub_plugin::ProtocolError) -> Action {
-        Action::Close(Self::fatal_error(err))
-    }
-
     /// The final error to write before closing a connection whose stream protocol rejected its
-    /// input: `{"type":"error","requestId":null,"code":"fatal","message":"...; closing the connection"}`.
+    /// input (a line too long to frame, a broken frame):
+    /// `{"type":"error","requestId":null,"code":"fatal","message":"...; closing the connection"}`.
     pub fn fatal_error(err: &powerhub_plugin::ProtocolError) -> Bytes {
         CommandError::new(None, ErrorKind::Fatal(err.to_string())).to_reply()
     }

@@ -110,7 +110,11 @@ pub struct SubscriberRef {
 impl SubscriberRef {
     /// A subscriber reference with no transport context.
     pub fn new(id: impl Into<Arc<str>>, topic: impl Into<Arc<str>>) -> Self {
-        SubscriberRef { id: id.into(), topic: topic.into(), transport: None }
+        SubscriberRef {
+            id: id.into(),
+            topic: topic.into(),
+            transport: None,
+        }
     }
 
     /// The same reference carrying `transport` as its context.
@@ -192,13 +196,17 @@ pub enum SendOutcome {
 /// [`SendError::CompletionDropped`], so a lost completion never hangs `flush()`. For sends that
 /// returned [`SendOutcome::Accepted`] or [`SendOutcome::Failed`] the completion is ignored.
 pub struct Completion {
-    callback: Option<Box<dyn FnOnce(Result<(), SendError>) + Send>>,
+    callback: Option<CompletionFn>,
 }
+
+type CompletionFn = Box<dyn FnOnce(Result<(), SendError>) + Send>;
 
 impl Completion {
     /// A completion that runs `callback` with the send's result.
     pub fn new(callback: impl FnOnce(Result<(), SendError>) + Send + 'static) -> Self {
-        Completion { callback: Some(Box::new(callback)) }
+        Completion {
+            callback: Some(Box::new(callback)),
+        }
     }
 
     /// A completion that does nothing: for tests and for callers outside a hub.
@@ -224,7 +232,9 @@ impl Drop for Completion {
 
 impl fmt::Debug for Completion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Completion").field("armed", &self.callback.is_some()).finish()
+        f.debug_struct("Completion")
+            .field("armed", &self.callback.is_some())
+            .finish()
     }
 }
 
@@ -265,7 +275,10 @@ pub struct ProtocolLimits {
 
 impl Default for ProtocolLimits {
     fn default() -> Self {
-        ProtocolLimits { max_message_bytes: 1 << 20, max_handshake_bytes: 8 << 10 }
+        ProtocolLimits {
+            max_message_bytes: 1 << 20,
+            max_handshake_bytes: 8 << 10,
+        }
     }
 }
 
@@ -355,7 +368,11 @@ pub enum ProtocolError {
 /// to `out`.
 pub trait StreamProtocol: Send + fmt::Debug {
     /// Decodes every complete inbound message at the front of `input`, removing its bytes.
-    fn decode(&mut self, input: &mut BytesMut, out: &mut ProtocolOutput) -> Result<(), ProtocolError>;
+    fn decode(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError>;
 
     /// Appends one outbound JSON message (without trailing newline) framed for the wire.
     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut);
@@ -364,7 +381,10 @@ pub trait StreamProtocol: Send + fmt::Debug {
     /// return a [`ProtocolError::Violation`] that says so.
     fn encode_binary(&mut self, frame: &[u8], out: &mut BytesMut) -> Result<(), ProtocolError> {
         let _ = (frame, out);
-        Err(ProtocolError::Violation(format!("the {} protocol has no binary messages", self.name())))
+        Err(ProtocolError::Violation(format!(
+            "the {} protocol has no binary messages",
+            self.name()
+        )))
     }
 
     /// Appends a protocol-level ping if the protocol has one and returns `true`; returns `false`
@@ -408,7 +428,10 @@ mod tests {
         let seen = Arc::new(Mutex::new(None));
         let seen2 = Arc::clone(&seen);
         drop(Completion::new(move |r| *seen2.lock().unwrap() = Some(r)));
-        assert_eq!(*seen.lock().unwrap(), Some(Err(SendError::CompletionDropped)));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            Some(Err(SendError::CompletionDropped))
+        );
     }
 
     #[test]
