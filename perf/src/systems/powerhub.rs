@@ -18,6 +18,7 @@ use powerhub::hub::{
 };
 use powerhub::plugin::{Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
+use super::raw::LineDecoder;
 use super::{find_end, request, Decoder, Policy, SystemKind, Target, Wire};
 use crate::inproc::InprocOut;
 
@@ -63,33 +64,11 @@ impl Wire for PowerhubWire {
     }
 
     fn decoder(&self) -> Box<dyn Decoder> {
-        // Delivered messages, replies, pings and notifications: one JSON object per line.
-        Box::new(PushDecoder)
-    }
-}
-
-/// Lines; answers the server's keepalive `ping` with a `pong`.
-#[derive(Debug)]
-struct PushDecoder;
-
-impl Decoder for PushDecoder {
-    fn decode(
-        &mut self,
-        buf: &[u8],
-        on_msg: &mut dyn FnMut(&[u8]),
-        reply: &mut Vec<u8>,
-    ) -> io::Result<usize> {
-        let mut pos = 0;
-        for nl in memchr::memchr_iter(b'\n', buf) {
-            let line = &buf[pos..nl];
-            if line == b"{\"type\":\"ping\"}" {
-                reply.extend_from_slice(b"{\"type\":\"pong\"}\n");
-            } else {
-                on_msg(line);
-            }
-            pos = nl + 1;
-        }
-        Ok(pos)
+        // Delivered messages, replies, pings and notifications: one JSON object per line; the
+        // server's keepalive ping is answered.
+        Box::new(LineDecoder {
+            ping: Some((b"{\"type\":\"ping\"}", b"{\"type\":\"pong\"}\n")),
+        })
     }
 }
 

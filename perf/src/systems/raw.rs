@@ -42,24 +42,31 @@ impl Wire for RawWire {
     }
 
     fn decoder(&self) -> Box<dyn Decoder> {
-        Box::new(LineDecoder)
+        Box::new(LineDecoder { ping: None })
     }
 }
 
-/// Newline-delimited messages.
+/// Newline-delimited messages, optionally answering a keepalive line.
 #[derive(Debug)]
-pub(crate) struct LineDecoder;
+pub(crate) struct LineDecoder {
+    /// A line that is a keepalive ping, and the line that answers it.
+    pub(crate) ping: Option<(&'static [u8], &'static [u8])>,
+}
 
 impl Decoder for LineDecoder {
     fn decode(
         &mut self,
         buf: &[u8],
         on_msg: &mut dyn FnMut(&[u8]),
-        _reply: &mut Vec<u8>,
+        reply: &mut Vec<u8>,
     ) -> io::Result<usize> {
         let mut pos = 0;
         for nl in memchr::memchr_iter(b'\n', buf) {
-            on_msg(&buf[pos..nl]);
+            let line = &buf[pos..nl];
+            match self.ping {
+                Some((ping, pong)) if line == ping => reply.extend_from_slice(pong),
+                _ => on_msg(line),
+            }
             pos = nl + 1;
         }
         Ok(pos)
@@ -236,4 +243,47 @@ pub(crate) fn serve_on(listener: TcpListener, stop: &AtomicBool) -> io::Result<(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn line_decoder_hands_out_complete_lines_and_answers_the_keepalive() {
+        let mut d = LineDecoder {
+            ping: Some((b"{\"type\":\"ping\"}", b"{\"type\":\"pong\"}\n")),
+        };
+        let stream = b"{\"a\":1}\n{\"type\":\"ping\"}\n{\"b\":2}\n{\"c\"";
+        let mut got = Vec::new();
+        let mut reply = Vec::new();
+        let n = d
+            .decode(stream, &mut |m| got.push(m.to_vec()), &mut reply)
+            .unwrap();
+        assert_eq!(got, vec![b"{\"a\":1}".to_vec(), b"{\"b\":2}".to_vec()]);
+        assert_eq!(reply, b"{\"type\":\"pong\"}\n");
+        assert_eq!(&stream[n..], b"{\"c\"");
+    }
+
+    #[test]
+    fn a_stalled_subscriber_costs_at_most_the_pending_cap_and_keeps_whole_frames() {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let _reader = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        stream.set_nonblocking(true).unwrap();
+        let mut sub = Sub {
+            stream,
+            pending: Vec::new(),
+        };
+        let line = [b"y".repeat(99), b"\n".to_vec()].concat();
+        let batch = line.repeat(10_000);
+        for _ in 0..200 {
+            sub.offer(&batch).unwrap();
+            assert!(sub.pending.len() <= PENDING_CAP);
+        }
+        // Nothing was read: the kernel took what it could, the rest is bounded and ends on a
+        // frame boundary.
+        assert!(sub.pending.len() <= PENDING_CAP);
+        assert_eq!(sub.pending.last(), Some(&b'\n'));
+    }
 }
