@@ -267,7 +267,9 @@ fn run(args: Args) -> io::Result<ExitCode> {
                 SystemKind::Raw => start_raw(),
                 SystemKind::Redis => peer(k, args.redis, args.redis_pid),
                 SystemKind::Nats => peer(k, args.nats, args.nats_pid),
-                SystemKind::Powerhub | SystemKind::PowerhubEpoll => launcher.start(k, None),
+                SystemKind::Powerhub | SystemKind::PowerhubEpoll => {
+                    launcher.start(k, systems::powerhub::Flavor::Throughput)
+                }
             };
             match t {
                 Ok(t) => {

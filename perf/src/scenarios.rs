@@ -16,7 +16,8 @@ use crate::load::{rate, run_case, CaseOut, CaseSpec, Pace, ReadMode};
 use crate::payload::Template;
 use crate::procfs;
 use crate::report::{plot_percentiles, plot_rss, slug, write_hgrm, Row, Scenario};
-use crate::systems::{Policy, SystemKind, Target};
+use crate::systems::powerhub::Flavor;
+use crate::systems::{Decoder, Policy, SystemKind, Target};
 
 /// The scenario names, in run order.
 pub(crate) const NAMES: [&str; 6] = [
@@ -362,7 +363,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             let variant = policy.map_or("", |p| p.name());
             // A policy is the server's configuration: a server of its own per policy.
             let dedicated = match (policy, &ctx.launcher) {
-                (Some(p), Some(l)) => match l.start(t.kind, Some(p)) {
+                (Some(p), Some(l)) => match l.start(t.kind, Flavor::Policy(p)) {
                     Ok(d) => Some(d),
                     Err(e) => {
                         sc.failures
@@ -562,6 +563,50 @@ fn connect_from(src: [u8; 4], addr: SocketAddr) -> io::Result<TcpStream> {
     Ok(s)
 }
 
+/// One idle subscriber connection.
+struct IdleConn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    decoder: Box<dyn Decoder>,
+    open: bool,
+}
+
+impl IdleConn {
+    /// Read what arrived, answer keepalives; returns how many answers were written.
+    fn serve(&mut self) -> u64 {
+        use std::io::{Read, Write};
+        let mut chunk = [0u8; 4096];
+        let mut answered = 0;
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => self.open = false,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    let mut reply = Vec::new();
+                    match self.decoder.decode(&self.buf, &mut |_| {}, &mut reply) {
+                        Ok(used) => {
+                            self.buf.drain(..used);
+                        }
+                        Err(_) => self.open = false,
+                    }
+                    if !reply.is_empty() {
+                        answered += 1;
+                        if self.stream.write_all(&reply).is_err() {
+                            self.open = false;
+                        }
+                    }
+                    if self.open {
+                        continue;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => self.open = false,
+            }
+            return answered;
+        }
+    }
+}
+
 fn idle(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = new_scenario("idle-connections", "connections");
     ctx.pb.inc_length(ctx.targets.len() as u64);
@@ -579,6 +624,13 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
     }
     let mut rss = Vec::new();
     for t in &ctx.targets {
+        // powerhub: a server of its own with a one-second keepalive, so that pings and pongs
+        // run on every connection during the hold.
+        let dedicated = match (t.kind.is_powerhub(), &ctx.launcher) {
+            (true, Some(l)) => Some(l.start(t.kind, Flavor::Idle)?),
+            _ => None,
+        };
+        let t = dedicated.as_ref().unwrap_or(t);
         ctx.pb.set_message(format!("idle-connections · {}", t.kind));
         let sampler = procfs::RssSampler::start(t.pid, Duration::from_millis(100));
         let base = procfs::rss_kib(t.pid)?;
@@ -590,7 +642,12 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             let r = connect_from(src, t.addr).and_then(|mut s| {
                 let left = t.wire.subscribe(&mut s, "idle")?;
                 s.set_nonblocking(true)?;
-                Ok((s, left))
+                Ok(IdleConn {
+                    stream: s,
+                    buf: left,
+                    decoder: t.wire.decoder(),
+                    open: true,
+                })
             });
             match r {
                 Ok(c) => conns.push(c),
@@ -605,24 +662,19 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             }
         }
         let open_secs = (now_ns() - t0) as f64 / 1e9;
-        std::thread::sleep(ctx.idle_hold);
-        // Answer keepalives and count connections the server still holds open.
-        let mut alive = 0;
-        let mut buf = [0u8; 4096];
-        for (s, _) in conns.iter_mut() {
-            use std::io::{Read, Write};
-            match s.read(&mut buf) {
-                Ok(0) => continue,
-                Ok(n) => {
-                    if memchr::memmem::find(&buf[..n], b"PING").is_some() {
-                        let _ = s.write_all(b"PONG\r\n");
-                    }
-                    alive += 1;
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => alive += 1,
-                Err(_) => continue,
+        // Hold: every 200 ms read what arrived on every connection and answer keepalives.
+        let hold_end = now_ns() + ctx.idle_hold.as_nanos() as u64;
+        let mut pongs = 0u64;
+        loop {
+            for c in conns.iter_mut().filter(|c| c.open) {
+                pongs += c.serve();
             }
+            if now_ns() >= hold_end {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
+        let alive = conns.iter().filter(|c| c.open).count();
         let after = procfs::rss_kib(t.pid)?;
         let opened = conns.len();
         let per = (after as f64 - base as f64) * 1024.0 / opened.max(1) as f64;
@@ -645,7 +697,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             throughput: Some(alive as f64),
             peak_rss_kib: Some(peak),
             note: format!(
-                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s{}",
+                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s, {pongs} keepalive pings answered{}",
                 per / 1024.0,
                 base as f64 / 1024.0,
                 after as f64 / 1024.0,
@@ -659,7 +711,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         // Let the server release the connections before the next system.
         std::thread::sleep(Duration::from_millis(300));
     }
-    sc.notes.push("The throughput column is the number of connections still open after the hold. Memory per connection is the server's RSS growth divided by the connections (kernel socket memory is not in RSS).".to_owned());
+    sc.notes.push("powerhub runs with a one-second keepalive here (a server of its own), so pings and pongs flow on every connection during the hold; NATS pings every two minutes and Redis not at all. The throughput column is the number of connections still open after the hold. Memory per connection is the server's RSS growth divided by the connections (kernel socket memory is not in RSS).".to_owned());
     let p = ctx.path("idle-connections-rss.svg");
     plot_rss(&p, "idle-connections: server RSS over time", &rss)?;
     sc.files.push(p);

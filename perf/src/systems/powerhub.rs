@@ -85,22 +85,17 @@ pub(crate) struct Launcher {
 }
 
 impl Launcher {
-    /// Start a server with the io backend of `kind` (default, or epoll). Without a `policy`
-    /// it is the throughput server: default policy, subscription queues as deep as the load
-    /// generator's window. With one, every push subscription has that slow-consumer policy and
-    /// the default queue depth, as an operator would run it.
-    pub(crate) fn start(&self, kind: SystemKind, policy: Option<Policy>) -> io::Result<Target> {
+    /// Start a server with the io backend of `kind` (default, or epoll) configured for
+    /// `flavor`.
+    pub(crate) fn start(&self, kind: SystemKind, flavor: Flavor) -> io::Result<Target> {
         let backend = if kind == SystemKind::PowerhubEpoll {
             "epoll"
         } else {
             "auto"
         };
-        let name = format!(
-            "powerhub-{backend}-{}",
-            policy.map_or("throughput", Policy::name)
-        );
+        let name = format!("powerhub-{backend}-{}", flavor.name());
         let config = self.dir.join(format!("{name}.toml"));
-        std::fs::write(&config, config_text(self.shards, backend, policy))?;
+        std::fs::write(&config, config_text(self.shards, backend, flavor))?;
         let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
         let mut child = Command::new(&self.bin)
             .arg("serve")
@@ -157,13 +152,36 @@ impl Launcher {
     }
 }
 
-fn config_text(shards: usize, backend: &str, policy: Option<Policy>) -> String {
-    let subscriptions = match policy {
-        // As deep as the load generator's window (16384 messages of 64 B in flight per
-        // subscriber): Redis and NATS buffer that much per subscriber without a bound, so
-        // powerhub gets the same room instead of dropping by policy.
-        None => "max_queue = 16384".to_owned(),
-        Some(p) => format!("slow_consumer = \"{}\"", p.name()),
+/// What a server is started for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Flavor {
+    /// Throughput and latency: the default policy, subscription queues as deep as the load
+    /// generator's window (16384 messages of 64 B in flight per subscriber). Redis and NATS
+    /// buffer that much per subscriber without a bound, so powerhub gets the same room instead
+    /// of dropping by policy.
+    Throughput,
+    /// Every push subscription with this slow-consumer policy and the default queue depth, as
+    /// an operator would run it.
+    Policy(Policy),
+    /// Idle connections with the keepalive running: a ping every second.
+    Idle,
+}
+
+impl Flavor {
+    fn name(self) -> &'static str {
+        match self {
+            Flavor::Throughput => "throughput",
+            Flavor::Policy(p) => p.name(),
+            Flavor::Idle => "idle",
+        }
+    }
+}
+
+fn config_text(shards: usize, backend: &str, flavor: Flavor) -> String {
+    let tuning = match flavor {
+        Flavor::Throughput => "[subscriptions]\nmax_queue = 16384\n".to_owned(),
+        Flavor::Policy(p) => format!("[subscriptions]\nslow_consumer = \"{}\"\n", p.name()),
+        Flavor::Idle => "[outbox]\nkeepalive_interval_ms = 1000\n".to_owned(),
     };
     format!(
         r#"# Written by powerhub-perf.
@@ -176,8 +194,7 @@ max_connections = 100000
 # Screenshot frames of up to 2 MiB inside a publish command.
 max_message_bytes = 16777216
 
-[subscriptions]
-{subscriptions}
+{tuning}
 
 [[listener]]
 protocol = "ndjson"
