@@ -552,8 +552,7 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
     Ok(sc)
 }
 
-/// Connect from a chosen loopback source address (the ephemeral port range of one address
-/// holds about 28 000 connections to one server port).
+/// Connect from a chosen loopback source address (any of 127.0.0.0/8).
 fn connect_from(src: [u8; 4], addr: SocketAddr) -> io::Result<TcpStream> {
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
     sock.bind(&SocketAddr::from((src, 0)).into())?;
@@ -623,7 +622,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         ));
     }
     let mut rss = Vec::new();
-    for t in &ctx.targets {
+    for (sys, t) in ctx.targets.iter().enumerate() {
         // powerhub: a server of its own with a one-second keepalive, so that pings and pongs
         // run on every connection during the hold.
         let dedicated = match (t.kind.is_powerhub(), &ctx.launcher) {
@@ -638,7 +637,10 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         let mut err = None;
         let t0 = now_ns();
         for i in 0..k {
-            let src = [127, 0, 0, 2 + (i / 25_000) as u8];
+            // A source address per 250 connections and per system: binding port 0 before
+            // connect picks a port unique to the source address, and the previous runs'
+            // closed connections still hold theirs (TIME_WAIT).
+            let src = [127, 1 + sys as u8, (i / 250) as u8, 2 + (i % 250) as u8];
             let r = connect_from(src, t.addr).and_then(|mut s| {
                 let left = t.wire.subscribe(&mut s, "idle")?;
                 s.set_nonblocking(true)?;
