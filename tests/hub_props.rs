@@ -203,3 +203,79 @@ proptest! {
         check(policy, true, cap, max_batch, &ops)?;
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Two drop-oldest subscribers of one topic with different `max_queue` and `max_batch`
+    /// share the topic's log with diverging cursors; each must still behave exactly like its own
+    /// bounded queue.
+    #[test]
+    fn drop_oldest_subscribers_sharing_a_topic_match_their_models(
+        caps in (1usize..6, 1usize..9),
+        batches in (1usize..4, 1usize..4),
+        ops in proptest::collection::vec(op(), 0..80),
+    ) {
+        let spy = SpySink::new();
+        spy.set_mode(SpyMode::Pending);
+        let hub = Hub::new(spy.clone(), HubOptions::default().driver(Driver::Manual)).unwrap();
+        let ids = ["s0", "s1"];
+        let caps = [caps.0, caps.1];
+        let batches = [batches.0, batches.1];
+        let mut models: Vec<Model> = caps
+            .iter()
+            .map(|&cap| Model { cap, policy: Some(SlowConsumer::DropOldest), ..Model::default() })
+            .collect();
+        for k in 0..2 {
+            hub.subscribe(
+                "t",
+                |_| {},
+                SubscribeOptions::default().id(ids[k]).max_queue(caps[k]).max_batch(batches[k]),
+            )
+            .unwrap();
+        }
+        let mut seq = 0u64;
+        for op in &ops {
+            match op {
+                Op::Publish(_) => {
+                    let got = hub
+                        .publish("t", Message::to_json(&seq).unwrap(), PublishOptions::default())
+                        .unwrap();
+                    let want: usize = models.iter_mut().map(|m| m.publish(0, seq)).sum();
+                    prop_assert_eq!(got, want);
+                    seq += 1;
+                }
+                Op::Drain => {
+                    hub.turn(Instant::now());
+                    spy.complete_all();
+                    for k in 0..2 {
+                        models[k].drain(batches[k]);
+                    }
+                }
+            }
+            let s = hub.stats();
+            for (k, id) in ids.iter().enumerate() {
+                let x = s.list.iter().find(|x| x.id == *id).unwrap();
+                prop_assert_eq!(x.queued, models[k].queue.len(), "{} queued", id);
+                prop_assert_eq!(x.dropped, models[k].dropped, "{} dropped", id);
+            }
+            prop_assert_eq!(s.dropped, models[0].dropped + models[1].dropped);
+        }
+        for (k, id) in ids.iter().enumerate() {
+            let delivered: Vec<u64> = spy
+                .frames_for(id)
+                .iter()
+                .flat_map(|f| {
+                    frame::decode(f)
+                        .unwrap()
+                        .json_messages()
+                        .unwrap()
+                        .iter()
+                        .map(|m| std::str::from_utf8(m).unwrap().parse::<u64>().unwrap())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            prop_assert_eq!(&delivered, &models[k].delivered, "{} delivered", id);
+        }
+    }
+}

@@ -1615,3 +1615,29 @@ fn unsubscribing_or_closing_releases_a_flush_held_by_a_stalled_transport() {
         }
     }
 }
+
+#[test]
+fn closing_from_a_handler_during_flush_does_not_deadlock() {
+    let spy = SpySink::new();
+    let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
+    let h = hub.clone();
+    hub.subscribe("t", move |_| h.close(), SubscribeOptions::default().id("a"))
+        .unwrap();
+    publish(&hub, "t", 1);
+    // Whichever thread drains (the hub's, or this one in flush), the close must not wait for it.
+    let _ = hub.flush();
+    hub.close();
+    assert!(hub.is_closed());
+    assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
+}
+
+#[test]
+fn a_hub_takes_an_arc_dyn_sink() {
+    let spy = SpySink::new();
+    let sink: Arc<dyn powerhub_plugin::Sink> = Arc::new(spy.clone());
+    let hub = Hub::new(sink, HubOptions::default().driver(Driver::Manual)).unwrap();
+    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(received(&spy, "a"), ["1"]);
+}

@@ -17,11 +17,12 @@ use powerhub_plugin::{CloseReason, Completion, SendError, SendOutcome, Sink, Sub
 
 use super::error::{panic_message, HubError};
 use super::message::Delivery;
+use super::options::SlowConsumer;
 use super::options::{
     BytesAcknowledged, Codec, Driver, HubOptions, PublishOptions, SubscribeOptions,
     RETAINED_PER_TOPIC,
 };
-use super::queue::{Entry, Offer, Queue};
+use super::queue::{CursorPop, Entry, Offer, Queue, TopicLog};
 use super::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
 use super::Message;
 
@@ -75,10 +76,33 @@ mod phase {
     pub(super) const MASK: u64 = 7;
 }
 
+/// A batch taken off a queue: owned (popped from a ring), or shared by every cursor subscriber
+/// that took the same range of the topic log this turn.
+enum Batch {
+    Owned(Vec<Arc<Entry>>),
+    Shared(Arc<Vec<Arc<Entry>>>),
+}
+
+impl Default for Batch {
+    fn default() -> Self {
+        Batch::Owned(Vec::new())
+    }
+}
+
+impl std::ops::Deref for Batch {
+    type Target = [Arc<Entry>];
+    fn deref(&self) -> &[Arc<Entry>] {
+        match self {
+            Batch::Owned(v) => v,
+            Batch::Shared(v) => v,
+        }
+    }
+}
+
 /// What a pending send leaves behind for its completion.
 #[derive(Default)]
 struct PendingSend {
-    batch: Vec<Arc<Entry>>,
+    batch: Batch,
     len: usize,
     early_error: Option<SendError>,
 }
@@ -161,7 +185,7 @@ impl Sub {
             error,
         });
         match self.hub.upgrade() {
-            Some(inner) => inner.finish(self, &batch, len, generation, r),
+            Some(inner) => inner.finish(self, &batch, len, generation, r, false),
             None => self
                 .send_state
                 .store(generation << 3 | phase::IDLE, Ordering::SeqCst),
@@ -171,8 +195,19 @@ impl Sub {
 
 #[derive(Default)]
 struct Topic {
+    /// Subscribers with queues of their own (drop-newest, disconnect, message priority,
+    /// `max_queue: 0`): a publication is offered to each.
     subs: Vec<Arc<Sub>>,
+    /// FIFO drop-oldest subscribers: cursors into `log`; a publication is appended once.
+    cursors: Vec<Arc<Sub>>,
+    log: Arc<TopicLog>,
     retained: Mutex<VecDeque<Arc<Entry>>>,
+}
+
+impl Topic {
+    fn is_empty(&self) -> bool {
+        self.subs.is_empty() && self.cursors.is_empty()
+    }
 }
 
 #[derive(Default)]
@@ -232,12 +267,23 @@ impl Hasher for MemoHasher {
 
 type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<MemoHasher>>;
 
+/// Per-pass memo of cursor batches: (log, first log index, length, codec) to the shared batch
+/// and its frame.
+type RangeMemo = HashMap<
+    (u64, u64, usize, Codec),
+    (Arc<Vec<Arc<Entry>>>, Bytes),
+    std::hash::BuildHasherDefault<MemoHasher>,
+>;
+
 #[derive(Default)]
 struct DrainState {
     order: Vec<Arc<Sub>>,
     /// How many entries each subscriber of `order` takes this turn.
     budgets: Vec<usize>,
     memo: Memo,
+    ranges: RangeMemo,
+    /// The range key of a cursor batch just cloned from the log, to memoise once encoded.
+    pending_range: Option<(u64, u64, usize, Codec)>,
     batch: Vec<Arc<Entry>>,
 }
 
@@ -353,13 +399,25 @@ impl Inner {
         if let Some(t) = opts.transport {
             sref = sref.with_transport(t);
         }
-        let sub = Arc::new(Sub {
-            sref,
-            queue: Queue::new(
+        let entry = topics.entry(Arc::from(topic)).or_default();
+        let cursor = !self.opts.message_priority
+            && opts.slow_consumer == SlowConsumer::DropOldest
+            && opts.max_queue > 0;
+        let queue = if cursor {
+            if entry.log.cap() < opts.max_queue {
+                entry.log.set_cap(opts.max_queue);
+            }
+            Queue::cursor(opts.max_queue, Arc::clone(&entry.log))
+        } else {
+            Queue::new(
                 opts.max_queue,
                 opts.slow_consumer,
                 self.opts.message_priority,
-            ),
+            )
+        };
+        let sub = Arc::new(Sub {
+            sref,
+            queue,
             max_batch: opts.max_batch,
             priority: opts.priority,
             order: self.next_sub.fetch_add(1, Ordering::Relaxed),
@@ -378,8 +436,11 @@ impl Inner {
         ids.insert(id, Arc::clone(&sub));
         drop(ids);
         self.order_dirty.store(true, Ordering::Release);
-        let entry = topics.entry(Arc::from(topic)).or_default();
-        entry.subs.push(Arc::clone(&sub));
+        if cursor {
+            entry.cursors.push(Arc::clone(&sub));
+        } else {
+            entry.subs.push(Arc::clone(&sub));
+        }
         // Replay the retained log through the subscriber's own queue and policy. Holding the
         // topics write lock keeps publishes out, so replay and live traffic cannot interleave.
         let mut queued = 0;
@@ -419,7 +480,18 @@ impl Inner {
             let mut topics = self.topics.write();
             if let Some(t) = topics.get_mut(sub.sref.topic()) {
                 t.subs.retain(|s| !Arc::ptr_eq(s, sub));
-                if t.subs.is_empty() {
+                if sub.queue.is_cursor() {
+                    t.cursors.retain(|s| !Arc::ptr_eq(s, sub));
+                    // The log keeps what the largest remaining cursor needs.
+                    let cap = t
+                        .cursors
+                        .iter()
+                        .map(|s| s.queue.capacity())
+                        .max()
+                        .unwrap_or(0);
+                    t.log.set_cap(cap);
+                }
+                if t.is_empty() {
                     // The last subscriber left: release the retained log with the topic.
                     topics.remove(sub.sref.topic());
                 }
@@ -430,6 +502,7 @@ impl Inner {
             }
         }
         self.order_dirty.store(true, Ordering::Release);
+        self.commit_overflow(sub);
         let discarded = sub.queue.clear() as u64;
         if reason == CloseReason::SlowConsumer {
             self.counters.disconnected.fetch_add(1, Ordering::Relaxed);
@@ -485,9 +558,7 @@ impl Inner {
                 if opts.retain {
                     retain(t, &entry);
                 }
-                for sub in &t.subs {
-                    self.offer(sub, &entry, &mut queued, &mut disconnect);
-                }
+                self.fan_out(t, &entry, &mut queued, &mut disconnect);
             } else if opts.retain {
                 drop(topics);
                 let mut topics = self.topics.write();
@@ -496,9 +567,7 @@ impl Inner {
                 }
                 let t = topics.entry(Arc::from(topic)).or_default();
                 retain(t, &entry);
-                for sub in &t.subs {
-                    self.offer(sub, &entry, &mut queued, &mut disconnect);
-                }
+                self.fan_out(t, &entry, &mut queued, &mut disconnect);
             }
         }
         for s in disconnect {
@@ -508,6 +577,38 @@ impl Inner {
             self.wake();
         }
         Ok(queued)
+    }
+
+    /// Queues `entry` for every subscriber of `t`: one append for all the cursors, an offer to
+    /// each subscriber with a queue of its own.
+    fn fan_out(
+        &self,
+        t: &Topic,
+        entry: &Arc<Entry>,
+        queued: &mut usize,
+        disconnect: &mut Vec<Arc<Sub>>,
+    ) {
+        if !t.cursors.is_empty() {
+            // Drop-oldest always queues: every cursor subscriber counts.
+            t.log.append(entry);
+            *queued += t.cursors.len();
+        }
+        for sub in &t.subs {
+            self.offer(sub, entry, queued, disconnect);
+        }
+    }
+
+    /// Commits a cursor queue's lazily applied evictions to the drop counters; returns the
+    /// queue's length.
+    fn commit_overflow(&self, sub: &Sub) -> usize {
+        let (n, len) = sub.queue.normalize();
+        let n = n as u64;
+        if n > 0 {
+            sub.removed.fetch_add(n, Ordering::Relaxed);
+            sub.dropped.fetch_add(n, Ordering::Relaxed);
+            self.counters.dropped.fetch_add(n, Ordering::Relaxed);
+        }
+        len
     }
 
     fn offer(
@@ -668,7 +769,8 @@ impl Inner {
         st.budgets.clear();
         {
             let _no_publish = self.topics.write();
-            st.budgets.extend(order.iter().map(|s| s.queue.len()));
+            st.budgets
+                .extend(order.iter().map(|s| self.commit_overflow(s)));
         }
         let budgets = std::mem::take(&mut st.budgets);
         for (sub, &budget) in order.iter().zip(&budgets) {
@@ -680,16 +782,29 @@ impl Inner {
             }
             let mut budget = budget;
             while budget > 0 {
-                let mut batch = std::mem::take(&mut st.batch);
-                batch.clear();
-                sub.queue.pop_into(sub.max_batch.min(budget), &mut batch);
-                if batch.is_empty() {
-                    st.batch = batch;
-                    break;
-                }
+                let want = sub.max_batch.min(budget);
+                let (batch, frame) = if sub.queue.is_cursor() {
+                    match self.pop_cursor(st, sub, want) {
+                        Some(taken) => taken,
+                        None => break,
+                    }
+                } else {
+                    let mut batch = std::mem::take(&mut st.batch);
+                    batch.clear();
+                    sub.queue.pop_into(want, &mut batch);
+                    if batch.is_empty() {
+                        st.batch = batch;
+                        break;
+                    }
+                    (Batch::Owned(batch), None)
+                };
                 budget = budget.saturating_sub(batch.len());
                 sub.removed.fetch_add(batch.len() as u64, Ordering::Relaxed);
-                let frame = match self.frame_for(&mut st.memo, sub.codec, &batch, &mut m) {
+                let frame = match frame {
+                    Some(f) => Ok(f),
+                    None => self.frame_for(&mut st.memo, sub.codec, &batch, &mut m),
+                };
+                let frame = match frame {
                     Ok(f) => f,
                     Err(e) => {
                         let n = batch.len() as u64;
@@ -697,12 +812,21 @@ impl Inner {
                         self.counters.dropped.fetch_add(n, Ordering::Relaxed);
                         m.encode_dropped += n;
                         self.report(&e, Some(&sub.sref));
-                        st.batch = batch;
+                        if let Batch::Owned(v) = batch {
+                            st.batch = v;
+                        }
                         continue;
                     }
                 };
+                if let Batch::Shared(shared) = &batch {
+                    // Remember the range so the next subscriber at the same cursor shares it.
+                    if let Some(key) = st.pending_range.take() {
+                        st.ranges.insert(key, (Arc::clone(shared), frame.clone()));
+                    }
+                }
                 match self.send(sub, frame, batch, &mut m) {
-                    Some(back) => st.batch = back,
+                    Some(Batch::Owned(back)) => st.batch = back,
+                    Some(Batch::Shared(_)) => {}
                     None => break,
                 }
             }
@@ -712,10 +836,59 @@ impl Inner {
             .delivered
             .fetch_add(m.messages, Ordering::Relaxed);
         st.order = order;
+        if self.is_closed() {
+            // Let go of the subscribers (and what their handlers hold) now, not at drop.
+            st.order.clear();
+        }
         st.budgets = budgets;
         st.memo.clear();
+        st.ranges.clear();
         st.batch.clear();
         m
+    }
+
+    /// Takes up to `want` entries of a cursor subscriber: a range of its topic log shared with
+    /// every subscriber that takes the same range this pass (with its frame), or replayed
+    /// entries. `None` when nothing is queued.
+    fn pop_cursor(
+        &self,
+        st: &mut DrainState,
+        sub: &Sub,
+        want: usize,
+    ) -> Option<(Batch, Option<Bytes>)> {
+        let log_id = sub.queue.log_id();
+        let codec = sub.codec;
+        let ranges = &st.ranges;
+        let (evicted, popped) = sub.queue.pop_cursor(want, |start, k| {
+            ranges.contains_key(&(log_id, start, k, codec))
+        });
+        if evicted > 0 {
+            let n = evicted as u64;
+            sub.removed.fetch_add(n, Ordering::Relaxed);
+            sub.dropped.fetch_add(n, Ordering::Relaxed);
+            self.counters.dropped.fetch_add(n, Ordering::Relaxed);
+        }
+        st.pending_range = None;
+        match popped {
+            CursorPop::Empty => None,
+            CursorPop::Prefix(v) => Some((Batch::Owned(v), None)),
+            CursorPop::Range {
+                start,
+                k,
+                entries: None,
+            } => {
+                let (batch, frame) = &st.ranges[&(log_id, start, k, codec)];
+                Some((Batch::Shared(Arc::clone(batch)), Some(frame.clone())))
+            }
+            CursorPop::Range {
+                start,
+                k,
+                entries: Some(v),
+            } => {
+                st.pending_range = Some((log_id, start, k, codec));
+                Some((Batch::Shared(Arc::new(v)), None))
+            }
+        }
     }
 
     fn frame_for(
@@ -744,9 +917,9 @@ impl Inner {
         &self,
         sub: &Arc<Sub>,
         frame: Bytes,
-        batch: Vec<Arc<Entry>>,
+        batch: Batch,
         m: &mut TurnMetrics,
-    ) -> Option<Vec<Arc<Entry>>> {
+    ) -> Option<Batch> {
         let n = batch.len() as u64;
         m.frames += 1;
         m.messages += n;
@@ -797,7 +970,7 @@ impl Inner {
                         }
                         sub.send_state
                             .store(generation << 3 | phase::FINISHING, Ordering::SeqCst);
-                        self.finish(sub, &batch, len, generation, r);
+                        self.finish(sub, &batch, len, generation, r, true);
                         return Some(batch);
                     }
                 }
@@ -817,7 +990,7 @@ impl Inner {
         if result.is_err() {
             m.send_failures += 1;
         }
-        self.finish(sub, &batch, len, generation, result);
+        self.finish(sub, &batch, len, generation, result, true);
         Some(batch)
     }
 
@@ -830,6 +1003,7 @@ impl Inner {
         len: usize,
         generation: u64,
         result: Result<(), HubError>,
+        in_pass: bool,
     ) {
         match result {
             Ok(()) => {
@@ -870,7 +1044,9 @@ impl Inner {
         // SeqCst pairs with the flush waiter count (see `notify_flush`).
         sub.send_state
             .store(generation << 3 | phase::IDLE, Ordering::SeqCst);
-        if !sub.queue.is_empty() && !sub.closed.load(Ordering::Acquire) {
+        // A send that ended inside the drain of this subscriber: the drainer goes on by itself.
+        // A completion (from any thread) wakes it for what queued meanwhile.
+        if !in_pass && !sub.closed.load(Ordering::Acquire) && !sub.queue.is_empty() {
             self.wake();
         }
         self.notify_flush();
@@ -985,7 +1161,9 @@ impl Inner {
         self.notify_flush();
         let handle = self.thread.lock().take();
         if let Some(handle) = handle {
-            if handle.thread().id() != std::thread::current().id() {
+            // Not from the drain thread itself, nor from a thread inside a drain (a handler run
+            // by `flush`): the drain thread may be waiting for that drain. It exits on its own.
+            if handle.thread().id() != std::thread::current().id() && !draining() {
                 let _ = handle.join();
             }
         }
@@ -1000,17 +1178,23 @@ impl Inner {
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        let list: Vec<SubscriberStats> = self
-            .ordered_subs()
+        let subs = self.ordered_subs();
+        // Evictions a cursor queue has not committed yet count as dropped already.
+        let mut uncommitted = 0;
+        let list: Vec<SubscriberStats> = subs
             .iter()
-            .map(|s| SubscriberStats {
-                id: s.sref.id().to_owned(),
-                topic: s.sref.topic().to_owned(),
-                queued: s.queue.len(),
-                dropped: s.dropped.load(Ordering::Relaxed),
-                bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
-                in_flight: s.in_flight(),
-                priority: s.priority,
+            .map(|s| {
+                let overflow = s.queue.overflow() as u64;
+                uncommitted += overflow;
+                SubscriberStats {
+                    id: s.sref.id().to_owned(),
+                    topic: s.sref.topic().to_owned(),
+                    queued: s.queue.len(),
+                    dropped: s.dropped.load(Ordering::Relaxed) + overflow,
+                    bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
+                    in_flight: s.in_flight(),
+                    priority: s.priority,
+                }
             })
             .collect();
         Stats {
@@ -1018,7 +1202,7 @@ impl Inner {
             topics: self.topics.read().len(),
             published: self.seq.load(Ordering::Relaxed),
             delivered: self.counters.delivered.load(Ordering::Relaxed),
-            dropped: self.counters.dropped.load(Ordering::Relaxed),
+            dropped: self.counters.dropped.load(Ordering::Relaxed) + uncommitted,
             disconnected: self.counters.disconnected.load(Ordering::Relaxed),
             bytes_out: list.iter().map(|s| s.bytes_sent).sum(),
             encoded: self.counters.encoded.load(Ordering::Relaxed),

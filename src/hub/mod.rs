@@ -8,9 +8,11 @@
 //!
 //! # Threads and turns
 //!
-//! [`Hub::publish`] is callable from any thread; it pushes a reference-counted message into each
-//! subscriber's queue (a lock-free ring, or under `message_priority` a small mutexed ordered
-//! map), wakes the drainer once, and never waits on a subscriber. The drainer runs *turns*: each
+//! [`Hub::publish`] is callable from any thread; it appends a reference-counted message once to
+//! the topic's log, which every FIFO drop-oldest subscriber (the default) reads through its own
+//! cursor, and pushes it into the queue of every other subscriber (a lock-free ring, or under
+//! `message_priority` a small mutexed ordered map); it wakes the drainer once and never waits on
+//! a subscriber. The drainer runs *turns*: each
 //! turn visits the subscribers with queued work, highest [`SubscribeOptions::priority`] first,
 //! pops up to `max_batch` messages, encodes (or reuses) the frame and hands it to the
 //! subscriber's [`Sink`]. With [`Driver::Thread`] (default) the hub owns one drain thread; with

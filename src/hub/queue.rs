@@ -1,5 +1,11 @@
 //! A subscriber's bounded queue and its slow-consumer policy.
 //!
+//! A FIFO `drop-oldest` subscriber (the default) needs no queue of its own: its queue is always
+//! "the last `max_queue` publications of its topic after its cursor". Those subscribers share
+//! their topic's [`TopicLog`] and keep only a cursor, so a publication touches none of them, a
+//! drain moves the cursor, and subscribers with equal cursors share one batch. Evictions are
+//! applied lazily (`normalize`) with exactly the counts the eager policy gives.
+//!
 //! FIFO mode uses the lock-free [`Ring`]: publishers push from any thread, the drainer pops.
 //! Under `message_priority` the queue is a small mutexed ordered map keyed by
 //! `(Reverse(priority), seq)`: its first entry is the next to deliver (highest priority, oldest
@@ -8,7 +14,8 @@
 //! once per publish and once per batch, and the ordering a heap would need is the same cost.
 
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -16,6 +23,9 @@ use parking_lot::Mutex;
 use super::message::Message;
 use super::options::SlowConsumer;
 use crate::ring::Ring;
+
+/// A message-priority queue: first entry delivered next, last entry evicted first.
+type PrioMap = BTreeMap<(Reverse<i32>, u64), Arc<Entry>>;
 
 /// One queued publication, shared by every subscriber queue it sits in.
 #[derive(Debug)]
@@ -43,8 +53,10 @@ pub(crate) enum Offer {
 enum Store {
     /// `max_queue: 0`: nothing is ever buffered.
     Zero,
+    /// FIFO drop-oldest: a cursor into the topic's shared log.
+    Cursor(Cursor),
     Fifo(Ring<Arc<Entry>>),
-    Prio(Mutex<BTreeMap<(Reverse<i32>, u64), Arc<Entry>>>),
+    Prio(Mutex<PrioMap>),
 }
 
 /// A bounded queue with a slow-consumer policy.
@@ -55,7 +67,234 @@ pub(crate) struct Queue {
     capacity: usize,
 }
 
+/// The recent publications of one topic, shared by its cursor subscribers: a ring of the last
+/// `cap` entries, `cap` being the largest `max_queue` among them.
+#[derive(Debug)]
+pub(crate) struct TopicLog {
+    /// Unique for the life of the process (an address could be reused by a later topic).
+    id: u64,
+    inner: Mutex<LogInner>,
+    /// Entries ever appended (`base + buf.len()`), readable without the lock.
+    head: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct LogInner {
+    buf: VecDeque<Arc<Entry>>,
+    /// Log index of `buf[0]`.
+    base: u64,
+    cap: usize,
+}
+
+impl Default for TopicLog {
+    fn default() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        TopicLog {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            inner: Mutex::default(),
+            head: AtomicU64::new(0),
+        }
+    }
+}
+
+impl TopicLog {
+    /// Appends a publication, forgetting the oldest beyond `cap`.
+    pub(crate) fn append(&self, entry: &Arc<Entry>) {
+        let mut log = self.inner.lock();
+        if log.cap == 0 {
+            return;
+        }
+        while log.buf.len() >= log.cap {
+            log.buf.pop_front();
+            log.base += 1;
+        }
+        log.buf.push_back(Arc::clone(entry));
+        // Release: a reader that sees the new head finds the entry under the lock anyway; the
+        // head is only a hint for lengths.
+        self.head
+            .store(log.base + log.buf.len() as u64, Ordering::Release);
+    }
+
+    /// Log index one past the newest entry.
+    pub(crate) fn head(&self) -> u64 {
+        self.head.load(Ordering::Acquire)
+    }
+
+    /// Sets how many entries the log keeps (the largest cursor subscriber's `max_queue`).
+    pub(crate) fn set_cap(&self, cap: usize) {
+        let mut log = self.inner.lock();
+        log.cap = cap;
+        while log.buf.len() > cap {
+            log.buf.pop_front();
+            log.base += 1;
+        }
+    }
+
+    pub(crate) fn cap(&self) -> usize {
+        self.inner.lock().cap
+    }
+}
+
+#[derive(Debug)]
+struct Cursor {
+    log: Arc<TopicLog>,
+    state: Mutex<CursorState>,
+}
+
+#[derive(Debug)]
+struct CursorState {
+    /// Log index of the next live entry to deliver.
+    next: u64,
+    /// Retained entries replayed at subscribe, delivered before the live ones.
+    prefix: VecDeque<Arc<Entry>>,
+}
+
+impl CursorState {
+    /// Applies drop-oldest lazily: evicts beyond `cap`, prefix first; returns how many.
+    fn normalize(&mut self, head: u64, cap: usize) -> usize {
+        let live = head.saturating_sub(self.next) as usize;
+        let over = (self.prefix.len() + live).saturating_sub(cap);
+        let from_prefix = over.min(self.prefix.len());
+        self.prefix.drain(..from_prefix);
+        self.next += (over - from_prefix) as u64;
+        over
+    }
+
+    fn len(&self, head: u64, cap: usize) -> usize {
+        (self.prefix.len() + head.saturating_sub(self.next) as usize).min(cap)
+    }
+
+    fn overflow(&self, head: u64, cap: usize) -> usize {
+        (self.prefix.len() + head.saturating_sub(self.next) as usize).saturating_sub(cap)
+    }
+}
+
+/// What [`Queue::pop_cursor`] took.
+#[derive(Debug)]
+pub(crate) enum CursorPop {
+    /// Nothing queued.
+    Empty,
+    /// Replayed retained entries.
+    Prefix(Vec<Arc<Entry>>),
+    /// `k` log entries from log index `start`; `entries` is `None` when the caller said it
+    /// already has that range.
+    Range {
+        start: u64,
+        k: usize,
+        entries: Option<Vec<Arc<Entry>>>,
+    },
+}
+
 impl Queue {
+    /// A cursor queue on `log` (FIFO drop-oldest, `capacity >= 1`), starting at its head.
+    pub(crate) fn cursor(capacity: usize, log: Arc<TopicLog>) -> Self {
+        let next = log.head();
+        Queue {
+            store: Store::Cursor(Cursor {
+                log,
+                state: Mutex::new(CursorState {
+                    next,
+                    prefix: VecDeque::new(),
+                }),
+            }),
+            policy: SlowConsumer::DropOldest,
+            capacity,
+        }
+    }
+
+    /// The queue's capacity (`max_queue`).
+    pub(crate) fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Identifies the topic log of a cursor queue (0 otherwise).
+    pub(crate) fn log_id(&self) -> u64 {
+        match &self.store {
+            Store::Cursor(c) => c.log.id,
+            _ => 0,
+        }
+    }
+
+    /// Whether this is a cursor into the topic log.
+    pub(crate) fn is_cursor(&self) -> bool {
+        matches!(self.store, Store::Cursor(_))
+    }
+
+    /// Commits lazily applied evictions; returns how many entries they dropped, and the
+    /// queue's length after.
+    pub(crate) fn normalize(&self) -> (usize, usize) {
+        match &self.store {
+            Store::Cursor(c) => {
+                let head = c.log.head();
+                let mut st = c.state.lock();
+                let evicted = st.normalize(head, self.capacity);
+                (evicted, st.len(head, self.capacity))
+            }
+            _ => (0, self.len()),
+        }
+    }
+
+    /// Evictions not yet committed by [`normalize`](Queue::normalize).
+    pub(crate) fn overflow(&self) -> usize {
+        match &self.store {
+            Store::Cursor(c) => c.state.lock().overflow(c.log.head(), self.capacity),
+            _ => 0,
+        }
+    }
+
+    /// Pops up to `max` entries of a cursor queue; returns the evictions it committed first and
+    /// what it took. `have(start, k)` says whether the caller already holds that log range (then
+    /// the entries are not cloned).
+    pub(crate) fn pop_cursor(
+        &self,
+        max: usize,
+        have: impl FnOnce(u64, usize) -> bool,
+    ) -> (usize, CursorPop) {
+        let Store::Cursor(c) = &self.store else {
+            return (0, CursorPop::Empty);
+        };
+        let mut st = c.state.lock();
+        let head = c.log.head();
+        let mut evicted = st.normalize(head, self.capacity);
+        if !st.prefix.is_empty() {
+            let k = max.min(st.prefix.len());
+            return (evicted, CursorPop::Prefix(st.prefix.drain(..k).collect()));
+        }
+        let mut k = max.min(head.saturating_sub(st.next) as usize);
+        if k == 0 {
+            return (evicted, CursorPop::Empty);
+        }
+        let mut start = st.next;
+        if have(start, k) {
+            // Another subscriber took this range this pass: no need to touch the log.
+            st.next += k as u64;
+            return (
+                evicted,
+                CursorPop::Range {
+                    start,
+                    k,
+                    entries: None,
+                },
+            );
+        }
+        let log = c.log.inner.lock();
+        if start < log.base {
+            // Cannot happen while the log keeps the largest cursor's `max_queue` entries; if it
+            // did, what the log forgot is dropped, never read out of bounds.
+            evicted += (log.base - start) as usize;
+            k = k.saturating_sub((log.base - start) as usize);
+            start = log.base;
+            if k == 0 {
+                st.next = start;
+                return (evicted, CursorPop::Empty);
+            }
+        }
+        st.next = start + k as u64;
+        let from = (start - log.base) as usize;
+        let entries = Some(log.buf.range(from..from + k).cloned().collect());
+        (evicted, CursorPop::Range { start, k, entries })
+    }
+
     pub(crate) fn new(capacity: usize, policy: SlowConsumer, message_priority: bool) -> Self {
         let store = if capacity == 0 {
             Store::Zero
@@ -74,6 +313,12 @@ impl Queue {
     /// Offers `entry` under the policy.
     pub(crate) fn offer(&self, entry: Arc<Entry>) -> Offer {
         match &self.store {
+            Store::Cursor(c) => {
+                let mut st = c.state.lock();
+                st.prefix.push_back(entry);
+                let evicted = st.normalize(c.log.head(), self.capacity);
+                Offer::Queued { evicted }
+            }
             Store::Zero => match self.policy {
                 // Nothing queued, so there is no older message to evict: the incoming one goes.
                 SlowConsumer::DropOldest | SlowConsumer::DropNewest => Offer::Dropped,
@@ -117,6 +362,13 @@ impl Queue {
     pub(crate) fn pop_into(&self, max: usize, out: &mut Vec<Arc<Entry>>) {
         match &self.store {
             Store::Zero => {}
+            Store::Cursor(_) => match self.pop_cursor(max, |_, _| false).1 {
+                CursorPop::Prefix(v)
+                | CursorPop::Range {
+                    entries: Some(v), ..
+                } => out.extend(v),
+                _ => {}
+            },
             Store::Fifo(ring) => {
                 for _ in 0..max {
                     match ring.pop() {
@@ -137,10 +389,19 @@ impl Queue {
         }
     }
 
-    /// Discards everything queued; returns how many entries there were.
+    /// Discards everything queued; returns how many entries there were. Call
+    /// [`normalize`](Queue::normalize) first to count lazily applied evictions apart.
     pub(crate) fn clear(&self) -> usize {
         match &self.store {
             Store::Zero => 0,
+            Store::Cursor(c) => {
+                let mut st = c.state.lock();
+                let head = c.log.head();
+                let n = st.len(head, self.capacity);
+                st.prefix.clear();
+                st.next = head;
+                n
+            }
             Store::Fifo(ring) => {
                 let mut n = 0;
                 while ring.pop().is_some() {
@@ -160,6 +421,7 @@ impl Queue {
     pub(crate) fn len(&self) -> usize {
         match &self.store {
             Store::Zero => 0,
+            Store::Cursor(c) => c.state.lock().len(c.log.head(), self.capacity),
             Store::Fifo(ring) => ring.len(),
             Store::Prio(map) => map.lock().len(),
         }
