@@ -13,9 +13,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use powerhub::hub::{
-    Codec, Hub, HubOptions, Message, PublishOptions, SlowConsumer, SubscribeOptions,
-};
+use powerhub::hub::{Codec, Hub, HubOptions, Message, PublishOptions, SubscribeOptions};
 use powerhub::plugin::{Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
 use super::raw::LineDecoder;
@@ -244,10 +242,8 @@ pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::R
         let handler = move |_: &powerhub::hub::Delivery<'_>| {
             d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
         };
-        let opts = SubscribeOptions::default()
-            .max_queue(queue)
-            .max_batch(64)
-            .slow_consumer(SlowConsumer::DropNewest);
+        // The default policy (drop-oldest); the publisher's window keeps it from acting.
+        let opts = SubscribeOptions::default().max_queue(queue).max_batch(64);
         subs.push(
             hub.subscribe(crate::scenarios::BENCH, handler, opts)
                 .map_err(err)?,
