@@ -299,8 +299,8 @@ fn run(args: Args) -> io::Result<ExitCode> {
         quick,
         results: results.clone(),
         readers: if args.budget == Budget::Pinned { 1 } else { 2 },
-        warmup: secs(args.warmup, 0.3, 2.0),
-        measure: secs(args.measure, 1.0, 10.0),
+        warmup: secs(args.warmup, 0.2, 2.0),
+        measure: secs(args.measure, 0.8, 10.0),
         fanout_subs: args.subs.clone().unwrap_or(if quick {
             vec![10, 100]
         } else {
