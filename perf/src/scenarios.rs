@@ -107,9 +107,22 @@ fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool)
 /// Quick-mode check: every normal reader received every message, no reader error.
 fn check(sc: &mut Scenario, what: &str, out: &CaseOut) {
     if out.lost > 0 || out.short > 0 {
+        let losing: Vec<u64> = out
+            .fleet
+            .subs
+            .iter()
+            .filter(|s| s.mode == ReadMode::Normal && s.received < out.publisher.sent)
+            .map(|s| out.publisher.sent - s.received)
+            .collect();
         sc.failures.push(format!(
-            "{}: {what}: {} messages lost, {} subscribers short of the last message (sent {})",
-            sc.name, out.lost, out.short, out.publisher.sent
+            "{}: {what}: {} messages lost by {} subscribers (at most {} by one, {} skipped in sequence), {} short of the last message (sent {})",
+            sc.name,
+            out.lost,
+            losing.len(),
+            losing.iter().max().unwrap_or(&0),
+            out.fleet.subs.iter().filter(|s| s.mode == ReadMode::Normal).map(|s| s.gaps).sum::<u64>(),
+            out.short,
+            out.publisher.sent
         ));
     }
     if let Some(e) = &out.publisher.error {
