@@ -6,6 +6,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use hdrhistogram::Histogram;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 
 use crate::procfs::RssPoint;
@@ -225,30 +226,21 @@ fn plot_err<E: std::fmt::Debug>(e: E) -> io::Error {
     io::Error::other(format!("plot: {e:?}"))
 }
 
-/// Latency percentile curves (x: 1/(1-p) on a log scale, y: µs on a log scale).
-pub(crate) fn plot_percentiles(
+/// One SVG line chart: a line per series, a legend in the upper left.
+fn line_chart<X, Y>(
     path: &Path,
     title: &str,
-    series: &[(String, &Histogram<u64>)],
-) -> io::Result<()> {
-    let series: Vec<_> = series.iter().filter(|(_, h)| !h.is_empty()).collect();
-    if series.is_empty() {
-        return Ok(());
-    }
-    let lo = series
-        .iter()
-        .map(|(_, h)| h.min())
-        .min()
-        .unwrap_or(1)
-        .max(1) as f64
-        / 1e3;
-    let hi = series
-        .iter()
-        .map(|(_, h)| h.max())
-        .max()
-        .unwrap_or(1)
-        .max(1) as f64
-        / 1e3;
+    (x, y): (X, Y),
+    (x_desc, y_desc): (&str, &str),
+    x_fmt: &dyn Fn(&f64) -> String,
+    lines: Vec<(&str, Vec<(f64, f64)>)>,
+) -> io::Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
     let root = SVGBackend::new(path, (960, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(plot_err)?;
     let mut chart = ChartBuilder::on(&root)
@@ -256,34 +248,21 @@ pub(crate) fn plot_percentiles(
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(
-            (1f64..1e5f64).log_scale(),
-            ((lo * 0.8)..(hi * 1.25)).log_scale(),
-        )
+        .build_cartesian_2d(x, y)
         .map_err(plot_err)?;
     chart
         .configure_mesh()
-        .x_desc("percentile")
-        .y_desc("latency from scheduled send (µs)")
-        .x_label_formatter(&|x| format!("{:.3}%", 100.0 * (1.0 - 1.0 / x)))
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .x_label_formatter(x_fmt)
         .draw()
         .map_err(plot_err)?;
-    for (i, (name, h)) in series.iter().enumerate() {
+    for (i, (name, pts)) in lines.into_iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
-        let pts: Vec<(f64, f64)> = h
-            .iter_quantiles(5)
-            .filter(|v| v.quantile_iterated_to() < 0.99999)
-            .map(|v| {
-                (
-                    1.0 / (1.0 - v.quantile_iterated_to()),
-                    (v.value_iterated_to() as f64 / 1e3).max(lo * 0.8),
-                )
-            })
-            .collect();
         chart
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))
             .map_err(plot_err)?
-            .label(name.as_str())
+            .label(name)
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
@@ -298,6 +277,46 @@ pub(crate) fn plot_percentiles(
     root.present().map_err(plot_err)
 }
 
+/// Latency percentile curves (x: 1/(1-p) on a log scale, y: µs on a log scale).
+pub(crate) fn plot_percentiles(
+    path: &Path,
+    title: &str,
+    series: &[(String, &Histogram<u64>)],
+) -> io::Result<()> {
+    let series: Vec<_> = series.iter().filter(|(_, h)| !h.is_empty()).collect();
+    let (Some(lo), Some(hi)) = (
+        series.iter().map(|(_, h)| h.min()).min(),
+        series.iter().map(|(_, h)| h.max()).max(),
+    ) else {
+        return Ok(());
+    };
+    let (lo, hi) = (lo.max(1) as f64 / 1e3 * 0.8, hi.max(1) as f64 / 1e3 * 1.25);
+    let lines = series
+        .iter()
+        .map(|(name, h)| {
+            let pts = h
+                .iter_quantiles(5)
+                .filter(|v| v.quantile_iterated_to() < 0.99999)
+                .map(|v| {
+                    (
+                        1.0 / (1.0 - v.quantile_iterated_to()),
+                        (v.value_iterated_to() as f64 / 1e3).max(lo),
+                    )
+                })
+                .collect();
+            (name.as_str(), pts)
+        })
+        .collect();
+    line_chart(
+        path,
+        title,
+        ((1f64..1e5f64).log_scale(), (lo..hi).log_scale()),
+        ("percentile", "latency from scheduled send (µs)"),
+        &|x| format!("{:.3}%", 100.0 * (1.0 - 1.0 / x)),
+        lines,
+    )
+}
+
 /// Server RSS over time, one line per run.
 pub(crate) fn plot_rss(
     path: &Path,
@@ -305,55 +324,26 @@ pub(crate) fn plot_rss(
     series: &[(String, Vec<RssPoint>)],
 ) -> io::Result<()> {
     let series: Vec<_> = series.iter().filter(|(_, p)| !p.is_empty()).collect();
-    if series.is_empty() {
+    let points = || series.iter().flat_map(|(_, p)| p.iter());
+    let Some(kib) = points().map(|p| p.1).max() else {
         return Ok(());
-    }
-    let tmax = series
+    };
+    let tmax = points().map(|p| p.0).fold(0.1, f64::max);
+    let lines = series
         .iter()
-        .flat_map(|(_, p)| p.iter().map(|x| x.0))
-        .fold(0.1, f64::max);
-    let ymax = series
-        .iter()
-        .flat_map(|(_, p)| p.iter().map(|x| x.1))
-        .max()
-        .unwrap_or(1) as f64
-        / 1024.0;
-    let root = SVGBackend::new(path, (960, 560)).into_drawing_area();
-    root.fill(&WHITE).map_err(plot_err)?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..tmax, 0f64..(ymax * 1.1).max(1.0))
-        .map_err(plot_err)?;
-    chart
-        .configure_mesh()
-        .x_desc("seconds")
-        .y_desc("server RSS (MiB)")
-        .draw()
-        .map_err(plot_err)?;
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(
-                pts.iter().map(|&(t, k)| (t, k as f64 / 1024.0)),
-                color.stroke_width(2),
-            ))
-            .map_err(plot_err)?
-            .label(name.as_str())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .draw()
-        .map_err(plot_err)?;
-    root.present().map_err(plot_err)
+        .map(|(name, pts)| {
+            let pts = pts.iter().map(|&(t, k)| (t, k as f64 / 1024.0)).collect();
+            (name.as_str(), pts)
+        })
+        .collect();
+    line_chart(
+        path,
+        title,
+        (0f64..tmax, 0f64..(kib as f64 / 1024.0 * 1.1).max(1.0)),
+        ("seconds", "server RSS (MiB)"),
+        &|x| format!("{x:.1}"),
+        lines,
+    )
 }
 
 /// A file-name-safe form of a label.
