@@ -93,7 +93,7 @@ fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool)
         ),
         throughput: Some(out.throughput()),
         lost: Some(out.lost),
-        cpu_per_m: Some(out.cpu_per_million()),
+        cpu_per_m: (out.deliveries > 0).then(|| out.cpu_per_million()),
         peak_rss_kib: Some(out.peak_rss_kib),
         latency: if latency {
             Row::latency_of(&out.fleet.hist)
