@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit, spec, property, integration (both IO backends), loom models,
-# the real-client tests (Python websockets, headless Chromium) and the perf tool's quick smoke run.
+# the real-client tests (Python websockets, headless Chromium).
 # Installs the system packages the tests need when they are missing (Debian/Ubuntu, as root or
 # with sudo).
 set -euo pipefail
@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 bash scripts/install-test-deps.sh
 
 echo "== cargo test (io_uring where the kernel allows it)"
+# --all-targets also builds every bench and runs it once in test mode, so the benches are
+# checked here without a separate `cargo bench --no-run`.
 cargo test --workspace --all-targets
 cargo test --workspace --doc
 
@@ -18,6 +20,3 @@ POWERHUB_BACKEND=epoll cargo test -p powerhub --tests
 echo "== loom models of the ring"
 RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 \
   cargo test -p powerhub --release --test loom_ring --target-dir target/loom
-
-echo "== benches compile"
-cargo bench --workspace --no-run

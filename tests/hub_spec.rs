@@ -281,17 +281,27 @@ fn publish_from_many_threads_never_blocks_on_a_stalled_subscriber() {
     );
     publish(&hub, "t", -1);
     turn(&hub); // the stalled subscriber now has a send that never completes
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
     let threads: Vec<_> = (0..4)
         .map(|t| {
             let hub = hub.clone();
+            let done = done_tx.clone();
             std::thread::spawn(move || {
                 for i in 0..500 {
                     hub.publish("t", json(t * 1000 + i), PublishOptions::default())
                         .unwrap();
                 }
+                done.send(()).unwrap();
             })
         })
         .collect();
+    for _ in 0..4 {
+        // Bounded so a publish that blocks fails the test instead of hanging the suite; no
+        // timing is asserted.
+        done_rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("a publisher blocked on the stalled subscriber");
+    }
     for t in threads {
         t.join().unwrap();
     }
@@ -302,6 +312,46 @@ fn publish_from_many_threads_never_blocks_on_a_stalled_subscriber() {
     assert!(stalled.in_flight);
     assert_eq!(stalled.queued, 8, "bounded by max_queue");
     assert_eq!(stalled.dropped, 2000 - 8);
+}
+
+#[test]
+fn a_stalled_subscriber_costs_bounded_memory_evicted_messages_are_released() {
+    for policy in [SlowConsumer::DropOldest, SlowConsumer::Disconnect] {
+        let (hub, spy) = manual(HubOptions::default());
+        spy.set_mode(SpyMode::Pending);
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default()
+                .id("small")
+                .max_queue(4)
+                .slow_consumer(policy),
+        );
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default().id("large").max_queue(8),
+        );
+        publish(&hub, "t", -1);
+        turn(&hub); // both now have a send that never completes
+        let probe = Message::json(String::from("[0]")).unwrap();
+        let weak = probe.bytes().clone();
+        hub.publish("t", probe, PublishOptions::default()).unwrap();
+        assert!(!weak.is_unique(), "the hub holds the queued message itself");
+        for i in 1..=8 {
+            publish(&hub, "t", i);
+        }
+        turn(&hub);
+        assert!(
+            weak.is_unique(),
+            "{policy:?}: the hub let go of a message every subscriber evicted"
+        );
+        for _ in 0..10_000 {
+            publish(&hub, "t", 7);
+        }
+        let s = hub.stats();
+        assert!(s.list.iter().all(|x| x.queued <= 8), "{policy:?}: {s:?}");
+    }
 }
 
 // ---- slow-consumer policies --------------------------------------------------------------------
@@ -1052,6 +1102,20 @@ fn subscriber_priority_decides_drain_order_ties_by_insertion() {
     assert_eq!(prios, [10, 10, 0, 0, -5], "stats reflect priority back");
 }
 
+#[test]
+fn subscriber_priority_is_not_weighted_or_decayed_across_turns() {
+    let (hub, spy) = manual(HubOptions::default());
+    sub(&hub, "t", SubscribeOptions::default().id("p0"));
+    sub(&hub, "t", SubscribeOptions::default().id("p1").priority(1));
+    for round in 0..10 {
+        publish(&hub, "t", round);
+        turn(&hub);
+    }
+    let order: Vec<String> = spy.frames().into_iter().map(|f| f.subscriber).collect();
+    let want: Vec<&str> = (0..10).flat_map(|_| ["p1", "p0"]).collect();
+    assert_eq!(order, want, "the advantage is permanent, turn after turn");
+}
+
 // ---- flush ---------------------------------------------------------------------------------------
 
 #[test]
@@ -1072,7 +1136,8 @@ fn flush_waits_for_sends_in_flight() {
             r
         })
     };
-    // Complete sends as they arrive until both messages went out.
+    // Complete sends as they arrive until both messages went out. A flush that returns early
+    // ends the loop (nothing would send the second message) and fails the last assertion.
     let mut completed = 0;
     while completed < 2 {
         if spy.pending() > 0 {
@@ -1082,12 +1147,18 @@ fn flush_waits_for_sends_in_flight() {
             );
             spy.complete_next(Ok(()));
             completed += 1;
+        } else if flusher.is_finished() {
+            break;
         } else {
             std::thread::yield_now();
         }
     }
     flusher.join().unwrap().unwrap();
-    assert_eq!(received(&spy, "a"), ["1", "2"]);
+    assert_eq!(
+        received(&spy, "a"),
+        ["1", "2"],
+        "flush returned before every queue reached the transport"
+    );
 }
 
 #[test]
@@ -1152,6 +1223,16 @@ fn bytes_out_equals_the_sum_of_bytes_sent() {
         s.delivered, 4,
         "delivered counts messages offered, failed or not"
     );
+    // The two still reconcile after a subscriber leaves and others receive more.
+    assert!(hub.unsubscribe("b"));
+    publish(&hub, "t", 333);
+    turn(&hub);
+    let s = hub.stats();
+    assert_eq!(
+        s.bytes_out,
+        s.list.iter().map(|x| x.bytes_sent).sum::<u64>()
+    );
+    assert!(s.bytes_out > by_id("a") + by_id("c"));
 }
 
 #[test]
@@ -1441,6 +1522,78 @@ fn handlers_may_publish_back_into_the_hub() {
 }
 
 #[test]
+fn handlers_and_close_adapters_may_subscribe_and_unsubscribe() {
+    // A handler that unsubscribes itself and subscribes a newcomer, on both drivers.
+    for driver in [Driver::Manual, Driver::Thread] {
+        let spy = SpySink::new();
+        let hub = Hub::new(spy.clone(), HubOptions::default().driver(driver)).unwrap();
+        let h = hub.clone();
+        hub.subscribe(
+            "t",
+            move |_| {
+                h.unsubscribe("once");
+                let _ = h.subscribe("t", |_| {}, SubscribeOptions::default().id("late"));
+            },
+            SubscribeOptions::default().id("once"),
+        )
+        .unwrap();
+        sub(&hub, "t", SubscribeOptions::default().id("other"));
+        publish(&hub, "t", 1);
+        hub.flush().unwrap();
+        publish(&hub, "t", 2);
+        hub.flush().unwrap();
+        assert_eq!(received(&spy, "once"), ["1"], "{driver:?}");
+        assert_eq!(received(&spy, "other"), ["1", "2"], "{driver:?}");
+        assert_eq!(received(&spy, "late"), ["2"], "{driver:?}");
+        assert!(spy
+            .closes()
+            .contains(&("once".to_owned(), CloseReason::Unsubscribe)));
+        hub.close();
+    }
+    // A close adapter that publishes, run by a publish that disconnects a slow consumer.
+    #[derive(Debug)]
+    struct Republish(Mutex<Option<Hub>>, SpySink);
+    impl powerhub_plugin::Sink for Republish {
+        fn send(
+            &self,
+            sub: &SubscriberRef,
+            frame: Bytes,
+            done: powerhub_plugin::Completion,
+        ) -> powerhub_plugin::SendOutcome {
+            self.1.send(sub, frame, done)
+        }
+        fn close(&self, sub: &SubscriberRef, reason: CloseReason) {
+            self.1.close(sub, reason);
+            if let Some(hub) = self.0.lock().unwrap().as_ref() {
+                hub.publish_json("gone", &sub.id()).unwrap();
+            }
+        }
+    }
+    let spy = SpySink::new();
+    let sink = Arc::new(Republish(Mutex::new(None), spy.clone()));
+    let hub = Hub::new(
+        Arc::clone(&sink),
+        HubOptions::default().driver(Driver::Manual),
+    )
+    .unwrap();
+    *sink.0.lock().unwrap() = Some(hub.clone());
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default()
+            .id("slow")
+            .max_queue(1)
+            .slow_consumer(SlowConsumer::Disconnect),
+    );
+    sub(&hub, "gone", SubscribeOptions::default().id("watcher"));
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2); // disconnects `slow`; its close adapter publishes
+    turn(&hub);
+    assert_eq!(received(&spy, "watcher"), ["\"slow\""]);
+    *sink.0.lock().unwrap() = None; // the sink no longer keeps the hub alive
+}
+
+#[test]
 fn flush_from_inside_a_handler_is_an_error_not_a_deadlock() {
     let (opts, _errors) = with_errors(HubOptions::default());
     let (hub, _spy) = manual(opts);
@@ -1603,9 +1756,11 @@ fn unsubscribing_or_closing_releases_a_flush_held_by_a_stalled_transport() {
             let hub = hub.clone();
             std::thread::spawn(move || hub.flush())
         };
-        while spy.pending() == 0 {
+        // A flush that returns without sending ends the wait and fails the assertions below.
+        while spy.pending() == 0 && !flusher.is_finished() {
             std::thread::yield_now();
         }
+        assert_eq!(spy.pending(), 1, "flush handed the frame to the transport");
         if close {
             hub.close();
             assert_eq!(flusher.join().unwrap(), Err(HubError::Closed));

@@ -131,6 +131,30 @@ fn paused_screenshot_and_hierarchy_keep_only_the_latest_per_slot() {
 }
 
 #[test]
+fn hierarchy_diff_annotations_are_advisory_the_latest_full_tree_replaces_the_earlier_ones() {
+    let mut c = stalled(ndjson_config());
+    let trees = [
+        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":1,"tree":{"id":"root","children":[]},"diff":{"added":["root"]}}"#,
+        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":2,"tree":{"id":"root","children":[{"id":"a"}]},"diff":{"added":["a"],"base":1}}"#,
+        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":3,"tree":{"id":"root","children":[{"id":"b"}]},"diff":{"removed":["a"],"added":["b"],"base":2}}"#,
+    ];
+    c.shared("obs-1", &lines(&trees[..2]));
+    c.event("obs-1", trees[2]);
+    assert_eq!(
+        c.outbox.stats().queued,
+        1,
+        "one slot, whatever the diffs say"
+    );
+    c.drain();
+    assert_eq!(
+        c.read_str(),
+        format!("{}{}", rest_of_stall(), lines(&[trees[2]])),
+        "the surviving tree is delivered byte for byte, diff annotation included"
+    );
+    assert_eq!(c.outbox.stats().coalesced, 2);
+}
+
+#[test]
 fn paused_shared_chunks_are_split_and_coalesced_like_events() {
     let mut c = stalled(ndjson_config());
     let chunk: String = (1..=3)
@@ -370,6 +394,39 @@ fn over_threshold_screenshot_is_replaced_by_the_exact_frames_dropped_notificatio
 }
 
 #[test]
+fn only_unsent_bytes_exceeding_the_threshold_drop_a_screenshot_exactly_at_it_does_not() {
+    let stall = format!(r#"{{"type":"subscribed","pad":"{}"}}"#, "x".repeat(100));
+    let unsent = stall.len() + 1 - 10; // the line and its newline, 10 bytes taken
+    for (threshold, dropped) in [(unsent, 0), (unsent - 1, 1)] {
+        let config = OutboxConfig {
+            high_water_bytes: threshold,
+            ..ndjson_config()
+        };
+        let mut c = Conn::new(config);
+        c.stall_with(&stall, 10);
+        assert_eq!(c.outbox.unsent_bytes(), unsent);
+        c.event("o", &shot(Some("d1"), S1, 1, 0));
+        assert_eq!(
+            c.outbox.stats().frames_dropped,
+            dropped,
+            "threshold {threshold}, unsent {unsent}"
+        );
+        c.drain();
+        let read = c.take();
+        assert_eq!(
+            read.contains("frames_dropped"),
+            dropped == 1,
+            "threshold {threshold}: {read}"
+        );
+        assert_eq!(
+            read.contains(&shot(Some("d1"), S1, 1, 0)),
+            dropped == 0,
+            "threshold {threshold}: {read}"
+        );
+    }
+}
+
+#[test]
 fn frames_dropped_preserves_device_fields_including_null_and_omits_them_when_absent() {
     let mut c = over_threshold();
     c.event("o", &shot(None, Session::Absent, 1, 0));
@@ -541,8 +598,8 @@ fn successful_local_writes_do_not_refresh_liveness() {
 #[test]
 fn inbound_pong_refreshes_liveness() {
     let mut c = Conn::new(ndjson_config());
-    c.outbox.on_pong(c.at(30.0));
     assert_eq!(c.outbox.handle_timeout(c.at(15.0)), TimeoutAction::SendPing);
+    c.outbox.on_pong(c.at(30.0));
     assert_ne!(c.outbox.handle_timeout(c.at(45.0)), TimeoutAction::Reap);
     assert_eq!(c.outbox.handle_timeout(c.at(75.0)), TimeoutAction::Reap);
 }
