@@ -335,6 +335,11 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
     let r = slowest * 0.5;
     let wire_bytes = (size + 48) as f64;
     let slow_bps = (r * wire_bytes * 0.1) as u64;
+    // powerhub's subscription queues hold a quarter second of the stream (at least the default
+    // 1024): a reader of this load generator that is momentarily behind (its one core reads
+    // every subscriber, on a shared machine) is not mistaken for the slow one, while the
+    // never-reader still overflows within the run.
+    let queue = ((r * 0.25) as usize).max(1024);
     let mut rss = Vec::new();
     for t in &ctx.targets {
         let base_spec = CaseSpec {
@@ -371,12 +376,15 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             let spec = CaseSpec {
                 pace: rate(r),
                 modes,
+                // Longer than NATS's write deadline (10 s): it holds everyone back until it
+                // cuts the stalled reader.
+                drain: Duration::from_secs(12),
                 ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
             };
             let variant = policy.map_or("", |p| p.name());
             // A policy is the server's configuration: a server of its own per policy.
             let dedicated = match (policy, &ctx.launcher) {
-                (Some(p), Some(l)) => match l.start(t.kind, Flavor::Policy(p)) {
+                (Some(p), Some(l)) => match l.start(t.kind, Flavor::Policy(p, queue)) {
                     Ok(d) => Some(d),
                     Err(e) => {
                         sc.failures
@@ -438,7 +446,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         }
     }
     sc.notes.push(format!(
-        "N={n}, {size} B, open loop at {r:.0} msg/s (50% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'."
+        "N={n}, {size} B, open loop at {r:.0} msg/s (50% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream)."
     ));
     let p = ctx.path("slow-consumer-rss.svg");
     plot_rss(&p, "slow-consumer: server RSS over time", &rss)?;

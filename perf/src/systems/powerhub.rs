@@ -158,9 +158,9 @@ pub(crate) enum Flavor {
     /// buffer that much per subscriber without a bound, so powerhub gets the same room instead
     /// of dropping by policy.
     Throughput,
-    /// Every push subscription with this slow-consumer policy and the default queue depth, as
-    /// an operator would run it.
-    Policy(Policy),
+    /// Every push subscription with this slow-consumer policy and a queue of this many
+    /// messages.
+    Policy(Policy, usize),
     /// Idle connections with the keepalive running: a ping every second.
     Idle,
 }
@@ -169,7 +169,7 @@ impl Flavor {
     fn name(self) -> &'static str {
         match self {
             Flavor::Throughput => "throughput",
-            Flavor::Policy(p) => p.name(),
+            Flavor::Policy(p, _) => p.name(),
             Flavor::Idle => "idle",
         }
     }
@@ -178,7 +178,10 @@ impl Flavor {
 fn config_text(shards: usize, backend: &str, flavor: Flavor) -> String {
     let tuning = match flavor {
         Flavor::Throughput => "[subscriptions]\nmax_queue = 16384\n".to_owned(),
-        Flavor::Policy(p) => format!("[subscriptions]\nslow_consumer = \"{}\"\n", p.name()),
+        Flavor::Policy(p, queue) => format!(
+            "[subscriptions]\nslow_consumer = \"{}\"\nmax_queue = {queue}\n",
+            p.name()
+        ),
         Flavor::Idle => "[outbox]\nkeepalive_interval_ms = 1000\n".to_owned(),
     };
     format!(
