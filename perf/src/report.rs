@@ -362,3 +362,65 @@ pub(crate) fn slug(s: &str) -> String {
         .collect::<Vec<_>>()
         .join("-")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(system: &str, powerhub: bool, throughput: f64, cpu: f64) -> Row {
+        Row {
+            case: "N=100 64B".to_owned(),
+            system: system.to_owned(),
+            is_powerhub: powerhub,
+            is_peer: !powerhub,
+            throughput: Some(throughput),
+            cpu_per_m: Some(cpu),
+            lost: Some(0),
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn the_table_gives_powerhubs_ratio_against_each_peer() {
+        let sc = Scenario {
+            name: "fanout".to_owned(),
+            unit: "deliveries/s".to_owned(),
+            rows: vec![
+                row("powerhub", true, 8e6, 0.05),
+                row("redis", false, 4e6, 0.10),
+                row("nats", false, 2e6, 0.20),
+            ],
+            ..Scenario::default()
+        };
+        let text = sc.render();
+        assert!(
+            text.contains("| N=100 64B | powerhub | 8.00 M | 0 | 0.050 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerhub vs redis: throughput 2.00×, CPU 2.00×"),
+            "{text}"
+        );
+        assert!(
+            text.contains("powerhub vs nats: throughput 4.00×, CPU 4.00×"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn hgrm_lists_percentiles_up_to_the_maximum() {
+        let mut h = crate::load::new_histogram();
+        for v in 1..=1000u64 {
+            h.record(v * 1000).expect("in range");
+        }
+        let path = std::env::temp_dir().join(format!("powerhub-perf-{}.hgrm", std::process::id()));
+        write_hgrm(&path, &h).expect("written");
+        let text = std::fs::read_to_string(&path).expect("read back");
+        let _ = std::fs::remove_file(&path);
+        assert!(text.starts_with("       Value     Percentile TotalCount 1/(1-Percentile)"));
+        assert!(
+            text.contains("#[Max     =     1000.447, Total count    =         1000]"),
+            "{text}"
+        );
+    }
+}
