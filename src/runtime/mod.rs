@@ -1,1 +1,748 @@
 //! The runtime: sharded worker threads, IO backends (io_uring, epoll), listeners, the server.
+//!
+//! [`Engine`] binds the configured listeners, starts N shards (worker threads, one per core by
+//! default), each owning its connections, timers and IO backend, and serves the push protocol over
+//! every registered stream-protocol plugin. A service can run it in-process and publish into its
+//! hub from any of its own threads; `powerhub serve` is this engine plus a CLI.
+//!
+//! - Backends: io_uring when the kernel allows it (probed once per process for every opcode
+//!   used), epoll otherwise; `backend = "epoll"` in the config or `POWERHUB_BACKEND=epoll` in the
+//!   environment forces epoll. The contract both implement is written in `sys/mod.rs`.
+//! - Shards: reached from other threads through a lock-free queue and an eventfd wake-up; the
+//!   write path takes no lock. Connections are assigned to shards round-robin, for life.
+//! - Plugins: listeners name a [`ProtocolFactory`](crate::plugin::ProtocolFactory) registered in
+//!   a [`ProtocolRegistry`].
+//!
+//! # Examples
+//!
+//! ```
+//! use powerhub::runtime::{Config, Engine, ListenerConfig, ProtocolRegistry};
+//!
+//! let mut config = Config::default();
+//! config.listeners.push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+//! let engine = Engine::start(config, &ProtocolRegistry::with_builtins())?;
+//! println!("listening on {} with {}", engine.listeners()[0].addr, engine.backend());
+//! engine.shutdown()?;
+//! # Ok::<(), powerhub::runtime::EngineError>(())
+//! ```
+
+use std::fmt;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use powerhub_plugin::{
+    CloseReason, Completion, Frame, ProtocolFactory, ProtocolLimits, SendError, SendOutcome, Sink,
+    SubscriberRef,
+};
+
+use crate::hub::{Hub, HubError, HubOptions};
+use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
+
+mod config;
+mod parker;
+mod registry;
+mod session;
+mod shard;
+mod sys;
+mod writeq;
+
+pub use config::{
+    BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig,
+    OutboxSection, SlowConsumerChoice, SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
+};
+pub use registry::{ProtocolRegistry, RegistryError};
+
+use shard::{Counters, Shard, ShardHandle, ShardMsg};
+
+/// The IO backend the shards run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendKind {
+    /// io_uring.
+    IoUring,
+    /// epoll.
+    Epoll,
+}
+
+impl BackendKind {
+    /// `io_uring` or `epoll`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::IoUring => "io_uring",
+            BackendKind::Epoll => "epoll",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why the engine could not start or stop.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The configuration was invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// A listener names a protocol that is not registered.
+    #[error("listener[{index}].protocol: {source}")]
+    Protocol {
+        /// The listener's position in the config.
+        index: usize,
+        /// What was wrong.
+        source: RegistryError,
+    },
+    /// A listener's address could not be bound (in use, not permitted, not local).
+    #[error("cannot listen on {addr} (listener[{index}], protocol {protocol}): {source}")]
+    Bind {
+        /// The listener's position in the config.
+        index: usize,
+        /// The protocol.
+        protocol: String,
+        /// The address.
+        addr: ListenAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// `POWERHUB_BACKEND` holds an unknown value.
+    #[error("environment variable {BACKEND_ENV}: {0}")]
+    BackendEnv(String),
+    /// The hub could not be created.
+    #[error("cannot create the hub: {0}")]
+    Hub(#[from] HubError),
+    /// The `[outbox]` settings were refused.
+    #[error("invalid configuration value in [outbox]: {0}")]
+    Outbox(String),
+    /// A shard could not be started.
+    #[error("cannot start shard {index}: {source}")]
+    Shard {
+        /// The shard.
+        index: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+}
+
+/// A bound listener.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoundListener {
+    /// The protocol served.
+    pub protocol: String,
+    /// The bound address (with the actual port when port 0 was asked for).
+    pub addr: ListenAddr,
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineStats {
+    /// Connections open now (not counting ones refused over `max_connections`).
+    pub open_connections: usize,
+    /// Connections accepted since start (including refused ones).
+    pub accepted: u64,
+    /// Connections closed since start (their memory released).
+    pub closed: u64,
+    /// Connections refused over `max_connections`.
+    pub rejected: u64,
+    /// Times a client went over a limit (each got an error naming it).
+    pub limit_errors: u64,
+    /// Protocol errors (framing violations, oversized messages).
+    pub protocol_errors: u64,
+    /// Push subscriptions held by connections now.
+    pub subscriptions: usize,
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Bytes the kernel took.
+    pub bytes_out: u64,
+    /// Hub frames queued onto connections.
+    pub frames_out: u64,
+    /// Sends started (`sendmsg` calls or io_uring `SENDMSG` submissions).
+    pub sends: u64,
+    /// Unsent bytes across connections, as last published by the shards.
+    pub unsent_bytes: usize,
+}
+
+/// Slack past a shutdown deadline for the shards' coarse timers to act on it.
+const TICK_GRACE: Duration = Duration::from_millis(200);
+
+/// The stream the engine publishes its counters to: `{"type":"stats","stream":"$stats",
+/// "stats":{...}}`, every `engine.stats_interval_ms` while it has subscribers.
+pub const STATS_STREAM: &str = "$stats";
+
+/// Most subscribers listed in one stats message.
+const STATS_LIST_MAX: usize = 100;
+
+fn engine_stats(c: &Counters) -> EngineStats {
+    EngineStats {
+        open_connections: c.open.load(Ordering::Relaxed),
+        accepted: c.accepted.load(Ordering::Relaxed),
+        closed: c.closed.load(Ordering::Relaxed),
+        rejected: c.rejected.load(Ordering::Relaxed),
+        limit_errors: c.limit_errors.load(Ordering::Relaxed),
+        protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
+        subscriptions: c.subscriptions.load(Ordering::Relaxed),
+        bytes_in: c.bytes_in.load(Ordering::Relaxed),
+        bytes_out: c.bytes_out.load(Ordering::Relaxed),
+        frames_out: c.frames_out.load(Ordering::Relaxed),
+        sends: c.send_syscalls.load(Ordering::Relaxed),
+        unsent_bytes: c.unsent.load(Ordering::Relaxed),
+    }
+}
+
+/// The stats message: the hub's counters (and its first subscribers) and the engine's.
+fn stats_json(shared: &Shared, backend: BackendKind) -> String {
+    let h = shared.hub.stats();
+    let e = engine_stats(&shared.counters);
+    let list: Vec<serde_json::Value> = h
+        .list
+        .iter()
+        .take(STATS_LIST_MAX)
+        .map(|s| {
+            serde_json::json!({
+                "id": s.id, "topic": s.topic, "queued": s.queued, "dropped": s.dropped,
+                "bytes_sent": s.bytes_sent,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "type": "stats",
+        "stream": STATS_STREAM,
+        "stats": {
+            "subscribers": h.subscribers, "topics": h.topics, "published": h.published,
+            "delivered": h.delivered, "dropped": h.dropped, "disconnected": h.disconnected,
+            "encoded": h.encoded, "bytes_out": h.bytes_out, "list": list,
+            "engine": {
+                "backend": backend.as_str(), "open_connections": e.open_connections,
+                "accepted": e.accepted, "closed": e.closed, "rejected": e.rejected,
+                "limit_errors": e.limit_errors, "subscriptions": e.subscriptions,
+                "bytes_in": e.bytes_in, "bytes_out": e.bytes_out, "sends": e.sends,
+                "unsent_bytes": e.unsent_bytes,
+            },
+        },
+    })
+    .to_string()
+}
+
+/// What every shard shares (read-only after start, plus atomic counters).
+pub(crate) struct Shared {
+    pub(crate) config: Config,
+    pub(crate) listeners: Vec<ListenerSpec>,
+    shards: OnceLock<Vec<Arc<ShardHandle>>>,
+    pub(crate) counters: Counters,
+    pub(crate) hub: Hub,
+    /// Outbox settings for connections whose protocol frames JSON as NDJSON lines.
+    pub(crate) outbox_ndjson: Arc<OutboxConfig>,
+    /// Outbox settings for every other protocol.
+    pub(crate) outbox_protocol: Arc<OutboxConfig>,
+    pub(crate) message_factory: Arc<dyn MessageFactory>,
+    pub(crate) next_conn_id: AtomicU64,
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Shared")
+            .field("listeners", &self.listeners.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Shared {
+    pub(crate) fn shards(&self) -> &[Arc<ShardHandle>] {
+        self.shards.get().map_or(&[], Vec::as_slice)
+    }
+}
+
+/// A listener as the shards see it.
+#[derive(Debug)]
+pub(crate) struct ListenerSpec {
+    pub(crate) factory: Arc<dyn ProtocolFactory>,
+    pub(crate) protocol_limits: ProtocolLimits,
+    pub(crate) addr: ListenAddr,
+}
+
+/// The running engine: shards, listeners and the hub they serve.
+///
+/// Dropping it stops the shards at once (connections are closed without waiting for their
+/// queues); [`shutdown`](Engine::shutdown) is the graceful stop.
+pub struct Engine {
+    shared: Arc<Shared>,
+    threads: Vec<JoinHandle<()>>,
+    backend: BackendKind,
+    bound: Vec<BoundListener>,
+    unix_paths: Vec<PathBuf>,
+    owns_hub: bool,
+    /// Dropping it stops the stats publisher.
+    stats_stop: Option<std::sync::mpsc::Sender<()>>,
+    stats_thread: Option<JoinHandle<()>>,
+    stopped: bool,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("backend", &self.backend)
+            .field("listeners", &self.bound)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Chooses the backend: the environment override, then the config, then the io_uring probe.
+fn choose_backend(choice: BackendChoice) -> Result<BackendKind, EngineError> {
+    let env = match std::env::var(BACKEND_ENV) {
+        Ok(v) if !v.is_empty() => Some(
+            v.parse::<BackendChoice>()
+                .map_err(EngineError::BackendEnv)?,
+        ),
+        _ => None,
+    };
+    let choice = match env {
+        Some(BackendChoice::Epoll) => {
+            tracing::info!("{BACKEND_ENV}=epoll forces the epoll backend");
+            BackendChoice::Epoll
+        }
+        _ => choice,
+    };
+    if choice == BackendChoice::Epoll {
+        return Ok(BackendKind::Epoll);
+    }
+    match sys::uring::probe() {
+        Ok(()) => Ok(BackendKind::IoUring),
+        Err(why) => {
+            tracing::warn!(reason = %why, "io_uring is unavailable; falling back to epoll");
+            Ok(BackendKind::Epoll)
+        }
+    }
+}
+
+fn bind(
+    index: usize,
+    protocol: &str,
+    addr: &ListenAddr,
+) -> Result<(OwnedFd, ListenAddr), EngineError> {
+    let err = |source: io::Error| EngineError::Bind {
+        index,
+        protocol: protocol.to_owned(),
+        addr: addr.clone(),
+        source,
+    };
+    match addr {
+        ListenAddr::Tcp(a) => {
+            let l = std::net::TcpListener::bind(a).map_err(err)?;
+            l.set_nonblocking(true).map_err(err)?;
+            let local = ListenAddr::Tcp(l.local_addr().map_err(err)?);
+            Ok((OwnedFd::from(l), local))
+        }
+        ListenAddr::Unix(path) => {
+            use std::os::unix::fs::FileTypeExt;
+            if let Ok(meta) = std::fs::symlink_metadata(path) {
+                if !meta.file_type().is_socket() {
+                    return Err(err(io::Error::new(
+                        io::ErrorKind::AlreadyExists,
+                        "the path exists and is not a socket",
+                    )));
+                }
+                if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                    return Err(err(io::Error::new(
+                        io::ErrorKind::AddrInUse,
+                        "another server listens on this socket",
+                    )));
+                }
+                // A stale socket file left by a process that is gone.
+                std::fs::remove_file(path).map_err(err)?;
+            }
+            let l = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
+            l.set_nonblocking(true).map_err(err)?;
+            Ok((OwnedFd::from(l), addr.clone()))
+        }
+    }
+}
+
+/// The sink of the engine's own hub: every push subscription names its connection's sink, so
+/// this one only answers subscriptions made without a sink.
+#[derive(Debug)]
+struct NoSink;
+
+impl Sink for NoSink {
+    fn send(&self, _sub: &SubscriberRef, _frame: Frame, _done: Completion) -> SendOutcome {
+        SendOutcome::Failed(SendError::Refused(
+            "subscribe with a sink: the engine's hub has no default transport".into(),
+        ))
+    }
+
+    fn close(&self, _sub: &SubscriberRef, _reason: CloseReason) {}
+}
+
+/// Options of [`Engine::builder`]: the hub to serve and the push-message factory.
+///
+/// ```
+/// use powerhub::hub::{Hub, HubOptions};
+/// use powerhub::runtime::{Config, Engine, ListenerConfig};
+/// # #[derive(Debug)] struct MySink;
+/// # impl powerhub::plugin::Sink for MySink {
+/// #     fn send(&self, _: &powerhub::plugin::SubscriberRef, _: powerhub::plugin::Frame, _: powerhub::plugin::Completion) -> powerhub::plugin::SendOutcome { powerhub::plugin::SendOutcome::Accepted }
+/// # }
+///
+/// let hub = Hub::new(MySink, HubOptions::default())?;
+/// let mut config = Config::default();
+/// config.listeners.push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+/// let engine = Engine::builder(config).hub(hub.clone()).start()?;
+/// hub.publish_json("prices", &serde_json::json!({"type": "tick", "stream": "prices", "px": 1}))?;
+/// engine.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+pub struct EngineBuilder {
+    config: Config,
+    registry: ProtocolRegistry,
+    hub: Option<Hub>,
+    factory: Arc<dyn MessageFactory>,
+}
+
+impl EngineBuilder {
+    /// Serves protocols from `registry` (default: [`ProtocolRegistry::with_builtins`]).
+    pub fn registry(mut self, registry: ProtocolRegistry) -> Self {
+        self.registry = registry;
+        self
+    }
+
+    /// Serves `hub` (default: a hub of its own with a drain thread, closed at shutdown). A hub
+    /// given here is flushed at shutdown but left open.
+    pub fn hub(mut self, hub: Hub) -> Self {
+        self.hub = Some(hub);
+        self
+    }
+
+    /// Serializes deliveries through `factory` (the push-stream spec's `createPushMessage`;
+    /// default: the payload, byte-identical for every subscriber).
+    pub fn message_factory(mut self, factory: Arc<dyn MessageFactory>) -> Self {
+        self.factory = factory;
+        self
+    }
+
+    /// Validates the config, binds the listeners and starts the shards.
+    pub fn start(self) -> Result<Engine, EngineError> {
+        Engine::start_inner(self)
+    }
+}
+
+impl Engine {
+    /// A builder for an engine on `config`.
+    pub fn builder(config: Config) -> EngineBuilder {
+        EngineBuilder {
+            config,
+            registry: ProtocolRegistry::with_builtins(),
+            hub: None,
+            factory: Arc::new(PayloadFactory),
+        }
+    }
+
+    /// Validates `config`, binds its listeners (protocols looked up in `registry`), and starts
+    /// the shards, serving a hub of its own ([`Engine::hub`]).
+    pub fn start(config: Config, registry: &ProtocolRegistry) -> Result<Engine, EngineError> {
+        Engine::builder(config).registry(registry.clone()).start()
+    }
+
+    fn start_inner(builder: EngineBuilder) -> Result<Engine, EngineError> {
+        let EngineBuilder {
+            config,
+            registry,
+            hub,
+            factory,
+        } = builder;
+        config.validate()?;
+        let backend = choose_backend(config.engine.backend)?;
+        let o = &config.outbox;
+        let outbox_protocol = OutboxConfig {
+            coalesce_types: o.coalesce_types.clone(),
+            drop_types: o.drop_types.clone(),
+            high_water_bytes: o.high_water_bytes,
+            keepalive_interval: Duration::from_millis(o.keepalive_interval_ms),
+            liveness_timeout: Duration::from_millis(o.liveness_timeout_ms),
+            framing: Framing::Protocol,
+        };
+        outbox_protocol
+            .validate()
+            .map_err(|e| EngineError::Outbox(e.to_string()))?;
+        let outbox_ndjson = OutboxConfig {
+            framing: Framing::Ndjson,
+            ..outbox_protocol.clone()
+        };
+        let owns_hub = hub.is_none();
+        let hub = match hub {
+            Some(h) => h,
+            None => Hub::new(NoSink, HubOptions::default())?,
+        };
+        let limits = &config.limits;
+        let protocol_limits = ProtocolLimits::default()
+            .with_max_message_bytes(limits.max_message_bytes)
+            .with_max_handshake_bytes(limits.max_handshake_bytes);
+        let mut specs = Vec::new();
+        let mut fds = Vec::new();
+        let mut bound = Vec::new();
+        let mut unix_paths = Vec::new();
+        for (index, l) in config.listeners.iter().enumerate() {
+            let factory = registry
+                .get(&l.protocol)
+                .map_err(|source| EngineError::Protocol { index, source })?;
+            let addr = l.listen_addr(index)?;
+            let (fd, local) = bind(index, &l.protocol, &addr)?;
+            if let ListenAddr::Unix(p) = &local {
+                unix_paths.push(p.clone());
+            }
+            tracing::info!(protocol = %l.protocol, addr = %local, "listening");
+            bound.push(BoundListener {
+                protocol: l.protocol.clone(),
+                addr: local.clone(),
+            });
+            specs.push(ListenerSpec {
+                factory,
+                protocol_limits: protocol_limits.clone(),
+                addr: local,
+            });
+            fds.push(Some(fd));
+        }
+        let n = config.shard_count();
+        let shared = Arc::new(Shared {
+            config,
+            listeners: specs,
+            shards: OnceLock::new(),
+            counters: Counters::default(),
+            hub,
+            outbox_ndjson: Arc::new(outbox_ndjson),
+            outbox_protocol: Arc::new(outbox_protocol),
+            message_factory: factory,
+            next_conn_id: AtomicU64::new(1),
+        });
+        let mut handles = Vec::with_capacity(n);
+        for index in 0..n {
+            handles.push(Arc::new(
+                ShardHandle::new(index).map_err(|source| EngineError::Shard { index, source })?,
+            ));
+        }
+        let _ = shared.shards.set(handles.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let mut threads = Vec::with_capacity(n);
+        for handle in handles {
+            let index = handle.index;
+            let listeners = if index == 0 {
+                std::mem::take(&mut fds)
+            } else {
+                Vec::new()
+            };
+            let shared = Arc::clone(&shared);
+            let tx = tx.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("powerhub-shard-{index}"))
+                .spawn(move || run_shard(handle, shared, listeners, backend, &tx))
+                .map_err(|source| EngineError::Shard { index, source })?;
+            threads.push(thread);
+        }
+        drop(tx);
+        let mut actual = backend;
+        let mut engine = Engine {
+            shared,
+            threads,
+            backend,
+            bound,
+            unix_paths,
+            owns_hub,
+            stats_stop: None,
+            stats_thread: None,
+            stopped: false,
+        };
+        for _ in 0..n {
+            match rx.recv() {
+                Ok(Ok(kind)) => {
+                    if kind != backend {
+                        actual = kind;
+                    }
+                }
+                Ok(Err((index, source))) => {
+                    engine.stop_now();
+                    return Err(EngineError::Shard { index, source });
+                }
+                Err(_) => break,
+            }
+        }
+        engine.backend = actual;
+        engine.start_stats_publisher();
+        tracing::info!(backend = actual.as_str(), shards = n, "engine started");
+        Ok(engine)
+    }
+
+    /// Publishes the counters to [`STATS_STREAM`] every `engine.stats_interval_ms`, while the
+    /// stream has subscribers (the WebSocket plugin's web page shows them).
+    fn start_stats_publisher(&mut self) {
+        let interval = Duration::from_millis(self.shared.config.engine.stats_interval_ms);
+        if interval.is_zero() {
+            return;
+        }
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        let shared = Arc::clone(&self.shared);
+        let backend = self.backend;
+        let spawned = std::thread::Builder::new()
+            .name("powerhub-stats".into())
+            .spawn(move || {
+                // Ends when the engine drops the sender.
+                while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                    rx.recv_timeout(interval)
+                {
+                    if shared.hub.presence(Some(STATS_STREAM)).is_empty() {
+                        continue;
+                    }
+                    let json = stats_json(&shared, backend);
+                    if let Ok(m) = crate::hub::Message::json(json) {
+                        let _ = shared.hub.publish(
+                            STATS_STREAM,
+                            m,
+                            crate::hub::PublishOptions::default(),
+                        );
+                    }
+                }
+            });
+        match spawned {
+            Ok(t) => {
+                self.stats_stop = Some(tx);
+                self.stats_thread = Some(t);
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot start the stats publisher"),
+        }
+    }
+
+    /// The hub the engine serves: publish into it from any thread.
+    pub fn hub(&self) -> &Hub {
+        &self.shared.hub
+    }
+
+    /// The backend the shards run (after probing and overrides).
+    pub fn backend(&self) -> BackendKind {
+        self.backend
+    }
+
+    /// The bound listeners, in config order.
+    pub fn listeners(&self) -> &[BoundListener] {
+        &self.bound
+    }
+
+    /// The configuration the engine runs.
+    pub fn config(&self) -> &Config {
+        &self.shared.config
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> EngineStats {
+        engine_stats(&self.shared.counters)
+    }
+
+    /// Graceful shutdown: stop accepting, deliver what was published before the call to every
+    /// connection (bounded by `engine.shutdown_timeout_ms`), close the connections, stop the
+    /// shards.
+    pub fn shutdown(mut self) -> Result<(), EngineError> {
+        let deadline =
+            Instant::now() + Duration::from_millis(self.shared.config.engine.shutdown_timeout_ms);
+        for s in self.shared.shards() {
+            s.send(ShardMsg::Drain { deadline });
+        }
+        // Every message published before now reaches its connection's shard (or its connection
+        // is closed at the deadline, which fails the pending send and ends the flush). The wait
+        // is bounded too: a hub given by the caller may have other sinks that never complete.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hub = self.shared.hub.clone();
+        let flusher = std::thread::Builder::new()
+            .name("powerhub-flush".into())
+            .spawn(move || {
+                let _ = tx.send(hub.flush());
+            });
+        if flusher.is_ok() {
+            let wait = deadline.saturating_duration_since(Instant::now()) + TICK_GRACE;
+            match rx.recv_timeout(wait) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "hub flush during shutdown reported errors")
+                }
+                Err(_) => tracing::warn!("hub flush did not finish by the shutdown deadline"),
+            }
+        }
+        for s in self.shared.shards() {
+            s.send(ShardMsg::Finish);
+        }
+        self.join();
+        Ok(())
+    }
+
+    fn stop_now(&mut self) {
+        let now = Instant::now();
+        for s in self.shared.shards() {
+            s.send(ShardMsg::Drain { deadline: now });
+            s.send(ShardMsg::Finish);
+        }
+        self.join();
+    }
+
+    fn join(&mut self) {
+        self.stats_stop = None;
+        if let Some(t) = self.stats_thread.take() {
+            let _ = t.join();
+        }
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+        if self.owns_hub {
+            self.shared.hub.close();
+        }
+        for p in self.unix_paths.drain(..) {
+            let _ = std::fs::remove_file(p);
+        }
+        self.stopped = true;
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if !self.stopped {
+            self.stop_now();
+        }
+    }
+}
+
+type Started = Result<BackendKind, (usize, io::Error)>;
+
+fn run_shard(
+    handle: Arc<ShardHandle>,
+    shared: Arc<Shared>,
+    listeners: Vec<Option<OwnedFd>>,
+    backend: BackendKind,
+    started: &std::sync::mpsc::Sender<Started>,
+) {
+    let index = handle.index;
+    let waker = Shard::<sys::epoll::Epoll>::waker_fd(&handle);
+    if backend == BackendKind::IoUring {
+        match sys::uring::Uring::new(waker) {
+            Ok(ring) => {
+                let _ = started.send(Ok(BackendKind::IoUring));
+                Shard::new(handle, shared, ring, listeners).run();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(shard = index, error = %e, "cannot set up io_uring; this shard runs epoll")
+            }
+        }
+    }
+    match sys::epoll::Epoll::new(waker) {
+        Ok(epoll) => {
+            let _ = started.send(Ok(BackendKind::Epoll));
+            Shard::new(handle, shared, epoll, listeners).run();
+        }
+        Err(e) => {
+            let _ = started.send(Err((index, e)));
+        }
+    }
+}

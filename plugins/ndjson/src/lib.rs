@@ -1,1 +1,220 @@
 //! NDJSON push transport for powerhub: one JSON message per line, over TCP or Unix sockets.
+//!
+//! The plugin is sans-IO: [`NdjsonProtocol`] splits inbound bytes into lines and frames outbound
+//! JSON messages by appending `\n`; the runtime owns the socket. A line is one JSON message;
+//! `\r\n` endings are accepted and empty lines are ignored. A line longer than
+//! [`ProtocolLimits::max_message_bytes`] (counting the bytes seen so far, so an endless line is
+//! refused without buffering it) is a [`ProtocolError::TooLarge`]: the protocol puts a final
+//! `error` line naming the limit into [`ProtocolOutput::urgent`] and the runtime closes.
+//!
+//! # Examples
+//!
+//! ```
+//! use powerhub_ndjson::NdjsonFactory;
+//! use powerhub_plugin::{BytesMut, Inbound, ProtocolFactory, ProtocolLimits, ProtocolOutput};
+//!
+//! let mut proto = NdjsonFactory.new_connection(&ProtocolLimits::default());
+//! let mut input = BytesMut::from(&b"{\"type\":\"ping\"}\r\n\n{\"type\":\"po"[..]);
+//! let mut out = ProtocolOutput::default();
+//! proto.decode(&mut input, &mut out).unwrap();
+//! assert_eq!(out.events, vec![Inbound::Text(r#"{"type":"ping"}"#.into())]);
+//! assert_eq!(&input[..], b"{\"type\":\"po"); // the partial line stays
+//!
+//! let mut wire = BytesMut::new();
+//! proto.encode_text(br#"{"type":"pong"}"#, &mut wire);
+//! assert_eq!(&wire[..], b"{\"type\":\"pong\"}\n");
+//! ```
+
+use powerhub_plugin::{
+    BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
+    StreamProtocol,
+};
+
+/// The name the protocol is registered under: `ndjson`.
+pub const NAME: &str = "ndjson";
+
+/// Builds an [`NdjsonProtocol`] per connection.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NdjsonFactory;
+
+impl ProtocolFactory for NdjsonFactory {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn new_connection(&self, limits: &ProtocolLimits) -> Box<dyn StreamProtocol> {
+        Box::new(NdjsonProtocol::new(limits.max_message_bytes))
+    }
+}
+
+/// The NDJSON framing state of one connection.
+#[derive(Debug, Clone)]
+pub struct NdjsonProtocol {
+    max_line: usize,
+    /// Bytes at the front of the input already scanned for a newline (none found).
+    scanned: usize,
+}
+
+impl NdjsonProtocol {
+    /// A protocol that refuses lines longer than `max_line` bytes (newline excluded).
+    pub fn new(max_line: usize) -> Self {
+        NdjsonProtocol {
+            max_line,
+            scanned: 0,
+        }
+    }
+}
+
+impl StreamProtocol for NdjsonProtocol {
+    fn decode(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        loop {
+            let Some(pos) = input[self.scanned..]
+                .iter()
+                .position(|&b| b == b'\n')
+                .map(|p| p + self.scanned)
+            else {
+                self.scanned = input.len();
+                // One byte of slack for a `\r` before the newline.
+                if input.len() > self.max_line + 1 {
+                    let err = ProtocolError::TooLarge {
+                        what: "line",
+                        limit_name: "max_message_bytes",
+                        size: input.len(),
+                        limit: self.max_line,
+                    };
+                    final_error(&err, &mut out.urgent);
+                    return Err(err);
+                }
+                return Ok(());
+            };
+            self.scanned = 0;
+            let mut line = input.split_to(pos + 1).freeze();
+            line.truncate(pos);
+            if line.last() == Some(&b'\r') {
+                line.truncate(line.len() - 1);
+            }
+            if line.len() > self.max_line {
+                let err = ProtocolError::TooLarge {
+                    what: "line",
+                    limit_name: "max_message_bytes",
+                    size: line.len(),
+                    limit: self.max_line,
+                };
+                final_error(&err, &mut out.urgent);
+                return Err(err);
+            }
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            out.events.push(Inbound::Text(line));
+        }
+    }
+
+    fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
+        out.reserve(json.len() + 1);
+        out.extend_from_slice(json);
+        out.extend_from_slice(b"\n");
+    }
+
+    fn name(&self) -> &str {
+        NAME
+    }
+}
+
+/// Appends the final `error` line sent before closing: the push protocol's `error` message, with
+/// a `limit` field naming the limit when one was exceeded.
+fn final_error(err: &ProtocolError, out: &mut BytesMut) {
+    let message = json_string(&err.to_string());
+    let line = match err {
+        ProtocolError::TooLarge { limit_name, .. } => format!(
+            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"line_too_long\",\"limit\":\"{limit_name}\",\"message\":{message}}}\n"
+        ),
+        _ => format!("{{\"type\":\"error\",\"requestId\":null,\"code\":\"fatal\",\"message\":{message}}}\n"),
+    };
+    out.extend_from_slice(line.as_bytes());
+}
+
+/// A JSON string literal of `s`.
+fn json_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode_all(
+        p: &mut NdjsonProtocol,
+        chunks: &[&[u8]],
+    ) -> (Vec<Inbound>, Result<(), ProtocolError>) {
+        let mut input = BytesMut::new();
+        let mut out = ProtocolOutput::default();
+        for c in chunks {
+            input.extend_from_slice(c);
+            if let Err(e) = p.decode(&mut input, &mut out) {
+                return (out.events, Err(e));
+            }
+        }
+        (out.events, Ok(()))
+    }
+
+    #[test]
+    fn lines_split_across_reads_are_reassembled() {
+        let mut p = NdjsonProtocol::new(100);
+        let (events, r) = decode_all(&mut p, &[b"{\"a\"", b":1}\n{\"b\":2", b"}\n"]);
+        r.unwrap();
+        assert_eq!(
+            events,
+            vec![
+                Inbound::Text("{\"a\":1}".into()),
+                Inbound::Text("{\"b\":2}".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn line_over_max_message_bytes_is_too_large_with_final_error() {
+        let mut p = NdjsonProtocol::new(8);
+        let mut input = BytesMut::from(&b"0123456789"[..]);
+        let mut out = ProtocolOutput::default();
+        let err = p.decode(&mut input, &mut out).unwrap_err();
+        assert!(matches!(
+            err,
+            ProtocolError::TooLarge {
+                limit_name: "max_message_bytes",
+                limit: 8,
+                ..
+            }
+        ));
+        let line = std::str::from_utf8(&out.urgent).unwrap();
+        assert!(line.contains(r#""limit":"max_message_bytes""#), "{line}");
+        assert!(line.ends_with("}\n"), "{line}");
+        // A complete but long line too.
+        let mut p = NdjsonProtocol::new(4);
+        let (_, r) = decode_all(&mut p, &[b"123456\n"]);
+        assert!(r.is_err());
+    }
+
+    #[test]
+    fn line_of_exactly_the_limit_is_accepted() {
+        let mut p = NdjsonProtocol::new(4);
+        let (events, r) = decode_all(&mut p, &[b"1234", b"\n"]);
+        r.unwrap();
+        assert_eq!(events, vec![Inbound::Text("1234".into())]);
+    }
+}

@@ -1,0 +1,506 @@
+//! The engine's configuration: TOML, every key optional, unknown keys rejected.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+/// The embedded default configuration file (`powerhub serve --print-default-config`).
+pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
+
+/// Why a configuration was refused. Every variant names the key or value at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The TOML did not parse, or named an unknown key, or a value of the wrong type. The message
+    /// from the parser names the key and the line.
+    #[error("invalid configuration{}: {message}", source_name.as_deref().map(|s| format!(" in {s}")).unwrap_or_default())]
+    Parse {
+        /// The file the text came from, if any.
+        source_name: Option<String>,
+        /// The parser's message (key, line and column).
+        message: String,
+    },
+    /// A value parsed but is out of its allowed range.
+    #[error("invalid configuration value `{key}` = {value}: {reason}")]
+    Invalid {
+        /// The key, dotted (`limits.max_connections`, `listener[1].address`).
+        key: String,
+        /// The value given.
+        value: String,
+        /// What is allowed.
+        reason: String,
+    },
+    /// The configuration file could not be read.
+    #[error("cannot read configuration file {path}: {source}")]
+    Read {
+        /// The path.
+        path: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Which IO backend the shards run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum BackendChoice {
+    /// io_uring when the kernel allows it (probed once at start), epoll otherwise.
+    #[default]
+    #[serde(rename = "auto")]
+    Auto,
+    /// io_uring; if the kernel refuses it the engine logs why and runs epoll.
+    #[serde(rename = "io_uring")]
+    IoUring,
+    /// epoll.
+    #[serde(rename = "epoll")]
+    Epoll,
+}
+
+impl std::str::FromStr for BackendChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(BackendChoice::Auto),
+            "io_uring" | "io-uring" | "uring" => Ok(BackendChoice::IoUring),
+            "epoll" => Ok(BackendChoice::Epoll),
+            other => Err(format!(
+                "unknown backend `{other}` (expected auto, io_uring or epoll)"
+            )),
+        }
+    }
+}
+
+/// The environment variable that forces a backend: `POWERHUB_BACKEND=epoll`.
+pub const BACKEND_ENV: &str = "POWERHUB_BACKEND";
+
+/// The `[engine]` section.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineSection {
+    /// Worker threads; 0 = one per core.
+    pub shards: usize,
+    /// IO backend.
+    pub backend: BackendChoice,
+    /// Graceful shutdown deadline for connections, in milliseconds.
+    pub shutdown_timeout_ms: u64,
+    /// How often the hub's and the engine's counters are published to the `$stats` stream
+    /// (while it has subscribers), in milliseconds; 0 = never.
+    pub stats_interval_ms: u64,
+}
+
+impl Default for EngineSection {
+    fn default() -> Self {
+        EngineSection {
+            shards: 0,
+            backend: BackendChoice::Auto,
+            shutdown_timeout_ms: 5000,
+            stats_interval_ms: 1000,
+        }
+    }
+}
+
+/// The `[limits]` section: every bound the engine enforces. Defaults are documented in
+/// `docs/config.md` and in the embedded default config.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Open connections across all listeners.
+    pub max_connections: usize,
+    /// Largest inbound message, in bytes.
+    pub max_message_bytes: usize,
+    /// Largest opening handshake, in bytes.
+    pub max_handshake_bytes: usize,
+    /// Subscriptions per connection.
+    pub max_subscriptions_per_connection: usize,
+    /// Unsent bytes above which deliveries to a connection are back-pressured.
+    pub backpressure_bytes: usize,
+    /// Unsent bytes at which the connection is closed with an error.
+    pub max_outbox_bytes: usize,
+    /// Handshake deadline, in milliseconds.
+    pub handshake_timeout_ms: u64,
+    /// Idle deadline (no inbound bytes), in milliseconds; 0 = none.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_connections: 10_000,
+            max_message_bytes: 1 << 20,
+            max_handshake_bytes: 8 << 10,
+            max_subscriptions_per_connection: 256,
+            backpressure_bytes: 8 << 20,
+            max_outbox_bytes: 32 << 20,
+            handshake_timeout_ms: 10_000,
+            idle_timeout_ms: 300_000,
+        }
+    }
+}
+
+impl Limits {
+    /// The handshake deadline.
+    pub fn handshake_timeout(&self) -> Duration {
+        Duration::from_millis(self.handshake_timeout_ms)
+    }
+
+    /// The idle deadline, if any.
+    pub fn idle_timeout(&self) -> Option<Duration> {
+        (self.idle_timeout_ms > 0).then(|| Duration::from_millis(self.idle_timeout_ms))
+    }
+}
+
+/// A subscription's slow-consumer policy, as the config names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+pub enum SlowConsumerChoice {
+    /// Discard the oldest queued message.
+    #[default]
+    #[serde(rename = "drop-oldest")]
+    DropOldest,
+    /// Refuse the incoming message.
+    #[serde(rename = "drop-newest")]
+    DropNewest,
+    /// Close the subscription (and its connection).
+    #[serde(rename = "disconnect")]
+    Disconnect,
+}
+
+/// The `[subscriptions]` section: hub options of every push subscription.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SubscriptionsSection {
+    /// Queue length per subscription.
+    pub max_queue: usize,
+    /// Policy when the queue is full.
+    pub slow_consumer: SlowConsumerChoice,
+    /// Most messages per delivery.
+    pub max_batch: usize,
+}
+
+impl Default for SubscriptionsSection {
+    fn default() -> Self {
+        SubscriptionsSection {
+            max_queue: 256,
+            slow_consumer: SlowConsumerChoice::DropOldest,
+            max_batch: 64,
+        }
+    }
+}
+
+/// The `[outbox]` section: the push-stream rules of each connection's outbox.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutboxSection {
+    /// Unsent bytes above which uncorrelated `drop_types` messages become `frames_dropped`.
+    pub high_water_bytes: usize,
+    /// Keepalive ping interval, in milliseconds.
+    pub keepalive_interval_ms: u64,
+    /// Liveness timeout (no pong, no drain progress), in milliseconds.
+    pub liveness_timeout_ms: u64,
+    /// Types coalesced per slot while a connection is paused.
+    pub coalesce_types: Vec<String>,
+    /// Types replaced by `frames_dropped` above `high_water_bytes`.
+    pub drop_types: Vec<String>,
+}
+
+impl Default for OutboxSection {
+    fn default() -> Self {
+        OutboxSection {
+            high_water_bytes: 8 << 20,
+            keepalive_interval_ms: 15_000,
+            liveness_timeout_ms: 45_000,
+            coalesce_types: vec!["screenshot_update".into(), "hierarchy_update".into()],
+            drop_types: vec!["screenshot_update".into()],
+        }
+    }
+}
+
+/// One `[[listener]]`: a registered protocol on a TCP address or a Unix socket path.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// The registered protocol name (`ndjson`, `frame`, `websocket`, or a custom one).
+    pub protocol: String,
+    /// A TCP address, e.g. `127.0.0.1:7400` (port 0 picks a free port).
+    #[serde(default)]
+    pub address: Option<String>,
+    /// A Unix socket path.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+}
+
+/// Where a listener listens, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// TCP.
+    Tcp(SocketAddr),
+    /// A Unix stream socket.
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+impl ListenerConfig {
+    /// A TCP listener.
+    pub fn tcp(protocol: impl Into<String>, address: impl Into<String>) -> Self {
+        ListenerConfig {
+            protocol: protocol.into(),
+            address: Some(address.into()),
+            path: None,
+        }
+    }
+
+    /// A Unix socket listener.
+    pub fn unix(protocol: impl Into<String>, path: impl Into<PathBuf>) -> Self {
+        ListenerConfig {
+            protocol: protocol.into(),
+            address: None,
+            path: Some(path.into()),
+        }
+    }
+
+    /// The validated address; `index` is the listener's position, for the error's key.
+    pub fn listen_addr(&self, index: usize) -> Result<ListenAddr, ConfigError> {
+        match (&self.address, &self.path) {
+            (Some(a), None) => a
+                .parse()
+                .map(ListenAddr::Tcp)
+                .map_err(|e| ConfigError::Invalid {
+                    key: format!("listener[{index}].address"),
+                    value: format!("{a:?}"),
+                    reason: format!("not a socket address (ip:port): {e}"),
+                }),
+            (None, Some(p)) => Ok(ListenAddr::Unix(p.clone())),
+            (Some(_), Some(_)) => Err(ConfigError::Invalid {
+                key: format!("listener[{index}]"),
+                value: "address and path".into(),
+                reason: "give either `address` (TCP) or `path` (Unix socket), not both".into(),
+            }),
+            (None, None) => Err(ConfigError::Invalid {
+                key: format!("listener[{index}]"),
+                value: "none".into(),
+                reason: "give `address` (TCP) or `path` (Unix socket)".into(),
+            }),
+        }
+    }
+}
+
+/// The whole configuration.
+///
+/// ```
+/// use powerhub::runtime::Config;
+///
+/// let config = Config::from_toml("[limits]\nmax_connections = 10\n", None).unwrap();
+/// assert_eq!(config.limits.max_connections, 10);
+/// assert!(config.listeners.is_empty());
+///
+/// let err = Config::from_toml("[limits]\nmax_conections = 10\n", None).unwrap_err();
+/// assert!(err.to_string().contains("max_conections"));
+/// ```
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `[engine]`.
+    #[serde(default)]
+    pub engine: EngineSection,
+    /// `[limits]`.
+    #[serde(default)]
+    pub limits: Limits,
+    /// `[subscriptions]`.
+    #[serde(default)]
+    pub subscriptions: SubscriptionsSection,
+    /// `[outbox]`.
+    #[serde(default)]
+    pub outbox: OutboxSection,
+    /// `[[listener]]` tables.
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+}
+
+impl Config {
+    /// The embedded default configuration (loopback listeners on the documented ports).
+    pub fn embedded_default() -> Config {
+        // The embedded file is a constant checked by the test `embedded_default_config_parses`.
+        Config::from_toml(DEFAULT_CONFIG, Some("the embedded default config"))
+            .unwrap_or_else(|e| unreachable!("the embedded default config is valid: {e}"))
+    }
+
+    /// Parses and validates a TOML text; `source_name` names it in errors.
+    pub fn from_toml(text: &str, source_name: Option<&str>) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            source_name: source_name.map(str::to_owned),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Config::from_toml(&text, Some(&path.display().to_string()))
+    }
+
+    /// Checks every value's range; the error names the key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        fn invalid(key: &str, value: impl std::fmt::Display, reason: &str) -> ConfigError {
+            ConfigError::Invalid {
+                key: key.into(),
+                value: value.to_string(),
+                reason: reason.into(),
+            }
+        }
+        let l = &self.limits;
+        if self.engine.shards > 1024 {
+            return Err(invalid(
+                "engine.shards",
+                self.engine.shards,
+                "at most 1024 (0 = one per core)",
+            ));
+        }
+        if l.max_connections == 0 {
+            return Err(invalid("limits.max_connections", 0, "must be at least 1"));
+        }
+        if l.max_message_bytes < 64 || l.max_message_bytes > 1 << 30 {
+            return Err(invalid(
+                "limits.max_message_bytes",
+                l.max_message_bytes,
+                "must be between 64 and 1073741824",
+            ));
+        }
+        if l.max_handshake_bytes < 256 || l.max_handshake_bytes > 1 << 20 {
+            return Err(invalid(
+                "limits.max_handshake_bytes",
+                l.max_handshake_bytes,
+                "must be between 256 and 1048576",
+            ));
+        }
+        if l.max_subscriptions_per_connection == 0 {
+            return Err(invalid(
+                "limits.max_subscriptions_per_connection",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if l.backpressure_bytes == 0 {
+            return Err(invalid(
+                "limits.backpressure_bytes",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if l.max_outbox_bytes <= l.backpressure_bytes {
+            return Err(invalid(
+                "limits.max_outbox_bytes",
+                l.max_outbox_bytes,
+                "must be larger than limits.backpressure_bytes",
+            ));
+        }
+        if l.handshake_timeout_ms == 0 {
+            return Err(invalid(
+                "limits.handshake_timeout_ms",
+                0,
+                "must be at least 1",
+            ));
+        }
+        let o = &self.outbox;
+        if o.high_water_bytes == 0 {
+            return Err(invalid("outbox.high_water_bytes", 0, "must be at least 1"));
+        }
+        if o.keepalive_interval_ms == 0 {
+            return Err(invalid(
+                "outbox.keepalive_interval_ms",
+                0,
+                "must be at least 1",
+            ));
+        }
+        if o.liveness_timeout_ms <= o.keepalive_interval_ms {
+            return Err(invalid(
+                "outbox.liveness_timeout_ms",
+                o.liveness_timeout_ms,
+                "must be longer than outbox.keepalive_interval_ms",
+            ));
+        }
+        if self.subscriptions.max_batch == 0 {
+            return Err(invalid("subscriptions.max_batch", 0, "must be at least 1"));
+        }
+        for (i, listener) in self.listeners.iter().enumerate() {
+            listener.listen_addr(i)?;
+            if listener.protocol.is_empty() {
+                return Err(invalid(
+                    &format!("listener[{i}].protocol"),
+                    "\"\"",
+                    "name a registered protocol",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The shard count after resolving 0 to the number of cores.
+    pub fn shard_count(&self) -> usize {
+        if self.engine.shards > 0 {
+            self.engine.shards
+        } else {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_config_parses() {
+        let c = Config::from_toml(DEFAULT_CONFIG, None).unwrap();
+        assert_eq!(c.limits, Limits::default());
+        assert_eq!(c.subscriptions, SubscriptionsSection::default());
+        assert_eq!(c.outbox, OutboxSection::default());
+        assert_eq!(
+            c.listeners[0],
+            ListenerConfig::tcp("ndjson", "127.0.0.1:7400")
+        );
+        assert_eq!(
+            c.listeners[1],
+            ListenerConfig::tcp("frame", "127.0.0.1:7401")
+        );
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_key_and_line() {
+        let err = Config::from_toml(
+            "[engine]\nshards = 2\n\n[limits]\nmax_conections = 1\n",
+            None,
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("max_conections"), "{msg}");
+        assert!(msg.contains("line 5"), "{msg}");
+    }
+
+    #[test]
+    fn invalid_value_names_the_key() {
+        let err = Config::from_toml("[limits]\nmax_connections = 0\n", None).unwrap_err();
+        assert!(err.to_string().contains("limits.max_connections"), "{err}");
+        let err = Config::from_toml(
+            "[[listener]]\nprotocol = \"ndjson\"\naddress = \"nope\"\n",
+            None,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("listener[0].address"), "{err}");
+        let err = Config::from_toml("[engine]\nbackend = \"kqueue\"\n", None).unwrap_err();
+        assert!(err.to_string().contains("kqueue"), "{err}");
+    }
+}

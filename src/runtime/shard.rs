@@ -1,0 +1,1152 @@
+//! A shard: one worker thread that owns its connections, their timers and one IO backend.
+//!
+//! Nothing on a shard's write path takes a lock. Other threads (the hub's drain thread handing
+//! frames to a connection's sink, the acceptor handing over a new socket, the engine asking for a
+//! shutdown) reach a shard through its lock-free [`SegQueue`] of [`ShardMsg`]s and a wake-up
+//! eventfd. A turn of the shard loop:
+//!
+//! 1. drains the queue (new connections, deliveries into the connections' outboxes,
+//!    subscription closes, shutdown phases),
+//! 2. starts one send per connection that has bytes to write and none in flight, carrying
+//!    everything ready for it: the protocol's urgent bytes and what the connection's
+//!    [`Outbox`] offers (one `sendmsg` gather list, at most 1024 chunks; a hub frame is a chunk
+//!    by reference, never copied, on NDJSON connections),
+//! 3. waits in the backend, which first submits everything queued in the turn (under io_uring:
+//!    one `io_uring_enter` for every connection's sends),
+//! 4. handles completions: received bytes go through the connection's [`StreamProtocol`] and
+//!    the push session; a send's byte count goes to the outbox (`on_written`), and a partial
+//!    send pauses the connection until a writability poll reports the drain (`on_writable`),
+//! 5. runs the coarse timers every [`TICK`]: handshake and idle deadlines, the outbox's
+//!    keepalive and liveness, closing and shutdown deadlines.
+//!
+//! A connection lives in a boxed slot; it is freed only when no receive, send or poll on it is
+//! in flight (the backend contract's buffer rule), and its slot's generation changes, so a late
+//! message for it never reaches the slot's next tenant.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use crossbeam_queue::SegQueue;
+use powerhub_plugin::{
+    CloseReason, Completion, Inbound, ProtocolError, ProtocolOutput, SendError, Sink,
+    StreamProtocol,
+};
+
+use super::parker::Parker;
+use super::session::{self, After, ConnSink};
+use super::sys::{self, syscall, Backend, Event, Token};
+use super::writeq::{WriteQueue, MAX_IOV};
+use super::Shared;
+use crate::outbox::{Outbox, TimeoutAction};
+use crate::protocol::{Session, SessionConfig};
+
+/// How often a shard checks its connections' deadlines.
+pub(crate) const TICK: Duration = Duration::from_millis(50);
+/// How long a closing connection waits for the peer to finish before the socket is closed.
+const LINGER: Duration = Duration::from_secs(2);
+/// How long a closing connection may take to write what it holds before it is closed anyway.
+const CLOSE_FLUSH: Duration = Duration::from_secs(5);
+/// [`LINGER`] during a shutdown.
+const SHUTDOWN_LINGER: Duration = Duration::from_millis(100);
+/// First receive buffer of a connection; doubles up to [`MAX_READ_BUF`] when a read fills it.
+const MIN_READ_BUF: usize = 512;
+const MAX_READ_BUF: usize = 64 << 10;
+
+/// Identifies a connection across threads: its shard slot and the slot's generation, so a
+/// message for a closed connection never reaches the slot's next tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ConnKey {
+    pub(crate) shard: u32,
+    pub(crate) index: u32,
+    pub(crate) generation: u32,
+}
+
+/// A message to a shard.
+#[derive(Debug)]
+pub(crate) enum ShardMsg {
+    /// A socket accepted for this shard.
+    NewConn {
+        fd: OwnedFd,
+        listener: usize,
+        over_limit: bool,
+    },
+    /// A hub frame for a subscription of a connection. `done` is set when the sink answered
+    /// `Pending`: the shard completes it once the connection's unsent bytes fall to the high
+    /// water mark (or fails it when the connection closes).
+    Deliver {
+        conn: ConnKey,
+        sub: Arc<str>,
+        frame: Bytes,
+        done: Option<Completion>,
+        shared: Arc<ConnShared>,
+    },
+    /// The hub closed a subscription (slow consumer under `disconnect`, hub closed).
+    SubClosed {
+        conn: ConnKey,
+        sub: Arc<str>,
+        reason: CloseReason,
+    },
+    /// Shutdown, phase 1: keep serving; at `deadline` close every connection.
+    Drain { deadline: Instant },
+    /// Shutdown, phase 2 (the hub is flushed): close each connection once its queue is written,
+    /// exit when none is left.
+    Finish,
+}
+
+/// The shard's eventfd, closed when the last handle goes.
+#[derive(Debug)]
+pub(crate) struct Waker {
+    fd: OwnedFd,
+}
+
+impl Waker {
+    pub(crate) fn new() -> io::Result<Waker> {
+        let fd = sys::new_eventfd()?;
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Waker { fd })
+    }
+
+    fn raw(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// What other threads hold to reach a shard.
+#[derive(Debug)]
+pub(crate) struct ShardHandle {
+    pub(crate) index: usize,
+    queue: SegQueue<ShardMsg>,
+    waker: Waker,
+    /// The sleep/wake handshake with senders (see [`Parker`]).
+    parker: Parker,
+    /// Open connections on this shard (for least-loaded assignment and stats).
+    pub(crate) conns: AtomicUsize,
+}
+
+impl ShardHandle {
+    pub(crate) fn new(index: usize) -> io::Result<ShardHandle> {
+        Ok(ShardHandle {
+            index,
+            queue: SegQueue::new(),
+            waker: Waker::new()?,
+            parker: Parker::default(),
+            conns: AtomicUsize::new(0),
+        })
+    }
+
+    /// Queues a message and wakes the shard if it sleeps.
+    pub(crate) fn send(&self, msg: ShardMsg) {
+        self.queue.push(msg);
+        if self.parker.should_wake() {
+            sys::wake_eventfd(self.waker.raw());
+        }
+    }
+}
+
+/// Engine-wide counters, updated with `Relaxed` increments (they order nothing).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) open: AtomicUsize,
+    pub(crate) accepted: AtomicU64,
+    pub(crate) closed: AtomicU64,
+    pub(crate) rejected: AtomicU64,
+    pub(crate) limit_errors: AtomicU64,
+    pub(crate) protocol_errors: AtomicU64,
+    pub(crate) bytes_in: AtomicU64,
+    pub(crate) bytes_out: AtomicU64,
+    pub(crate) frames_out: AtomicU64,
+    pub(crate) subscriptions: AtomicUsize,
+    pub(crate) send_syscalls: AtomicU64,
+    pub(crate) unsent: AtomicUsize,
+}
+
+/// Connection state shared with the sinks of its subscriptions (on the hub's thread).
+#[derive(Debug)]
+pub(crate) struct ConnShared {
+    pub(crate) key: ConnKey,
+    /// The outbox's backlog (unsent plus queued bytes) as of the shard's last update (`Relaxed`:
+    /// advisory, read by the sink for back-pressure).
+    pub(crate) backlog: AtomicUsize,
+    /// Bytes of frames a sink queued for the shard that the shard has not taken yet (added by
+    /// the sink, subtracted by the shard): with `backlog`, it bounds what a slow shard lets
+    /// pile up in its queue.
+    pub(crate) in_queue: AtomicUsize,
+    /// Set when the connection is closing; sends then fail.
+    pub(crate) closed: AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Serving.
+    Open,
+    /// Writing what is queued, then shutting down the sending side; closed regardless at the
+    /// deadline.
+    Closing(Instant),
+    /// Sending side shut down; reading (and discarding) until the peer closes or `LINGER`.
+    Lingering(Instant),
+    /// Closed: waiting for in-flight operations to complete before the slot is freed.
+    Dead,
+}
+
+/// One connection, owned by its shard. Boxed in the slot table so that the addresses of
+/// `msg` and `iov`, which an in-flight send points to, never move.
+pub(crate) struct Conn {
+    pub(crate) key: ConnKey,
+    fd: OwnedFd,
+    pub(crate) proto: Box<dyn StreamProtocol>,
+    /// The protocol's wire form is the hub's binary frame (see [`frames_as_hub_frames`]).
+    pub(crate) hub_frames: bool,
+    rbuf: Vec<u8>,
+    inbuf: BytesMut,
+    /// Pre-framed control bytes from the protocol plugin (handshake replies, pongs, close
+    /// frames, final errors): written before the outbox's bytes at the next message boundary.
+    urgent: WriteQueue,
+    /// The push-stream outbox: replies, deliveries, keepalive, coalescing while paused.
+    pub(crate) outbox: Outbox,
+    pub(crate) session: Session,
+    pub(crate) sink: Arc<dyn Sink>,
+    /// Chunks of the send in flight (clones keep them alive until its completion).
+    inflight: Vec<Bytes>,
+    iov: Vec<libc::iovec>,
+    msg: libc::msghdr,
+    /// Layout of the send in flight: urgent bytes first or last, and how many bytes of each
+    /// part it carries; `outbox_offered` is what the outbox's `poll_transmit` offered.
+    send_urgent_first: bool,
+    send_urgent: usize,
+    send_outbox: usize,
+    outbox_offered: usize,
+    recv_inflight: bool,
+    send_inflight: bool,
+    /// A writability poll is in flight (after a partial send: the connection is paused).
+    poll_inflight: bool,
+    state: State,
+    pub(crate) shared: Arc<ConnShared>,
+    waiting: Vec<Completion>,
+    accepted_at: Instant,
+    last_inbound: Instant,
+    counted: bool,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn")
+            .field("key", &self.key)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Conn {
+    /// Queues one JSON message, framed by the connection's protocol, ahead of queued data.
+    pub(crate) fn push_urgent_text(&mut self, json: &[u8]) {
+        let mut buf = BytesMut::with_capacity(json.len() + 16);
+        self.proto.encode_text(json, &mut buf);
+        self.urgent.push(buf.freeze());
+    }
+
+    /// Bytes the connection holds for the peer: the outbox's unsent and queued bytes.
+    fn backlog(&self) -> usize {
+        let stats = self.outbox.stats();
+        stats.unsent_bytes + stats.queued_bytes + self.urgent.unsent()
+    }
+
+    fn sync_backlog(&self, counters: &Counters) -> usize {
+        let now = self.backlog();
+        let before = self.shared.backlog.swap(now, Ordering::Relaxed);
+        if now >= before {
+            counters.unsent.fetch_add(now - before, Ordering::Relaxed);
+        } else {
+            counters.unsent.fetch_sub(before - now, Ordering::Relaxed);
+        }
+        now
+    }
+}
+
+/// Whether a protocol frames a JSON message as the message plus `\n`: then the hub's NDJSON
+/// frames are already framed for it, and the outbox writes them as they are (zero copy).
+fn frames_as_ndjson(proto: &mut dyn StreamProtocol) -> bool {
+    let mut buf = BytesMut::new();
+    proto.encode_text(b"{}", &mut buf);
+    &buf[..] == b"{}\n"
+}
+
+/// Whether a protocol's wire form is the hub's binary frame (it writes a complete hub frame
+/// handed to `encode_text` as it is, like the `frame` plugin): then subscriptions use the hub's
+/// `json` codec and each subscriber batch reaches the wire as the one frame the hub encoded.
+fn frames_as_hub_frames(proto: &mut dyn StreamProtocol) -> bool {
+    let Ok(sample) = powerhub_plugin::frame::encode_json_batch([&b"{}"[..]]) else {
+        return false;
+    };
+    let mut buf = BytesMut::new();
+    proto.encode_text(&sample, &mut buf);
+    buf[..] == sample[..]
+}
+
+/// The live connection `key` names, if it is still the slot's tenant.
+fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
+    let c = slots.get_mut(key.index as usize)?.as_deref_mut()?;
+    (c.key.generation == key.generation).then_some(c)
+}
+
+/// A shard's state, living on its thread.
+pub(crate) struct Shard<B: Backend> {
+    handle: Arc<ShardHandle>,
+    shared: Arc<Shared>,
+    backend: B,
+    slots: Vec<Option<Box<Conn>>>,
+    generations: Vec<u32>,
+    free: Vec<u32>,
+    /// Connections with bytes to send.
+    dirty: Vec<Token>,
+    /// Listening sockets (acceptor shard only), by listener index.
+    listeners: Vec<Option<OwnedFd>>,
+    next_shard: usize,
+    drain_deadline: Option<Instant>,
+    finishing: bool,
+    output: ProtocolOutput,
+    /// Scratch gather lists, reused every send.
+    scratch: Vec<Bytes>,
+    scratch2: Vec<Bytes>,
+}
+
+impl<B: Backend> Shard<B> {
+    pub(crate) fn new(
+        handle: Arc<ShardHandle>,
+        shared: Arc<Shared>,
+        backend: B,
+        listeners: Vec<Option<OwnedFd>>,
+    ) -> Self {
+        Shard {
+            handle,
+            shared,
+            backend,
+            slots: Vec::new(),
+            generations: Vec::new(),
+            free: Vec::new(),
+            dirty: Vec::new(),
+            listeners,
+            next_shard: 0,
+            drain_deadline: None,
+            finishing: false,
+            output: ProtocolOutput::default(),
+            scratch: Vec::new(),
+            scratch2: Vec::new(),
+        }
+    }
+
+    pub(crate) fn waker_fd(handle: &ShardHandle) -> RawFd {
+        handle.waker.raw()
+    }
+
+    /// Runs the shard until shutdown completes.
+    pub(crate) fn run(mut self) {
+        for (i, l) in self.listeners.iter().enumerate() {
+            if let Some(fd) = l {
+                if let Err(e) = self.backend.add_listener(i, fd.as_raw_fd()) {
+                    tracing::error!(error = %e, listener = i, "cannot start accepting");
+                }
+            }
+        }
+        let mut events = Vec::with_capacity(256);
+        let mut next_tick = Instant::now() + TICK;
+        loop {
+            self.drain_queue();
+            self.flush_writes();
+            if self.finishing && self.slots.iter().all(Option::is_none) {
+                break;
+            }
+            let now = Instant::now();
+            let mut timeout = next_tick.saturating_duration_since(now);
+            self.handle.parker.park_begin();
+            if !self.handle.queue.is_empty() {
+                timeout = Duration::ZERO;
+            }
+            if let Err(e) = self.backend.wait(Some(timeout), &mut events) {
+                tracing::error!(error = %e, backend = self.backend.name(), "backend wait failed");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            self.handle.parker.park_end();
+            for event in events.drain(..) {
+                self.handle_event(event);
+            }
+            let now = Instant::now();
+            if now >= next_tick {
+                self.tick(now);
+                next_tick = now + TICK;
+            }
+        }
+        self.close_listeners();
+        tracing::debug!(shard = self.handle.index, "shard stopped");
+    }
+
+    fn drain_queue(&mut self) {
+        while let Some(msg) = self.handle.queue.pop() {
+            match msg {
+                ShardMsg::NewConn {
+                    fd,
+                    listener,
+                    over_limit,
+                } => self.add_conn(fd, listener, over_limit),
+                ShardMsg::Deliver {
+                    conn,
+                    sub,
+                    frame,
+                    done,
+                    shared,
+                } => {
+                    shared.in_queue.fetch_sub(frame.len(), Ordering::Relaxed);
+                    self.deliver(conn, &sub, frame, done);
+                }
+                ShardMsg::SubClosed { conn, sub, reason } => {
+                    if let Some(c) = conn_in(&mut self.slots, conn) {
+                        let token = conn.index;
+                        let after = session::on_sub_closed(c, &self.shared, &sub, reason);
+                        self.mark_dirty(token);
+                        if after == After::Close {
+                            self.begin_close(token);
+                        }
+                    }
+                }
+                ShardMsg::Drain { deadline } => {
+                    self.close_listeners();
+                    self.drain_deadline = Some(deadline);
+                }
+                ShardMsg::Finish => {
+                    self.close_listeners();
+                    self.finishing = true;
+                    let tokens: Vec<Token> = self.live_tokens();
+                    for t in tokens {
+                        self.begin_close(t);
+                    }
+                }
+            }
+        }
+    }
+
+    fn live_tokens(&self) -> Vec<Token> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.is_some())
+            .map(|(i, _)| i as Token)
+            .collect()
+    }
+
+    fn close_listeners(&mut self) {
+        for i in 0..self.listeners.len() {
+            if let Some(fd) = self.listeners[i].take() {
+                self.backend.remove_listener(i, fd.as_raw_fd());
+                drop(fd);
+            }
+        }
+    }
+
+    fn mark_dirty(&mut self, token: Token) {
+        self.dirty.push(token);
+    }
+
+    fn add_conn(&mut self, fd: OwnedFd, listener: usize, over_limit: bool) {
+        let shared = Arc::clone(&self.shared);
+        let spec = &shared.listeners[listener];
+        let mut proto = spec.factory.new_connection(&spec.protocol_limits);
+        let hub_frames = frames_as_hub_frames(proto.as_mut());
+        let outbox_config = if frames_as_ndjson(proto.as_mut()) {
+            &shared.outbox_ndjson
+        } else {
+            &shared.outbox_protocol
+        };
+        let now = Instant::now();
+        let outbox = match Outbox::new(
+            Arc::clone(outbox_config),
+            Arc::clone(&shared.message_factory),
+            now,
+        ) {
+            Ok(o) => o,
+            Err(e) => {
+                // Validated at start; unreachable in practice, and never a panic.
+                tracing::error!(error = %e, "invalid outbox configuration");
+                self.release_count(over_limit);
+                return;
+            }
+        };
+        let index = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                self.slots.push(None);
+                self.generations.push(0);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let key = ConnKey {
+            shard: self.handle.index as u32,
+            index,
+            generation: self.generations[index as usize],
+        };
+        if let Err(e) = self.backend.add_conn(index, fd.as_raw_fd()) {
+            tracing::warn!(error = %e, "cannot register a connection");
+            self.free.push(index);
+            self.release_count(over_limit);
+            return;
+        }
+        let conn_shared = Arc::new(ConnShared {
+            key,
+            backlog: AtomicUsize::new(0),
+            in_queue: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+        });
+        let sink: Arc<dyn Sink> = Arc::new(ConnSink {
+            shard: Arc::clone(&self.handle),
+            conn: Arc::clone(&conn_shared),
+            backpressure: shared.config.limits.backpressure_bytes,
+        });
+        let limits = &shared.config.limits;
+        let session_config = SessionConfig {
+            max_line_bytes: limits.max_message_bytes,
+            max_subscriptions: limits.max_subscriptions_per_connection,
+        };
+        let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+        let mut conn = Box::new(Conn {
+            key,
+            fd,
+            proto,
+            hub_frames,
+            rbuf: vec![0; MIN_READ_BUF],
+            inbuf: BytesMut::new(),
+            urgent: WriteQueue::default(),
+            outbox,
+            session: Session::new(conn_id, session_config),
+            sink,
+            inflight: Vec::new(),
+            iov: Vec::new(),
+            // SAFETY: an all-zero `msghdr` is valid (null pointers, zero lengths).
+            msg: unsafe { std::mem::zeroed() },
+            send_urgent_first: true,
+            send_urgent: 0,
+            send_outbox: 0,
+            outbox_offered: 0,
+            recv_inflight: false,
+            send_inflight: false,
+            poll_inflight: false,
+            state: State::Open,
+            shared: conn_shared,
+            waiting: Vec::new(),
+            accepted_at: now,
+            last_inbound: now,
+            counted: !over_limit,
+        });
+        if over_limit {
+            let max = limits.max_connections;
+            let msg =
+                format!("the server holds its maximum of max_connections = {max} connections");
+            conn.push_urgent_text(&session::limit_error("max_connections", &msg));
+        }
+        self.slots[index as usize] = Some(conn);
+        self.handle.conns.fetch_add(1, Ordering::Relaxed);
+        if over_limit {
+            self.begin_close(index);
+        } else {
+            self.arm_recv(index);
+        }
+        self.mark_dirty(index);
+    }
+
+    fn release_count(&self, over_limit: bool) {
+        if !over_limit {
+            self.shared.counters.open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    fn arm_recv(&mut self, token: Token) {
+        let Some(c) = self.slots[token as usize].as_deref_mut() else {
+            return;
+        };
+        if c.recv_inflight || matches!(c.state, State::Dead) {
+            return;
+        }
+        c.recv_inflight = true;
+        let (ptr, len, fd) = (c.rbuf.as_mut_ptr(), c.rbuf.len(), c.fd.as_raw_fd());
+        // SAFETY: `rbuf` belongs to the boxed connection, which is not freed while
+        // `recv_inflight` is set (see `free_if_idle`) and is neither resized nor touched until
+        // the `Recv` completion clears the flag.
+        unsafe { self.backend.recv(token, fd, ptr, len) };
+    }
+
+    fn handle_event(&mut self, event: Event) {
+        match event {
+            Event::Accept { listener, result } => self.on_accept(listener, result),
+            Event::Recv { token, result } => self.on_recv(token, result),
+            Event::Send { token, result } => self.on_send(token, result),
+            Event::Writable { token } => self.on_writable(token),
+        }
+    }
+
+    fn on_accept(&mut self, listener: usize, result: io::Result<RawFd>) {
+        let fd = match result {
+            // SAFETY: the backend hands over a socket the kernel just created for us.
+            Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
+            Err(e) => {
+                tracing::warn!(error = %e, listener, "accept failed");
+                return;
+            }
+        };
+        if self.listeners.get(listener).is_none_or(Option::is_none) {
+            return;
+        }
+        let counters = &self.shared.counters;
+        counters.accepted.fetch_add(1, Ordering::Relaxed);
+        let max = self.shared.config.limits.max_connections;
+        if counters.open.load(Ordering::Relaxed) >= max {
+            counters.rejected.fetch_add(1, Ordering::Relaxed);
+            counters.limit_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                limit = "max_connections",
+                max,
+                "connection refused: over the limit"
+            );
+            self.add_conn(fd, listener, true);
+            return;
+        }
+        counters.open.fetch_add(1, Ordering::Relaxed);
+        if matches!(
+            self.shared.listeners[listener].addr,
+            super::config::ListenAddr::Tcp(_)
+        ) {
+            let one: libc::c_int = 1;
+            // SAFETY: `one` is live for the call; setsockopt copies it.
+            let _ = syscall!(setsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NODELAY,
+                (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t
+            ));
+        }
+        let shards = self.shared.shards();
+        let target = self.next_shard % shards.len();
+        self.next_shard = self.next_shard.wrapping_add(1);
+        if target == self.handle.index {
+            self.add_conn(fd, listener, false);
+        } else {
+            shards[target].send(ShardMsg::NewConn {
+                fd,
+                listener,
+                over_limit: false,
+            });
+        }
+    }
+
+    fn on_recv(&mut self, token: Token, result: io::Result<usize>) {
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        c.recv_inflight = false;
+        match (c.state, result) {
+            (State::Dead, _) => self.free_if_idle(token),
+            (State::Lingering(_) | State::Closing(_), Ok(n)) if n > 0 => self.arm_recv(token),
+            (State::Lingering(_), _) => self.abort(token),
+            (State::Closing(_), Ok(_)) => {}
+            (_, Ok(0)) => {
+                // The peer shut down its sending side: write what is queued, then close.
+                self.begin_close(token);
+            }
+            (_, Ok(n)) => {
+                self.shared
+                    .counters
+                    .bytes_in
+                    .fetch_add(n as u64, Ordering::Relaxed);
+                c.inbuf.extend_from_slice(&c.rbuf[..n]);
+                if n == c.rbuf.len() && c.rbuf.len() < MAX_READ_BUF {
+                    let len = c.rbuf.len() * 2;
+                    c.rbuf.resize(len, 0);
+                }
+                c.last_inbound = Instant::now();
+                self.after_input(token);
+                if self.slots[token as usize]
+                    .as_ref()
+                    .is_some_and(|c| matches!(c.state, State::Open | State::Closing(_)))
+                {
+                    self.arm_recv(token);
+                }
+            }
+            (_, Err(e)) => {
+                tracing::debug!(error = %e, "receive failed");
+                self.abort(token);
+            }
+        }
+    }
+
+    /// Decodes what arrived and runs the push session on it.
+    fn after_input(&mut self, token: Token) {
+        let Some(c) = self.slots[token as usize].as_deref_mut() else {
+            return;
+        };
+        if c.state != State::Open {
+            c.inbuf.clear();
+            return;
+        }
+        self.output.clear();
+        let result = c.proto.decode(&mut c.inbuf, &mut self.output);
+        if !self.output.urgent.is_empty() {
+            c.urgent.push(self.output.urgent.split().freeze());
+        }
+        let now = Instant::now();
+        let mut close = false;
+        for event in self.output.events.drain(..) {
+            match event {
+                Inbound::Text(line) => {
+                    let after = session::on_text(c, &self.shared, line, now);
+                    if after == After::Close {
+                        close = true;
+                        break;
+                    }
+                }
+                Inbound::Binary(_) => {
+                    let err = crate::protocol::reply::error(
+                        None,
+                        "unsupported",
+                        "binary messages carry no command",
+                    );
+                    c.outbox.push_control(err, now);
+                }
+                Inbound::Pong => c.outbox.on_pong(now),
+                Inbound::Close { .. } => {
+                    close = true;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        self.output.events.clear();
+        if let Err(e) = result {
+            self.shared
+                .counters
+                .protocol_errors
+                .fetch_add(1, Ordering::Relaxed);
+            if matches!(e, ProtocolError::TooLarge { .. }) {
+                self.shared
+                    .counters
+                    .limit_errors
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::debug!(error = %e, "protocol error; closing");
+            close = true;
+        }
+        self.mark_dirty(token);
+        if close {
+            self.begin_close(token);
+        }
+    }
+
+    fn deliver(&mut self, key: ConnKey, sub: &str, frame: Bytes, done: Option<Completion>) {
+        let backpressure = self.shared.config.limits.backpressure_bytes;
+        let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) else {
+            if let Some(done) = done {
+                done.complete(Err(SendError::Closed));
+            }
+            return;
+        };
+        if c.session.subscription(sub).is_none() {
+            // Unsubscribed while this frame was on its way: nothing follows the acknowledgement.
+            if let Some(done) = done {
+                done.complete(Ok(()));
+            }
+            return;
+        }
+        if c.hub_frames {
+            // One hub frame per subscriber batch: lossless and in order with the replies.
+            c.outbox.push_control(frame, Instant::now());
+        } else {
+            c.outbox.push_shared(sub, frame, Instant::now());
+        }
+        self.shared
+            .counters
+            .frames_out
+            .fetch_add(1, Ordering::Relaxed);
+        let backlog = c.sync_backlog(&self.shared.counters);
+        if let Some(done) = done {
+            if backlog <= backpressure {
+                done.complete(Ok(()));
+            } else {
+                c.waiting.push(done);
+            }
+        }
+        self.mark_dirty(key.index);
+    }
+
+    /// Starts one send per dirty connection that has bytes to send and none in flight.
+    fn flush_writes(&mut self) {
+        let max_outbox = self.shared.config.limits.max_outbox_bytes;
+        let mut dirty = std::mem::take(&mut self.dirty);
+        dirty.sort_unstable();
+        dirty.dedup();
+        for &token in &dirty {
+            let Some(c) = self
+                .slots
+                .get_mut(token as usize)
+                .and_then(Option::as_deref_mut)
+            else {
+                continue;
+            };
+            if c.state == State::Open && c.backlog() > max_outbox {
+                self.shared
+                    .counters
+                    .limit_errors
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::info!(
+                    limit = "max_outbox_bytes",
+                    backlog = c.backlog(),
+                    "closing a connection over its outbox limit"
+                );
+                let msg = format!("unsent bytes exceed max_outbox_bytes = {max_outbox}");
+                c.push_urgent_text(&session::limit_error("max_outbox_bytes", &msg));
+                self.begin_close(token);
+            }
+            self.start_send(token);
+        }
+        dirty.clear();
+        if self.dirty.is_empty() {
+            self.dirty = dirty;
+        }
+    }
+
+    fn start_send(&mut self, token: Token) {
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        if c.send_inflight
+            || c.poll_inflight
+            || matches!(c.state, State::Dead | State::Lingering(_))
+        {
+            return;
+        }
+        let now = Instant::now();
+        // Urgent bytes go first at a message boundary (nothing of the outbox's half-written),
+        // else after what the outbox offers. The outbox is offered what is left of the gather
+        // list, so everything it offers is passed to the kernel.
+        let at_boundary = c.outbox.unsent_bytes() == 0;
+        let mut urgent_chunks = std::mem::take(&mut self.scratch2);
+        c.urgent.prepare(&mut urgent_chunks);
+        urgent_chunks.truncate(MAX_IOV);
+        let room = if at_boundary {
+            MAX_IOV - urgent_chunks.len()
+        } else {
+            MAX_IOV
+        };
+        let mut outbox_chunks = std::mem::take(&mut self.scratch);
+        outbox_chunks.clear();
+        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
+        c.outbox_offered = if room > 0 && (c.proto.is_ready() || c.outbox.unsent_bytes() > 0) {
+            c.outbox
+                .poll_transmit_max(c.proto.as_mut(), &mut outbox_chunks, now, room)
+        } else {
+            0
+        };
+        c.inflight.clear();
+        c.send_urgent_first = at_boundary;
+        let (first, second) = if at_boundary {
+            (&urgent_chunks, &outbox_chunks)
+        } else {
+            (&outbox_chunks, &urgent_chunks)
+        };
+        for chunk in first.iter().chain(second.iter()).take(MAX_IOV) {
+            c.inflight.push(chunk.clone());
+        }
+        let urgent_passed = c.inflight.len() - outbox_chunks.len();
+        c.send_outbox = c.outbox_offered;
+        c.send_urgent = if at_boundary {
+            urgent_chunks.iter().map(Bytes::len).sum()
+        } else {
+            urgent_chunks[..urgent_passed].iter().map(Bytes::len).sum()
+        };
+        outbox_chunks.clear();
+        urgent_chunks.clear();
+        self.scratch = outbox_chunks;
+        self.scratch2 = urgent_chunks;
+        if c.inflight.is_empty() {
+            if matches!(c.state, State::Closing(_))
+                && c.urgent.is_empty()
+                && !c.outbox.has_transmit()
+                && c.outbox.unsent_bytes() == 0
+            {
+                self.finish_close(token);
+            }
+            return;
+        }
+        c.iov.clear();
+        for chunk in &c.inflight {
+            c.iov.push(libc::iovec {
+                iov_base: chunk.as_ptr() as *mut libc::c_void,
+                iov_len: chunk.len(),
+            });
+        }
+        c.msg.msg_iov = c.iov.as_mut_ptr();
+        c.msg.msg_iovlen = c.iov.len() as _;
+        c.send_inflight = true;
+        self.shared
+            .counters
+            .send_syscalls
+            .fetch_add(1, Ordering::Relaxed);
+        let (fd, msg) = (c.fd.as_raw_fd(), &c.msg as *const libc::msghdr);
+        // SAFETY: `msg`, `iov` and the chunks in `inflight` live in the boxed connection, which
+        // is not freed while `send_inflight` is set (see `free_if_idle`), and none of them is
+        // touched until the `Send` completion clears the flag. The chunks are `Bytes` clones:
+        // their memory stays put even if the outbox drops its own references.
+        unsafe { self.backend.send(token, fd, msg) };
+    }
+
+    fn on_send(&mut self, token: Token, result: io::Result<usize>) {
+        let backpressure = self.shared.config.limits.backpressure_bytes;
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        c.send_inflight = false;
+        c.inflight.clear();
+        if c.state == State::Dead {
+            self.free_if_idle(token);
+            return;
+        }
+        let now = Instant::now();
+        let n = match result {
+            Ok(n) => n,
+            Err(e)
+                if e.kind() == io::ErrorKind::WouldBlock
+                    || e.kind() == io::ErrorKind::Interrupted =>
+            {
+                0
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, "send failed");
+                self.abort(token);
+                return;
+            }
+        };
+        self.shared
+            .counters
+            .bytes_out
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let (urgent_taken, outbox_taken) = if c.send_urgent_first {
+            let u = n.min(c.send_urgent);
+            (u, n - u)
+        } else {
+            let o = n.min(c.send_outbox);
+            (n - o, o)
+        };
+        c.urgent.advance(urgent_taken);
+        if c.outbox_offered > 0 {
+            c.outbox.on_written(outbox_taken, now);
+            c.outbox_offered = 0;
+        }
+        if c.sync_backlog(&self.shared.counters) <= backpressure {
+            for done in c.waiting.drain(..) {
+                done.complete(Ok(()));
+            }
+        }
+        if n < c.send_urgent + c.send_outbox {
+            // The socket did not take everything: paused until it drains.
+            c.poll_inflight = true;
+            let fd = c.fd.as_raw_fd();
+            self.backend.poll_writable(token, fd);
+        } else {
+            self.mark_dirty(token);
+        }
+    }
+
+    fn on_writable(&mut self, token: Token) {
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        c.poll_inflight = false;
+        if c.state == State::Dead {
+            self.free_if_idle(token);
+            return;
+        }
+        c.outbox.on_writable(Instant::now());
+        self.mark_dirty(token);
+    }
+
+    /// Graceful close: stop taking commands and deliveries, write what is queued, then shut down.
+    pub(crate) fn begin_close(&mut self, token: Token) {
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        if c.state != State::Open {
+            return;
+        }
+        let deadline = Instant::now() + CLOSE_FLUSH;
+        c.state = State::Closing(
+            self.drain_deadline
+                .map_or(deadline, |d| d.min(deadline).max(Instant::now())),
+        );
+        self.release_session(token);
+        self.mark_dirty(token);
+    }
+
+    /// Everything is written: shut the sending side down and linger for the peer's close.
+    fn finish_close(&mut self, token: Token) {
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        // SAFETY: plain syscall on the connection's socket.
+        let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_WR));
+        // While shutting down, a peer that keeps its side open is not waited for long.
+        let linger = if self.finishing {
+            SHUTDOWN_LINGER
+        } else {
+            LINGER
+        };
+        c.state = State::Lingering(Instant::now() + linger);
+        self.arm_recv(token);
+    }
+
+    /// Unsubscribes the connection's hub subscriptions and fails its pending sends.
+    fn release_session(&mut self, token: Token) {
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        if c.shared.closed.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        session::release(c, &self.shared);
+        for done in c.waiting.drain(..) {
+            done.complete(Err(SendError::Closed));
+        }
+    }
+
+    /// Closes at once: no more writes.
+    fn abort(&mut self, token: Token) {
+        self.release_session(token);
+        let Some(c) = self
+            .slots
+            .get_mut(token as usize)
+            .and_then(Option::as_deref_mut)
+        else {
+            return;
+        };
+        if c.state == State::Dead {
+            return;
+        }
+        c.state = State::Dead;
+        if c.recv_inflight || c.send_inflight || c.poll_inflight {
+            // Makes the in-flight operations complete; the slot is freed after the last one.
+            // SAFETY: plain syscall on the connection's socket.
+            let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR));
+        }
+        self.free_if_idle(token);
+    }
+
+    /// Frees a dead connection's slot once no operation on it is in flight.
+    fn free_if_idle(&mut self, token: Token) {
+        let idx = token as usize;
+        let Some(c) = self.slots[idx].as_deref() else {
+            return;
+        };
+        if c.state != State::Dead || c.recv_inflight || c.send_inflight || c.poll_inflight {
+            return;
+        }
+        let c = self.slots[idx].take().expect("checked above");
+        self.backend.remove_conn(token, c.fd.as_raw_fd());
+        self.generations[idx] = self.generations[idx].wrapping_add(1);
+        self.free.push(token);
+        self.handle.conns.fetch_sub(1, Ordering::Relaxed);
+        let counters = &self.shared.counters;
+        counters.unsent.fetch_sub(
+            c.shared.backlog.swap(0, Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
+        counters.closed.fetch_add(1, Ordering::Relaxed);
+        if c.counted {
+            counters.open.fetch_sub(1, Ordering::Relaxed);
+        }
+        drop(c); // closes the socket
+    }
+
+    fn tick(&mut self, now: Instant) {
+        let limits = &self.shared.config.limits;
+        let (handshake, idle) = (limits.handshake_timeout(), limits.idle_timeout());
+        let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
+        let mut to_close = Vec::new();
+        let mut to_abort = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(c) = slot.as_deref_mut() else {
+                continue;
+            };
+            let token = i as Token;
+            match c.state {
+                State::Lingering(deadline) | State::Closing(deadline) if now >= deadline => {
+                    to_abort.push(token)
+                }
+                State::Closing(_) if drain_due => to_abort.push(token),
+                State::Open if drain_due => to_abort.push(token),
+                State::Open
+                    if !c.proto.is_ready() && now.duration_since(c.accepted_at) >= handshake =>
+                {
+                    self.shared
+                        .counters
+                        .limit_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    to_abort.push(token);
+                }
+                State::Open
+                    if idle.is_some_and(|idle| now.duration_since(c.last_inbound) >= idle) =>
+                {
+                    self.shared
+                        .counters
+                        .limit_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    let msg = format!("no input for idle_timeout_ms = {}", limits.idle_timeout_ms);
+                    c.push_urgent_text(&session::limit_error("idle_timeout_ms", &msg));
+                    to_close.push(token);
+                }
+                State::Open if c.outbox.poll_timeout().is_some_and(|t| t <= now) => {
+                    match c.outbox.handle_timeout(now) {
+                        TimeoutAction::Reap => {
+                            tracing::debug!("liveness timeout: reaping a connection");
+                            to_abort.push(token);
+                        }
+                        _ => self.dirty.push(token),
+                    }
+                }
+                _ => {}
+            }
+        }
+        for t in to_close {
+            self.begin_close(t);
+        }
+        for t in to_abort {
+            self.abort(t);
+        }
+    }
+}

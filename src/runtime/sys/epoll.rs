@@ -1,0 +1,333 @@
+//! The epoll backend: the completion contract of [`super`] emulated on readiness.
+//!
+//! Every socket is registered once, edge-triggered, for input, output and peer shutdown. The
+//! backend remembers per connection whether the socket was last seen ready for reading and for
+//! writing; an operation submitted while the socket is ready runs at once (the syscall's result
+//! becomes a completion returned by the next `wait`), an operation that meets `EAGAIN` waits for
+//! the next readiness edge. Edge-triggered mode is correct because a readiness flag is cleared
+//! only by an `EAGAIN` seen from the socket itself.
+
+use std::io;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant};
+
+use super::{syscall, Backend, Event, Token};
+
+/// How long accepting pauses after the kernel ran out of descriptors or memory.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// `epoll_event.u64` of the wake-up eventfd.
+const WAKER_KEY: u64 = u64::MAX;
+/// Listener keys: this bit plus the listener index.
+const LISTENER_BIT: u64 = 1 << 62;
+
+#[derive(Debug)]
+struct Slot {
+    fd: RawFd,
+    readable: bool,
+    writable: bool,
+    recv: Option<(*mut u8, usize)>,
+    send: Option<*const libc::msghdr>,
+    poll_out: bool,
+}
+
+/// The epoll backend of one shard.
+#[derive(Debug)]
+pub(crate) struct Epoll {
+    epfd: RawFd,
+    waker: RawFd,
+    conns: Vec<Option<Slot>>,
+    listeners: Vec<Option<RawFd>>,
+    ready: Vec<Event>,
+    buf: Vec<libc::epoll_event>,
+    /// Listeners whose last accept failed for lack of resources, retried at the instant given
+    /// (edge-triggered: no new edge may come while connections wait in the backlog).
+    accept_later: Vec<(usize, Instant)>,
+}
+
+// SAFETY: the raw pointers in `Slot` point into buffers owned by the shard's connections; the
+// backend is created, used and dropped on the shard's thread only (it is moved there once, before
+// any pointer is stored), so no pointer is ever dereferenced on another thread.
+unsafe impl Send for Epoll {}
+
+impl Epoll {
+    /// Creates an epoll instance and registers the shard's wake-up eventfd.
+    pub(crate) fn new(waker: RawFd) -> io::Result<Epoll> {
+        let epfd = syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
+        let mut this = Epoll {
+            epfd,
+            waker,
+            conns: Vec::new(),
+            listeners: Vec::new(),
+            ready: Vec::new(),
+            buf: vec![libc::epoll_event { events: 0, u64: 0 }; 1024],
+            accept_later: Vec::new(),
+        };
+        this.ctl(
+            libc::EPOLL_CTL_ADD,
+            waker,
+            libc::EPOLLIN as u32 | libc::EPOLLET as u32,
+            WAKER_KEY,
+        )?;
+        Ok(this)
+    }
+
+    fn ctl(&mut self, op: i32, fd: RawFd, events: u32, key: u64) -> io::Result<()> {
+        let mut ev = libc::epoll_event { events, u64: key };
+        // SAFETY: `ev` lives across the call; the kernel copies it.
+        syscall!(epoll_ctl(self.epfd, op, fd, &mut ev))?;
+        Ok(())
+    }
+
+    fn try_recv(&mut self, token: Token) {
+        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some((buf, len)) = slot.recv else { return };
+        if !slot.readable {
+            return;
+        }
+        // SAFETY: `buf..buf+len` is valid for writes until the completion is reported (the
+        // contract of `Backend::recv`); it is reported below, after the call.
+        match syscall!(recv(slot.fd, buf.cast(), len, 0)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => slot.readable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            result => {
+                slot.recv = None;
+                self.ready.push(Event::Recv {
+                    token,
+                    result: result.map(|n| n as usize),
+                });
+            }
+        }
+    }
+
+    fn try_send(&mut self, token: Token) {
+        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let Some(msg) = slot.send else { return };
+        if !slot.writable {
+            return;
+        }
+        // SAFETY: `msg` and the memory it describes are valid until the completion is reported
+        // (the contract of `Backend::send`).
+        match syscall!(sendmsg(slot.fd, msg, libc::MSG_NOSIGNAL)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => slot.writable = false,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            result => {
+                slot.send = None;
+                // A short send on a non-blocking socket means its buffer is full: the next
+                // `poll_writable` waits for the EPOLLOUT edge.
+                // SAFETY: `msg` is valid (see above); only its iovec lengths are read.
+                // (`msg_iovlen` is `usize` on glibc, `c_int` on musl: the cast is for the latter.)
+                #[allow(clippy::unnecessary_cast)]
+                let offered: usize = unsafe {
+                    let m = &*msg;
+                    std::slice::from_raw_parts(m.msg_iov, m.msg_iovlen as usize)
+                        .iter()
+                        .map(|v| v.iov_len)
+                        .sum()
+                };
+                if matches!(result, Ok(n) if (n as usize) < offered) {
+                    slot.writable = false;
+                }
+                self.ready.push(Event::Send {
+                    token,
+                    result: result.map(|n| n as usize),
+                });
+            }
+        }
+    }
+
+    fn try_poll_out(&mut self, token: Token) {
+        let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if slot.poll_out && slot.writable {
+            slot.poll_out = false;
+            self.ready.push(Event::Writable { token });
+        }
+    }
+
+    fn accept_all(&mut self, listener: usize) {
+        let Some(Some(fd)) = self.listeners.get(listener).copied() else {
+            return;
+        };
+        loop {
+            let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+            // SAFETY: null address pointers ask the kernel not to report the peer address.
+            match syscall!(accept4(
+                fd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                flags
+            )) {
+                Ok(conn) => self.ready.push(Event::Accept {
+                    listener,
+                    result: Ok(conn),
+                }),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
+                Err(e) => {
+                    // EMFILE and friends: report, and retry a little later.
+                    self.ready.push(Event::Accept {
+                        listener,
+                        result: Err(e),
+                    });
+                    self.accept_later
+                        .push((listener, Instant::now() + ACCEPT_BACKOFF));
+                    return;
+                }
+            }
+        }
+    }
+}
+
+impl Backend for Epoll {
+    fn name(&self) -> &'static str {
+        "epoll"
+    }
+
+    fn add_listener(&mut self, listener: usize, fd: RawFd) -> io::Result<()> {
+        if self.listeners.len() <= listener {
+            self.listeners.resize(listener + 1, None);
+        }
+        self.listeners[listener] = Some(fd);
+        self.ctl(
+            libc::EPOLL_CTL_ADD,
+            fd,
+            libc::EPOLLIN as u32 | libc::EPOLLET as u32,
+            LISTENER_BIT | listener as u64,
+        )?;
+        // Connections may have queued before registration: accept them now.
+        self.accept_all(listener);
+        Ok(())
+    }
+
+    fn remove_listener(&mut self, listener: usize, fd: RawFd) {
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0);
+        if let Some(slot) = self.listeners.get_mut(listener) {
+            *slot = None;
+        }
+    }
+
+    fn add_conn(&mut self, token: Token, fd: RawFd) -> io::Result<()> {
+        let idx = token as usize;
+        if self.conns.len() <= idx {
+            self.conns.resize_with(idx + 1, || None);
+        }
+        let events = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
+        self.ctl(libc::EPOLL_CTL_ADD, fd, events, u64::from(token))?;
+        self.conns[idx] = Some(Slot {
+            fd,
+            readable: true,
+            writable: true,
+            recv: None,
+            send: None,
+            poll_out: false,
+        });
+        Ok(())
+    }
+
+    fn remove_conn(&mut self, token: Token, fd: RawFd) {
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0);
+        if let Some(slot) = self.conns.get_mut(token as usize) {
+            *slot = None;
+        }
+    }
+
+    unsafe fn recv(&mut self, token: Token, _fd: RawFd, buf: *mut u8, len: usize) {
+        if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
+            debug_assert!(slot.recv.is_none(), "one receive in flight per connection");
+            slot.recv = Some((buf, len));
+            self.try_recv(token);
+        }
+    }
+
+    unsafe fn send(&mut self, token: Token, _fd: RawFd, msg: *const libc::msghdr) {
+        if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
+            debug_assert!(slot.send.is_none(), "one send in flight per connection");
+            slot.send = Some(msg);
+            self.try_send(token);
+        }
+    }
+
+    fn poll_writable(&mut self, token: Token, _fd: RawFd) {
+        if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
+            slot.poll_out = true;
+            self.try_poll_out(token);
+        }
+    }
+
+    fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        let now = Instant::now();
+        let mut timeout = timeout;
+        for (listener, at) in std::mem::take(&mut self.accept_later) {
+            if at <= now {
+                self.accept_all(listener);
+            } else {
+                self.accept_later.push((listener, at));
+                let left = at - now;
+                timeout = Some(timeout.map_or(left, |t| t.min(left)));
+            }
+        }
+        let timeout_ms = if !self.ready.is_empty() {
+            0
+        } else {
+            match timeout {
+                None => -1,
+                // Round up so that a timer is never polled a little early in a busy loop.
+                Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
+            }
+        };
+        // SAFETY: `self.buf` is a live, initialised array of `len` events the kernel writes into.
+        let n = match syscall!(epoll_wait(
+            self.epfd,
+            self.buf.as_mut_ptr(),
+            self.buf.len() as i32,
+            timeout_ms
+        )) {
+            Ok(n) => n as usize,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
+            Err(e) => return Err(e),
+        };
+        for i in 0..n {
+            let ev = self.buf[i];
+            let (key, bits) = (ev.u64, ev.events);
+            if key == WAKER_KEY {
+                let mut value: u64 = 0;
+                // SAFETY: `value` is a live 8-byte buffer; the eventfd is non-blocking.
+                let _ = syscall!(read(self.waker, (&mut value as *mut u64).cast(), 8));
+                continue;
+            }
+            if key & LISTENER_BIT != 0 {
+                self.accept_all((key & !LISTENER_BIT) as usize);
+                continue;
+            }
+            let token = key as Token;
+            let hangup = bits & (libc::EPOLLHUP | libc::EPOLLERR) as u32 != 0;
+            if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
+                if hangup || bits & (libc::EPOLLIN | libc::EPOLLRDHUP) as u32 != 0 {
+                    slot.readable = true;
+                }
+                if hangup || bits & libc::EPOLLOUT as u32 != 0 {
+                    slot.writable = true;
+                }
+            }
+            self.try_recv(token);
+            self.try_send(token);
+            self.try_poll_out(token);
+        }
+        events.append(&mut self.ready);
+        Ok(())
+    }
+}
+
+impl Drop for Epoll {
+    fn drop(&mut self) {
+        // SAFETY: `epfd` is owned by this backend and closed exactly once.
+        let _ = syscall!(close(self.epfd));
+    }
+}

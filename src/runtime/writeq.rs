@@ -1,0 +1,111 @@
+//! A connection's queue of bytes not yet taken by the kernel, and the gather list of the send in
+//! flight.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+/// Most iovecs handed to one `sendmsg` (Linux's `UIO_MAXIOV` is 1024).
+pub(crate) const MAX_IOV: usize = 1024;
+
+/// Outbound bytes of one connection, in order. Chunks are shared `Bytes` (a hub batch frame is
+/// queued by reference, never copied); `front_offset` says how much of the first chunk the
+/// kernel already took (partial writes resume mid-chunk, never reorder or duplicate).
+#[derive(Debug, Default)]
+pub(crate) struct WriteQueue {
+    chunks: VecDeque<Bytes>,
+    front_offset: usize,
+    unsent: usize,
+}
+
+impl WriteQueue {
+    /// Appends a chunk.
+    pub(crate) fn push(&mut self, chunk: Bytes) {
+        if !chunk.is_empty() {
+            self.unsent += chunk.len();
+            self.chunks.push_back(chunk);
+        }
+    }
+
+    /// Bytes queued and not yet taken by the kernel (the spec's `writableLength`).
+    pub(crate) fn unsent(&self) -> usize {
+        self.unsent
+    }
+
+    /// Whether nothing is queued.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.unsent == 0
+    }
+
+    /// Fills `inflight` with the chunks of the next send (the first one trimmed by the offset
+    /// already written), at most [`MAX_IOV`] of them. Returns the bytes offered.
+    pub(crate) fn prepare(&self, inflight: &mut Vec<Bytes>) -> usize {
+        inflight.clear();
+        let mut offered = 0;
+        for (i, chunk) in self.chunks.iter().take(MAX_IOV).enumerate() {
+            let c = if i == 0 {
+                chunk.slice(self.front_offset..)
+            } else {
+                chunk.clone()
+            };
+            offered += c.len();
+            inflight.push(c);
+        }
+        offered
+    }
+
+    /// Drops the first `n` bytes: the kernel took them.
+    pub(crate) fn advance(&mut self, mut n: usize) {
+        debug_assert!(n <= self.unsent);
+        self.unsent -= n.min(self.unsent);
+        while n > 0 {
+            let Some(front) = self.chunks.front() else {
+                break;
+            };
+            let left = front.len() - self.front_offset;
+            if n >= left {
+                n -= left;
+                self.chunks.pop_front();
+                self.front_offset = 0;
+            } else {
+                self.front_offset += n;
+                n = 0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(q: &mut WriteQueue, step: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut inflight = Vec::new();
+        while !q.is_empty() {
+            let offered = q.prepare(&mut inflight);
+            let n = step.min(offered);
+            let mut left = n;
+            for c in &inflight {
+                let take = left.min(c.len());
+                out.extend_from_slice(&c[..take]);
+                left -= take;
+            }
+            q.advance(n);
+        }
+        out
+    }
+
+    #[test]
+    fn partial_writes_resume_mid_chunk_without_reorder_or_duplicate() {
+        for step in 1..12 {
+            let mut q = WriteQueue::default();
+            q.push(Bytes::from_static(b"abc\n"));
+            q.push(Bytes::from_static(b"defgh\n"));
+            q.push(Bytes::from_static(b"i\n"));
+            assert_eq!(q.unsent(), 12);
+            assert_eq!(drain(&mut q, step), b"abc\ndefgh\ni\n");
+            assert_eq!(q.unsent(), 0);
+        }
+    }
+}

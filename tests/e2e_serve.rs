@@ -1,0 +1,245 @@
+//! End to end: `powerhub serve` as a process, driven by a client written in Python's standard
+//! library (`tests/e2e_client.py`) speaking the documented protocol over TCP (NDJSON and binary
+//! frames) and a Unix socket, ending with a graceful SIGTERM shutdown. Runs on both backends.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Bound on how long the server may take to exit after the client is done.
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Server {
+    child: Child,
+    listeners: Vec<(String, String)>,
+    backend: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn(backend: &str, unix_path: &std::path::Path) -> Server {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_powerhub"))
+        .args(["serve", "--shards", "2", "--backend", backend])
+        .args([
+            "--listen",
+            "ndjson=127.0.0.1:0",
+            "--listen",
+            "frame=127.0.0.1:0",
+        ])
+        .arg("--unix")
+        .arg(format!("ndjson={}", unix_path.display()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("powerhub starts");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut listeners = Vec::new();
+    let mut backend_name = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "powerhub exited before it was ready"
+        );
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["listening", proto, addr] => listeners.push((proto.to_string(), addr.to_string())),
+            ["backend", name] => backend_name = name.to_string(),
+            ["ready"] => break,
+            _ => panic!("unexpected output: {line}"),
+        }
+    }
+    Server {
+        child,
+        listeners,
+        backend: backend_name,
+    }
+}
+
+fn run(backend: &str) {
+    let dir = std::env::temp_dir().join(format!("powerhub-e2e-{}-{backend}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let unix_path = dir.join("push.sock");
+    let mut server = spawn(backend, &unix_path);
+    if backend == "io_uring" && server.backend != "io_uring" {
+        eprintln!("notice: io_uring is not available here; the io_uring e2e run is skipped");
+        return;
+    }
+    let find = |proto: &str, tcp: bool| {
+        server
+            .listeners
+            .iter()
+            .find(|(p, a)| p == proto && a.starts_with("unix:") != tcp)
+            .map(|(_, a)| a.trim_start_matches("unix:").to_owned())
+            .unwrap_or_else(|| panic!("no {proto} listener in {:?}", server.listeners))
+    };
+    let (ndjson, frame, unix) = (
+        find("ndjson", true),
+        find("frame", true),
+        find("ndjson", false),
+    );
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2e_client.py");
+    let status = Command::new("python3")
+        .arg(script)
+        .args([&ndjson, &frame, &unix, &server.child.id().to_string()])
+        .status()
+        .expect("python3 runs");
+    assert!(
+        status.success(),
+        "the Python client failed on {backend}: {status}"
+    );
+    let deadline = Instant::now() + WAIT;
+    let exit = loop {
+        if let Some(s) = server.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "powerhub did not exit after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert!(
+        exit.success(),
+        "powerhub exits with status 0 after SIGTERM: {exit}"
+    );
+    assert!(
+        !unix_path.exists(),
+        "the Unix socket file is removed at shutdown"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_process_with_a_python_client_on_io_uring() {
+    if std::env::var("POWERHUB_BACKEND").is_ok_and(|v| v == "epoll") {
+        eprintln!("notice: POWERHUB_BACKEND=epoll; the io_uring e2e run is skipped");
+        return;
+    }
+    run("io_uring");
+}
+
+#[test]
+fn serve_process_with_a_python_client_on_epoll() {
+    run("epoll");
+}
+
+#[test]
+fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
+    let dir = std::env::temp_dir().join(format!("powerhub-e2e-cfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.toml");
+    std::fs::write(
+        &path,
+        "[engine]\nshards = 1\n\n[limits]\nmax_conections = 5\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_powerhub"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("max_conections") && err.contains("line 5"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn serve_reports_a_taken_port_naming_the_address() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_powerhub"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("ndjson={addr}"),
+            "--listen",
+            "frame=127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&addr.to_string()) && err.contains("in use"),
+        "{err}"
+    );
+}
+
+#[test]
+fn serve_prints_the_default_config() {
+    let out = Command::new(env!("CARGO_BIN_EXE_powerhub"))
+        .args(["serve", "--print-default-config"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(text, powerhub::runtime::DEFAULT_CONFIG);
+}
+
+/// Out of file descriptors (a low `ulimit -n`), the server keeps running, and connections
+/// waiting in the listen backlog are accepted once descriptors are free again.
+fn run_out_of_descriptors(backend: &str) {
+    use std::io::{BufRead, BufReader, Write};
+    let cmd = format!(
+        "ulimit -n 48; exec {} serve --shards 1 --backend {backend} --listen ndjson=127.0.0.1:0 --listen frame=127.0.0.1:0",
+        env!("CARGO_BIN_EXE_powerhub")
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut addr = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "powerhub exited before it was ready"
+        );
+        if let Some(a) = line.strip_prefix("listening ndjson ") {
+            addr = a.trim().to_owned();
+        }
+        if line.trim() == "ready" {
+            break;
+        }
+    }
+    // More clients than descriptors: the first ones fill the table, the rest wait in the backlog.
+    let mut clients: Vec<std::net::TcpStream> = (0..80)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    let later = clients.split_off(60);
+    drop(clients); // frees descriptors on the server once it sees the closes
+    for mut c in later {
+        c.set_read_timeout(Some(WAIT)).unwrap();
+        c.write_all(b"{\"type\":\"ping\",\"id\":1}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(c).read_line(&mut line).unwrap();
+        assert!(
+            line.contains("\"pong\""),
+            "a client from the backlog is served: {line:?}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+#[test]
+fn out_of_descriptors_the_server_carries_on_and_accepts_the_backlog_later() {
+    run_out_of_descriptors("epoll");
+    if std::env::var("POWERHUB_BACKEND").is_ok_and(|v| v == "epoll") {
+        return;
+    }
+    run_out_of_descriptors("io_uring");
+}

@@ -1,0 +1,213 @@
+//! The engine over real loopback sockets, on both IO backends.
+
+mod engine_support;
+
+use engine_support::*;
+
+#[test]
+fn ping_gets_pong_on_both_backends() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        for _ in 0..3 {
+            c.send(r#"{"type":"ping"}"#);
+            assert_eq!(c.json()["type"], "pong");
+        }
+        server.engine.shutdown().unwrap();
+    });
+}
+
+#[test]
+fn malformed_input_gets_an_error_and_the_connection_survives() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        c.send("{not json");
+        let e = c.json();
+        assert_eq!(e["type"], "error", "{e}");
+        c.send_raw(b"\xff\xfe\n");
+        assert_eq!(c.json()["type"], "error");
+        c.send(r#"{"type":"ping"}"#);
+        assert_eq!(c.json()["type"], "pong");
+    });
+}
+
+#[test]
+fn line_over_max_message_bytes_gets_an_error_naming_the_limit_then_close() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_message_bytes = 128;
+        let server = start(config);
+        let mut other = Client::connect(server.addr);
+        let mut c = Client::connect(server.addr);
+        c.send(&format!(
+            "{{\"type\":\"ping\",\"pad\":\"{}\"}}",
+            "x".repeat(200)
+        ));
+        let e = c.json();
+        assert_eq!(e["type"], "error", "{e}");
+        assert!(e.to_string().contains("max_message_bytes"), "{e}");
+        assert!(c.line().is_none(), "closed after the error");
+        other.send(r#"{"type":"ping"}"#);
+        assert_eq!(other.json()["type"], "pong", "other clients carry on");
+        eventually("the limit is counted", || {
+            server.engine.stats().limit_errors >= 1
+        });
+    });
+}
+
+#[test]
+fn max_connections_refuses_the_next_client_with_an_error_naming_the_limit() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_connections = 2;
+        let server = start(config);
+        let mut a = Client::connect(server.addr);
+        let mut b = Client::connect(server.addr);
+        a.send(r#"{"type":"ping"}"#);
+        assert_eq!(a.json()["type"], "pong");
+        b.send(r#"{"type":"ping"}"#);
+        assert_eq!(b.json()["type"], "pong");
+        let mut c = Client::connect(server.addr);
+        let e = c.json();
+        assert_eq!(e["type"], "error");
+        assert_eq!(e["limit"], "max_connections", "{e}");
+        assert!(c.line().is_none());
+        a.send(r#"{"type":"ping"}"#);
+        assert_eq!(a.json()["type"], "pong");
+        eventually("rejection counted", || server.engine.stats().rejected == 1);
+        drop(a);
+        eventually("a slot is free again", || {
+            server.engine.stats().open_connections == 1
+        });
+        let mut d = Client::connect(server.addr);
+        d.send(r#"{"type":"ping"}"#);
+        assert_eq!(d.json()["type"], "pong");
+    });
+}
+
+#[test]
+fn peer_half_close_gets_the_queued_replies_then_a_close() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        for _ in 0..100 {
+            c.send(r#"{"type":"ping"}"#);
+        }
+        c.writer.shutdown(std::net::Shutdown::Write).unwrap();
+        let rest = c.rest();
+        let text = String::from_utf8(rest).unwrap();
+        assert_eq!(text.lines().count(), 100, "{text}");
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["type"], "pong", "{line}");
+        }
+        eventually("connection released", || {
+            server.engine.stats().open_connections == 0
+        });
+    });
+}
+
+#[test]
+fn idle_connection_is_closed_after_idle_timeout_with_an_error() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.idle_timeout_ms = 100;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        let e = c.json();
+        assert_eq!(e["limit"], "idle_timeout_ms", "{e}");
+        assert!(c.line().is_none());
+    });
+}
+
+#[test]
+fn client_that_never_reads_its_replies_is_closed_at_max_outbox_bytes() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.backpressure_bytes = 16 << 10;
+        config.limits.max_outbox_bytes = 256 << 10;
+        let server = start(config);
+        let mut other = Client::connect(server.addr);
+        let mut c = Client::connect(server.addr);
+        // 20 000 pings whose ids make each pong ~1 KiB: ~20 MiB of replies, never read while
+        // sending, far beyond the socket buffers and the outbox limit.
+        let id = "i".repeat(1000);
+        let writer = {
+            let mut w = c.writer.try_clone().unwrap();
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let line = format!("{{\"type\":\"ping\",\"id\":\"{id}\"}}\n");
+                for _ in 0..20_000 {
+                    if w.write_all(line.as_bytes()).is_err() {
+                        break; // the server closed the connection
+                    }
+                }
+            })
+        };
+        eventually("the limit is hit", || {
+            server.engine.stats().limit_errors >= 1
+        });
+        let rest = String::from_utf8_lossy(&c.rest()).into_owned();
+        assert!(
+            rest.contains("\"limit\":\"max_outbox_bytes\""),
+            "the client is told which limit ({} bytes read)",
+            rest.len()
+        );
+        writer.join().unwrap();
+        other.send(r#"{"type":"ping"}"#);
+        assert_eq!(other.json()["type"], "pong", "other clients carry on");
+    });
+}
+
+#[test]
+fn counters_are_published_to_the_stats_stream_while_it_has_subscribers() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.engine.stats_interval_ms = 20;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        c.subscribe(powerhub::runtime::STATS_STREAM);
+        let m = c.msg();
+        assert_eq!(m["type"], "stats", "{m}");
+        assert_eq!(m["stats"]["subscribers"], 1, "{m}");
+        assert_eq!(m["stats"]["engine"]["open_connections"], 1, "{m}");
+        let name = server.engine.backend().as_str();
+        assert_eq!(m["stats"]["engine"]["backend"], name, "{m}");
+    });
+}
+
+#[test]
+fn unix_listener_replaces_a_stale_socket_file_and_refuses_a_live_one() {
+    use powerhub::runtime::{Engine, EngineError, ListenerConfig, ProtocolRegistry};
+    use std::io::{BufRead, BufReader, Write};
+    use std::os::unix::net::{UnixListener, UnixStream};
+
+    on_both_backends(|backend| {
+        let dir =
+            std::env::temp_dir().join(format!("powerhub-unix-{}-{backend:?}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("push.sock");
+        drop(UnixListener::bind(&path).unwrap()); // leaves a stale socket file behind
+        assert!(path.exists());
+        let mut config = base_config(backend);
+        config.listeners = vec![ListenerConfig::unix("ndjson", &path)];
+        let engine = Engine::start(config.clone(), &ProtocolRegistry::with_builtins())
+            .expect("stale file replaced");
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(b"{\"type\":\"ping\",\"id\":1}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(s.try_clone().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        assert!(line.contains("\"pong\""), "{line}");
+        // A second engine on the same path finds it in use and says which listener.
+        let err = Engine::start(config, &ProtocolRegistry::with_builtins()).unwrap_err();
+        assert!(matches!(err, EngineError::Bind { index: 0, .. }), "{err}");
+        assert!(err.to_string().contains("push.sock"), "{err}");
+        engine.shutdown().unwrap();
+        assert!(!path.exists(), "the socket file is removed at shutdown");
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}

@@ -1,0 +1,175 @@
+//! Helpers shared by the engine's integration tests: run a body on both IO backends, start an
+//! engine on loopback, and a line-oriented client with bounded waits.
+#![allow(dead_code, unreachable_pub, missing_docs)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use powerhub::runtime::{
+    BackendChoice, BackendKind, Config, Engine, ListenAddr, ListenerConfig, ProtocolRegistry,
+};
+
+/// How long any single wait in a test may take before the test fails (a bound, not a timing
+/// assertion: a healthy run finishes each wait in milliseconds).
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// Runs `body` once with the backend forced to io_uring and once forced to epoll. If the kernel
+/// refuses io_uring (or `POWERHUB_BACKEND=epoll` is set) the io_uring run is skipped with a
+/// printed notice.
+pub fn on_both_backends(body: impl Fn(BackendChoice)) {
+    for choice in [BackendChoice::IoUring, BackendChoice::Epoll] {
+        if choice == BackendChoice::IoUring {
+            let probe = start(base_config(choice));
+            let kind = probe.engine.backend();
+            drop(probe);
+            if kind != BackendKind::IoUring {
+                eprintln!("notice: io_uring is not available here (kernel refused it or it is forced off); io_uring run skipped");
+                continue;
+            }
+        }
+        eprintln!("--- backend {choice:?}");
+        body(choice);
+    }
+}
+
+/// A config with one ndjson TCP listener on a free loopback port, two shards, short deadlines.
+pub fn base_config(backend: BackendChoice) -> Config {
+    let mut c = Config::default();
+    c.engine.backend = backend;
+    c.engine.shards = 2;
+    c.engine.shutdown_timeout_ms = 3000;
+    c.listeners
+        .push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+    c
+}
+
+pub struct Server {
+    pub engine: Engine,
+    pub addr: SocketAddr,
+}
+
+pub fn start(config: Config) -> Server {
+    start_with(config, &ProtocolRegistry::with_builtins())
+}
+
+pub fn start_with(config: Config, registry: &ProtocolRegistry) -> Server {
+    let engine = Engine::start(config, registry).expect("engine starts");
+    let addr = match &engine.listeners()[0].addr {
+        ListenAddr::Tcp(a) => *a,
+        other => panic!("first listener is not TCP: {other}"),
+    };
+    Server { engine, addr }
+}
+
+/// Polls `cond` until it holds or [`WAIT`] passes; panics naming `what` on timeout.
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A blocking NDJSON client over TCP.
+pub struct Client {
+    pub reader: BufReader<TcpStream>,
+    pub writer: TcpStream,
+}
+
+impl Client {
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).unwrap();
+        stream.set_nodelay(true).unwrap();
+        Client {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            writer: stream,
+        }
+    }
+
+    pub fn send(&mut self, line: &str) {
+        self.writer.write_all(line.as_bytes()).unwrap();
+        self.writer.write_all(b"\n").unwrap();
+    }
+
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).unwrap();
+    }
+
+    /// The next line, without its newline; `None` at end of stream.
+    pub fn line(&mut self) -> Option<String> {
+        let mut s = String::new();
+        match self.reader.read_line(&mut s) {
+            Ok(0) => None,
+            Ok(_) => {
+                assert!(s.ends_with('\n'), "line ended without newline: {s:?}");
+                s.pop();
+                Some(s)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => None,
+            Err(e) => panic!("read failed: {e}"),
+        }
+    }
+
+    pub fn json(&mut self) -> serde_json::Value {
+        let line = self.line().expect("a line before end of stream");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Reads until end of stream, returning what was left; a reset counts as the end.
+    pub fn rest(&mut self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match self.reader.read(&mut buf) {
+                Ok(0) => return out,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return out,
+                Err(e) => panic!("read failed: {e}"),
+            }
+        }
+    }
+}
+
+impl Client {
+    /// The next message that is not a keepalive `ping`.
+    pub fn msg(&mut self) -> serde_json::Value {
+        loop {
+            let v = self.json();
+            if v["type"] != "ping" {
+                return v;
+            }
+        }
+    }
+
+    /// Subscribes to every device of `stream`; returns the subscription id.
+    pub fn subscribe(&mut self, stream: &str) -> String {
+        self.send(&format!(
+            r#"{{"type":"subscribe","id":"sub-{stream}","stream":"{stream}"}}"#
+        ));
+        let v = self.msg();
+        assert_eq!(v["type"], "subscribed", "{v}");
+        v["subscriptionId"]
+            .as_str()
+            .expect("subscriptionId")
+            .to_owned()
+    }
+}
+
+/// A message of `stream` carrying sequence number `seq` and `pad` bytes of padding.
+pub fn message(stream: &str, seq: u64, pad: usize) -> String {
+    format!(
+        r#"{{"type":"tick","stream":"{stream}","seq":{seq},"pad":"{}"}}"#,
+        "x".repeat(pad)
+    )
+}
+
+/// Publishes `message(stream, seq, pad)` in-process through the engine's hub.
+pub fn publish(engine: &Engine, stream: &str, seq: u64, pad: usize) -> usize {
+    let m = powerhub::hub::Message::json(message(stream, seq, pad)).unwrap();
+    engine
+        .hub()
+        .publish(stream, m, powerhub::hub::PublishOptions::default())
+        .unwrap()
+}

@@ -1,0 +1,154 @@
+//! Handshake deadline, keepalive and liveness reaping over real sockets, on both backends.
+
+mod engine_support;
+
+use std::io::Write;
+use std::sync::Arc;
+
+use engine_support::*;
+use powerhub::plugin::{
+    BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
+    StreamProtocol,
+};
+use powerhub::runtime::{ListenerConfig, ProtocolRegistry};
+
+/// NDJSON after a `HELLO` line (answered `WELCOME`): a protocol with an opening handshake.
+#[derive(Debug, Default)]
+struct Hello {
+    ready: bool,
+}
+
+impl StreamProtocol for Hello {
+    fn decode(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        while let Some(pos) = input.iter().position(|&b| b == b'\n') {
+            let line = input.split_to(pos + 1).freeze().slice(..pos);
+            if self.ready {
+                out.events.push(Inbound::Text(line));
+            } else if &line[..] == b"HELLO" {
+                self.ready = true;
+                out.urgent.extend_from_slice(b"WELCOME\n");
+            } else {
+                return Err(ProtocolError::Handshake("expected HELLO".into()));
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
+        out.extend_from_slice(json);
+        out.extend_from_slice(b"\n");
+    }
+
+    fn is_ready(&self) -> bool {
+        self.ready
+    }
+
+    fn name(&self) -> &str {
+        "hello"
+    }
+}
+
+#[derive(Debug)]
+struct HelloFactory;
+
+impl ProtocolFactory for HelloFactory {
+    fn name(&self) -> &str {
+        "hello"
+    }
+
+    fn new_connection(&self, _limits: &ProtocolLimits) -> Box<dyn StreamProtocol> {
+        Box::new(Hello::default())
+    }
+}
+
+#[test]
+fn handshake_timeout_closes_a_client_that_never_completes_its_handshake() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.listeners = vec![ListenerConfig::tcp("hello", "127.0.0.1:0")];
+        config.limits.handshake_timeout_ms = 100;
+        let mut registry = ProtocolRegistry::with_builtins();
+        registry.register(Arc::new(HelloFactory)).unwrap();
+        let server = start_with(config, &registry);
+        let mut silent = Client::connect(server.addr);
+        let mut polite = Client::connect(server.addr);
+        polite.send("HELLO");
+        assert_eq!(polite.line().as_deref(), Some("WELCOME"));
+        assert!(
+            silent.line().is_none(),
+            "no handshake within handshake_timeout_ms: closed"
+        );
+        polite.send(r#"{"type":"ping","id":1}"#);
+        assert_eq!(
+            polite.msg()["type"],
+            "pong",
+            "the client that completed its handshake carries on"
+        );
+        eventually("the timeout is counted", || {
+            server.engine.stats().limit_errors >= 1
+        });
+    });
+}
+
+#[test]
+fn replies_wait_for_the_handshake_and_urgent_bytes_go_first() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.listeners = vec![ListenerConfig::tcp("hello", "127.0.0.1:0")];
+        let mut registry = ProtocolRegistry::with_builtins();
+        registry.register(Arc::new(HelloFactory)).unwrap();
+        let server = start_with(config, &registry);
+        let mut c = Client::connect(server.addr);
+        // The handshake and a command in one write: the handshake reply comes first.
+        c.writer
+            .write_all(b"HELLO\n{\"type\":\"ping\",\"id\":7}\n")
+            .unwrap();
+        assert_eq!(c.line().as_deref(), Some("WELCOME"));
+        assert_eq!(c.msg()["requestId"], 7);
+    });
+}
+
+#[test]
+fn keepalive_pings_flow_and_a_client_that_never_answers_is_reaped() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.outbox.keepalive_interval_ms = 50;
+        config.outbox.liveness_timeout_ms = 300;
+        let server = start(config);
+        let mut mute = Client::connect(server.addr);
+        let mut alive = Client::connect(server.addr);
+        // `mute` reads everything but never answers a ping: reaped after the liveness timeout.
+        let mute_reader = std::thread::spawn(move || {
+            let mut pings = 0;
+            while let Some(line) = mute.line() {
+                assert!(line.contains("\"ping\""), "{line}");
+                pings += 1;
+            }
+            pings
+        });
+        // `alive` answers every ping.
+        let mut pongs = 0;
+        while !mute_reader.is_finished() {
+            let v = alive.json();
+            assert_eq!(v["type"], "ping");
+            alive.send(r#"{"type":"pong"}"#);
+            pongs += 1;
+        }
+        let pings = mute_reader.join().unwrap();
+        assert!(
+            pings >= 2,
+            "keepalive pings reached the mute client before it was reaped ({pings})"
+        );
+        assert!(pongs >= 2);
+        // Still served after the other was reaped.
+        alive.send(r#"{"type":"ping","id":"still"}"#);
+        assert_eq!(alive.msg()["requestId"], "still");
+        eventually("the reaped connection is released", || {
+            server.engine.stats().open_connections == 1
+        });
+    });
+}
