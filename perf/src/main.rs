@@ -1,3 +1,390 @@
-//! powerhub-perf: load generator and benchmark runner.
+//! `powerhub-perf`: the load generator and benchmark runner.
+//!
+//! Runs the scenarios of the performance plan by name against powerhub (`powerhub serve` and the
+//! in-process hub), Redis, NATS and a raw writev baseline, all on loopback, and prints a table
+//! per scenario with powerhub's ratio against each peer. `.hgrm` files and SVG plots go to the
+//! results directory.
+//!
+//! ```text
+//! perf/peers.sh run -- cargo run --release -p powerhub-perf -- --quick
+//! ```
 
-fn main() {}
+use std::io::{self, BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use indicatif::{ProgressBar, ProgressStyle};
+
+mod clock;
+mod inproc;
+mod load;
+mod payload;
+mod procfs;
+mod report;
+mod scenarios;
+mod systems;
+
+use scenarios::{Ctx, ScreensProfile};
+use systems::{nats::NatsWire, raw::RawWire, redis::RedisWire, SystemKind, Target};
+
+/// How the worker-thread budget is applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Budget {
+    /// Every server runs one worker thread pinned to the last CPU; the load generator is
+    /// pinned to the others.
+    Pinned,
+    /// Servers run two worker threads; nothing is pinned.
+    Unpinned,
+}
+
+/// Benchmarks powerhub side by side with Redis, NATS and a raw writev baseline.
+#[derive(Debug, Parser)]
+#[command(name = "powerhub-perf", version)]
+struct Args {
+    /// Scenarios to run (default: all): fanout, latency, slow-consumer, screens,
+    /// idle-connections, in-process.
+    scenarios: Vec<String>,
+    /// A smoke run that finishes in under two minutes; exits non-zero if any system fails to
+    /// deliver a message it should.
+    #[arg(long)]
+    quick: bool,
+    /// Systems to run, comma-separated: powerhub (default io backend: io_uring where the kernel
+    /// allows it), powerhub-epoll, redis, nats, raw.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "powerhub,powerhub-epoll,redis,nats,raw"
+    )]
+    systems: Vec<String>,
+    /// Redis address (as written by peers.sh).
+    #[arg(long, env = "REDIS_ADDR")]
+    redis: Option<SocketAddr>,
+    /// Redis server process id.
+    #[arg(long, env = "REDIS_PID")]
+    redis_pid: Option<u32>,
+    /// NATS address.
+    #[arg(long, env = "NATS_ADDR")]
+    nats: Option<SocketAddr>,
+    /// NATS server process id.
+    #[arg(long, env = "NATS_PID")]
+    nats_pid: Option<u32>,
+    /// The powerhub binary (default: target/release/powerhub of this workspace).
+    #[arg(long, env = "POWERHUB_BIN")]
+    powerhub_bin: Option<PathBuf>,
+    /// Worker-thread budget.
+    #[arg(long, value_enum, default_value = "pinned")]
+    budget: Budget,
+    /// Results directory.
+    #[arg(long)]
+    results: Option<PathBuf>,
+    /// Warm-up seconds per case.
+    #[arg(long)]
+    warmup: Option<f64>,
+    /// Measured seconds per case.
+    #[arg(long)]
+    measure: Option<f64>,
+    /// fanout: subscriber counts.
+    #[arg(long, value_delimiter = ',')]
+    subs: Option<Vec<usize>>,
+    /// fanout: payload sizes in bytes.
+    #[arg(long, value_delimiter = ',')]
+    sizes: Option<Vec<usize>>,
+    /// latency: offered rates as fractions of the slowest system's fanout maximum.
+    #[arg(long, value_delimiter = ',')]
+    rates: Option<Vec<f64>>,
+    /// idle-connections: connections to open per system.
+    #[arg(long)]
+    idle: Option<usize>,
+    /// screens: screenshot_update frames per device per second.
+    #[arg(long)]
+    shot_hz: Option<u64>,
+    /// screens: number of devices.
+    #[arg(long)]
+    devices: Option<usize>,
+    /// in-process: subscriber counts.
+    #[arg(long, value_delimiter = ',')]
+    inproc_subs: Option<Vec<usize>>,
+}
+
+fn start_raw() -> io::Result<Target> {
+    let mut child = Command::new(std::env::current_exe()?)
+        .args(["__raw-server", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .spawn()?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| io::Error::other("raw server: no stdout"))?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let addr: SocketAddr = line
+        .trim()
+        .strip_prefix("LISTEN ")
+        .and_then(|a| a.parse().ok())
+        .ok_or_else(|| io::Error::other(format!("raw server said {line:?}")))?;
+    Ok(Target {
+        kind: SystemKind::Raw,
+        addr,
+        pid: child.id(),
+        wire: Arc::new(RawWire),
+        child: Some(child),
+        policies: Vec::new(),
+    })
+}
+
+fn peer(kind: SystemKind, addr: Option<SocketAddr>, pid: Option<u32>) -> io::Result<Target> {
+    let (Some(addr), Some(pid)) = (addr, pid) else {
+        return Err(io::Error::other(format!(
+            "{kind}: no address/pid given (start the peers with perf/peers.sh, or pass --{0} and --{0}-pid)",
+            kind.name()
+        )));
+    };
+    let wire: Arc<dyn systems::Wire> = match kind {
+        SystemKind::Redis => Arc::new(RedisWire),
+        _ => Arc::new(NatsWire),
+    };
+    Ok(Target {
+        kind,
+        addr,
+        pid,
+        wire,
+        child: None,
+        policies: Vec::new(),
+    })
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| {
+            c.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|m| m.trim_start_matches([' ', '\t', ':']).to_owned())
+            })
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines().next().map(|l| {
+                l.split_whitespace()
+                    .nth(1)
+                    .unwrap_or("0")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+        })
+        .unwrap_or(0);
+    format!(
+        "{} × {cpu}, {:.0} GiB RAM, Linux {}",
+        procfs::cpus(),
+        mem as f64 / 1024.0 / 1024.0,
+        kernel.trim()
+    )
+}
+
+fn main() -> ExitCode {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("__raw-server") {
+        let listen = argv.get(2).map_or("127.0.0.1:0", String::as_str);
+        return match systems::raw::serve(listen) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("raw server: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = Args::parse();
+    match run(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("powerhub-perf: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: Args) -> io::Result<ExitCode> {
+    let names: Vec<String> =
+        if args.scenarios.is_empty() || args.scenarios.iter().any(|s| s == "all") {
+            scenarios::NAMES.iter().map(|s| (*s).to_owned()).collect()
+        } else {
+            args.scenarios.clone()
+        };
+    for n in &names {
+        if !scenarios::NAMES.contains(&n.as_str()) {
+            return Err(io::Error::other(format!(
+                "unknown scenario {n:?}; the scenarios are {}",
+                scenarios::NAMES.join(", ")
+            )));
+        }
+    }
+    let mut kinds = Vec::new();
+    for s in &args.systems {
+        kinds.push(SystemKind::parse(s).ok_or_else(|| {
+            io::Error::other(format!(
+                "unknown system {s:?} in --systems; the systems are powerhub, powerhub-epoll, redis, nats, raw"
+            ))
+        })?);
+    }
+    let quick = args.quick;
+    let results = args
+        .results
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
+    std::fs::create_dir_all(&results)?;
+    let cpus = procfs::cpus();
+    let threads = if args.budget == Budget::Pinned { 1 } else { 2 };
+    procfs::raise_nofile(1 << 17);
+
+    // The load generator's own CPUs, inherited by every thread and child it starts.
+    if args.budget == Budget::Pinned && cpus > 1 {
+        procfs::pin(None, &(0..cpus - 1).collect::<Vec<_>>())?;
+    }
+    let server_cpu = (args.budget == Budget::Pinned && cpus > 1).then(|| cpus - 1);
+    let launcher = systems::powerhub::Launcher {
+        bin: args
+            .powerhub_bin
+            .clone()
+            .unwrap_or_else(systems::powerhub::default_bin),
+        shards: threads,
+        pin: server_cpu,
+        dir: results.clone(),
+    };
+    let mut failures = Vec::new();
+    let mut targets = Vec::new();
+    let needs_servers = names.iter().any(|n| n != "in-process");
+    if needs_servers {
+        for &k in &kinds {
+            let t = match k {
+                SystemKind::Raw => start_raw(),
+                SystemKind::Redis => peer(k, args.redis, args.redis_pid),
+                SystemKind::Nats => peer(k, args.nats, args.nats_pid),
+                SystemKind::Powerhub | SystemKind::PowerhubEpoll => {
+                    launcher.start(k, systems::powerhub::Flavor::Throughput)
+                }
+            };
+            match t {
+                Ok(t) => {
+                    if let (Some(cpu), false) = (server_cpu, k.is_powerhub()) {
+                        procfs::pin(Some(t.pid), &[cpu])?;
+                    }
+                    targets.push(t);
+                }
+                Err(e) => failures.push(format!("{k}: not run: {e}")),
+            }
+        }
+    }
+    targets.sort_by_key(|t| t.kind);
+
+    let pb = ProgressBar::new(0);
+    pb.set_style(
+        ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.enable_steady_tick(Duration::from_millis(200));
+
+    let secs = |v: Option<f64>, quick_v: f64, full_v: f64| {
+        Duration::from_secs_f64(v.unwrap_or(if quick { quick_v } else { full_v }))
+    };
+    let ctx = Ctx {
+        quick,
+        results: results.clone(),
+        readers: if args.budget == Budget::Pinned { 1 } else { 2 },
+        warmup: secs(args.warmup, 0.2, 2.0),
+        measure: secs(args.measure, 0.8, 10.0),
+        fanout_subs: args.subs.clone().unwrap_or(if quick {
+            vec![10, 100]
+        } else {
+            vec![1, 10, 100, 1000]
+        }),
+        sizes: args
+            .sizes
+            .clone()
+            .unwrap_or(if quick { vec![64] } else { vec![64, 1024] }),
+        latency_subs: if quick { 10 } else { 100 },
+        latency_fractions: args.rates.clone().unwrap_or(if quick {
+            vec![0.5]
+        } else {
+            vec![0.25, 0.5, 0.75]
+        }),
+        slow_subs: if quick { 20 } else { 100 },
+        slow_size: 1024,
+        idle_target: args.idle.unwrap_or(if quick { 2000 } else { 50_000 }),
+        idle_hold: Duration::from_secs(if quick { 1 } else { 5 }),
+        screens: ScreensProfile {
+            devices: args.devices.unwrap_or(if quick { 4 } else { 20 }),
+            hz: 30,
+            shot_hz: args.shot_hz.unwrap_or(if quick { 5 } else { 30 }),
+            subs: if quick { 10 } else { 50 },
+            stalled: if quick { 1 } else { 5 },
+            secs: if quick { 2.0 } else { 5.0 },
+        },
+        inproc_subs: args.inproc_subs.clone().unwrap_or(vec![1, 100, 10_000]),
+        inproc_deliveries: if quick { 200_000 } else { 5_000_000 },
+        reps: if quick { 1 } else { 3 },
+        threads,
+        targets,
+        launcher: Some(launcher),
+        pb: pb.clone(),
+        max_rates: Default::default(),
+    };
+
+    let mut out = String::new();
+    out.push_str(&format!(
+        "## powerhub-perf results\n\nMachine: {}. Budget: {} ({} server worker thread{}{}). Systems: {}. Mode: {}.\n\nCommand: `powerhub-perf {}`\n\n",
+        machine(),
+        if args.budget == Budget::Pinned { "pinned" } else { "unpinned" },
+        ctx.threads,
+        if ctx.threads == 1 { "" } else { "s" },
+        if args.budget == Budget::Pinned { ", server on the last CPU, load generator on the others" } else { "" },
+        ctx.targets.iter().map(|t| t.kind.name()).collect::<Vec<_>>().join(", "),
+        if quick { "quick" } else { "full" },
+        std::env::args().skip(1).collect::<Vec<_>>().join(" "),
+    ));
+    for name in &names {
+        match scenarios::run(&ctx, name) {
+            Ok(sc) => {
+                let text = sc.render();
+                pb.suspend(|| println!("{text}"));
+                out.push_str(&text);
+                out.push('\n');
+                failures.extend(sc.failures);
+            }
+            Err(e) => failures.push(format!("{name}: {e}")),
+        }
+    }
+    pb.finish_and_clear();
+    drop(ctx);
+    if !failures.is_empty() {
+        out.push_str("### Problems\n\n");
+        for f in &failures {
+            out.push_str(&format!("- {f}\n"));
+        }
+    }
+    let report = results.join(if quick {
+        "report-quick.md"
+    } else {
+        "report.md"
+    });
+    std::fs::write(&report, &out)?;
+    println!("Report, .hgrm files and plots: {}", results.display());
+    if !failures.is_empty() {
+        eprintln!("Problems:");
+        for f in &failures {
+            eprintln!("- {f}");
+        }
+        if quick {
+            return Ok(ExitCode::FAILURE);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,235 @@
+//! The in-process scenario: publish to N in-process subscribers from one thread while one other
+//! thread drains every subscriber, with powerhub's hub, `tokio::sync::broadcast`, and a
+//! per-subscriber `crossbeam-channel` loop.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use crate::payload::Template;
+use crate::procfs;
+use crate::report::{Row, Scenario};
+use crate::scenarios::Ctx;
+use crate::systems::powerhub;
+
+/// What one in-process run did.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InprocOut {
+    pub(crate) delivered: u64,
+    pub(crate) lost: u64,
+    pub(crate) secs: f64,
+}
+
+/// Broadcast capacity; the publisher stays within half of it so nothing lags.
+const BROADCAST_CAP: usize = 1024;
+/// Slots across all per-subscriber queues: fewer subscribers get deeper queues, between 256 and
+/// the broadcast capacity.
+const QUEUE_SLOTS: usize = 1 << 20;
+
+/// The per-subscriber queue bound at `n` subscribers (channels, and the hub's `max_queue`).
+fn queue(n: usize) -> usize {
+    (QUEUE_SLOTS / n).clamp(256, BROADCAST_CAP)
+}
+
+/// The publisher runs on the first CPU and the draining thread on the last: the same two
+/// threads for every system.
+pub(crate) fn pin_consumer() {
+    let n = procfs::cpus();
+    if n > 1 {
+        let _ = procfs::pin_current(n - 1);
+    }
+}
+
+fn pin_publisher() {
+    let _ = procfs::pin_current(0);
+}
+
+fn payload() -> Bytes {
+    Bytes::copy_from_slice(Template::new(64, crate::scenarios::BENCH, "t", "").stamp(1, 1))
+}
+
+fn broadcast(n: usize, msgs: u64) -> InprocOut {
+    use tokio::sync::broadcast::error::TryRecvError;
+    let (tx, _) = tokio::sync::broadcast::channel::<Bytes>(BROADCAST_CAP);
+    let mut rxs: Vec<_> = (0..n).map(|_| tx.subscribe()).collect();
+    let sent = Arc::new(AtomicU64::new(0));
+    let consumed = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let (s2, c2) = (sent.clone(), consumed.clone());
+    let consumer = std::thread::spawn(move || {
+        pin_consumer();
+        let (mut delivered, mut lost) = (0u64, 0u64);
+        let mut open = rxs.len();
+        while open > 0 {
+            let before = s2.load(Ordering::Acquire);
+            open = 0;
+            for rx in rxs.iter_mut() {
+                loop {
+                    match rx.try_recv() {
+                        Ok(_) => delivered += 1,
+                        Err(TryRecvError::Empty) => {
+                            open += 1;
+                            break;
+                        }
+                        Err(TryRecvError::Lagged(k)) => lost += k,
+                        Err(TryRecvError::Closed) => break,
+                    }
+                }
+            }
+            // Everything sent before this pass began has been read by every receiver.
+            c2.store(before, Ordering::Release);
+        }
+        (delivered, lost)
+    });
+    let p = payload();
+    for i in 0..msgs {
+        while i - consumed.load(Ordering::Acquire) >= (BROADCAST_CAP / 2) as u64 {
+            std::thread::yield_now();
+        }
+        let _ = tx.send(p.clone());
+        sent.store(i + 1, Ordering::Release);
+    }
+    drop(tx);
+    let (delivered, lost) = consumer.join().expect("consumer thread");
+    InprocOut {
+        delivered,
+        lost,
+        secs: start.elapsed().as_secs_f64(),
+    }
+}
+
+fn channels(n: usize, msgs: u64) -> InprocOut {
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n)
+        .map(|_| crossbeam_channel::bounded::<Bytes>(queue(n)))
+        .unzip();
+    let start = Instant::now();
+    let consumer = std::thread::spawn(move || {
+        pin_consumer();
+        let mut delivered = 0u64;
+        let mut open = rxs.len();
+        while open > 0 {
+            open = 0;
+            for rx in &rxs {
+                loop {
+                    match rx.try_recv() {
+                        Ok(_) => delivered += 1,
+                        Err(crossbeam_channel::TryRecvError::Empty) => {
+                            open += 1;
+                            break;
+                        }
+                        Err(crossbeam_channel::TryRecvError::Disconnected) => break,
+                    }
+                }
+            }
+        }
+        delivered
+    });
+    let p = payload();
+    for _ in 0..msgs {
+        for tx in &txs {
+            let _ = tx.send(p.clone());
+        }
+    }
+    drop(txs);
+    let delivered = consumer.join().expect("consumer thread");
+    InprocOut {
+        delivered,
+        lost: 0,
+        secs: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// One in-process system's run.
+type Runner = Box<dyn Fn() -> io::Result<InprocOut> + Send + Sync>;
+
+/// Run the in-process scenario.
+pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
+    let mut sc = Scenario {
+        name: "in-process".to_owned(),
+        unit: "deliveries/s".to_owned(),
+        ..Scenario::default()
+    };
+    ctx.pb.inc_length((ctx.inproc_subs.len() * 3) as u64);
+    for &n in &ctx.inproc_subs {
+        let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
+        let case = format!("N={n}");
+        let systems: [(&str, bool, Runner); 3] = [
+            (
+                "powerhub hub",
+                true,
+                Box::new(move || powerhub::inproc(n, msgs, queue(n), payload())),
+            ),
+            (
+                "tokio broadcast",
+                false,
+                Box::new(move || Ok(broadcast(n, msgs))),
+            ),
+            (
+                "crossbeam channels",
+                false,
+                Box::new(move || Ok(channels(n, msgs))),
+            ),
+        ];
+        // Repetitions interleaved across the systems, so that the machine's noise (it is
+        // shared) spreads over all of them; the median is reported.
+        let mut runs: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];
+        let mut lost = vec![0u64; systems.len()];
+        for _ in 0..ctx.reps {
+            for (k, (name, _, f)) in systems.iter().enumerate() {
+                ctx.pb.set_message(format!("in-process {case} · {name}"));
+                let res = std::thread::scope(|s| {
+                    s.spawn(|| {
+                        pin_publisher();
+                        f()
+                    })
+                    .join()
+                    .unwrap_or_else(|_| Err(io::Error::other("panicked")))
+                });
+                match res {
+                    Ok(out) => {
+                        let expected = n as u64 * msgs;
+                        let l = expected.saturating_sub(out.delivered) + out.lost;
+                        if l > 0 {
+                            sc.failures.push(format!(
+                                "in-process {case} {name}: {l} of {expected} deliveries missing"
+                            ));
+                        }
+                        lost[k] += l;
+                        runs[k].push(out.delivered as f64 / out.secs.max(1e-9));
+                    }
+                    Err(e) => sc.failures.push(format!("in-process {case} {name}: {e}")),
+                }
+            }
+        }
+        for (k, (name, is_ph, _)) in systems.iter().enumerate() {
+            let r = &mut runs[k];
+            if r.is_empty() {
+                continue;
+            }
+            r.sort_by(f64::total_cmp);
+            sc.rows.push(Row {
+                case: case.clone(),
+                system: (*name).to_owned(),
+                is_powerhub: *is_ph,
+                is_peer: !is_ph,
+                throughput: Some(r[r.len() / 2]),
+                lost: Some(lost[k]),
+                note: format!(
+                    "{msgs} messages of 64 B; median of {} runs ({:.2}–{:.2} M/s)",
+                    r.len(),
+                    r[0] / 1e6,
+                    r[r.len() - 1] / 1e6
+                ),
+                ..Row::default()
+            });
+            ctx.pb.inc(1);
+        }
+    }
+    sc.notes.push(format!(
+        "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, per-subscriber channels and hub queues of {QUEUE_SLOTS}/N clamped to 256..={BROADCAST_CAP}, the hub's publisher also kept within half of it); every message must reach every subscriber."
+    ));
+    Ok(sc)
+}

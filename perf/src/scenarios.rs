@@ -1,0 +1,742 @@
+//! The PERF.md scenarios, each run against every system with the same load.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use indicatif::ProgressBar;
+
+use crate::clock::now_ns;
+use crate::inproc;
+use crate::load::{rate, run_case, CaseOut, CaseSpec, Pace, ReadMode};
+use crate::payload::Template;
+use crate::procfs;
+use crate::report::{plot_percentiles, plot_rss, slug, write_hgrm, Row, Scenario};
+use crate::systems::powerhub::Flavor;
+use crate::systems::{Decoder, Policy, SystemKind, Target};
+
+/// The scenario names, in run order.
+pub(crate) const NAMES: [&str; 6] = [
+    "fanout",
+    "latency",
+    "slow-consumer",
+    "screens",
+    "idle-connections",
+    "in-process",
+];
+
+/// The screens scenario's load.
+#[derive(Debug, Clone)]
+pub(crate) struct ScreensProfile {
+    pub(crate) devices: usize,
+    /// hierarchy_update frames per device per second.
+    pub(crate) hz: u64,
+    /// screenshot_update frames per device per second.
+    pub(crate) shot_hz: u64,
+    pub(crate) subs: usize,
+    pub(crate) stalled: usize,
+    pub(crate) secs: f64,
+}
+
+/// Everything a scenario needs.
+pub(crate) struct Ctx {
+    pub(crate) quick: bool,
+    pub(crate) results: PathBuf,
+    pub(crate) readers: usize,
+    pub(crate) warmup: Duration,
+    pub(crate) measure: Duration,
+    pub(crate) fanout_subs: Vec<usize>,
+    pub(crate) sizes: Vec<usize>,
+    pub(crate) latency_subs: usize,
+    pub(crate) latency_fractions: Vec<f64>,
+    pub(crate) slow_subs: usize,
+    pub(crate) slow_size: usize,
+    pub(crate) idle_target: usize,
+    pub(crate) idle_hold: Duration,
+    pub(crate) screens: ScreensProfile,
+    pub(crate) inproc_subs: Vec<usize>,
+    pub(crate) inproc_deliveries: u64,
+    /// Repetitions of each in-process run (the median is reported).
+    pub(crate) reps: usize,
+    pub(crate) threads: usize,
+    pub(crate) targets: Vec<Target>,
+    /// Starts extra powerhub servers (one per slow-consumer policy).
+    pub(crate) launcher: Option<crate::systems::powerhub::Launcher>,
+    pub(crate) pb: ProgressBar,
+    pub(crate) max_rates: RefCell<HashMap<(SystemKind, usize, usize), f64>>,
+}
+
+/// The bench stream (topic): one letter, so that a 64-byte message fits the routing fields.
+pub(crate) const BENCH: &str = "b";
+
+fn window_msgs(size: usize) -> u64 {
+    ((1usize << 20) / (size + 48)).clamp(256, 16384) as u64
+}
+
+fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool) -> Row {
+    let system = if variant.is_empty() {
+        target.kind.name().to_owned()
+    } else {
+        format!("{} {variant}", target.kind.name())
+    };
+    Row {
+        case: case.to_owned(),
+        system,
+        is_powerhub: target.kind.is_powerhub(),
+        is_peer: matches!(
+            target.kind,
+            SystemKind::Redis | SystemKind::Nats | SystemKind::Raw
+        ),
+        throughput: Some(out.throughput()),
+        lost: Some(out.lost),
+        cpu_per_m: (out.deliveries > 0).then(|| out.cpu_per_million()),
+        peak_rss_kib: Some(out.peak_rss_kib),
+        latency: if latency {
+            Row::latency_of(&out.fleet.hist)
+        } else {
+            None
+        },
+        note: String::new(),
+    }
+}
+
+/// Quick-mode check: every normal reader received every message, no reader error.
+fn check(sc: &mut Scenario, what: &str, out: &CaseOut) {
+    if out.lost > 0 || out.short > 0 {
+        let losing: Vec<u64> = out
+            .fleet
+            .subs
+            .iter()
+            .filter(|s| s.mode == ReadMode::Normal && s.received < out.publisher.sent)
+            .map(|s| out.publisher.sent - s.received)
+            .collect();
+        sc.failures.push(format!(
+            "{}: {what}: {} messages lost by {} subscribers (at most {} by one, {} skipped in sequence), {} short of the last message (sent {})",
+            sc.name,
+            out.lost,
+            losing.len(),
+            losing.iter().max().unwrap_or(&0),
+            out.fleet.subs.iter().filter(|s| s.mode == ReadMode::Normal).map(|s| s.gaps).sum::<u64>(),
+            out.short,
+            out.publisher.sent
+        ));
+    }
+    if let Some(e) = &out.publisher.error {
+        sc.failures
+            .push(format!("{}: {what}: publisher: {e}", sc.name));
+    }
+    for e in out.fleet.errors.iter().take(3) {
+        sc.failures.push(format!("{}: {what}: {e}", sc.name));
+    }
+}
+
+impl Ctx {
+    fn run(&self, target: &Target, label: &str, spec: CaseSpec) -> io::Result<CaseOut> {
+        self.pb.set_message(format!("{label} · {}", target.kind));
+        let pb = self.pb.clone();
+        let lbl = format!("{label} · {}", target.kind);
+        let out = run_case(target, spec, &|f| {
+            pb.set_message(format!("{lbl} {:>3.0}%", f * 100.0))
+        });
+        self.pb.inc(1);
+        out
+    }
+
+    fn fanout_spec(&self, n: usize, size: usize, warmup: Duration, measure: Duration) -> CaseSpec {
+        CaseSpec {
+            topic: BENCH.to_owned(),
+            modes: vec![ReadMode::Normal; n],
+            templates: vec![Template::new(size, BENCH, "t", "")],
+            pace: Pace::Window(window_msgs(size)),
+            warmup,
+            measure,
+            readers: self.readers,
+            drain: Duration::from_secs(5),
+        }
+    }
+
+    /// The system's fanout maximum in messages/s at `n` subscribers (a short probe, cached).
+    fn max_rate(&self, target: &Target, n: usize, size: usize) -> io::Result<f64> {
+        let key = (target.kind, n, size);
+        if let Some(r) = self.max_rates.borrow().get(&key) {
+            return Ok(*r);
+        }
+        let (w, m) = if self.quick { (0.3, 1.0) } else { (0.5, 2.0) };
+        let spec = self.fanout_spec(
+            n,
+            size,
+            Duration::from_secs_f64(w),
+            Duration::from_secs_f64(m),
+        );
+        let out = self.run(target, &format!("probe N={n} {size}B"), spec)?;
+        let r = out.throughput() / n as f64;
+        self.max_rates.borrow_mut().insert(key, r);
+        Ok(r)
+    }
+
+    fn slowest_rate(&self, n: usize, size: usize, sc: &mut Scenario) -> Option<f64> {
+        let mut min: Option<f64> = None;
+        for t in &self.targets {
+            match self.max_rate(t, n, size) {
+                Ok(r) => {
+                    sc.notes.push(format!(
+                        "Fanout maximum of {} at N={n}, {size} B: {:.0} messages/s.",
+                        t.kind, r
+                    ));
+                    min = Some(min.map_or(r, |m: f64| m.min(r)));
+                }
+                Err(e) => sc
+                    .failures
+                    .push(format!("{}: probe {}: {e}", sc.name, t.kind)),
+            }
+        }
+        min
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.results.join(name)
+    }
+}
+
+/// Run one scenario by name.
+pub(crate) fn run(ctx: &Ctx, name: &str) -> io::Result<Scenario> {
+    match name {
+        "fanout" => fanout(ctx),
+        "latency" => latency(ctx),
+        "slow-consumer" => slow_consumer(ctx),
+        "screens" => screens(ctx),
+        "idle-connections" => idle(ctx),
+        "in-process" => inproc::run(ctx),
+        other => Err(io::Error::other(format!("unknown scenario {other:?}"))),
+    }
+}
+
+fn new_scenario(name: &str, unit: &str) -> Scenario {
+    Scenario {
+        name: name.to_owned(),
+        unit: unit.to_owned(),
+        ..Scenario::default()
+    }
+}
+
+fn fanout(ctx: &Ctx) -> io::Result<Scenario> {
+    let mut sc = new_scenario("fanout", "deliveries/s");
+    ctx.pb
+        .inc_length((ctx.fanout_subs.len() * ctx.sizes.len() * ctx.targets.len()) as u64);
+    let mut rss = Vec::new();
+    for &n in &ctx.fanout_subs {
+        for &size in &ctx.sizes {
+            let case = format!("N={n} {size}B");
+            for t in &ctx.targets {
+                let spec = ctx.fanout_spec(n, size, ctx.warmup, ctx.measure);
+                match ctx.run(t, &case, spec) {
+                    Ok(out) => {
+                        check(&mut sc, &format!("{case} {}", t.kind), &out);
+                        rss.push((format!("{} {case}", t.kind), out.rss.clone()));
+                        sc.rows.push(row(&case, t, "", &out, true));
+                    }
+                    Err(e) => sc.failures.push(format!("fanout {case} {}: {e}", t.kind)),
+                }
+            }
+        }
+    }
+    sc.notes.push(format!(
+        "Closed loop: the publisher writes {} messages per write and stays at most a window of about 1 MiB of messages ahead of the slowest subscriber; latency is from the actual send time.",
+        crate::load::PIPELINE
+    ));
+    let p = ctx.path("fanout-rss.svg");
+    plot_rss(&p, "fanout: server RSS over time", &rss)?;
+    sc.files.push(p);
+    Ok(sc)
+}
+
+fn latency(ctx: &Ctx) -> io::Result<Scenario> {
+    let mut sc = new_scenario("latency", "deliveries/s");
+    let n = ctx.latency_subs;
+    let size = 64;
+    ctx.pb
+        .inc_length((ctx.targets.len() * (1 + ctx.latency_fractions.len())) as u64);
+    let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
+        return Ok(sc);
+    };
+    std::fs::create_dir_all(ctx.path("latency"))?;
+    for &f in &ctx.latency_fractions {
+        let r = slowest * f;
+        let case = format!("{:.0}% ({:.0} msg/s × N={n})", f * 100.0, r);
+        let mut hists: Vec<(String, Histogram<u64>)> = Vec::new();
+        for t in &ctx.targets {
+            let spec = CaseSpec {
+                pace: rate(r),
+                ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
+            };
+            match ctx.run(t, &case, spec) {
+                Ok(out) => {
+                    check(&mut sc, &format!("{case} {}", t.kind), &out);
+                    let p = ctx.path(&format!(
+                        "latency/{:.0}pct-{}.hgrm",
+                        f * 100.0,
+                        slug(t.kind.name())
+                    ));
+                    write_hgrm(&p, &out.fleet.hist)?;
+                    sc.files.push(p);
+                    let mut rw = row(&case, t, "", &out, true);
+                    rw.note = format!(
+                        "publisher max behind schedule {:.1} ms",
+                        out.publisher.max_behind * 1e3
+                    );
+                    sc.rows.push(rw);
+                    hists.push((t.kind.name().to_owned(), out.fleet.hist));
+                }
+                Err(e) => sc.failures.push(format!("latency {case} {}: {e}", t.kind)),
+            }
+        }
+        let p = ctx.path(&format!("latency-{:.0}pct.svg", f * 100.0));
+        let series: Vec<(String, &Histogram<u64>)> =
+            hists.iter().map(|(n, h)| (n.clone(), h)).collect();
+        plot_percentiles(
+            &p,
+            &format!(
+                "latency at {:.0}% of the slowest maximum, N={n}, 64 B",
+                f * 100.0
+            ),
+            &series,
+        )?;
+        sc.files.push(p);
+    }
+    sc.notes.push("Open loop: every message carries its scheduled send time and latency is measured from it, so a stalled publisher or server shows up as latency (no coordinated omission).".to_owned());
+    Ok(sc)
+}
+
+fn closed(s: &crate::load::SubOutcome) -> String {
+    match (s.closed_at, s.closed_unseen) {
+        (Some(at), _) => format!(", disconnected at {at:.2} s"),
+        (None, true) => ", disconnected (seen after its unread bytes)".to_owned(),
+        (None, false) => ", still connected".to_owned(),
+    }
+}
+
+fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
+    let mut sc = new_scenario("slow-consumer", "deliveries/s");
+    let n = ctx.slow_subs;
+    let size = ctx.slow_size;
+    let variants: usize = ctx
+        .targets
+        .iter()
+        .map(|t| 1 + t.policies.len().max(1))
+        .sum();
+    ctx.pb.inc_length((ctx.targets.len() + variants) as u64);
+    let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
+        return Ok(sc);
+    };
+    let r = slowest * 0.5;
+    let wire_bytes = (size + 48) as f64;
+    let slow_bps = (r * wire_bytes * 0.1) as u64;
+    // powerhub's subscription queues hold a quarter second of the stream (at least the default
+    // 1024): a reader of this load generator that is momentarily behind (its one core reads
+    // every subscriber, on a shared machine) is not mistaken for the slow one, while the
+    // never-reader still overflows within the run.
+    let queue = ((r * 0.25) as usize).max(1024);
+    let mut rss = Vec::new();
+    for t in &ctx.targets {
+        let base_spec = CaseSpec {
+            pace: rate(r),
+            ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
+        };
+        let base = match ctx.run(t, "slow-consumer baseline", base_spec) {
+            Ok(o) => o,
+            Err(e) => {
+                sc.failures
+                    .push(format!("slow-consumer baseline {}: {e}", t.kind));
+                continue;
+            }
+        };
+        check(&mut sc, &format!("baseline {}", t.kind), &base);
+        let base_p99 = base.fleet.hist.value_at_quantile(0.99);
+        let mut rw = row("without slow", t, "", &base, true);
+        rw.note = format!(
+            "publisher {:.0}/{:.0} msg/s",
+            base.publisher.sent as f64 / base.publisher.secs.max(1e-9),
+            r
+        );
+        sc.rows.push(rw);
+        rss.push((format!("{} baseline", t.kind), base.rss.clone()));
+        let policies: Vec<Option<Policy>> = if t.policies.is_empty() {
+            vec![None]
+        } else {
+            t.policies.iter().copied().map(Some).collect()
+        };
+        for policy in policies {
+            let mut modes = vec![ReadMode::Normal; n.saturating_sub(2)];
+            modes.push(ReadMode::Slow(slow_bps));
+            modes.push(ReadMode::Never);
+            let spec = CaseSpec {
+                pace: rate(r),
+                modes,
+                // Longer than NATS's write deadline (10 s): it holds everyone back until it
+                // cuts the stalled reader.
+                drain: Duration::from_secs(12),
+                ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
+            };
+            let variant = policy.map_or("", |p| p.name());
+            // A policy is the server's configuration: a server of its own per policy.
+            let dedicated = match (policy, &ctx.launcher) {
+                (Some(p), Some(l)) => match l.start(t.kind, Flavor::Policy(p, queue)) {
+                    Ok(d) => Some(d),
+                    Err(e) => {
+                        sc.failures
+                            .push(format!("slow-consumer {} {variant}: {e}", t.kind));
+                        continue;
+                    }
+                },
+                _ => None,
+            };
+            let t = dedicated.as_ref().unwrap_or(t);
+            let out = match ctx.run(t, &format!("slow-consumer {variant}"), spec) {
+                Ok(o) => o,
+                Err(e) => {
+                    sc.failures
+                        .push(format!("slow-consumer {} {variant}: {e}", t.kind));
+                    continue;
+                }
+            };
+            check(&mut sc, &format!("with slow {} {variant}", t.kind), &out);
+            let p99 = out.fleet.hist.value_at_quantile(0.99);
+            let sent = out.publisher.sent.max(1);
+            let fate = |s: &crate::load::SubOutcome| {
+                let mut f = format!("got {:.1}%", 100.0 * s.received as f64 / sent as f64);
+                if s.gaps > 0 {
+                    f += &format!(", {} skipped", s.gaps);
+                }
+                f += &closed(s);
+                f
+            };
+            let slow = out
+                .fleet
+                .subs
+                .iter()
+                .find(|s| matches!(s.mode, ReadMode::Slow(_)));
+            let never = out.fleet.subs.iter().find(|s| s.mode == ReadMode::Never);
+            let mut rw = row("with slow", t, variant, &out, true);
+            rw.note = format!(
+                "others' p99 {:+.0}% vs without; publisher {:.0}/{:.0} msg/s (max {:.1} ms behind); slow reader: {}; never-reader: {}",
+                100.0 * (p99 as f64 / base_p99.max(1) as f64 - 1.0),
+                out.publisher.sent as f64 / out.publisher.secs.max(1e-9),
+                r,
+                out.publisher.max_behind * 1e3,
+                slow.map_or("–".to_owned(), fate),
+                never.map_or("–".to_owned(), |s| closed(s).trim_start_matches(", ").to_owned()),
+            );
+            sc.rows.push(rw);
+            rss.push((
+                format!(
+                    "{} {}",
+                    t.kind,
+                    if variant.is_empty() {
+                        "with slow"
+                    } else {
+                        variant
+                    }
+                ),
+                out.rss.clone(),
+            ));
+        }
+    }
+    sc.notes.push(format!(
+        "N={n}, {size} B, open loop at {r:.0} msg/s (50% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream)."
+    ));
+    let p = ctx.path("slow-consumer-rss.svg");
+    plot_rss(&p, "slow-consumer: server RSS over time", &rss)?;
+    sc.files.push(p);
+    Ok(sc)
+}
+
+/// The screens scenario's stream (topic).
+const SCREENS: &str = "screens";
+const SHOT_SIZES: [usize; 3] = [256 << 10, 1 << 20, 2 << 20];
+const HIERARCHY_SIZE: usize = 16 << 10;
+
+fn screens(ctx: &Ctx) -> io::Result<Scenario> {
+    let prof = &ctx.screens;
+    let mut sc = new_scenario("screens", "MB/s delivered");
+    ctx.pb.inc_length(ctx.targets.len() as u64);
+    // Templates: per device, one hierarchy_update and one screenshot_update per size.
+    let per_dev = 1 + SHOT_SIZES.len();
+    let mut templates = Vec::new();
+    for d in 0..prof.devices {
+        let ids = format!(",\"deviceId\":\"device-{d}\",\"deviceSessionUuid\":\"session-{d}\"");
+        templates.push(Template::new(
+            HIERARCHY_SIZE,
+            SCREENS,
+            "hierarchy_update",
+            &ids,
+        ));
+        for s in SHOT_SIZES {
+            templates.push(Template::new(s, SCREENS, "screenshot_update", &ids));
+        }
+    }
+    // The schedule: ticks at `hz`, devices spread across the tick; screenshots every few ticks.
+    let tick = 1e9 / prof.hz as f64;
+    let every = (prof.hz / prof.shot_hz.max(1)).max(1);
+    let ticks = (prof.secs * prof.hz as f64) as u64;
+    let mut sched: Vec<(u64, usize)> = Vec::new();
+    let mut offered_bytes = 0usize;
+    for k in 0..ticks {
+        for d in 0..prof.devices {
+            let off = (k as f64 * tick + d as f64 * tick / prof.devices as f64) as u64;
+            sched.push((off, d * per_dev));
+            offered_bytes += HIERARCHY_SIZE;
+            if k % every == 0 {
+                let s = ((k / every) as usize + d) % SHOT_SIZES.len();
+                sched.push((off, d * per_dev + 1 + s));
+                offered_bytes += SHOT_SIZES[s];
+            }
+        }
+    }
+    let sched = std::sync::Arc::new(sched);
+    let healthy = prof.subs - prof.stalled;
+    let mut rss = Vec::new();
+    for t in &ctx.targets {
+        let mut modes = vec![ReadMode::Normal; healthy];
+        modes.extend(std::iter::repeat_n(ReadMode::Never, prof.stalled));
+        let s2 = sched.clone();
+        let spec = CaseSpec {
+            topic: SCREENS.to_owned(),
+            modes,
+            templates: templates.clone(),
+            pace: Pace::Schedule(Box::new(move |seq| s2.get(seq as usize).copied())),
+            warmup: Duration::ZERO,
+            measure: Duration::from_secs_f64(prof.secs),
+            readers: ctx.readers,
+            // Longer than NATS's write deadline (10 s), after which it cuts a stalled reader
+            // and the others catch up.
+            drain: Duration::from_secs(12),
+        };
+        let out = match ctx.run(t, "screens", spec) {
+            Ok(o) => o,
+            Err(e) => {
+                sc.failures.push(format!("screens {}: {e}", t.kind));
+                continue;
+            }
+        };
+        if out.short > 0 || out.publisher.error.is_some() || !out.fleet.errors.is_empty() {
+            sc.failures.push(format!(
+                "screens {}: {} healthy subscribers did not get the last frame; publisher: {:?}; readers: {:?}",
+                t.kind,
+                out.short,
+                out.publisher.error,
+                out.fleet.errors.iter().take(2).collect::<Vec<_>>()
+            ));
+        }
+        let h: Vec<_> = out
+            .fleet
+            .subs
+            .iter()
+            .filter(|s| s.mode == ReadMode::Normal)
+            .collect();
+        let bytes: u64 = h.iter().map(|s| s.bytes).sum();
+        let notices: u64 = out.fleet.subs.iter().map(|s| s.frames_dropped).sum();
+        let stalled_closed = out
+            .fleet
+            .subs
+            .iter()
+            .filter(|s| s.mode == ReadMode::Never && s.closed_at.is_some())
+            .count();
+        let mut rw = row("screens", t, "", &out, true);
+        // Everything the healthy subscribers read, over the time until they had read it.
+        rw.throughput = Some(bytes as f64 / 1e6 / out.until_drained.max(1e-9));
+        rw.cpu_per_m = None;
+        rw.note = format!(
+            "offered {:.0} MB/s per subscriber, published {}/{} frames in {:.1} s, drained after {:.1} s; healthy: {} frames not delivered (coalesced or dropped), {} frames_dropped notices; stalled subscribers disconnected: {stalled_closed}/{}",
+            offered_bytes as f64 / 1e6 / prof.secs,
+            out.publisher.sent,
+            sched.len(),
+            out.publisher.secs,
+            out.until_drained,
+            out.lost,
+            notices,
+            prof.stalled,
+        );
+        sc.rows.push(rw);
+        rss.push((t.kind.name().to_owned(), out.rss.clone()));
+    }
+    sc.notes.push(format!(
+        "{} devices, hierarchy_update ({} KiB) at {} Hz and screenshot_update (256 KiB–2 MiB) at {} Hz each, {} subscribers of which {} never read; {:.1} s. Throughput is bytes delivered to the healthy subscribers; latency is theirs.",
+        prof.devices, HIERARCHY_SIZE >> 10, prof.hz, prof.shot_hz, prof.subs, prof.stalled, prof.secs
+    ));
+    let p = ctx.path("screens-rss.svg");
+    plot_rss(&p, "screens: server RSS over time", &rss)?;
+    sc.files.push(p);
+    Ok(sc)
+}
+
+/// Connect from a chosen loopback source address (any of 127.0.0.0/8).
+fn connect_from(src: [u8; 4], addr: SocketAddr) -> io::Result<TcpStream> {
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+    sock.bind(&SocketAddr::from((src, 0)).into())?;
+    sock.connect_timeout(&addr.into(), Duration::from_secs(5))?;
+    let s: TcpStream = sock.into();
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(s)
+}
+
+/// One idle subscriber connection.
+struct IdleConn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+    decoder: Box<dyn Decoder>,
+    open: bool,
+}
+
+impl IdleConn {
+    /// Read what arrived, answer keepalives; returns how many answers were written.
+    fn serve(&mut self) -> u64 {
+        use std::io::{Read, Write};
+        let mut chunk = [0u8; 4096];
+        let mut answered = 0;
+        loop {
+            match self.stream.read(&mut chunk) {
+                Ok(0) => self.open = false,
+                Ok(n) => {
+                    self.buf.extend_from_slice(&chunk[..n]);
+                    let mut reply = Vec::new();
+                    match self.decoder.decode(&self.buf, &mut |_| {}, &mut reply) {
+                        Ok(used) => {
+                            self.buf.drain(..used);
+                        }
+                        Err(_) => self.open = false,
+                    }
+                    if !reply.is_empty() {
+                        answered += 1;
+                        if self.stream.write_all(&reply).is_err() {
+                            self.open = false;
+                        }
+                    }
+                    if self.open {
+                        continue;
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(_) => self.open = false,
+            }
+            return answered;
+        }
+    }
+}
+
+fn idle(ctx: &Ctx) -> io::Result<Scenario> {
+    let mut sc = new_scenario("idle-connections", "connections");
+    ctx.pb.inc_length(ctx.targets.len() as u64);
+    procfs::raise_nofile((ctx.idle_target as u64) + 4096);
+    // One descriptor per connection on both sides: the per-process limit caps what any server
+    // (and this client) can hold.
+    let cap = procfs::nofile_hard().saturating_sub(1024) as usize;
+    let k = ctx.idle_target.min(cap);
+    if k < ctx.idle_target {
+        sc.notes.push(format!(
+            "Asked for {} connections; this machine's hard limit of {} open files per process (not raisable here) caps every server and this client, so {k} were opened.",
+            ctx.idle_target,
+            procfs::nofile_hard()
+        ));
+    }
+    let mut rss = Vec::new();
+    for (sys, t) in ctx.targets.iter().enumerate() {
+        // powerhub: a server of its own with a one-second keepalive, so that pings and pongs
+        // run on every connection during the hold.
+        let dedicated = match (t.kind.is_powerhub(), &ctx.launcher) {
+            (true, Some(l)) => Some(l.start(t.kind, Flavor::Idle)?),
+            _ => None,
+        };
+        let t = dedicated.as_ref().unwrap_or(t);
+        ctx.pb.set_message(format!("idle-connections · {}", t.kind));
+        let sampler = procfs::RssSampler::start(t.pid, Duration::from_millis(100));
+        let base = procfs::rss_kib(t.pid)?;
+        let mut conns = Vec::with_capacity(k);
+        let mut err = None;
+        let t0 = now_ns();
+        for i in 0..k {
+            // A source address per 250 connections and per system: binding port 0 before
+            // connect picks a port unique to the source address, and the previous runs'
+            // closed connections still hold theirs (TIME_WAIT).
+            let src = [127, 1 + sys as u8, (i / 250) as u8, 2 + (i % 250) as u8];
+            let r = connect_from(src, t.addr).and_then(|mut s| {
+                let left = t.wire.subscribe(&mut s, "idle")?;
+                s.set_nonblocking(true)?;
+                Ok(IdleConn {
+                    stream: s,
+                    buf: left,
+                    decoder: t.wire.decoder(),
+                    open: true,
+                })
+            });
+            match r {
+                Ok(c) => conns.push(c),
+                Err(e) => {
+                    err = Some(format!("connection {i}: {e}"));
+                    break;
+                }
+            }
+            if i % 1000 == 0 {
+                ctx.pb
+                    .set_message(format!("idle-connections · {} {i}/{k}", t.kind));
+            }
+        }
+        let open_secs = (now_ns() - t0) as f64 / 1e9;
+        // Hold: every 200 ms read what arrived on every connection and answer keepalives.
+        let hold_end = now_ns() + ctx.idle_hold.as_nanos() as u64;
+        let mut pongs = 0u64;
+        loop {
+            for c in conns.iter_mut().filter(|c| c.open) {
+                pongs += c.serve();
+            }
+            if now_ns() >= hold_end {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let alive = conns.iter().filter(|c| c.open).count();
+        let after = procfs::rss_kib(t.pid)?;
+        let opened = conns.len();
+        let per = (after as f64 - base as f64) * 1024.0 / opened.max(1) as f64;
+        drop(conns);
+        let series = sampler.finish();
+        let peak = series.iter().map(|p| p.1).max().unwrap_or(after);
+        rss.push((t.kind.name().to_owned(), series));
+        if alive < k {
+            sc.failures.push(format!(
+                "idle-connections {}: {alive}/{k} connections alive{}",
+                t.kind,
+                err.as_deref().map_or(String::new(), |e| format!(" ({e})"))
+            ));
+        }
+        sc.rows.push(Row {
+            case: format!("{k} idle subscribers"),
+            system: t.kind.name().to_owned(),
+            is_powerhub: t.kind.is_powerhub(),
+            is_peer: matches!(t.kind, SystemKind::Redis | SystemKind::Nats),
+            throughput: Some(alive as f64),
+            peak_rss_kib: Some(peak),
+            note: format!(
+                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s, {pongs} keepalive pings answered{}",
+                per / 1024.0,
+                base as f64 / 1024.0,
+                after as f64 / 1024.0,
+                if after < base { ": RSS fell, memory freed by the runtime meanwhile" } else { "" },
+                ctx.idle_hold.as_secs_f64(),
+                err.map_or(String::new(), |e| format!("; stopped: {e}"))
+            ),
+            ..Row::default()
+        });
+        ctx.pb.inc(1);
+        // Let the server release the connections before the next system.
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    sc.notes.push("powerhub runs with a one-second keepalive here (a server of its own), so pings and pongs flow on every connection during the hold; NATS pings every two minutes and Redis not at all. The throughput column is the number of connections still open after the hold. Memory per connection is the server's RSS growth divided by the connections (kernel socket memory is not in RSS).".to_owned());
+    let p = ctx.path("idle-connections-rss.svg");
+    plot_rss(&p, "idle-connections: server RSS over time", &rss)?;
+    sc.files.push(p);
+    Ok(sc)
+}

@@ -1,0 +1,206 @@
+//! The systems under test and the thin raw-protocol clients that talk to them.
+//!
+//! Each system is reached through a [`Wire`]: how a connection subscribes, how a publisher
+//! frames a message, and a [`Decoder`] that pulls delivered messages out of the byte stream.
+//! The load generator drives every system through this one interface with the same pipelining
+//! depth and reader threads.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::Child;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(crate) mod nats;
+pub(crate) mod powerhub;
+pub(crate) mod raw;
+pub(crate) mod redis;
+
+/// Which system a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum SystemKind {
+    /// `powerhub serve` with its default io backend (io_uring where the kernel allows it).
+    Powerhub,
+    /// `powerhub serve` with the epoll backend.
+    PowerhubEpoll,
+    Redis,
+    Nats,
+    Raw,
+}
+
+impl SystemKind {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            SystemKind::Powerhub => "powerhub",
+            SystemKind::PowerhubEpoll => "powerhub-epoll",
+            SystemKind::Redis => "redis",
+            SystemKind::Nats => "nats",
+            SystemKind::Raw => "raw-writev",
+        }
+    }
+
+    pub(crate) fn parse(s: &str) -> Option<SystemKind> {
+        match s {
+            "powerhub" => Some(SystemKind::Powerhub),
+            "powerhub-epoll" => Some(SystemKind::PowerhubEpoll),
+            "redis" => Some(SystemKind::Redis),
+            "nats" => Some(SystemKind::Nats),
+            "raw" | "raw-writev" => Some(SystemKind::Raw),
+            _ => None,
+        }
+    }
+}
+
+impl SystemKind {
+    /// Whether this is powerhub (ratios are taken from it).
+    pub(crate) fn is_powerhub(self) -> bool {
+        matches!(self, SystemKind::Powerhub | SystemKind::PowerhubEpoll)
+    }
+}
+
+impl fmt::Display for SystemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The slow-consumer policy asked of a subscription (only powerhub has them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Policy {
+    DropOldest,
+    DropNewest,
+    Disconnect,
+}
+
+impl Policy {
+    pub(crate) const ALL: [Policy; 3] =
+        [Policy::DropOldest, Policy::DropNewest, Policy::Disconnect];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Policy::DropOldest => "drop-oldest",
+            Policy::DropNewest => "drop-newest",
+            Policy::Disconnect => "disconnect",
+        }
+    }
+}
+
+/// How to talk to one system.
+pub(crate) trait Wire: Send + Sync {
+    /// Subscribe a fresh connection to `topic` and return once the server confirmed it, with any
+    /// bytes read past the confirmation.
+    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>>;
+    /// Prepare a fresh connection for publishing.
+    fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()>;
+    /// Append the bytes that publish `msg` on `topic`.
+    fn encode_publish(&self, topic: &str, msg: &[u8], out: &mut Vec<u8>);
+    /// A decoder for one subscriber connection.
+    fn decoder(&self) -> Box<dyn Decoder>;
+}
+
+/// Pulls delivered messages out of one connection's byte stream.
+pub(crate) trait Decoder: Send {
+    /// Decode every complete message at the start of `buf`, handing each delivered message to
+    /// `on_msg` and appending any reply the protocol requires (a PONG) to `reply`. Returns the
+    /// number of bytes consumed.
+    fn decode(
+        &mut self,
+        buf: &[u8],
+        on_msg: &mut dyn FnMut(&[u8]),
+        reply: &mut Vec<u8>,
+    ) -> io::Result<usize>;
+}
+
+/// A running system: where it listens, the process to measure, and how to talk to it.
+pub(crate) struct Target {
+    pub(crate) kind: SystemKind,
+    pub(crate) addr: SocketAddr,
+    pub(crate) pid: u32,
+    pub(crate) wire: Arc<dyn Wire>,
+    /// Set when the perf tool started the process itself (stopped on drop).
+    pub(crate) child: Option<Child>,
+    /// Slow-consumer policies this system can be asked for.
+    pub(crate) policies: Vec<Policy>,
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Target")
+            .field("kind", &self.kind)
+            .field("addr", &self.addr)
+            .field("pid", &self.pid)
+            .finish()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            // SAFETY: kill has no memory-safety preconditions; the pid is our own child.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Connect with `TCP_NODELAY` and a handshake timeout.
+pub(crate) fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    Ok(s)
+}
+
+/// Read from `s` into `buf` until `done(buf)` returns the length of the handshake answer.
+pub(crate) fn read_until(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    what: &str,
+    done: impl Fn(&[u8]) -> Option<usize>,
+) -> io::Result<Vec<u8>> {
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = done(buf) {
+            return Ok(buf.split_off(end));
+        }
+        let n = s
+            .read(&mut chunk)
+            .map_err(|e| io::Error::new(e.kind(), format!("waiting for {what}: {e}")))?;
+        if n == 0 {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "connection closed while waiting for {what}: {:?}",
+                    String::from_utf8_lossy(buf)
+                ),
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Write all of `bytes`, then wait for the answer `done` recognises.
+pub(crate) fn request(
+    s: &mut TcpStream,
+    bytes: &[u8],
+    what: &str,
+    done: impl Fn(&[u8]) -> Option<usize>,
+) -> io::Result<Vec<u8>> {
+    s.write_all(bytes)?;
+    let mut buf = Vec::new();
+    read_until(s, &mut buf, what, done)
+}
+
+/// The end of the first occurrence of `needle` in `hay`.
+pub(crate) fn find_end(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    memchr::memmem::find(hay, needle).map(|i| i + needle.len())
+}

@@ -1,0 +1,290 @@
+//! powerhub as a system under test: the `powerhub serve` push server (NDJSON over TCP), and
+//! the in-process hub (`powerhub::hub::Hub`).
+//!
+//! Everything that depends on the server's command line, configuration and push protocol is
+//! in this module.
+
+use std::io::{self, BufRead, BufReader};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use powerhub::hub::{Codec, Hub, HubOptions, Message, PublishOptions, SubscribeOptions};
+use powerhub::plugin::{Completion, Frame, SendOutcome, Sink, SubscriberRef};
+
+use super::raw::LineDecoder;
+use super::{find_end, request, Decoder, Policy, SystemKind, Target, Wire};
+use crate::inproc::InprocOut;
+
+/// The NDJSON push protocol of `powerhub serve` (`docs/protocol.md`).
+#[derive(Debug, Default)]
+pub(crate) struct PowerhubWire;
+
+impl Wire for PowerhubWire {
+    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
+        // The slow-consumer policy is the server's `[subscriptions] slow_consumer`: see `Launcher`.
+        let cmd = format!("{{\"type\":\"subscribe\",\"id\":\"s\",\"stream\":\"{topic}\"}}\n");
+        let rest = request(s, cmd.as_bytes(), "powerhub `subscribed` reply", |b| {
+            if memchr::memmem::find(b, b"\"type\":\"error\"").is_some() {
+                return find_end(b, b"\n").map(|_| 0);
+            }
+            let at = memchr::memmem::find(b, b"\"type\":\"subscribed\"")?;
+            find_end(&b[at..], b"\n").map(|e| at + e)
+        })?;
+        if rest.starts_with(b"{") && memchr::memmem::find(&rest, b"\"type\":\"error\"").is_some() {
+            return Err(io::Error::other(format!(
+                "subscribe refused: {}",
+                String::from_utf8_lossy(&rest).trim_end()
+            )));
+        }
+        Ok(rest)
+    }
+
+    fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()> {
+        request(
+            s,
+            b"{\"type\":\"ping\",\"id\":1}\n",
+            "powerhub `pong` reply",
+            |b| find_end(b, b"\n"),
+        )
+        .map(drop)
+    }
+
+    fn encode_publish(&self, _topic: &str, msg: &[u8], out: &mut Vec<u8>) {
+        // The message names its stream (topic) itself; it is delivered byte for byte.
+        out.extend_from_slice(b"{\"type\":\"publish\",\"message\":");
+        out.extend_from_slice(msg);
+        out.extend_from_slice(b"}\n");
+    }
+
+    fn decoder(&self) -> Box<dyn Decoder> {
+        // Delivered messages, replies, pings and notifications: one JSON object per line; the
+        // server's keepalive ping is answered.
+        Box::new(LineDecoder {
+            ping: Some((b"{\"type\":\"ping\"}", b"{\"type\":\"pong\"}\n")),
+        })
+    }
+}
+
+/// How to start `powerhub serve`.
+#[derive(Debug, Clone)]
+pub(crate) struct Launcher {
+    pub(crate) bin: PathBuf,
+    /// Shards (worker threads).
+    pub(crate) shards: usize,
+    /// CPU the server is pinned to, if any.
+    pub(crate) pin: Option<usize>,
+    /// Where the config file and the server log go.
+    pub(crate) dir: PathBuf,
+}
+
+impl Launcher {
+    /// Start a server with the io backend of `kind` (default, or epoll) configured for
+    /// `flavor`.
+    pub(crate) fn start(&self, kind: SystemKind, flavor: Flavor) -> io::Result<Target> {
+        let backend = if kind == SystemKind::PowerhubEpoll {
+            "epoll"
+        } else {
+            "auto"
+        };
+        let name = format!("powerhub-{backend}-{}", flavor.name());
+        let config = self.dir.join(format!("{name}.toml"));
+        std::fs::write(&config, config_text(self.shards, backend, flavor))?;
+        let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
+        let mut child = Command::new(&self.bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot run {}: {e}", self.bin.display()))
+            })?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout"))?;
+        let mut lines = BufReader::new(stdout).lines();
+        let mut addr: Option<SocketAddr> = None;
+        let mut said = Vec::new();
+        loop {
+            let Some(line) = lines.next().transpose()? else {
+                let _ = child.kill();
+                return Err(io::Error::other(format!(
+                    "powerhub serve exited before `ready` (said {said:?}; log in {name}.log)"
+                )));
+            };
+            if let Some(a) = line.strip_prefix("listening ndjson ") {
+                addr = a.trim().parse().ok();
+            }
+            if line.trim() == "ready" {
+                break;
+            }
+            said.push(line);
+        }
+        // Keep reading stdout so that the server never blocks on it.
+        std::thread::spawn(move || for _ in lines {});
+        let addr = addr.ok_or_else(|| {
+            io::Error::other(format!(
+                "powerhub serve printed no ndjson listener: {said:?}"
+            ))
+        })?;
+        let pid = child.id();
+        if let Some(cpu) = self.pin {
+            crate::procfs::pin(Some(pid), &[cpu])?;
+        }
+        Ok(Target {
+            kind,
+            addr,
+            pid,
+            wire: Arc::new(PowerhubWire),
+            child: Some(child),
+            policies: Policy::ALL.to_vec(),
+        })
+    }
+}
+
+/// What a server is started for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Flavor {
+    /// Throughput and latency: the default policy, subscription queues as deep as the load
+    /// generator's window (16384 messages of 64 B in flight per subscriber). Redis and NATS
+    /// buffer that much per subscriber without a bound, so powerhub gets the same room instead
+    /// of dropping by policy.
+    Throughput,
+    /// Every push subscription with this slow-consumer policy and a queue of this many
+    /// messages.
+    Policy(Policy, usize),
+    /// Idle connections with the keepalive running: a ping every second.
+    Idle,
+}
+
+impl Flavor {
+    fn name(self) -> &'static str {
+        match self {
+            Flavor::Throughput => "throughput",
+            Flavor::Policy(p, _) => p.name(),
+            Flavor::Idle => "idle",
+        }
+    }
+}
+
+fn config_text(shards: usize, backend: &str, flavor: Flavor) -> String {
+    let tuning = match flavor {
+        Flavor::Throughput => "[subscriptions]\nmax_queue = 16384\n".to_owned(),
+        Flavor::Policy(p, queue) => format!(
+            "[subscriptions]\nslow_consumer = \"{}\"\nmax_queue = {queue}\n",
+            p.name()
+        ),
+        Flavor::Idle => "[outbox]\nkeepalive_interval_ms = 1000\n".to_owned(),
+    };
+    format!(
+        r#"# Written by powerhub-perf.
+[engine]
+shards = {shards}
+backend = "{backend}"
+
+[limits]
+max_connections = 100000
+# Screenshot frames of up to 2 MiB inside a publish command.
+max_message_bytes = 16777216
+
+{tuning}
+
+[[listener]]
+protocol = "ndjson"
+address = "127.0.0.1:0"
+"#
+    )
+}
+
+/// The workspace's release binary.
+pub(crate) fn default_bin() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/powerhub")
+}
+
+/// A sink that takes every frame at once (an in-process consumer with nothing to do).
+#[derive(Debug, Default)]
+struct Accepting;
+
+impl Sink for Accepting {
+    fn send(&self, _sub: &SubscriberRef, _frame: Frame, _done: Completion) -> SendOutcome {
+        SendOutcome::Accepted
+    }
+}
+
+/// Publish `msgs` copies of `payload` to `n` subscribers of an in-process hub (its own drain
+/// thread) and wait until every subscriber has them. Each subscriber's handler counts its
+/// deliveries; the publisher stays within half a queue of the drain, as with the other
+/// in-process systems, so that nothing is dropped.
+pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::Result<InprocOut> {
+    let err = |e: powerhub::hub::HubError| io::Error::other(e.to_string());
+    // The drain thread inherits the CPU of the thread that creates the hub.
+    let hub = std::thread::scope(|s| {
+        s.spawn(|| {
+            crate::inproc::pin_consumer();
+            Hub::new(Accepting, HubOptions::default().codec(Codec::Ndjson))
+        })
+        .join()
+        .map_err(|_| io::Error::other("hub creation panicked"))
+    })?
+    .map_err(err)?;
+    // One counter per subscriber, written only by the drain thread (the sink never leaves a
+    // send pending, so handlers run nowhere else): a plain load and store, no locked
+    // instruction. The publisher reads them to stay within half a queue of the slowest.
+    let counters: Vec<Arc<AtomicU64>> = (0..n).map(|_| Arc::new(AtomicU64::new(0))).collect();
+    let mut subs = Vec::with_capacity(n);
+    for c in &counters {
+        let d = c.clone();
+        let handler = move |_: &powerhub::hub::Delivery<'_>| {
+            d.store(d.load(Ordering::Relaxed) + 1, Ordering::Relaxed);
+        };
+        // The default policy (drop-oldest); the publisher's window keeps it from acting.
+        let opts = SubscribeOptions::default().max_queue(queue).max_batch(64);
+        subs.push(
+            hub.subscribe(crate::scenarios::BENCH, handler, opts)
+                .map_err(err)?,
+        );
+    }
+    let slowest = || {
+        counters
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(0)
+    };
+    let message = Message::json(payload).map_err(err)?;
+    let window = (queue / 2).max(1) as u64;
+    let start = Instant::now();
+    let mut floor = 0;
+    for i in 0..msgs {
+        while i >= floor + window {
+            floor = slowest();
+            if i >= floor + window {
+                std::thread::yield_now();
+            }
+        }
+        hub.publish(
+            crate::scenarios::BENCH,
+            message.clone(),
+            PublishOptions::default(),
+        )
+        .map_err(err)?;
+    }
+    hub.flush().map_err(err)?;
+    let secs = start.elapsed().as_secs_f64();
+    let stats = hub.stats();
+    hub.close();
+    let delivered = counters.iter().map(|c| c.load(Ordering::Relaxed)).sum();
+    Ok(InprocOut {
+        delivered,
+        lost: stats.dropped,
+        secs,
+    })
+}
