@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Runs the whole test suite: unit, spec, property, integration (both IO backends), loom models,
-# the real-client tests (Python websockets, headless Chromium).
+# the real-client tests (Python websockets, headless Chromium) and the perf tool's quick smoke run
+# (every scenario against powerhub, Redis, NATS and the raw baseline; fails if a system loses a
+# message it should have delivered).
 # Installs the system packages the tests need when they are missing (Debian/Ubuntu, as root or
 # with sudo).
 set -euo pipefail
@@ -17,6 +19,11 @@ cargo test --workspace --doc
 echo "== cargo test, epoll forced (POWERHUB_BACKEND=epoll)"
 POWERHUB_BACKEND=epoll cargo test -p powerhub --tests
 
-echo "== loom models of the ring"
-RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 \
-  cargo test -p powerhub --release --test loom_ring --target-dir target/loom
+echo "== loom models: the ring, the shard wake-up"
+export LOOM_MAX_PREEMPTIONS=2
+RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --test loom_ring
+RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib runtime::parker
+unset LOOM_MAX_PREEMPTIONS
+
+echo "== perf tool, quick smoke run"
+bash perf/smoke.sh
