@@ -15,3 +15,8 @@ pub mod runtime;
 pub mod transport;
 
 pub use powerhub_plugin as plugin;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;
