@@ -10,7 +10,7 @@
 //!   environment forces epoll. The contract both implement is written in `sys/mod.rs`.
 //! - Shards: reached from other threads through a lock-free queue and an eventfd wake-up; the
 //!   write path takes no lock. Connections are assigned to shards round-robin, for life.
-//! - Plugins: listeners name a [`ProtocolFactory`](crate::plugin::ProtocolFactory) registered in
+//! - Plugins: listeners name a [`ProtocolFactory`] registered in
 //!   a [`ProtocolRegistry`].
 //!
 //! # Examples
