@@ -181,7 +181,7 @@ pub struct SubscriptionsSection {
 impl Default for SubscriptionsSection {
     fn default() -> Self {
         SubscriptionsSection {
-            max_queue: 256,
+            max_queue: 4096,
             slow_consumer: SlowConsumerChoice::DropOldest,
             max_batch: 64,
         }
