@@ -88,6 +88,19 @@ pub struct EngineSection {
     /// How often the hub's and the engine's counters are published to the `$stats` stream
     /// (while it has subscribers), in milliseconds; 0 = never.
     pub stats_interval_ms: u64,
+    /// How long the engine's hub gathers publications before a delivery turn, in microseconds
+    /// (`HubOptions::batch_delay`); 0 = a turn per wake-up.
+    pub hub_batch_delay_us: u64,
+}
+
+/// Largest accepted `engine.hub_batch_delay_us` (100 ms).
+pub const MAX_HUB_BATCH_DELAY_US: u64 = 100_000;
+
+impl EngineSection {
+    /// `hub_batch_delay_us` as a duration.
+    pub fn hub_batch_delay(&self) -> Duration {
+        Duration::from_micros(self.hub_batch_delay_us)
+    }
 }
 
 impl Default for EngineSection {
@@ -97,6 +110,7 @@ impl Default for EngineSection {
             backend: BackendChoice::Auto,
             shutdown_timeout_ms: 5000,
             stats_interval_ms: 1000,
+            hub_batch_delay_us: 50,
         }
     }
 }
@@ -181,7 +195,7 @@ pub struct SubscriptionsSection {
 impl Default for SubscriptionsSection {
     fn default() -> Self {
         SubscriptionsSection {
-            max_queue: 256,
+            max_queue: 4096,
             slow_consumer: SlowConsumerChoice::DropOldest,
             max_batch: 64,
         }
@@ -362,6 +376,13 @@ impl Config {
             }
         }
         let l = &self.limits;
+        if self.engine.hub_batch_delay_us > MAX_HUB_BATCH_DELAY_US {
+            return Err(invalid(
+                "engine.hub_batch_delay_us",
+                self.engine.hub_batch_delay_us,
+                "at most 100000 (100 ms)",
+            ));
+        }
         if self.engine.shards > 1024 {
             return Err(invalid(
                 "engine.shards",
@@ -502,5 +523,21 @@ mod tests {
         assert!(err.to_string().contains("listener[0].address"), "{err}");
         let err = Config::from_toml("[engine]\nbackend = \"kqueue\"\n", None).unwrap_err();
         assert!(err.to_string().contains("kqueue"), "{err}");
+    }
+
+    #[test]
+    fn hub_batch_delay_over_its_maximum_is_an_error_naming_the_key() {
+        let c = Config::from_toml(DEFAULT_CONFIG, None).unwrap();
+        assert_eq!(
+            c.engine.hub_batch_delay_us,
+            EngineSection::default().hub_batch_delay_us
+        );
+        let ok = Config::from_toml("[engine]\nhub_batch_delay_us = 100000\n", None).unwrap();
+        assert_eq!(ok.engine.hub_batch_delay(), Duration::from_millis(100));
+        let err = Config::from_toml("[engine]\nhub_batch_delay_us = 100001\n", None).unwrap_err();
+        assert!(
+            err.to_string().contains("engine.hub_batch_delay_us"),
+            "{err}"
+        );
     }
 }

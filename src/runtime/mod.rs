@@ -54,6 +54,7 @@ mod writeq;
 pub use config::{
     BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig,
     OutboxSection, SlowConsumerChoice, SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
+    MAX_HUB_BATCH_DELAY_US,
 };
 pub use registry::{ProtocolRegistry, RegistryError};
 
@@ -478,7 +479,10 @@ impl Engine {
         let owns_hub = hub.is_none();
         let hub = match hub {
             Some(h) => h,
-            None => Hub::new(NoSink, HubOptions::default())?,
+            None => Hub::new(
+                NoSink,
+                HubOptions::default().batch_delay(config.engine.hub_batch_delay()),
+            )?,
         };
         let limits = &config.limits;
         let protocol_limits = ProtocolLimits::default()
