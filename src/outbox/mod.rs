@@ -185,16 +185,21 @@ enum Item {
     Control(Bytes),
     /// A keepalive ping.
     Ping,
-    /// A message for a subscription, classified.
-    Message {
-        sub: Arc<str>,
-        meta: MessageMeta,
-        body: Body,
-    },
+    /// A message for a subscription, classified. Boxed: classified messages exist only while
+    /// paused, and inline they would triple the size of every queue slot (a connection's queue
+    /// keeps its capacity while idle).
+    Message(Box<Classified>),
     /// An unclassified chunk of NDJSON lines (only while healthy).
     Shared { sub: Arc<str>, lines: Bytes },
     /// A frame removed by coalescing or unsubscribe (keeps sequence numbers stable).
     Removed,
+}
+
+#[derive(Debug)]
+struct Classified {
+    sub: Arc<str>,
+    meta: MessageMeta,
+    body: Body,
 }
 
 #[derive(Debug)]
@@ -219,7 +224,7 @@ impl Item {
         match self {
             Item::Control(b) => b.len(),
             Item::Ping => PING_JSON.len(),
-            Item::Message { body, .. } => body.len(),
+            Item::Message(m) => m.body.len(),
             Item::Shared { lines, .. } => lines.len(),
             Item::Removed => 0,
         }
@@ -288,11 +293,11 @@ impl Outbox {
         }
         self.observe_send();
         let meta = event.meta().clone();
-        let item = Item::Message {
+        let item = Item::Message(Box::new(Classified {
             sub: self.intern(sub),
             meta,
             body: Body::Event(event),
-        };
+        }));
         if self.paused {
             self.admit_paused(item);
         } else {
@@ -608,7 +613,10 @@ impl Outbox {
                     self.admit_message(Arc::clone(&sub), meta, Body::Json(line));
                 }
             }
-            Item::Message { sub, meta, body } => self.admit_message(sub, meta, body),
+            Item::Message(m) => {
+                let Classified { sub, meta, body } = *m;
+                self.admit_message(sub, meta, body)
+            }
             Item::Removed => {}
             other => {
                 self.push_back(other);
@@ -625,7 +633,7 @@ impl Outbox {
             self.notified.clear();
         }
         if meta.correlated || !self.config.is_coalescible(&meta.kind) {
-            self.push_back(Item::Message { sub, meta, body });
+            self.push_back(Item::Message(Box::new(Classified { sub, meta, body })));
             return;
         }
         let key = SlotKey {
@@ -636,15 +644,15 @@ impl Outbox {
         };
         if let Some(&seq) = self.slots.get(&key) {
             let new_len = body.len();
-            if let Some(Item::Message { body: old, .. }) = self.item_mut(seq) {
-                let old_len = old.len();
-                *old = body;
+            if let Some(Item::Message(old)) = self.item_mut(seq) {
+                let old_len = old.body.len();
+                old.body = body;
                 self.stats.queued_bytes = self.stats.queued_bytes - old_len + new_len;
                 self.stats.coalesced += 1;
                 return;
             }
         }
-        let seq = self.push_back(Item::Message { sub, meta, body });
+        let seq = self.push_back(Item::Message(Box::new(Classified { sub, meta, body })));
         self.slots.insert(key, seq);
     }
 
@@ -689,7 +697,8 @@ impl Outbox {
                         self.encode_json(framer, Bytes::from_static(PING_JSON));
                     }
                 }
-                Item::Message { sub, meta, body } => {
+                Item::Message(m) => {
+                    let Classified { sub, meta, body } = *m;
                     if !meta.correlated && self.config.is_droppable(&meta.kind) {
                         if self.over_threshold() {
                             if let Some(json) = self.drop_frame(&sub, &meta, true) {
