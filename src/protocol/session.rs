@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use super::command::{Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId};
 use super::reply;
+use crate::hub::Message;
 
 /// Limits of one push session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,14 +72,16 @@ pub enum Action {
         ack: Bytes,
     },
     /// Publish `message` (verbatim) to every topic of `topics`, add up the subscriber counts,
-    /// and push [`reply::published`]`(request_id, total)`.
+    /// and push [`reply::published`]`(request_id, total)`. The message is a JSON
+    /// [`Message`](crate::hub::Message) already: the command parser validated it, and the hub
+    /// does not parse it again.
     Publish {
         /// The command's correlation id, for the reply.
         request_id: Option<RequestId>,
         /// The stream topic, then the device topic when the message has a `deviceId` string.
         topics: Vec<String>,
         /// The message, byte for byte as the publisher wrote it.
-        message: Bytes,
+        message: Message,
         /// What the message says about itself.
         meta: PublishMeta,
     },
@@ -238,7 +241,8 @@ impl Session {
             Command::Publish { id, message, meta } => Ok(Action::Publish {
                 request_id: id,
                 topics: publish_topics(&meta),
-                message,
+                // The whole command line, message included, was validated by the parser.
+                message: Message::json_validated(message),
                 meta,
             }),
             Command::Ping { id } => Ok(Action::Reply(reply::pong(id.as_ref()))),
