@@ -185,21 +185,16 @@ enum Item {
     Control(Bytes),
     /// A keepalive ping.
     Ping,
-    /// A message for a subscription, classified. Boxed: classified messages exist only while
-    /// paused, and inline they would triple the size of every queue slot (a connection's queue
-    /// keeps its capacity while idle).
-    Message(Box<Classified>),
+    /// A message for a subscription, classified.
+    Message {
+        sub: Arc<str>,
+        meta: MessageMeta,
+        body: Body,
+    },
     /// An unclassified chunk of NDJSON lines (only while healthy).
     Shared { sub: Arc<str>, lines: Bytes },
     /// A frame removed by coalescing or unsubscribe (keeps sequence numbers stable).
     Removed,
-}
-
-#[derive(Debug)]
-struct Classified {
-    sub: Arc<str>,
-    meta: MessageMeta,
-    body: Body,
 }
 
 #[derive(Debug)]
@@ -224,7 +219,7 @@ impl Item {
         match self {
             Item::Control(b) => b.len(),
             Item::Ping => PING_JSON.len(),
-            Item::Message(m) => m.body.len(),
+            Item::Message { body, .. } => body.len(),
             Item::Shared { lines, .. } => lines.len(),
             Item::Removed => 0,
         }
@@ -293,11 +288,11 @@ impl Outbox {
         }
         self.observe_send();
         let meta = event.meta().clone();
-        let item = Item::Message(Box::new(Classified {
+        let item = Item::Message {
             sub: self.intern(sub),
             meta,
             body: Body::Event(event),
-        }));
+        };
         if self.paused {
             self.admit_paused(item);
         } else {
@@ -576,6 +571,11 @@ impl Outbox {
     fn push_back(&mut self, item: Item) -> u64 {
         self.stats.queued += 1;
         self.stats.queued_bytes += item.len();
+        if self.queue.capacity() == 0 {
+            // One slot, not the four a first push reserves: most connections are idle after a
+            // reply or two, and the queue keeps its capacity. A busy one doubles from there once.
+            self.queue.reserve_exact(1);
+        }
         self.queue.push_back(item);
         self.head_seq + self.queue.len() as u64 - 1
     }
@@ -613,10 +613,7 @@ impl Outbox {
                     self.admit_message(Arc::clone(&sub), meta, Body::Json(line));
                 }
             }
-            Item::Message(m) => {
-                let Classified { sub, meta, body } = *m;
-                self.admit_message(sub, meta, body)
-            }
+            Item::Message { sub, meta, body } => self.admit_message(sub, meta, body),
             Item::Removed => {}
             other => {
                 self.push_back(other);
@@ -633,7 +630,7 @@ impl Outbox {
             self.notified.clear();
         }
         if meta.correlated || !self.config.is_coalescible(&meta.kind) {
-            self.push_back(Item::Message(Box::new(Classified { sub, meta, body })));
+            self.push_back(Item::Message { sub, meta, body });
             return;
         }
         let key = SlotKey {
@@ -644,15 +641,15 @@ impl Outbox {
         };
         if let Some(&seq) = self.slots.get(&key) {
             let new_len = body.len();
-            if let Some(Item::Message(old)) = self.item_mut(seq) {
-                let old_len = old.body.len();
-                old.body = body;
+            if let Some(Item::Message { body: old, .. }) = self.item_mut(seq) {
+                let old_len = old.len();
+                *old = body;
                 self.stats.queued_bytes = self.stats.queued_bytes - old_len + new_len;
                 self.stats.coalesced += 1;
                 return;
             }
         }
-        let seq = self.push_back(Item::Message(Box::new(Classified { sub, meta, body })));
+        let seq = self.push_back(Item::Message { sub, meta, body });
         self.slots.insert(key, seq);
     }
 
@@ -697,8 +694,7 @@ impl Outbox {
                         self.encode_json(framer, Bytes::from_static(PING_JSON));
                     }
                 }
-                Item::Message(m) => {
-                    let Classified { sub, meta, body } = *m;
+                Item::Message { sub, meta, body } => {
                     if !meta.correlated && self.config.is_droppable(&meta.kind) {
                         if self.over_threshold() {
                             if let Some(json) = self.drop_frame(&sub, &meta, true) {
@@ -773,6 +769,10 @@ impl Outbox {
     /// `wire_len`).
     fn flush_scratch(&mut self) {
         if !self.scratch.is_empty() {
+            if self.wire.capacity() == 0 {
+                // As for the queue: one slot first, doubling from there.
+                self.wire.reserve_exact(1);
+            }
             self.wire.push_back(self.scratch.split().freeze());
         }
     }
