@@ -438,3 +438,58 @@ impl Queue {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64) -> Arc<Entry> {
+        Arc::new(Entry {
+            seq,
+            priority: 0,
+            message: Message::binary(vec![0u8]),
+        })
+    }
+
+    fn ring_allocated(q: &Queue) -> bool {
+        match &q.store {
+            Store::Fifo(ring) => ring.get().is_some(),
+            _ => panic!("not a FIFO queue"),
+        }
+    }
+
+    #[test]
+    fn fifo_queue_allocates_its_ring_on_first_offer() {
+        for policy in [SlowConsumer::DropNewest, SlowConsumer::Disconnect] {
+            let q = Queue::new(2, policy, false);
+            assert!(!ring_allocated(&q));
+            // Reading an untouched queue allocates nothing.
+            assert_eq!(q.len(), 0);
+            assert_eq!(q.clear(), 0);
+            let mut out = Vec::new();
+            q.pop_into(8, &mut out);
+            assert!(out.is_empty());
+            assert!(!ring_allocated(&q));
+
+            assert_eq!(q.offer(entry(1)), Offer::Queued { evicted: 0 });
+            assert!(ring_allocated(&q));
+            assert_eq!(q.offer(entry(2)), Offer::Queued { evicted: 0 });
+            let full = if policy == SlowConsumer::DropNewest {
+                Offer::Dropped
+            } else {
+                Offer::Disconnect
+            };
+            assert_eq!(q.offer(entry(3)), full);
+            q.pop_into(8, &mut out);
+            assert_eq!(out.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+        }
+    }
+
+    #[test]
+    fn subscriber_queue_is_small() {
+        // A cursor subscriber's queue is inline in every subscription; the ring it does not use
+        // must not size it.
+        assert!(std::mem::size_of::<Queue>() <= 96);
+        assert!(std::mem::align_of::<Queue>() <= 8);
+    }
+}
