@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use powerhub::hub::{Codec, Driver, Hub, HubOptions, Message, PublishOptions, SubscribeOptions};
+use powerhub::hub::{Codec, Driver, Hub, HubOptions, PublishOptions, SubscribeOptions};
 use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory};
 use powerhub::plugin::{
     Completion, Frame, ProtocolError, ProtocolOutput, SendOutcome, Sink, StreamProtocol,
@@ -141,11 +141,7 @@ impl Server {
                 for topic in &topics {
                     total += self
                         .hub
-                        .publish(
-                            topic,
-                            Message::json(message.clone()).unwrap(),
-                            PublishOptions::default(),
-                        )
+                        .publish(topic, message.clone(), PublishOptions::default())
                         .unwrap();
                 }
                 c.outbox

@@ -287,7 +287,7 @@ fn run_line(topics: &mut Topics, clients: &mut [Client], who: usize, text: &str,
         } => {
             let mut delivered = 0;
             for name in names {
-                let mut chunk = BytesMut::from(&message[..]);
+                let mut chunk = BytesMut::from(&message.bytes()[..]);
                 chunk.extend_from_slice(b"\n");
                 let chunk = chunk.freeze();
                 for (c, sub, _) in topics.subs.get(&name).into_iter().flatten() {
@@ -372,4 +372,23 @@ fn device_and_all_device_subscribers_read_the_published_bytes_identically() {
         read(&clients[2]),
         "{\"type\":\"published\",\"requestId\":0,\"delivered\":2}\n{\"type\":\"published\",\"requestId\":1,\"delivered\":1}\n{\"type\":\"published\",\"requestId\":2,\"delivered\":1}\n"
     );
+}
+
+#[test]
+fn publish_hands_the_hub_the_verbatim_message_as_json() {
+    let mut s = Session::new(1, SessionConfig::default());
+    let text = r#"{"type":"publish","id":"p1","message":{"type":"t","stream":"s","n":[1, 2]}}"#;
+    match line(&mut s, text) {
+        Action::Publish { message, .. } => {
+            assert!(message.is_json());
+            assert_eq!(
+                &message.bytes()[..],
+                br#"{"type":"t","stream":"s","n":[1, 2]}"#
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // A line that is not JSON never becomes a message.
+    let bad = r#"{"type":"publish","message":{"type":"t","stream":"s","n":[1,}}"#;
+    assert!(!matches!(line(&mut s, bad), Action::Publish { .. }));
 }

@@ -395,11 +395,17 @@ impl Inner {
                 }
             },
         };
-        let mut sref = SubscriberRef::new(Arc::clone(&id), topic);
+        // The subscriber's topic name shares the topic's key: one allocation per topic, not
+        // per subscriber.
+        let key = match topics.get_key_value(topic) {
+            Some((key, _)) => Arc::clone(key),
+            None => Arc::from(topic),
+        };
+        let mut sref = SubscriberRef::new(Arc::clone(&id), Arc::clone(&key));
         if let Some(t) = opts.transport {
             sref = sref.with_transport(t);
         }
-        let entry = topics.entry(Arc::from(topic)).or_default();
+        let entry = topics.entry(key).or_default();
         let cursor = !self.opts.message_priority
             && opts.slow_consumer == SlowConsumer::DropOldest
             && opts.max_queue > 0;

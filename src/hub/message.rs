@@ -44,6 +44,15 @@ impl Message {
         })
     }
 
+    /// A JSON message whose text the caller already validated as JSON (the push protocol's
+    /// parser does, for the message of a `publish` command), so a publish parses it once.
+    pub(crate) fn json_validated(text: Bytes) -> Message {
+        Message {
+            body: text,
+            kind: Kind::Json,
+        }
+    }
+
     /// A JSON message serialized from `value`.
     pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Message, HubError> {
         let body = serde_json::to_vec(value).map_err(|e| HubError::InvalidJson(e.to_string()))?;

@@ -16,7 +16,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 
@@ -46,16 +46,18 @@ pub(crate) enum Offer {
     Disconnect,
 }
 
-// One `Store` per subscriber, inline in its `Arc`: the ring's cache-padded size is wanted, and
-// boxing it would add a pointer chase on every publish.
-#[allow(clippy::large_enum_variant)]
+// One `Store` per subscriber, inline in its `Arc`. The FIFO ring is boxed and allocated on the
+// first offer: inline, its cache-padded indices would make every subscriber (cursors included)
+// 128-byte aligned and several hundred bytes larger, and a subscriber that never receives
+// anything should not own `max_queue` slots. The cost is one pointer chase per offer.
 #[derive(Debug)]
 enum Store {
     /// `max_queue: 0`: nothing is ever buffered.
     Zero,
     /// FIFO drop-oldest: a cursor into the topic's shared log.
     Cursor(Cursor),
-    Fifo(Ring<Arc<Entry>>),
+    /// FIFO drop-newest or disconnect: a ring of `capacity` slots, allocated on first use.
+    Fifo(OnceLock<Box<Ring<Arc<Entry>>>>),
     Prio(Mutex<PrioMap>),
 }
 
@@ -301,7 +303,7 @@ impl Queue {
         } else if message_priority {
             Store::Prio(Mutex::new(BTreeMap::new()))
         } else {
-            Store::Fifo(Ring::new(capacity))
+            Store::Fifo(OnceLock::new())
         };
         Queue {
             store,
@@ -324,20 +326,23 @@ impl Queue {
                 SlowConsumer::DropOldest | SlowConsumer::DropNewest => Offer::Dropped,
                 SlowConsumer::Disconnect => Offer::Disconnect,
             },
-            Store::Fifo(ring) => match self.policy {
-                SlowConsumer::DropOldest => match ring.force_push(entry) {
-                    Some(_evicted) => Offer::Queued { evicted: 1 },
-                    None => Offer::Queued { evicted: 0 },
-                },
-                SlowConsumer::DropNewest => match ring.push(entry) {
-                    Ok(()) => Offer::Queued { evicted: 0 },
-                    Err(_) => Offer::Dropped,
-                },
-                SlowConsumer::Disconnect => match ring.push(entry) {
-                    Ok(()) => Offer::Queued { evicted: 0 },
-                    Err(_) => Offer::Disconnect,
-                },
-            },
+            Store::Fifo(ring) => {
+                let ring = ring.get_or_init(|| Box::new(Ring::new(self.capacity)));
+                match self.policy {
+                    SlowConsumer::DropOldest => match ring.force_push(entry) {
+                        Some(_evicted) => Offer::Queued { evicted: 1 },
+                        None => Offer::Queued { evicted: 0 },
+                    },
+                    SlowConsumer::DropNewest => match ring.push(entry) {
+                        Ok(()) => Offer::Queued { evicted: 0 },
+                        Err(_) => Offer::Dropped,
+                    },
+                    SlowConsumer::Disconnect => match ring.push(entry) {
+                        Ok(()) => Offer::Queued { evicted: 0 },
+                        Err(_) => Offer::Disconnect,
+                    },
+                }
+            }
             Store::Prio(map) => {
                 let mut map = map.lock();
                 let mut evicted = 0;
@@ -370,6 +375,7 @@ impl Queue {
                 _ => {}
             },
             Store::Fifo(ring) => {
+                let Some(ring) = ring.get() else { return };
                 for _ in 0..max {
                     match ring.pop() {
                         Some(e) => out.push(e),
@@ -403,6 +409,7 @@ impl Queue {
                 n
             }
             Store::Fifo(ring) => {
+                let Some(ring) = ring.get() else { return 0 };
                 let mut n = 0;
                 while ring.pop().is_some() {
                     n += 1;
@@ -422,12 +429,67 @@ impl Queue {
         match &self.store {
             Store::Zero => 0,
             Store::Cursor(c) => c.state.lock().len(c.log.head(), self.capacity),
-            Store::Fifo(ring) => ring.len(),
+            Store::Fifo(ring) => ring.get().map_or(0, |r| r.len()),
             Store::Prio(map) => map.lock().len(),
         }
     }
 
     pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seq: u64) -> Arc<Entry> {
+        Arc::new(Entry {
+            seq,
+            priority: 0,
+            message: Message::binary(vec![0u8]),
+        })
+    }
+
+    fn ring_allocated(q: &Queue) -> bool {
+        match &q.store {
+            Store::Fifo(ring) => ring.get().is_some(),
+            _ => panic!("not a FIFO queue"),
+        }
+    }
+
+    #[test]
+    fn fifo_queue_allocates_its_ring_on_first_offer() {
+        for policy in [SlowConsumer::DropNewest, SlowConsumer::Disconnect] {
+            let q = Queue::new(2, policy, false);
+            assert!(!ring_allocated(&q));
+            // Reading an untouched queue allocates nothing.
+            assert_eq!(q.len(), 0);
+            assert_eq!(q.clear(), 0);
+            let mut out = Vec::new();
+            q.pop_into(8, &mut out);
+            assert!(out.is_empty());
+            assert!(!ring_allocated(&q));
+
+            assert_eq!(q.offer(entry(1)), Offer::Queued { evicted: 0 });
+            assert!(ring_allocated(&q));
+            assert_eq!(q.offer(entry(2)), Offer::Queued { evicted: 0 });
+            let full = if policy == SlowConsumer::DropNewest {
+                Offer::Dropped
+            } else {
+                Offer::Disconnect
+            };
+            assert_eq!(q.offer(entry(3)), full);
+            q.pop_into(8, &mut out);
+            assert_eq!(out.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+        }
+    }
+
+    #[test]
+    fn subscriber_queue_is_small() {
+        // A cursor subscriber's queue is inline in every subscription; the ring it does not use
+        // must not size it.
+        assert!(std::mem::size_of::<Queue>() <= 96);
+        assert!(std::mem::align_of::<Queue>() <= 8);
     }
 }

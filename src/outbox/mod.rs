@@ -571,6 +571,11 @@ impl Outbox {
     fn push_back(&mut self, item: Item) -> u64 {
         self.stats.queued += 1;
         self.stats.queued_bytes += item.len();
+        if self.queue.capacity() == 0 {
+            // One slot, not the four a first push reserves: most connections are idle after a
+            // reply or two, and the queue keeps its capacity. A busy one doubles from there once.
+            self.queue.reserve_exact(1);
+        }
         self.queue.push_back(item);
         self.head_seq + self.queue.len() as u64 - 1
     }
@@ -764,6 +769,10 @@ impl Outbox {
     /// `wire_len`).
     fn flush_scratch(&mut self) {
         if !self.scratch.is_empty() {
+            if self.wire.capacity() == 0 {
+                // As for the queue: one slot first, doubling from there.
+                self.wire.reserve_exact(1);
+            }
             self.wire.push_back(self.scratch.split().freeze());
         }
     }

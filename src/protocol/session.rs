@@ -1,12 +1,12 @@
 //! A sans-IO push session: turns a connection's inbound lines into actions for the runtime.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::command::{Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId};
 use super::reply;
+use crate::hub::Message;
 
 /// Limits of one push session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,14 +72,16 @@ pub enum Action {
         ack: Bytes,
     },
     /// Publish `message` (verbatim) to every topic of `topics`, add up the subscriber counts,
-    /// and push [`reply::published`]`(request_id, total)`.
+    /// and push [`reply::published`]`(request_id, total)`. The message is a JSON
+    /// [`Message`](crate::hub::Message) already: the command parser validated it, and the hub
+    /// does not parse it again.
     Publish {
         /// The command's correlation id, for the reply.
         request_id: Option<RequestId>,
         /// The stream topic, then the device topic when the message has a `deviceId` string.
         topics: Vec<String>,
         /// The message, byte for byte as the publisher wrote it.
-        message: Bytes,
+        message: Message,
         /// What the message says about itself.
         meta: PublishMeta,
     },
@@ -131,7 +133,9 @@ pub fn publish_topics(meta: &PublishMeta) -> Vec<String> {
 pub struct Session {
     config: SessionConfig,
     connection_id: u64,
-    subscriptions: HashMap<Arc<str>, SubscriptionInfo>,
+    /// A connection holds few subscriptions (most often one): a vector sized to what is held is
+    /// far smaller than a hash map's first allocation, and a scan of it is as fast.
+    subscriptions: SubList,
     next_id: u64,
     parser: CommandParser,
 }
@@ -143,7 +147,7 @@ impl Session {
         Session {
             config,
             connection_id,
-            subscriptions: HashMap::new(),
+            subscriptions: SubList::default(),
             next_id: 1,
             parser: CommandParser::default(),
         }
@@ -237,7 +241,8 @@ impl Session {
             Command::Publish { id, message, meta } => Ok(Action::Publish {
                 request_id: id,
                 topics: publish_topics(&meta),
-                message,
+                // The whole command line, message included, was validated by the parser.
+                message: Message::json_validated(message),
                 meta,
             }),
             Command::Ping { id } => Ok(Action::Reply(reply::pong(id.as_ref()))),
@@ -281,16 +286,55 @@ impl Session {
 
     /// Every subscription: (subscription id, info).
     pub fn subscriptions(&self) -> impl Iterator<Item = (&Arc<str>, &SubscriptionInfo)> {
-        self.subscriptions.iter()
+        self.subscriptions.0.iter().map(|(id, info)| (id, info))
     }
 
     /// Forgets every subscription and returns them, for teardown (unsubscribe each `hub_id`).
     pub fn close(&mut self) -> Vec<(Arc<str>, SubscriptionInfo)> {
-        self.subscriptions.drain().collect()
+        std::mem::take(&mut self.subscriptions.0)
     }
 
     /// The limits.
     pub fn config(&self) -> &SessionConfig {
         &self.config
+    }
+}
+
+/// A session's subscriptions by id.
+#[derive(Debug, Default)]
+struct SubList(Vec<(Arc<str>, SubscriptionInfo)>);
+
+impl SubList {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn position(&self, id: &str) -> Option<usize> {
+        self.0.iter().position(|(k, _)| &**k == id)
+    }
+
+    fn contains_key(&self, id: &str) -> bool {
+        self.position(id).is_some()
+    }
+
+    fn get(&self, id: &str) -> Option<&SubscriptionInfo> {
+        self.position(id).map(|i| &self.0[i].1)
+    }
+
+    /// Adds a subscription whose id is not held yet.
+    fn insert(&mut self, id: Arc<str>, info: SubscriptionInfo) {
+        if self.0.capacity() == 0 {
+            // The first subscription gets one slot, not the four a first push reserves.
+            self.0.reserve_exact(1);
+        }
+        self.0.push((id, info));
+    }
+
+    fn remove_entry(&mut self, id: &str) -> Option<(Arc<str>, SubscriptionInfo)> {
+        self.position(id).map(|i| self.0.swap_remove(i))
+    }
+
+    fn remove(&mut self, id: &str) -> Option<SubscriptionInfo> {
+        self.remove_entry(id).map(|(_, info)| info)
     }
 }

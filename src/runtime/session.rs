@@ -21,7 +21,7 @@ use powerhub_plugin::{
 use super::config::SlowConsumerChoice;
 use super::shard::{Conn, ConnShared, ShardHandle, ShardMsg};
 use super::Shared;
-use crate::hub::{Codec, Message, PublishOptions, SlowConsumer, SubscribeOptions};
+use crate::hub::{Codec, PublishOptions, SlowConsumer, SubscribeOptions};
 use crate::protocol::{self, reply, Action, Command};
 
 /// The sink of every push subscription of one connection.
@@ -196,8 +196,9 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
             let mut total = 0;
             let mut failure = None;
             for topic in &topics {
-                match Message::json(message.clone())
-                    .and_then(|m| shared.hub.publish(topic, m, PublishOptions::default()))
+                match shared
+                    .hub
+                    .publish(topic, message.clone(), PublishOptions::default())
                 {
                     Ok(n) => total += n,
                     Err(e) => failure = Some(e),
