@@ -62,9 +62,11 @@ fn start_server() -> Server {
     let mut config = Config::default();
     config.engine.shards = 2;
     config.engine.stats_interval_ms = 200;
-    // Keepalive fast enough for the Python client to see pings and be reaped without pongs.
+    // Keepalive fast enough for the Python client to see pings and be reaped without pongs; the
+    // liveness timeout leaves a busy client (parsing 256 KiB messages on a loaded machine) room
+    // to answer.
     config.outbox.keepalive_interval_ms = 300;
-    config.outbox.liveness_timeout_ms = 1500;
+    config.outbox.liveness_timeout_ms = 4000;
     config
         .listeners
         .push(ListenerConfig::tcp("websocket", "127.0.0.1:0"));
