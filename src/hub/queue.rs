@@ -135,6 +135,27 @@ impl TopicLog {
     pub(crate) fn cap(&self) -> usize {
         self.inner.lock().cap
     }
+
+    /// Forgets the entries before log index `floor`: every cursor of the topic has passed them
+    /// (see [`Queue::cursor_floor`]), and a new cursor starts at the head.
+    pub(crate) fn release_before(&self, floor: u64) {
+        let mut log = self.inner.lock();
+        let n = floor.saturating_sub(log.base).min(log.buf.len() as u64);
+        if n > 0 {
+            log.buf.drain(..n as usize);
+            log.base += n;
+        }
+    }
+
+    /// Unique for the life of the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Entries the log holds.
+    pub(crate) fn len(&self) -> usize {
+        self.inner.lock().buf.len()
+    }
 }
 
 #[derive(Debug)]
@@ -233,6 +254,21 @@ impl Queue {
                 (evicted, st.len(head, self.capacity))
             }
             _ => (0, self.len()),
+        }
+    }
+
+    /// The first log index a cursor queue can still read (`None` for other queues): its cursor,
+    /// or `head - max_queue` if that is further, since drop-oldest evicts everything before it
+    /// (the prefix goes first, so no live entry older than the last `max_queue` is ever read).
+    /// Never decreases: cursors and the head only move forward.
+    pub(crate) fn cursor_floor(&self) -> Option<u64> {
+        match &self.store {
+            Store::Cursor(c) => {
+                let st = c.state.lock();
+                let head = c.log.head();
+                Some(st.next.max(head.saturating_sub(self.capacity as u64)))
+            }
+            _ => None,
         }
     }
 
@@ -456,6 +492,44 @@ mod tests {
             Store::Fifo(ring) => ring.get().is_some(),
             _ => panic!("not a FIFO queue"),
         }
+    }
+
+    #[test]
+    fn log_releases_before_the_slowest_cursor_floor_and_counts_stay_exact() {
+        let log = Arc::new(TopicLog::default());
+        log.set_cap(8);
+        let fast = Queue::cursor(8, Arc::clone(&log));
+        let slow = Queue::cursor(4, Arc::clone(&log));
+        for seq in 0..6 {
+            log.append(&entry(seq));
+        }
+        let (_, popped) = fast.pop_cursor(6, |_, _| false);
+        assert!(matches!(popped, CursorPop::Range { start: 0, k: 6, .. }));
+        // The slow cursor never read anything, but drop-oldest keeps only its last 4.
+        assert_eq!(fast.cursor_floor(), Some(6));
+        assert_eq!(slow.cursor_floor(), Some(2));
+        log.release_before(2);
+        assert_eq!(log.len(), 4);
+        assert_eq!(log.head(), 6);
+        // The slow cursor still sees its window, and counts the 2 it lost.
+        let (evicted, popped) = slow.pop_cursor(8, |_, _| false);
+        assert_eq!(evicted, 2);
+        let CursorPop::Range {
+            start: 2,
+            k: 4,
+            entries: Some(v),
+        } = popped
+        else {
+            panic!("{popped:?}");
+        };
+        assert_eq!(v.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4, 5]);
+        log.release_before(6);
+        assert_eq!(log.len(), 0);
+        // A floor past what the log holds releases only what it holds.
+        log.release_before(100);
+        log.append(&entry(6));
+        assert_eq!((log.len(), log.head()), (1, 7));
+        assert_eq!(fast.len(), 1);
     }
 
     #[test]
