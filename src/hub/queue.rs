@@ -153,7 +153,8 @@ impl TopicLog {
     }
 
     /// Entries the log holds.
-    pub(crate) fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.inner.lock().buf.len()
     }
 }
