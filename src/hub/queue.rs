@@ -163,6 +163,46 @@ impl TopicLog {
 struct Cursor {
     log: Arc<TopicLog>,
     state: Mutex<CursorState>,
+    /// A copy of `state.next`, stored whenever a [`CursorGuard`] lets go, so the drainer can
+    /// compute the log's release floor without taking every cursor's lock. Relaxed: nothing is
+    /// published through it, and a stale (smaller) value only makes the log keep more.
+    next: AtomicU64,
+}
+
+impl Cursor {
+    /// Locks the state to change it; the guard publishes the cursor position when dropped.
+    fn lock(&self) -> CursorGuard<'_> {
+        CursorGuard {
+            st: self.state.lock(),
+            published: &self.next,
+        }
+    }
+}
+
+struct CursorGuard<'a> {
+    st: parking_lot::MutexGuard<'a, CursorState>,
+    published: &'a AtomicU64,
+}
+
+impl std::ops::Deref for CursorGuard<'_> {
+    type Target = CursorState;
+    fn deref(&self) -> &CursorState {
+        &self.st
+    }
+}
+
+impl std::ops::DerefMut for CursorGuard<'_> {
+    fn deref_mut(&mut self) -> &mut CursorState {
+        &mut self.st
+    }
+}
+
+impl Drop for CursorGuard<'_> {
+    fn drop(&mut self) {
+        // Still under the lock: stores happen in the order the positions were reached, and a
+        // position never goes back, so the copy never does either.
+        self.published.store(self.st.next, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug)]
@@ -220,6 +260,7 @@ impl Queue {
                     next,
                     prefix: VecDeque::new(),
                 }),
+                next: AtomicU64::new(next),
             }),
             policy: SlowConsumer::DropOldest,
             capacity,
@@ -250,7 +291,7 @@ impl Queue {
         match &self.store {
             Store::Cursor(c) => {
                 let head = c.log.head();
-                let mut st = c.state.lock();
+                let mut st = c.lock();
                 let evicted = st.normalize(head, self.capacity);
                 (evicted, st.len(head, self.capacity))
             }
@@ -261,13 +302,13 @@ impl Queue {
     /// The first log index a cursor queue can still read (`None` for other queues): its cursor,
     /// or `head - max_queue` if that is further, since drop-oldest evicts everything before it
     /// (the prefix goes first, so no live entry older than the last `max_queue` is ever read).
-    /// Never decreases: cursors and the head only move forward.
+    /// Never decreases: cursors and the head only move forward, so a stale reading is only
+    /// smaller. Takes no lock.
     pub(crate) fn cursor_floor(&self) -> Option<u64> {
         match &self.store {
             Store::Cursor(c) => {
-                let st = c.state.lock();
-                let head = c.log.head();
-                Some(st.next.max(head.saturating_sub(self.capacity as u64)))
+                let next = c.next.load(Ordering::Relaxed);
+                Some(next.max(c.log.head().saturating_sub(self.capacity as u64)))
             }
             _ => None,
         }
@@ -292,7 +333,7 @@ impl Queue {
         let Store::Cursor(c) = &self.store else {
             return (0, CursorPop::Empty);
         };
-        let mut st = c.state.lock();
+        let mut st = c.lock();
         let head = c.log.head();
         let mut evicted = st.normalize(head, self.capacity);
         if !st.prefix.is_empty() {
@@ -353,7 +394,7 @@ impl Queue {
     pub(crate) fn offer(&self, entry: Arc<Entry>) -> Offer {
         match &self.store {
             Store::Cursor(c) => {
-                let mut st = c.state.lock();
+                let mut st = c.lock();
                 st.prefix.push_back(entry);
                 let evicted = st.normalize(c.log.head(), self.capacity);
                 Offer::Queued { evicted }
@@ -438,7 +479,7 @@ impl Queue {
         match &self.store {
             Store::Zero => 0,
             Store::Cursor(c) => {
-                let mut st = c.state.lock();
+                let mut st = c.lock();
                 let head = c.log.head();
                 let n = st.len(head, self.capacity);
                 st.prefix.clear();
