@@ -4,7 +4,9 @@
 //! "the last `max_queue` publications of its topic after its cursor". Those subscribers share
 //! their topic's [`TopicLog`] and keep only a cursor, so a publication touches none of them, a
 //! drain moves the cursor, and subscribers with equal cursors share one batch. Evictions are
-//! applied lazily (`normalize`) with exactly the counts the eager policy gives.
+//! applied lazily (`normalize`) with exactly the counts the eager policy gives. The drainer
+//! releases the log entries every cursor has passed ([`Queue::cursor_floor`]), so the log holds
+//! only what some subscriber can still read.
 //!
 //! FIFO mode uses the lock-free [`Ring`]: publishers push from any thread, the drainer pops.
 //! Under `message_priority` the queue is a small mutexed ordered map keyed by
@@ -69,8 +71,9 @@ pub(crate) struct Queue {
     capacity: usize,
 }
 
-/// The recent publications of one topic, shared by its cursor subscribers: a ring of the last
-/// `cap` entries, `cap` being the largest `max_queue` among them.
+/// The recent publications of one topic, shared by its cursor subscribers: at most the last
+/// `cap` entries, `cap` being the largest `max_queue` among them, and none that every cursor
+/// has passed once the drainer calls [`release_before`](TopicLog::release_before).
 #[derive(Debug)]
 pub(crate) struct TopicLog {
     /// Unique for the life of the process (an address could be reused by a later topic).
