@@ -424,6 +424,24 @@ fn shared_log_releases_entries_every_subscriber_has_taken() {
         "once the stalled subscriber took its window, the log holds nothing"
     );
     assert_eq!(hub.stats().dropped, 2);
+
+    // When the only subscriber still needing an entry leaves, the entry goes with it.
+    spy.set_mode_for("stalled", SpyMode::Pending);
+    publish(&hub, "t", -2);
+    turn(&hub); // the stalled subscriber's send of [-2] never completes
+    let probe = Message::json(format!("\"{}\"", "z".repeat(1 << 16))).unwrap();
+    let last = probe.bytes().clone();
+    hub.publish("t", probe, PublishOptions::default()).unwrap();
+    turn(&hub);
+    assert!(
+        !last.is_unique(),
+        "still in the stalled subscriber's window"
+    );
+    assert!(hub.unsubscribe("stalled"));
+    assert!(
+        last.is_unique(),
+        "released when the stalled subscriber left"
+    );
 }
 
 // ---- slow-consumer policies --------------------------------------------------------------------
