@@ -354,6 +354,96 @@ fn a_stalled_subscriber_costs_bounded_memory_evicted_messages_are_released() {
     }
 }
 
+#[test]
+fn shared_log_releases_entries_every_subscriber_has_taken() {
+    let (hub, spy) = manual(HubOptions::default());
+    for id in ["a", "b"] {
+        sub(
+            &hub,
+            "t",
+            SubscribeOptions::default().id(id).max_queue(4096),
+        );
+    }
+    // A large message (1 MiB of JSON), then a few small ones: both subscribers take them all.
+    let big = format!("\"{}\"", "x".repeat(1 << 20));
+    let probe = Message::json(big).unwrap();
+    let held = probe.bytes().clone();
+    hub.publish("t", probe, PublishOptions::default()).unwrap();
+    for i in 0..3 {
+        publish(&hub, "t", i);
+    }
+    assert!(!held.is_unique(), "queued for two subscribers");
+    turn(&hub);
+    assert_eq!(spy.frames_for("a").len(), 1);
+    assert_eq!(spy.frames_for("b").len(), 1);
+    assert!(
+        held.is_unique(),
+        "the topic log still holds a message every subscriber has taken"
+    );
+
+    // A stalled subscriber keeps its `max_queue` window, no more, and gets it in order; the
+    // others do not make the log keep anything for it beyond that window.
+    spy.set_mode_for("stalled", SpyMode::Pending);
+    sub(
+        &hub,
+        "t",
+        SubscribeOptions::default().id("stalled").max_queue(4),
+    );
+    publish(&hub, "t", -1);
+    turn(&hub); // its send of [-1] never completes
+    let probes: Vec<Bytes> = (0..6)
+        .map(|i| {
+            let m = Message::json(format!("\"{i}{}\"", "y".repeat(1 << 16))).unwrap();
+            let b = m.bytes().clone();
+            hub.publish("t", m, PublishOptions::default()).unwrap();
+            b
+        })
+        .collect();
+    turn(&hub); // a and b take all six
+    assert!(
+        probes[..2].iter().all(Bytes::is_unique),
+        "entries outside every window are released"
+    );
+    assert!(
+        probes[2..].iter().all(|b| !b.is_unique()),
+        "the stalled subscriber's last 4 are kept"
+    );
+    let s = hub.stats();
+    let stalled = s.list.iter().find(|x| x.id == "stalled").unwrap();
+    assert_eq!((stalled.queued, stalled.dropped), (4, 2), "{s:?}");
+    spy.set_mode_for("stalled", SpyMode::Accept);
+    spy.complete_all();
+    turn(&hub);
+    let got: Vec<String> = received(&spy, "stalled")
+        .iter()
+        .map(|m| m.chars().take(2).collect())
+        .collect();
+    assert_eq!(got, ["-1", "\"2", "\"3", "\"4", "\"5"]);
+    assert!(
+        probes.iter().all(Bytes::is_unique),
+        "once the stalled subscriber took its window, the log holds nothing"
+    );
+    assert_eq!(hub.stats().dropped, 2);
+
+    // When the only subscriber still needing an entry leaves, the entry goes with it.
+    spy.set_mode_for("stalled", SpyMode::Pending);
+    publish(&hub, "t", -2);
+    turn(&hub); // the stalled subscriber's send of [-2] never completes
+    let probe = Message::json(format!("\"{}\"", "z".repeat(1 << 16))).unwrap();
+    let last = probe.bytes().clone();
+    hub.publish("t", probe, PublishOptions::default()).unwrap();
+    turn(&hub);
+    assert!(
+        !last.is_unique(),
+        "still in the stalled subscriber's window"
+    );
+    assert!(hub.unsubscribe("stalled"));
+    assert!(
+        last.is_unique(),
+        "released when the stalled subscriber left"
+    );
+}
+
 // ---- slow-consumer policies --------------------------------------------------------------------
 
 #[test]

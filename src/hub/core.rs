@@ -208,6 +208,10 @@ impl Topic {
     fn is_empty(&self) -> bool {
         self.subs.is_empty() && self.cursors.is_empty()
     }
+
+    fn log_id(&self) -> u64 {
+        self.log.id()
+    }
 }
 
 #[derive(Default)]
@@ -285,6 +289,9 @@ struct DrainState {
     /// The range key of a cursor batch just cloned from the log, to memoise once encoded.
     pending_range: Option<(u64, u64, usize, Codec)>,
     batch: Vec<Arc<Entry>>,
+    /// Topic logs a cursor took from this pass: (log id, index in `order` of one of its
+    /// subscribers), trimmed at the end of the pass.
+    touched: Vec<(u64, usize)>,
 }
 
 #[derive(Default)]
@@ -496,6 +503,8 @@ impl Inner {
                         .max()
                         .unwrap_or(0);
                     t.log.set_cap(cap);
+                    // What only the leaving subscriber still needed goes with it.
+                    release_passed(t);
                 }
                 if t.is_empty() {
                     // The last subscriber left: release the retained log with the topic.
@@ -779,7 +788,8 @@ impl Inner {
                 .extend(order.iter().map(|s| self.commit_overflow(s)));
         }
         let budgets = std::mem::take(&mut st.budgets);
-        for (sub, &budget) in order.iter().zip(&budgets) {
+        st.touched.clear();
+        for (i, (sub, &budget)) in order.iter().zip(&budgets).enumerate() {
             if self.is_closed() {
                 break;
             }
@@ -791,7 +801,15 @@ impl Inner {
                 let want = sub.max_batch.min(budget);
                 let (batch, frame) = if sub.queue.is_cursor() {
                     match self.pop_cursor(st, sub, want) {
-                        Some(taken) => taken,
+                        Some(taken) => {
+                            // Subscribers of a topic are mostly adjacent in the drain order:
+                            // this keeps the list short; `release_taken` dedups the rest.
+                            let log_id = sub.queue.log_id();
+                            if st.touched.last().is_none_or(|&(id, _)| id != log_id) {
+                                st.touched.push((log_id, i));
+                            }
+                            taken
+                        }
                         None => break,
                     }
                 } else {
@@ -837,6 +855,7 @@ impl Inner {
                 }
             }
         }
+        self.release_taken(&order, &mut st.touched);
         // Messages offered to transports this pass, counted once rather than per send.
         self.counters
             .delivered
@@ -851,6 +870,32 @@ impl Inner {
         st.ranges.clear();
         st.batch.clear();
         m
+    }
+
+    /// Lets each topic log this pass took from forget the entries every one of its cursors has
+    /// passed. Holding the topics read lock keeps subscribes (and so new cursors, which start
+    /// at the head) out while the floor is computed; publishes may go on, they only append.
+    /// The cost is two atomic loads per cursor subscriber of a touched topic, in the drainer,
+    /// never in `publish`.
+    fn release_taken(&self, order: &[Arc<Sub>], touched: &mut Vec<(u64, usize)>) {
+        if touched.is_empty() {
+            return;
+        }
+        touched.sort_unstable_by_key(|&(id, _)| id);
+        touched.dedup_by_key(|&mut (id, _)| id);
+        let topics = self.topics.read();
+        for &(log_id, i) in touched.iter() {
+            let Some(t) = topics.get(order[i].sref.topic()) else {
+                continue;
+            };
+            // The topic may have gone and come back with a new log since the pass took.
+            if t.log_id() != log_id {
+                continue;
+            }
+            release_passed(t);
+        }
+        drop(topics);
+        touched.clear();
     }
 
     /// Takes up to `want` entries of a cursor subscriber: a range of its topic log shared with
@@ -1227,6 +1272,20 @@ impl Inner {
                 transport: s.sref.transport_any().cloned(),
             })
             .collect()
+    }
+}
+
+/// Releases the entries of `t`'s log that every cursor subscriber of `t` has passed. Call with
+/// the topics lock held (read or write), so no cursor joins meanwhile.
+fn release_passed(t: &Topic) {
+    let floor = t
+        .cursors
+        .iter()
+        .filter_map(|s| s.queue.cursor_floor())
+        .min();
+    // No cursor left: `set_cap(0)` has emptied the log already.
+    if let Some(floor) = floor {
+        t.log.release_before(floor);
     }
 }
 

@@ -4,7 +4,9 @@
 //! "the last `max_queue` publications of its topic after its cursor". Those subscribers share
 //! their topic's [`TopicLog`] and keep only a cursor, so a publication touches none of them, a
 //! drain moves the cursor, and subscribers with equal cursors share one batch. Evictions are
-//! applied lazily (`normalize`) with exactly the counts the eager policy gives.
+//! applied lazily (`normalize`) with exactly the counts the eager policy gives. The drainer
+//! releases the log entries every cursor has passed ([`Queue::cursor_floor`]), so the log holds
+//! only what some subscriber can still read.
 //!
 //! FIFO mode uses the lock-free [`Ring`]: publishers push from any thread, the drainer pops.
 //! Under `message_priority` the queue is a small mutexed ordered map keyed by
@@ -69,8 +71,9 @@ pub(crate) struct Queue {
     capacity: usize,
 }
 
-/// The recent publications of one topic, shared by its cursor subscribers: a ring of the last
-/// `cap` entries, `cap` being the largest `max_queue` among them.
+/// The recent publications of one topic, shared by its cursor subscribers: at most the last
+/// `cap` entries, `cap` being the largest `max_queue` among them, and none that every cursor
+/// has passed once the drainer calls [`release_before`](TopicLog::release_before).
 #[derive(Debug)]
 pub(crate) struct TopicLog {
     /// Unique for the life of the process (an address could be reused by a later topic).
@@ -135,12 +138,74 @@ impl TopicLog {
     pub(crate) fn cap(&self) -> usize {
         self.inner.lock().cap
     }
+
+    /// Forgets the entries before log index `floor`: every cursor of the topic has passed them
+    /// (see [`Queue::cursor_floor`]), and a new cursor starts at the head.
+    pub(crate) fn release_before(&self, floor: u64) {
+        let mut log = self.inner.lock();
+        let n = floor.saturating_sub(log.base).min(log.buf.len() as u64);
+        if n > 0 {
+            log.buf.drain(..n as usize);
+            log.base += n;
+        }
+    }
+
+    /// Unique for the life of the process.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Entries the log holds.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.inner.lock().buf.len()
+    }
 }
 
 #[derive(Debug)]
 struct Cursor {
     log: Arc<TopicLog>,
     state: Mutex<CursorState>,
+    /// A copy of `state.next`, stored whenever a [`CursorGuard`] lets go, so the drainer can
+    /// compute the log's release floor without taking every cursor's lock. Relaxed: nothing is
+    /// published through it, and a stale (smaller) value only makes the log keep more.
+    next: AtomicU64,
+}
+
+impl Cursor {
+    /// Locks the state to change it; the guard publishes the cursor position when dropped.
+    fn lock(&self) -> CursorGuard<'_> {
+        CursorGuard {
+            st: self.state.lock(),
+            published: &self.next,
+        }
+    }
+}
+
+struct CursorGuard<'a> {
+    st: parking_lot::MutexGuard<'a, CursorState>,
+    published: &'a AtomicU64,
+}
+
+impl std::ops::Deref for CursorGuard<'_> {
+    type Target = CursorState;
+    fn deref(&self) -> &CursorState {
+        &self.st
+    }
+}
+
+impl std::ops::DerefMut for CursorGuard<'_> {
+    fn deref_mut(&mut self) -> &mut CursorState {
+        &mut self.st
+    }
+}
+
+impl Drop for CursorGuard<'_> {
+    fn drop(&mut self) {
+        // Still under the lock: stores happen in the order the positions were reached, and a
+        // position never goes back, so the copy never does either.
+        self.published.store(self.st.next, Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug)]
@@ -198,6 +263,7 @@ impl Queue {
                     next,
                     prefix: VecDeque::new(),
                 }),
+                next: AtomicU64::new(next),
             }),
             policy: SlowConsumer::DropOldest,
             capacity,
@@ -228,11 +294,26 @@ impl Queue {
         match &self.store {
             Store::Cursor(c) => {
                 let head = c.log.head();
-                let mut st = c.state.lock();
+                let mut st = c.lock();
                 let evicted = st.normalize(head, self.capacity);
                 (evicted, st.len(head, self.capacity))
             }
             _ => (0, self.len()),
+        }
+    }
+
+    /// The first log index a cursor queue can still read (`None` for other queues): its cursor,
+    /// or `head - max_queue` if that is further, since drop-oldest evicts everything before it
+    /// (the prefix goes first, so no live entry older than the last `max_queue` is ever read).
+    /// Never decreases: cursors and the head only move forward, so a stale reading is only
+    /// smaller. Takes no lock.
+    pub(crate) fn cursor_floor(&self) -> Option<u64> {
+        match &self.store {
+            Store::Cursor(c) => {
+                let next = c.next.load(Ordering::Relaxed);
+                Some(next.max(c.log.head().saturating_sub(self.capacity as u64)))
+            }
+            _ => None,
         }
     }
 
@@ -255,7 +336,7 @@ impl Queue {
         let Store::Cursor(c) = &self.store else {
             return (0, CursorPop::Empty);
         };
-        let mut st = c.state.lock();
+        let mut st = c.lock();
         let head = c.log.head();
         let mut evicted = st.normalize(head, self.capacity);
         if !st.prefix.is_empty() {
@@ -316,7 +397,7 @@ impl Queue {
     pub(crate) fn offer(&self, entry: Arc<Entry>) -> Offer {
         match &self.store {
             Store::Cursor(c) => {
-                let mut st = c.state.lock();
+                let mut st = c.lock();
                 st.prefix.push_back(entry);
                 let evicted = st.normalize(c.log.head(), self.capacity);
                 Offer::Queued { evicted }
@@ -401,7 +482,7 @@ impl Queue {
         match &self.store {
             Store::Zero => 0,
             Store::Cursor(c) => {
-                let mut st = c.state.lock();
+                let mut st = c.lock();
                 let head = c.log.head();
                 let n = st.len(head, self.capacity);
                 st.prefix.clear();
@@ -456,6 +537,44 @@ mod tests {
             Store::Fifo(ring) => ring.get().is_some(),
             _ => panic!("not a FIFO queue"),
         }
+    }
+
+    #[test]
+    fn log_releases_before_the_slowest_cursor_floor_and_counts_stay_exact() {
+        let log = Arc::new(TopicLog::default());
+        log.set_cap(8);
+        let fast = Queue::cursor(8, Arc::clone(&log));
+        let slow = Queue::cursor(4, Arc::clone(&log));
+        for seq in 0..6 {
+            log.append(&entry(seq));
+        }
+        let (_, popped) = fast.pop_cursor(6, |_, _| false);
+        assert!(matches!(popped, CursorPop::Range { start: 0, k: 6, .. }));
+        // The slow cursor never read anything, but drop-oldest keeps only its last 4.
+        assert_eq!(fast.cursor_floor(), Some(6));
+        assert_eq!(slow.cursor_floor(), Some(2));
+        log.release_before(2);
+        assert_eq!(log.len(), 4);
+        assert_eq!(log.head(), 6);
+        // The slow cursor still sees its window, and counts the 2 it lost.
+        let (evicted, popped) = slow.pop_cursor(8, |_, _| false);
+        assert_eq!(evicted, 2);
+        let CursorPop::Range {
+            start: 2,
+            k: 4,
+            entries: Some(v),
+        } = popped
+        else {
+            panic!("{popped:?}");
+        };
+        assert_eq!(v.iter().map(|e| e.seq).collect::<Vec<_>>(), [2, 3, 4, 5]);
+        log.release_before(6);
+        assert_eq!(log.len(), 0);
+        // A floor past what the log holds releases only what it holds.
+        log.release_before(100);
+        log.append(&entry(6));
+        assert_eq!((log.len(), log.head()), (1, 7));
+        assert_eq!(fast.len(), 1);
     }
 
     #[test]
