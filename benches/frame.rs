@@ -3,6 +3,9 @@
 //!
 //! `cargo bench --bench frame -- --warm-up-time 1 --measurement-time 3`
 
+// `criterion_group!` generates an undocumented public function.
+#![allow(missing_docs)]
+
 use criterion::{black_box, criterion_group, criterion_main, Criterion, Throughput};
 use powerhub::plugin::frame;
 
