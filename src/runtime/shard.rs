@@ -293,6 +293,11 @@ fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
     (c.key.generation == key.generation).then_some(c)
 }
 
+/// The connection in slot `token`, if the slot is occupied.
+fn slot_mut(slots: &mut [Option<Box<Conn>>], token: Token) -> Option<&mut Conn> {
+    slots.get_mut(token as usize)?.as_deref_mut()
+}
+
 /// A shard's state, living on its thread.
 pub(crate) struct Shard<B: Backend> {
     handle: Arc<ShardHandle>,
@@ -641,11 +646,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn on_recv(&mut self, token: Token, result: io::Result<usize>) {
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         c.recv_inflight = false;
@@ -789,11 +790,7 @@ impl<B: Backend> Shard<B> {
         dirty.sort_unstable();
         dirty.dedup();
         for &token in &dirty {
-            let Some(c) = self
-                .slots
-                .get_mut(token as usize)
-                .and_then(Option::as_deref_mut)
-            else {
+            let Some(c) = slot_mut(&mut self.slots, token) else {
                 continue;
             };
             if c.state == State::Open && c.backlog() > max_outbox {
@@ -819,11 +816,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn start_send(&mut self, token: Token) {
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         if c.send_inflight
@@ -909,11 +902,7 @@ impl<B: Backend> Shard<B> {
 
     fn on_send(&mut self, token: Token, result: io::Result<usize>) {
         let backpressure = self.shared.config.limits.backpressure_bytes;
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         c.send_inflight = false;
@@ -969,11 +958,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn on_writable(&mut self, token: Token) {
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         c.poll_inflight = false;
@@ -987,11 +972,7 @@ impl<B: Backend> Shard<B> {
 
     /// Graceful close: stop taking commands and deliveries, write what is queued, then shut down.
     pub(crate) fn begin_close(&mut self, token: Token) {
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         if c.state != State::Open {
@@ -1008,11 +989,7 @@ impl<B: Backend> Shard<B> {
 
     /// Everything is written: shut the sending side down and linger for the peer's close.
     fn finish_close(&mut self, token: Token) {
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         // SAFETY: plain syscall on the connection's socket.
@@ -1029,11 +1006,7 @@ impl<B: Backend> Shard<B> {
 
     /// Unsubscribes the connection's hub subscriptions and fails its pending sends.
     fn release_session(&mut self, token: Token) {
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         if c.shared.closed.swap(true, Ordering::Relaxed) {
@@ -1048,11 +1021,7 @@ impl<B: Backend> Shard<B> {
     /// Closes at once: no more writes.
     fn abort(&mut self, token: Token) {
         self.release_session(token);
-        let Some(c) = self
-            .slots
-            .get_mut(token as usize)
-            .and_then(Option::as_deref_mut)
-        else {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         if c.state == State::Dead {
