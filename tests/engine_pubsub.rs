@@ -16,24 +16,15 @@ fn many_clients_subscribe_and_receive_in_order() {
         let server = start(config);
         const CLIENTS: usize = 16;
         const MESSAGES: u64 = 2000;
-        let mut clients: Vec<Client> = (0..CLIENTS).map(|_| Client::connect(server.addr)).collect();
-        for c in &mut clients {
-            c.subscribe("prices");
-        }
         let received = Arc::new(AtomicU64::new(0));
-        let readers: Vec<_> = clients
-            .into_iter()
-            .map(|mut c| {
-                let received = Arc::clone(&received);
-                std::thread::spawn(move || {
-                    for expected in 0..MESSAGES {
-                        let v = c.msg();
-                        assert_eq!(v["seq"], expected, "{v}");
-                        received.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
+        let readers = in_order_readers(
+            server.addr,
+            "prices",
+            CLIENTS,
+            MESSAGES,
+            &received,
+            "in order",
+        );
         // Published in-process in bursts of 500 (each subscriber queue holds 1024), each burst
         // once the readers have the previous one, so no policy ever has to drop.
         for seq in 0..MESSAGES {
@@ -86,27 +77,14 @@ fn stalled_reader_does_not_delay_others_and_costs_bounded_memory() {
         const HEALTHY: usize = 4;
         const MESSAGES: u64 = 6000;
         let received = Arc::new(AtomicU64::new(0));
-        let mut healthy: Vec<Client> = (0..HEALTHY).map(|_| Client::connect(server.addr)).collect();
-        for c in &mut healthy {
-            c.subscribe("feed");
-        }
-        let readers: Vec<_> = healthy
-            .into_iter()
-            .map(|mut c| {
-                let received = Arc::clone(&received);
-                std::thread::spawn(move || {
-                    for expected in 0..MESSAGES {
-                        let v = c.msg();
-                        assert_eq!(
-                            v["seq"], expected,
-                            "a healthy reader lost or reordered a message"
-                        );
-                        received.fetch_add(1, Ordering::Relaxed);
-                    }
-                    c
-                })
-            })
-            .collect();
+        let readers = in_order_readers(
+            server.addr,
+            "feed",
+            HEALTHY,
+            MESSAGES,
+            &received,
+            "a healthy reader lost or reordered a message",
+        );
         // 6000 x 4 KiB = 24 MiB per subscriber: far more than the stalled socket buffers hold.
         // Paced so that healthy readers never overflow their own queues.
         let mut peak_unsent = 0;

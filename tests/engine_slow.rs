@@ -29,27 +29,8 @@ fn run(policy: SlowConsumerChoice, mut config: Config) -> (Server, powerhub::hub
     let mut stalled = Client::connect(server.addr);
     stalled.subscribe("feed");
     let received = Arc::new(AtomicU64::new(0));
-    let mut healthy: Vec<Client> = (0..HEALTHY).map(|_| Client::connect(server.addr)).collect();
-    for c in &mut healthy {
-        c.subscribe("feed");
-    }
-    let readers: Vec<_> = healthy
-        .into_iter()
-        .map(|mut c| {
-            let received = Arc::clone(&received);
-            std::thread::spawn(move || {
-                for expected in 0..MESSAGES {
-                    let v = c.msg();
-                    assert_eq!(
-                        v["seq"], expected,
-                        "a healthy reader lost or reordered a message under {policy:?}: {v}"
-                    );
-                    received.fetch_add(1, Ordering::Relaxed);
-                }
-                c
-            })
-        })
-        .collect();
+    let context = format!("a healthy reader lost or reordered a message under {policy:?}");
+    let readers = in_order_readers(server.addr, "feed", HEALTHY, MESSAGES, &received, &context);
     assert!(BURST < max_queue as u64, "bursts fit the hub queue");
     for seq in 0..MESSAGES {
         publish(&server.engine, "feed", seq, PAD);

@@ -4,6 +4,9 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use powerhub::runtime::{
@@ -172,4 +175,36 @@ pub fn publish(engine: &Engine, stream: &str, seq: u64, pad: usize) -> usize {
         .hub()
         .publish(stream, m, powerhub::hub::PublishOptions::default())
         .unwrap()
+}
+
+/// Connects `n` clients subscribed to `stream` and starts a reader thread for each that expects
+/// the messages with `seq` 0 to `messages - 1` in order, counting each one in `received`
+/// (`context` names the case in the failure message). Each thread returns its client.
+pub fn in_order_readers(
+    addr: SocketAddr,
+    stream: &str,
+    n: usize,
+    messages: u64,
+    received: &Arc<AtomicU64>,
+    context: &str,
+) -> Vec<JoinHandle<Client>> {
+    let mut clients: Vec<Client> = (0..n).map(|_| Client::connect(addr)).collect();
+    for c in &mut clients {
+        c.subscribe(stream);
+    }
+    clients
+        .into_iter()
+        .map(|mut c| {
+            let received = Arc::clone(received);
+            let context = context.to_owned();
+            std::thread::spawn(move || {
+                for expected in 0..messages {
+                    let v = c.msg();
+                    assert_eq!(v["seq"], expected, "{context}: {v}");
+                    received.fetch_add(1, Ordering::Relaxed);
+                }
+                c
+            })
+        })
+        .collect()
 }
