@@ -7,7 +7,7 @@ mod outbox_support;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use outbox_support::{Conn, Marked, Ndjson};
+use outbox_support::{ndjson, Conn, Marked};
 use powerhub::outbox::{Framing, OutboxConfig, PayloadFactory, PushEvent, TimeoutAction};
 use powerhub::plugin::StreamProtocol;
 use proptest::prelude::*;
@@ -515,7 +515,7 @@ proptest! {
 
     #[test]
     fn outbox_matches_the_reference_model_ndjson(ops in prop::collection::vec(op(), 1..80), hw in prop_oneof![Just(60usize), Just(300), Just(1 << 20)]) {
-        run(&ops, hw, Framing::Ndjson, Ndjson, true)?;
+        run(&ops, hw, Framing::Ndjson, ndjson(), true)?;
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use outbox_support::{ndjson_config, shot, state, tree, Conn, Counting, Marked, Ndjson, Session};
+use outbox_support::{ndjson, ndjson_config, shot, state, tree, Conn, Counting, Marked, Session};
 use powerhub::outbox::{
     Field, Framing, Outbox, OutboxConfig, OutboxConfigError, PayloadFactory, PushEvent,
     TimeoutAction,
@@ -67,7 +67,7 @@ fn healthy_shared_chunk_is_written_without_copy() {
     let chunk = Bytes::from_static(b"{\"type\":\"a\"}\n{\"type\":\"b\"}\n");
     outbox.push_shared("s", chunk.clone(), t0);
     let mut out = Vec::new();
-    let n = outbox.poll_transmit(&mut Ndjson, &mut out, t0);
+    let n = outbox.poll_transmit(&mut ndjson(), &mut out, t0);
     assert_eq!(n, chunk.len());
     assert_eq!(out.len(), 1);
     assert_eq!(
@@ -631,7 +631,7 @@ fn connection_without_subscription_gets_keepalive_while_a_stalled_reply_is_queue
 #[test]
 fn serialization_is_per_delivered_message_through_the_message_factory() {
     let factory = Arc::new(Counting::default());
-    let mut c = Conn::with(ndjson_config(), factory.clone(), Ndjson);
+    let mut c = Conn::with(ndjson_config(), factory.clone(), ndjson());
     let e = r#"{"type":"telemetry","v":1}"#;
     c.event("a", e);
     c.event("b", e);
@@ -650,7 +650,7 @@ fn serialization_is_per_delivered_message_through_the_message_factory() {
 #[test]
 fn deferred_state_frame_is_serialized_only_if_it_survives_coalescing() {
     let factory = Arc::new(Counting::default());
-    let mut c = Conn::with(ndjson_config(), factory.clone(), Ndjson);
+    let mut c = Conn::with(ndjson_config(), factory.clone(), ndjson());
     c.stall_with(STALL, 3);
     for seq in 0..10 {
         c.event("a", &shot(Some("d1"), S1, seq, 0));
@@ -822,7 +822,7 @@ fn limited_offer_fully_taken_is_not_back_pressure() {
     c.event("o", small);
     let now = c.now;
     let mut out = Vec::new();
-    let n = c.outbox.poll_transmit_max(&mut Ndjson, &mut out, now, 1);
+    let n = c.outbox.poll_transmit_max(&mut ndjson(), &mut out, now, 1);
     assert_eq!((out.len(), n), (1, big.len()));
     c.read.extend_from_slice(&out[0]);
     c.outbox.on_written(n, now);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use outbox_support::{ndjson_config, Conn, Ndjson};
+use outbox_support::{ndjson, ndjson_config, Conn};
 use powerhub::outbox::{Field, MessageFactory, PushEvent, TimeoutAction};
 
 const FRAME: usize = 2 << 20;
@@ -65,7 +65,7 @@ fn stalled_above_threshold_emits_one_notification_per_device_and_holds_no_screen
     let png = Bytes::from(vec![b'A'; FRAME]);
     let tree = Bytes::from_static(b"[]");
     let factory = Arc::new(Screens::default());
-    let mut c = Conn::with(ndjson_config(), factory.clone(), Ndjson);
+    let mut c = Conn::with(ndjson_config(), factory.clone(), ndjson());
     let devices = ["d1", "d2", "d3", "d4", "d5", "d6"];
     let mut reaped_at = None;
     for tick in 0..(60 * HZ) {
@@ -139,7 +139,7 @@ fn stalled_below_threshold_retains_the_latest_screenshot_per_slot_and_drops_noth
     let png = Bytes::from(vec![b'B'; FRAME]);
     let tree = Bytes::from_static(b"[1]");
     let factory = Arc::new(Screens::default());
-    let mut c = Conn::with(ndjson_config(), factory.clone(), Ndjson);
+    let mut c = Conn::with(ndjson_config(), factory.clone(), ndjson());
     let last = 60 * HZ - 1;
     for tick in 0..=last {
         c.now = c.t0 + at(tick);

@@ -6,29 +6,15 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use powerhub::hub::{Codec, Driver, Hub, HubOptions, PublishOptions, SubscribeOptions};
 use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory};
-use powerhub::plugin::{
-    Completion, Frame, ProtocolError, ProtocolOutput, SendOutcome, Sink, StreamProtocol,
-    SubscriberRef,
-};
+use powerhub::plugin::{Completion, Frame, SendOutcome, Sink, SubscriberRef};
 use powerhub::protocol::{reply, Action, Session, SessionConfig};
 
-#[derive(Debug)]
-struct Ndjson;
-
-impl StreamProtocol for Ndjson {
-    fn decode(&mut self, _: &mut BytesMut, _: &mut ProtocolOutput) -> Result<(), ProtocolError> {
-        Ok(())
-    }
-    fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
-        out.extend_from_slice(json);
-        out.extend_from_slice(b"\n");
-    }
-    fn name(&self) -> &str {
-        "ndjson"
-    }
+/// The `ndjson` plugin's framer, as the server uses it.
+fn ndjson() -> powerhub_ndjson::NdjsonProtocol {
+    powerhub_ndjson::NdjsonProtocol::new(1 << 20)
 }
 
 /// The connection's sink: records (connection, subscription id, frame) for the "shard" to hand to
@@ -162,7 +148,7 @@ impl Server {
         }
         for c in &mut self.conns {
             let mut out = Vec::new();
-            let n = c.outbox.poll_transmit(&mut Ndjson, &mut out, now);
+            let n = c.outbox.poll_transmit(&mut ndjson(), &mut out, now);
             for b in &out {
                 c.read.extend_from_slice(b);
             }

@@ -7,23 +7,12 @@ use std::time::Instant;
 
 use bytes::BytesMut;
 use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory};
-use powerhub::plugin::{ProtocolError, ProtocolOutput, StreamProtocol};
+use powerhub::plugin::ProtocolError;
 use powerhub::protocol::{device_topic, stream_topic, Action, Session, SessionConfig};
 
-#[derive(Debug)]
-struct Ndjson;
-
-impl StreamProtocol for Ndjson {
-    fn decode(&mut self, _: &mut BytesMut, _: &mut ProtocolOutput) -> Result<(), ProtocolError> {
-        Ok(())
-    }
-    fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
-        out.extend_from_slice(json);
-        out.extend_from_slice(b"\n");
-    }
-    fn name(&self) -> &str {
-        "ndjson"
-    }
+/// The `ndjson` plugin's framer, as the server uses it.
+fn ndjson() -> powerhub_ndjson::NdjsonProtocol {
+    powerhub_ndjson::NdjsonProtocol::new(1 << 20)
 }
 
 fn line(session: &mut Session, text: &str) -> Action {
@@ -304,7 +293,7 @@ fn run_line(topics: &mut Topics, clients: &mut [Client], who: usize, text: &str,
     }
     for c in clients.iter_mut() {
         let mut out = Vec::new();
-        let n = c.outbox.poll_transmit(&mut Ndjson, &mut out, now);
+        let n = c.outbox.poll_transmit(&mut ndjson(), &mut out, now);
         for b in &out {
             c.read.extend_from_slice(b);
         }

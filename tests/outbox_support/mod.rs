@@ -10,21 +10,11 @@ use bytes::{Bytes, BytesMut};
 use powerhub::outbox::{Framing, MessageFactory, Outbox, OutboxConfig, PayloadFactory, PushEvent};
 use powerhub::plugin::{ProtocolError, ProtocolOutput, StreamProtocol};
 
-/// NDJSON framing: the message and `\n`.
-#[derive(Debug, Default)]
-pub struct Ndjson;
+pub use powerhub_ndjson::NdjsonProtocol;
 
-impl StreamProtocol for Ndjson {
-    fn decode(&mut self, _: &mut BytesMut, _: &mut ProtocolOutput) -> Result<(), ProtocolError> {
-        Ok(())
-    }
-    fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
-        out.extend_from_slice(json);
-        out.extend_from_slice(b"\n");
-    }
-    fn name(&self) -> &str {
-        "ndjson"
-    }
+/// NDJSON framing: the `ndjson` plugin's framer, as the server uses it.
+pub fn ndjson() -> NdjsonProtocol {
+    NdjsonProtocol::new(1 << 20)
 }
 
 /// A framing that shows every message went through `encode_text`: `<json>|`, and a protocol
@@ -73,7 +63,7 @@ pub fn ndjson_config() -> OutboxConfig {
 }
 
 /// A connection: an outbox, its framer, the client's received bytes and a virtual clock.
-pub struct Conn<P: StreamProtocol = Ndjson> {
+pub struct Conn<P: StreamProtocol = NdjsonProtocol> {
     pub outbox: Outbox,
     pub framer: P,
     pub read: Vec<u8>,
@@ -82,9 +72,9 @@ pub struct Conn<P: StreamProtocol = Ndjson> {
     pub offered_log: Vec<usize>,
 }
 
-impl Conn<Ndjson> {
+impl Conn<NdjsonProtocol> {
     pub fn new(config: OutboxConfig) -> Self {
-        Conn::with(config, Arc::new(PayloadFactory), Ndjson)
+        Conn::with(config, Arc::new(PayloadFactory), ndjson())
     }
 }
 
