@@ -391,15 +391,8 @@ fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Comma
 /// `\r` can only be whitespace in valid JSON (strings escape them), so it becomes a space, and an
 /// NDJSON subscriber still reads one message per line.
 fn one_line(message: &[u8]) -> Bytes {
-    if memchr::memchr2(b'\n', b'\r', message).is_none() {
-        return Bytes::copy_from_slice(message);
-    }
     let mut copy = message.to_vec();
-    for b in &mut copy {
-        if matches!(*b, b'\n' | b'\r') {
-            *b = b' ';
-        }
-    }
+    powerhub_plugin::frame::flatten_line_breaks(&mut copy);
     copy.into()
 }
 

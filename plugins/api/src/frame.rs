@@ -346,6 +346,25 @@ pub fn encode_raw(message: &[u8]) -> Result<Bytes, FrameError> {
     Ok(out.freeze())
 }
 
+/// Writes every `\n` and `\r` in `json` as a space, so the JSON text fits on one line.
+///
+/// In valid JSON a raw line break can only be whitespace (strings escape them), so this never
+/// changes the text's meaning. Messages almost never hold one: the search is memchr's vectorised
+/// scan, not a byte-by-byte rewrite.
+///
+/// ```
+/// let mut json = *b"{\"a\":\r\n1}";
+/// powerhub_plugin::frame::flatten_line_breaks(&mut json);
+/// assert_eq!(&json, b"{\"a\":  1}");
+/// ```
+pub fn flatten_line_breaks(json: &mut [u8]) {
+    let mut at = 0;
+    while let Some(i) = memchr::memchr2(b'\n', b'\r', &json[at..]) {
+        json[at + i] = b' ';
+        at += i + 1;
+    }
+}
+
 /// Encodes JSON messages as newline-delimited JSON: each message followed by `\n`, no header.
 ///
 /// This is the push server's wire form. A JSON text can only hold a raw line break as
@@ -367,13 +386,7 @@ where
     for m in iter {
         let start = out.len();
         out.put_slice(m);
-        // memchr's vectorised search: messages almost never hold a line break, so the common
-        // case is one fast scan rather than a byte-by-byte rewrite.
-        let mut at = start;
-        while let Some(i) = memchr::memchr2(b'\n', b'\r', &out[at..]) {
-            out[at + i] = b' ';
-            at += i + 1;
-        }
+        flatten_line_breaks(&mut out[start..]);
         out.put_u8(b'\n');
     }
     out.freeze()
