@@ -193,8 +193,42 @@ enum State {
     Dead,
 }
 
-/// One connection, owned by its shard. Boxed in the slot table so that the addresses of
-/// `msg` and `iov`, which an in-flight send points to, never move.
+/// The gather list of a send in flight and its layout. A connection holds one only while a send
+/// is in flight (an idle connection holds none); the shard keeps a few spare ones for reuse.
+/// Boxed, so that the addresses of `msg` and `iov`, which the kernel reads until the send's
+/// completion, never move.
+struct SendState {
+    /// Chunks of the send (clones keep them alive until its completion).
+    chunks: Vec<Bytes>,
+    iov: Vec<libc::iovec>,
+    msg: libc::msghdr,
+    /// Urgent bytes first or last, and how many bytes of each part the send carries (the
+    /// outbox's part is what its `poll_transmit` offered).
+    urgent_first: bool,
+    urgent: usize,
+    outbox: usize,
+}
+
+/// Most spare [`SendState`]s a shard keeps.
+const SPARE_SENDS: usize = 64;
+/// A spare [`SendState`] whose vectors grew past this many entries is dropped, not kept.
+const SPARE_SEND_CAPACITY: usize = 64;
+
+impl SendState {
+    fn new() -> Box<SendState> {
+        Box::new(SendState {
+            chunks: Vec::new(),
+            iov: Vec::new(),
+            // SAFETY: an all-zero `msghdr` is valid (null pointers, zero lengths).
+            msg: unsafe { std::mem::zeroed() },
+            urgent_first: true,
+            urgent: 0,
+            outbox: 0,
+        })
+    }
+}
+
+/// One connection, owned by its shard.
 pub(crate) struct Conn {
     pub(crate) key: ConnKey,
     fd: OwnedFd,
@@ -210,18 +244,11 @@ pub(crate) struct Conn {
     pub(crate) outbox: Outbox,
     pub(crate) session: Session,
     pub(crate) sink: Arc<dyn Sink>,
-    /// Chunks of the send in flight (clones keep them alive until its completion).
-    inflight: Vec<Bytes>,
-    iov: Vec<libc::iovec>,
-    msg: libc::msghdr,
-    /// Layout of the send in flight: urgent bytes first or last, and how many bytes of each
-    /// part it carries; `outbox_offered` is what the outbox's `poll_transmit` offered.
-    send_urgent_first: bool,
-    send_urgent: usize,
-    send_outbox: usize,
-    outbox_offered: usize,
+    /// The send in flight (`Some` exactly while one is).
+    send: Option<Box<SendState>>,
+    /// A send started since the last [`TICK`]: the connection is not idle.
+    sent_recently: bool,
     recv_inflight: bool,
-    send_inflight: bool,
     /// A writability poll is in flight (after a partial send: the connection is paused).
     poll_inflight: bool,
     state: State,
@@ -253,6 +280,23 @@ impl Conn {
     fn backlog(&self) -> usize {
         let stats = self.outbox.stats();
         stats.unsent_bytes + stats.queued_bytes + self.urgent.unsent()
+    }
+
+    /// Frees what an idle connection keeps for its next write or read (queue capacities,
+    /// framing scratch, an empty input buffer), once no send started for a whole [`TICK`]:
+    /// a busy connection keeps them, an idle one costs only its state.
+    fn shrink_if_idle(&mut self) {
+        if std::mem::take(&mut self.sent_recently) || self.send.is_some() {
+            return;
+        }
+        self.outbox.shrink_idle();
+        self.urgent.shrink_idle();
+        if self.inbuf.is_empty() && self.inbuf.capacity() > 0 {
+            self.inbuf = BytesMut::new();
+        }
+        if self.waiting.is_empty() && self.waiting.capacity() > 0 {
+            self.waiting = Vec::new();
+        }
     }
 
     fn sync_backlog(&self, counters: &Counters) -> usize {
@@ -317,6 +361,10 @@ pub(crate) struct Shard<B: Backend> {
     /// Scratch gather lists, reused every send.
     scratch: Vec<Bytes>,
     scratch2: Vec<Bytes>,
+    /// Spare send states (see [`SendState`]), boxed: a box moves to a connection and back
+    /// without being allocated again.
+    #[allow(clippy::vec_box)]
+    spare_sends: Vec<Box<SendState>>,
 }
 
 impl<B: Backend> Shard<B> {
@@ -341,6 +389,7 @@ impl<B: Backend> Shard<B> {
             output: ProtocolOutput::default(),
             scratch: Vec::new(),
             scratch2: Vec::new(),
+            spare_sends: Vec::new(),
         }
     }
 
@@ -526,16 +575,9 @@ impl<B: Backend> Shard<B> {
             outbox,
             session: Session::new(conn_id, session_config),
             sink,
-            inflight: Vec::new(),
-            iov: Vec::new(),
-            // SAFETY: an all-zero `msghdr` is valid (null pointers, zero lengths).
-            msg: unsafe { std::mem::zeroed() },
-            send_urgent_first: true,
-            send_urgent: 0,
-            send_outbox: 0,
-            outbox_offered: 0,
+            send: None,
+            sent_recently: false,
             recv_inflight: false,
-            send_inflight: false,
             poll_inflight: false,
             state: State::Open,
             shared: conn_shared,
@@ -819,7 +861,7 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        if c.send_inflight
+        if c.send.is_some()
             || c.poll_inflight
             || matches!(c.state, State::Dead | State::Lingering(_))
         {
@@ -841,34 +883,38 @@ impl<B: Backend> Shard<B> {
         let mut outbox_chunks = std::mem::take(&mut self.scratch);
         outbox_chunks.clear();
         // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
-        c.outbox_offered = if room > 0 && (c.proto.is_ready() || c.outbox.unsent_bytes() > 0) {
+        let outbox_offered = if room > 0 && (c.proto.is_ready() || c.outbox.unsent_bytes() > 0) {
             c.outbox
                 .poll_transmit_max(c.proto.as_mut(), &mut outbox_chunks, now, room)
         } else {
             0
         };
-        c.inflight.clear();
-        c.send_urgent_first = at_boundary;
-        let (first, second) = if at_boundary {
-            (&urgent_chunks, &outbox_chunks)
-        } else {
-            (&outbox_chunks, &urgent_chunks)
-        };
-        for chunk in first.iter().chain(second.iter()).take(MAX_IOV) {
-            c.inflight.push(chunk.clone());
+        let empty = urgent_chunks.is_empty() && outbox_chunks.is_empty();
+        let mut send = None;
+        if !empty {
+            let mut s = self.spare_sends.pop().unwrap_or_else(SendState::new);
+            s.urgent_first = at_boundary;
+            let (first, second) = if at_boundary {
+                (&urgent_chunks, &outbox_chunks)
+            } else {
+                (&outbox_chunks, &urgent_chunks)
+            };
+            s.chunks
+                .extend(first.iter().chain(second.iter()).take(MAX_IOV).cloned());
+            let urgent_passed = s.chunks.len() - outbox_chunks.len();
+            s.outbox = outbox_offered;
+            s.urgent = if at_boundary {
+                urgent_chunks.iter().map(Bytes::len).sum()
+            } else {
+                urgent_chunks[..urgent_passed].iter().map(Bytes::len).sum()
+            };
+            send = Some(s);
         }
-        let urgent_passed = c.inflight.len() - outbox_chunks.len();
-        c.send_outbox = c.outbox_offered;
-        c.send_urgent = if at_boundary {
-            urgent_chunks.iter().map(Bytes::len).sum()
-        } else {
-            urgent_chunks[..urgent_passed].iter().map(Bytes::len).sum()
-        };
         outbox_chunks.clear();
         urgent_chunks.clear();
         self.scratch = outbox_chunks;
         self.scratch2 = urgent_chunks;
-        if c.inflight.is_empty() {
+        let Some(mut s) = send else {
             if matches!(c.state, State::Closing(_))
                 && c.urgent.is_empty()
                 && !c.outbox.has_transmit()
@@ -877,27 +923,44 @@ impl<B: Backend> Shard<B> {
                 self.finish_close(token);
             }
             return;
-        }
-        c.iov.clear();
-        for chunk in &c.inflight {
-            c.iov.push(libc::iovec {
-                iov_base: chunk.as_ptr() as *mut libc::c_void,
-                iov_len: chunk.len(),
-            });
-        }
-        c.msg.msg_iov = c.iov.as_mut_ptr();
-        c.msg.msg_iovlen = c.iov.len() as _;
-        c.send_inflight = true;
+        };
+        let SendState {
+            chunks, iov, msg, ..
+        } = &mut *s;
+        iov.extend(chunks.iter().map(|chunk| libc::iovec {
+            iov_base: chunk.as_ptr() as *mut libc::c_void,
+            iov_len: chunk.len(),
+        }));
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = iov.len() as _;
+        let msg: *const libc::msghdr = msg;
+        c.send = Some(s);
+        c.sent_recently = true;
         self.shared
             .counters
             .send_syscalls
             .fetch_add(1, Ordering::Relaxed);
-        let (fd, msg) = (c.fd.as_raw_fd(), &c.msg as *const libc::msghdr);
-        // SAFETY: `msg`, `iov` and the chunks in `inflight` live in the boxed connection, which
-        // is not freed while `send_inflight` is set (see `free_if_idle`), and none of them is
-        // touched until the `Send` completion clears the flag. The chunks are `Bytes` clones:
-        // their memory stays put even if the outbox drops its own references.
+        let fd = c.fd.as_raw_fd();
+        // SAFETY: `msg`, its iovecs and the chunks they point to live in the boxed send state,
+        // which stays in `c.send` (so neither moves nor is freed or touched) until the `Send`
+        // completion takes it out; the connection is not freed while a send is in flight (see
+        // `free_if_idle`). The chunks are `Bytes` clones: their memory stays put even if the
+        // outbox drops its own references.
         unsafe { self.backend.send(token, fd, msg) };
+    }
+
+    /// Keeps a finished send's state for the next send (bounded), dropping its chunks.
+    fn recycle_send(&mut self, mut s: Box<SendState>) {
+        s.chunks.clear();
+        s.iov.clear();
+        s.msg.msg_iov = std::ptr::null_mut();
+        s.msg.msg_iovlen = 0;
+        if self.spare_sends.len() < SPARE_SENDS
+            && s.chunks.capacity() <= SPARE_SEND_CAPACITY
+            && s.iov.capacity() <= SPARE_SEND_CAPACITY
+        {
+            self.spare_sends.push(s);
+        }
     }
 
     fn on_send(&mut self, token: Token, result: io::Result<usize>) {
@@ -905,8 +968,15 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        c.send_inflight = false;
-        c.inflight.clear();
+        let Some(send) = c.send.take() else {
+            return;
+        };
+        let (urgent_first, send_urgent, send_outbox) =
+            (send.urgent_first, send.urgent, send.outbox);
+        self.recycle_send(send);
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
         if c.state == State::Dead {
             self.free_if_idle(token);
             return;
@@ -930,24 +1000,23 @@ impl<B: Backend> Shard<B> {
             .counters
             .bytes_out
             .fetch_add(n as u64, Ordering::Relaxed);
-        let (urgent_taken, outbox_taken) = if c.send_urgent_first {
-            let u = n.min(c.send_urgent);
+        let (urgent_taken, outbox_taken) = if urgent_first {
+            let u = n.min(send_urgent);
             (u, n - u)
         } else {
-            let o = n.min(c.send_outbox);
+            let o = n.min(send_outbox);
             (n - o, o)
         };
         c.urgent.advance(urgent_taken);
-        if c.outbox_offered > 0 {
+        if send_outbox > 0 {
             c.outbox.on_written(outbox_taken, now);
-            c.outbox_offered = 0;
         }
         if c.sync_backlog(&self.shared.counters) <= backpressure {
             for done in c.waiting.drain(..) {
                 done.complete(Ok(()));
             }
         }
-        if n < c.send_urgent + c.send_outbox {
+        if n < send_urgent + send_outbox {
             // The socket did not take everything: paused until it drains.
             c.poll_inflight = true;
             let fd = c.fd.as_raw_fd();
@@ -1028,7 +1097,7 @@ impl<B: Backend> Shard<B> {
             return;
         }
         c.state = State::Dead;
-        if c.recv_inflight || c.send_inflight || c.poll_inflight {
+        if c.recv_inflight || c.send.is_some() || c.poll_inflight {
             // Makes the in-flight operations complete; the slot is freed after the last one.
             // SAFETY: plain syscall on the connection's socket.
             let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR));
@@ -1042,7 +1111,7 @@ impl<B: Backend> Shard<B> {
         let Some(c) = self.slots[idx].as_deref() else {
             return;
         };
-        if c.state != State::Dead || c.recv_inflight || c.send_inflight || c.poll_inflight {
+        if c.state != State::Dead || c.recv_inflight || c.send.is_some() || c.poll_inflight {
             return;
         }
         let c = self.slots[idx].take().expect("checked above");
@@ -1073,6 +1142,7 @@ impl<B: Backend> Shard<B> {
                 continue;
             };
             let token = i as Token;
+            c.shrink_if_idle();
             match c.state {
                 State::Lingering(deadline) | State::Closing(deadline) if now >= deadline => {
                     to_abort.push(token)

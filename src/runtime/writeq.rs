@@ -54,6 +54,13 @@ impl WriteQueue {
         offered
     }
 
+    /// Frees the queue's capacity when it holds nothing (an idle connection).
+    pub(crate) fn shrink_idle(&mut self) {
+        if self.chunks.is_empty() && self.chunks.capacity() > 0 {
+            self.chunks = VecDeque::new();
+        }
+    }
+
     /// Drops the first `n` bytes: the kernel took them.
     pub(crate) fn advance(&mut self, mut n: usize) {
         debug_assert!(n <= self.unsent);
