@@ -52,9 +52,9 @@ const LINGER: Duration = Duration::from_secs(2);
 const CLOSE_FLUSH: Duration = Duration::from_secs(5);
 /// [`LINGER`] during a shutdown.
 const SHUTDOWN_LINGER: Duration = Duration::from_millis(100);
-/// First receive buffer of a connection; doubles up to [`MAX_READ_BUF`] when a read fills it.
-const MIN_READ_BUF: usize = 512;
-const MAX_READ_BUF: usize = 64 << 10;
+/// A partial message kept between receives is copied into a buffer of its own size when the
+/// buffer it sits in is larger than twice its length plus this.
+const KEEP_SLACK: usize = 1024;
 
 /// Identifies a connection across threads: its shard slot and the slot's generation, so a
 /// message for a closed connection never reaches the slot's next tenant.
@@ -235,7 +235,8 @@ pub(crate) struct Conn {
     pub(crate) proto: Box<dyn StreamProtocol>,
     /// The protocol's wire form is the hub's binary frame (see [`frames_as_hub_frames`]).
     pub(crate) hub_frames: bool,
-    rbuf: Vec<u8>,
+    /// Received bytes the protocol has not decoded yet (a partial message); empty, with no
+    /// allocation, between messages. Receives land in the backend's shared buffers.
     inbuf: BytesMut,
     /// Pre-framed control bytes from the protocol plugin (handshake replies, pongs, close
     /// frames, final errors): written before the outbox's bytes at the next message boundary.
@@ -569,7 +570,6 @@ impl<B: Backend> Shard<B> {
             fd,
             proto,
             hub_frames,
-            rbuf: vec![0; MIN_READ_BUF],
             inbuf: BytesMut::new(),
             urgent: WriteQueue::default(),
             outbox,
@@ -616,17 +616,20 @@ impl<B: Backend> Shard<B> {
             return;
         }
         c.recv_inflight = true;
-        let (ptr, len, fd) = (c.rbuf.as_mut_ptr(), c.rbuf.len(), c.fd.as_raw_fd());
-        // SAFETY: `rbuf` belongs to the boxed connection, which is not freed while
-        // `recv_inflight` is set (see `free_if_idle`) and is neither resized nor touched until
-        // the `Recv` completion clears the flag.
-        unsafe { self.backend.recv(token, fd, ptr, len) };
+        let fd = c.fd.as_raw_fd();
+        self.backend.recv(token, fd);
     }
 
     fn handle_event(&mut self, event: Event) {
         match event {
             Event::Accept { listener, result } => self.on_accept(listener, result),
-            Event::Recv { token, result } => self.on_recv(token, result),
+            Event::Recv { token, result, buf } => {
+                let result = result.map(|n| (n, buf));
+                self.on_recv(token, result);
+                if let Some(buf) = buf {
+                    self.backend.release_buf(buf);
+                }
+            }
             Event::Send { token, result } => self.on_send(token, result),
             Event::Writable { token } => self.on_writable(token),
         }
@@ -687,29 +690,33 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    fn on_recv(&mut self, token: Token, result: io::Result<usize>) {
+    /// A receive finished with `n` bytes in lent buffer `buf` (given back by the caller).
+    fn on_recv(&mut self, token: Token, result: io::Result<(usize, Option<sys::BufId>)>) {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         c.recv_inflight = false;
         match (c.state, result) {
             (State::Dead, _) => self.free_if_idle(token),
-            (State::Lingering(_) | State::Closing(_), Ok(n)) if n > 0 => self.arm_recv(token),
+            (State::Lingering(_) | State::Closing(_), Ok((n, _))) if n > 0 => self.arm_recv(token),
             (State::Lingering(_), _) => self.abort(token),
             (State::Closing(_), Ok(_)) => {}
-            (_, Ok(0)) => {
+            (_, Ok((0, _))) => {
                 // The peer shut down its sending side: write what is queued, then close.
                 self.begin_close(token);
             }
-            (_, Ok(n)) => {
+            (_, Ok((n, buf))) => {
                 self.shared
                     .counters
                     .bytes_in
                     .fetch_add(n as u64, Ordering::Relaxed);
-                c.inbuf.extend_from_slice(&c.rbuf[..n]);
-                if n == c.rbuf.len() && c.rbuf.len() < MAX_READ_BUF {
-                    let len = c.rbuf.len() * 2;
-                    c.rbuf.resize(len, 0);
+                let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
+                if c.inbuf.is_empty() {
+                    // An allocation of just what arrived: the lines decoded from it share it,
+                    // and it is freed with the last of them.
+                    c.inbuf = BytesMut::from(data);
+                } else {
+                    c.inbuf.extend_from_slice(data);
                 }
                 c.last_inbound = Instant::now();
                 self.after_input(token);
@@ -738,6 +745,13 @@ impl<B: Backend> Shard<B> {
         }
         self.output.clear();
         let result = c.proto.decode(&mut c.inbuf, &mut self.output);
+        if c.inbuf.is_empty() {
+            // Nothing partial: hold no buffer while waiting for input.
+            c.inbuf = BytesMut::new();
+        } else if c.inbuf.capacity() > 2 * c.inbuf.len() + KEEP_SLACK {
+            // A partial message at the end of a large receive: keep only its bytes.
+            c.inbuf = BytesMut::from(&c.inbuf[..]);
+        }
         if !self.output.urgent.is_empty() {
             c.urgent.push(self.output.urgent.split().freeze());
         }
