@@ -227,3 +227,102 @@ impl Drop for RecvBufs {
         let _ = syscall!(munmap(self.base.as_ptr().cast(), Self::SIZE));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    /// Arms a receive on more sockets than there are buffers, all with data waiting, and checks
+    /// that no more buffers are lent than the pool holds, that each receive gets its own bytes,
+    /// and that the receives that found the pool empty complete once buffers are given back.
+    fn receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(backend: &mut dyn Backend) {
+        const SOCKETS: usize = RECV_BUFS as usize * 3 + 5;
+        let pairs: Vec<(UnixStream, UnixStream)> = (0..SOCKETS)
+            .map(|_| UnixStream::pair().expect("socketpair"))
+            .collect();
+        for (i, (ours, peer)) in pairs.iter().enumerate() {
+            ours.set_nonblocking(true).unwrap();
+            (&*peer)
+                .write_all(format!("message {i}").as_bytes())
+                .unwrap();
+            backend.add_conn(i as Token, ours.as_raw_fd()).unwrap();
+            backend.recv(i as Token, ours.as_raw_fd());
+        }
+        let mut got = vec![None; SOCKETS];
+        let mut events = Vec::new();
+        for _ in 0..100 {
+            if got.iter().all(Option::is_some) {
+                break;
+            }
+            backend
+                .wait(Some(Duration::from_millis(50)), &mut events)
+                .unwrap();
+            let lent: Vec<BufId> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Recv { buf, .. } => *buf,
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                lent.len() <= RECV_BUFS as usize,
+                "{} buffers lent",
+                lent.len()
+            );
+            let mut distinct = lent.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(distinct.len(), lent.len(), "a buffer lent twice");
+            for event in events.drain(..) {
+                if let Event::Recv { token, result, buf } = event {
+                    let n = result.expect("receive succeeds");
+                    let buf = buf.expect("a receive with bytes lends a buffer");
+                    let text = String::from_utf8(backend.recv_buf(buf, n).to_vec()).unwrap();
+                    assert_eq!(text, format!("message {token}"));
+                    assert!(
+                        got[token as usize].replace(text).is_none(),
+                        "one completion"
+                    );
+                    backend.release_buf(buf);
+                }
+            }
+        }
+        assert!(got.iter().all(Option::is_some), "every receive completed");
+        for (i, (ours, _)) in pairs.iter().enumerate() {
+            backend.remove_conn(i as Token, ours.as_raw_fd());
+        }
+    }
+
+    #[test]
+    fn epoll_receives_beyond_the_pool_wait_for_a_buffer_and_then_complete() {
+        let waker = new_eventfd().unwrap();
+        let mut backend = epoll::Epoll::new(waker).unwrap();
+        receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(&mut backend);
+        drop(backend);
+        let _ = syscall!(close(waker));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn io_uring_receives_beyond_the_pool_wait_for_a_buffer_and_then_complete() {
+        if let Err(why) = uring::probe() {
+            eprintln!("notice: io_uring unavailable ({why}); test skipped");
+            return;
+        }
+        let waker = new_eventfd().unwrap();
+        let mut backend = match uring::Uring::new(waker) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("notice: io_uring ring unavailable ({e}); test skipped");
+                return;
+            }
+        };
+        receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(&mut backend);
+        drop(backend);
+        let _ = syscall!(close(waker));
+    }
+}
