@@ -722,6 +722,7 @@ impl<B: Backend> Shard<B> {
                     .counters
                     .bytes_in
                     .fetch_add(n as u64, Ordering::Relaxed);
+                debug_assert!(buf.is_some(), "a receive with bytes lends a buffer");
                 let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
                 if c.inbuf.is_empty() {
                     // An allocation of just what arrived: the lines decoded from it share it,

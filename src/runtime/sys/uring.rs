@@ -8,8 +8,8 @@
 //! armed on the ring, so a wake-up is just another completion.
 //!
 //! Every opcode used is probed once per process ([`probe`]), and the result cached in a
-//! `OnceLock`; a kernel that refuses a ring, an opcode or the `EXT_ARG` wait makes the engine fall
-//! back to epoll.
+//! `OnceLock`; a kernel that refuses a ring, an opcode, the `EXT_ARG` wait or a ring of provided
+//! buffers makes the engine fall back to epoll.
 //!
 //! # Receive buffers
 //!
@@ -162,8 +162,8 @@ fn user_data(kind: u64, index: u64) -> u64 {
 }
 
 /// Probes, once per process, whether io_uring can run this engine: a ring can be created, every
-/// opcode the backend uses is supported and the kernel has the `EXT_ARG` wait. The error says
-/// what is missing.
+/// opcode the backend uses is supported, the kernel has the `EXT_ARG` wait and takes a ring of
+/// provided buffers. The error says what is missing.
 pub(crate) fn probe() -> Result<(), String> {
     static PROBED: OnceLock<Result<(), String>> = OnceLock::new();
     PROBED
@@ -186,6 +186,13 @@ pub(crate) fn probe() -> Result<(), String> {
                 if !probe.is_supported(code) {
                     return Err(format!("io_uring opcode {name} is not supported"));
                 }
+            }
+            let bufs = BufRing::new(&ring).map_err(|e| {
+                format!("io_uring provided-buffer rings (Linux 5.19) are not supported: {e}")
+            })?;
+            if ring.submitter().unregister_buf_ring(BGID).is_err() {
+                // Never free memory the kernel may still know.
+                std::mem::forget(bufs);
             }
             Ok(())
         })
