@@ -1886,3 +1886,45 @@ fn a_hub_takes_an_arc_dyn_sink() {
     turn(&hub);
     assert_eq!(received(&spy, "a"), ["1"]);
 }
+
+/// Driver::Manual: the owner is told once per idle-to-busy change (so an event loop can sleep
+/// while the hub is idle), again when a completion leaves queued work behind, and never while
+/// work is already pending.
+#[test]
+fn manual_driver_on_work_fires_once_per_idle_to_busy_change() {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let w = Arc::clone(&wakes);
+    let (hub, spy) = manual(HubOptions::default().on_work(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    }));
+    let _a = hub
+        .subscribe("t", |_| {}, SubscribeOptions::default().id("a"))
+        .unwrap();
+    assert_eq!(wakes.load(Ordering::SeqCst), 0, "subscribing is no work");
+    hub.publish("t", json(1), PublishOptions::default())
+        .unwrap();
+    hub.publish("t", json(2), PublishOptions::default())
+        .unwrap();
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        1,
+        "second publish while pending"
+    );
+    assert!(hub.poll_timeout().is_some());
+    spy.set_mode(SpyMode::Pending);
+    turn(&hub);
+    assert_eq!(hub.poll_timeout(), None, "the turn took all the work");
+    // Published while the send is pending: a wake-up, but the subscriber is in flight.
+    hub.publish("t", json(3), PublishOptions::default())
+        .unwrap();
+    assert_eq!(wakes.load(Ordering::SeqCst), 2);
+    turn(&hub);
+    assert_eq!(spy.frames().len(), 1, "one send outstanding per subscriber");
+    // The completion leaves message 3 queued: the owner hears of it.
+    spy.set_mode(SpyMode::Accept);
+    assert_eq!(spy.complete_all(), 1);
+    assert_eq!(wakes.load(Ordering::SeqCst), 3);
+    turn(&hub);
+    assert_eq!(spy.frames().len(), 2);
+    assert_eq!(hub.poll_timeout(), None);
+}

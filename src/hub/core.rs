@@ -662,12 +662,19 @@ impl Inner {
     /// Marks that there is work and wakes the drain thread if it sleeps.
     fn wake(&self) {
         // AcqRel: the queue pushes before this are visible to the drainer that clears the flag.
-        if !self.work.swap(true, Ordering::AcqRel)
-            && self.opts.driver == Driver::Thread
-            && self.opts.batch
-        {
-            let _g = self.wake.lock();
-            self.wake_cv.notify_one();
+        if self.work.swap(true, Ordering::AcqRel) || !self.opts.batch {
+            return;
+        }
+        match self.opts.driver {
+            Driver::Thread => {
+                let _g = self.wake.lock();
+                self.wake_cv.notify_one();
+            }
+            Driver::Manual => {
+                if let Some(hook) = &self.opts.on_work {
+                    hook();
+                }
+            }
         }
     }
 

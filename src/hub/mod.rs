@@ -17,7 +17,8 @@
 //! pops up to `max_batch` messages, encodes (or reuses) the frame and hands it to the
 //! subscriber's [`Sink`]. With [`Driver::Thread`] (default) the hub owns one drain thread; with
 //! [`Driver::Manual`] the owner drives it with [`Hub::poll_timeout`] and [`Hub::turn`], passing
-//! its own clock.
+//! its own clock, and learns of new work through [`HubOptions::on_work`] (the engine runs its
+//! hub this way, on a shard's event loop).
 //!
 //! A subscriber has at most one send outstanding: while a sink's [`SendOutcome::Pending`]
 //! (see [`powerhub_plugin::SendOutcome`]) is not completed, the subscriber is skipped and its
@@ -74,7 +75,7 @@ pub use self::error::HubError;
 pub use self::message::{Delivery, Message};
 pub use self::options::{
     BytesAcknowledged, Codec, Driver, ErrorHook, HubConfig, HubOptions, MetricsHook,
-    PublishOptions, SlowConsumer, SubscribeConfig, SubscribeOptions, MAX_BATCH_DELAY,
+    PublishOptions, SlowConsumer, SubscribeConfig, SubscribeOptions, WorkHook, MAX_BATCH_DELAY,
     MAX_BATCH_LIMIT, MAX_QUEUE_LIMIT, RETAINED_PER_TOPIC,
 };
 pub use self::stats::{Presence, Stats, SubscriberStats, TurnMetrics};

@@ -1,10 +1,12 @@
 //! A shard: one worker thread that owns its connections, their timers and one IO backend.
 //!
-//! Nothing on a shard's write path takes a lock. Other threads (the hub's drain thread handing
+//! Nothing on a shard's write path takes a lock. Other threads (the thread driving the hub handing
 //! frames to a connection's sink, the acceptor handing over a new socket, the engine asking for a
 //! shutdown) reach a shard through its lock-free [`SegQueue`] of [`ShardMsg`]s and a wake-up
 //! eventfd. A turn of the shard loop:
 //!
+//! 0. on shard 0, when the engine owns its hub: runs the hub's turn if one is due (what the
+//!    previous turn read is then one batch; deliveries to this shard land in its own queue),
 //! 1. drains the queue (new connections, deliveries into the connections' outboxes,
 //!    subscription closes, shutdown phases),
 //! 2. starts one send per connection that has bytes to write and none in flight, carrying
@@ -142,6 +144,12 @@ impl ShardHandle {
     /// Queues a message and wakes the shard if it sleeps.
     pub(crate) fn send(&self, msg: ShardMsg) {
         self.queue.push(msg);
+        self.wake();
+    }
+
+    /// Wakes the shard if it sleeps, after the caller made work visible to it (a queue push, or
+    /// the hub's `work` flag, which the shard reads after `park_begin`).
+    pub(crate) fn wake(&self) {
         if self.parker.should_wake() {
             sys::wake_eventfd(self.waker.raw());
         }
@@ -165,7 +173,7 @@ pub(crate) struct Counters {
     pub(crate) unsent: AtomicUsize,
 }
 
-/// Connection state shared with the sinks of its subscriptions (on the hub's thread).
+/// Connection state shared with the sinks of its subscriptions (on the hub-driving thread).
 #[derive(Debug)]
 pub(crate) struct ConnShared {
     pub(crate) key: ConnKey,
@@ -359,7 +367,12 @@ impl<B: Backend> Shard<B> {
         }
         let mut events = Vec::with_capacity(256);
         let mut next_tick = Instant::now() + TICK;
+        let drives_hub = self.shared.drives_hub && self.handle.index == 0;
         loop {
+            if drives_hub {
+                // Deliveries to this shard's connections land in its own queue, drained next.
+                self.shared.hub.turn(Instant::now());
+            }
             self.drain_queue();
             self.flush_writes();
             if self.finishing && self.slots.iter().all(Option::is_none) {
@@ -370,6 +383,12 @@ impl<B: Backend> Shard<B> {
             self.handle.parker.park_begin();
             if !self.handle.queue.is_empty() {
                 timeout = Duration::ZERO;
+            } else if drives_hub {
+                // After `park_begin`: a publish that set the hub's work flag before it either
+                // shows here or sees the shard parked and wakes it (see [`Parker`]).
+                if let Some(at) = self.shared.hub.poll_timeout() {
+                    timeout = timeout.min(at.saturating_duration_since(now));
+                }
             }
             if let Err(e) = self.backend.wait(Some(timeout), &mut events) {
                 tracing::error!(error = %e, backend = self.backend.name(), "backend wait failed");
