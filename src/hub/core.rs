@@ -202,6 +202,13 @@ struct Topic {
     cursors: Vec<Arc<Sub>>,
     log: Arc<TopicLog>,
     retained: Mutex<VecDeque<Arc<Entry>>>,
+    /// Listed in [`Ready::topics`] since a publication queued something for its subscribers;
+    /// cleared by the pass that takes it (under the topics write lock).
+    dirty: AtomicBool,
+    /// Every subscriber of the topic in drain order (highest priority first, then subscription
+    /// order): a pass over one topic takes this list by reference, without sorting or cloning
+    /// it. Changed in place unless a pass holds it (`Arc::make_mut`).
+    all: Arc<Vec<Arc<Sub>>>,
 }
 
 impl Topic {
@@ -212,6 +219,15 @@ impl Topic {
     fn log_id(&self) -> u64 {
         self.log.id()
     }
+}
+
+/// What the next pass visits: topics published to, and single subscribers with work (a
+/// retained replay, a completion that left messages queued, a flush). A pass costs what these
+/// hold, not the number of subscribers the hub has.
+#[derive(Default)]
+struct Ready {
+    topics: Vec<Arc<str>>,
+    subs: Vec<Arc<Sub>>,
 }
 
 #[derive(Default)]
@@ -281,6 +297,7 @@ type RangeMemo = HashMap<
 
 #[derive(Default)]
 struct DrainState {
+    /// Scratch for the list of subscribers a pass visits (see `take_ready`).
     order: Vec<Arc<Sub>>,
     /// How many entries each subscriber of `order` takes this turn.
     budgets: Vec<usize>,
@@ -314,7 +331,8 @@ pub(crate) struct Inner {
     next_sub: AtomicU64,
     topics: RwLock<HashMap<Arc<str>, Topic>>,
     ids: Mutex<HashMap<Arc<str>, Arc<Sub>>>,
-    order_dirty: AtomicBool,
+    /// Lock order: `topics` before `ready`.
+    ready: Mutex<Ready>,
     counters: Counters,
     /// Set by publish and by completions when there is something to drain.
     work: AtomicBool,
@@ -341,7 +359,7 @@ impl Inner {
             next_sub: AtomicU64::new(0),
             topics: RwLock::new(HashMap::new()),
             ids: Mutex::new(HashMap::new()),
-            order_dirty: AtomicBool::new(false),
+            ready: Mutex::new(Ready::default()),
             counters: Counters::default(),
             work: AtomicBool::new(false),
             wake: Mutex::new(WakeState::default()),
@@ -448,12 +466,15 @@ impl Inner {
         });
         ids.insert(id, Arc::clone(&sub));
         drop(ids);
-        self.order_dirty.store(true, Ordering::Release);
         if cursor {
             entry.cursors.push(Arc::clone(&sub));
         } else {
             entry.subs.push(Arc::clone(&sub));
         }
+        let all = Arc::make_mut(&mut entry.all);
+        // Usually the end: subscription order grows.
+        let at = all.partition_point(|s| drain_key(s) <= drain_key(&sub));
+        all.insert(at, Arc::clone(&sub));
         // Replay the retained log through the subscriber's own queue and policy. Holding the
         // topics write lock keeps publishes out, so replay and live traffic cannot interleave.
         let mut queued = 0;
@@ -464,6 +485,9 @@ impl Inner {
                 // Cut loose by `disconnect`: the rest of the log is not offered.
                 break;
             }
+        }
+        if queued > 0 && !sub.closed.load(Ordering::Acquire) {
+            self.ready.lock().subs.push(Arc::clone(&sub));
         }
         drop(topics);
         for s in disconnect {
@@ -493,6 +517,7 @@ impl Inner {
             let mut topics = self.topics.write();
             if let Some(t) = topics.get_mut(sub.sref.topic()) {
                 t.subs.retain(|s| !Arc::ptr_eq(s, sub));
+                Arc::make_mut(&mut t.all).retain(|s| !Arc::ptr_eq(s, sub));
                 if sub.queue.is_cursor() {
                     t.cursors.retain(|s| !Arc::ptr_eq(s, sub));
                     // The log keeps what the largest remaining cursor needs.
@@ -516,7 +541,6 @@ impl Inner {
                 ids.remove(sub.sref.id());
             }
         }
-        self.order_dirty.store(true, Ordering::Release);
         self.commit_overflow(sub);
         let discarded = sub.queue.clear() as u64;
         if reason == CloseReason::SlowConsumer {
@@ -569,11 +593,16 @@ impl Inner {
         let mut disconnect = Vec::new();
         {
             let topics = self.topics.read();
-            if let Some(t) = topics.get(topic) {
+            if let Some((key, t)) = topics.get_key_value(topic) {
                 if opts.retain {
                     retain(t, &entry);
                 }
                 self.fan_out(t, &entry, &mut queued, &mut disconnect);
+                // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
+                // the topics write lock, which excludes this read-locked section.
+                if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
+                    self.ready.lock().topics.push(Arc::clone(key));
+                }
             } else if opts.retain {
                 drop(topics);
                 let mut topics = self.topics.write();
@@ -769,28 +798,61 @@ impl Inner {
         }
     }
 
-    fn refresh_order(&self, st: &mut DrainState) {
-        if self.order_dirty.swap(false, Ordering::AcqRel) {
-            st.order.clear();
-            st.order.extend(self.ids.lock().values().cloned());
-            st.order.sort_by_key(|s| (Reverse(s.priority), s.order));
-        }
+    /// Lists every live subscriber for the next pass (a flush visits them all).
+    fn mark_all_ready(&self) {
+        let all: Vec<Arc<Sub>> = self.ids.lock().values().cloned().collect();
+        self.ready.lock().subs.extend(all);
     }
 
-    /// One pass over every subscriber, highest priority first: each one not in flight sends what
-    /// it had queued when the pass reached it, one frame per batch of up to `max_batch`.
+    /// The pass's subscribers: those of the topics published to and those listed singly, each
+    /// once, highest priority first, then in subscription order. One topic and nothing else
+    /// (the common turn) is that topic's own list, shared. Call with the topics write lock
+    /// held: no publish is half-way, so a topic's flag and list agree.
+    fn take_ready(
+        &self,
+        topics: &HashMap<Arc<str>, Topic>,
+        scratch: &mut Vec<Arc<Sub>>,
+    ) -> Arc<Vec<Arc<Sub>>> {
+        let (names, subs) = {
+            let mut r = self.ready.lock();
+            (std::mem::take(&mut r.topics), std::mem::take(&mut r.subs))
+        };
+        let mut found = names.iter().filter_map(|name| topics.get(name));
+        if names.len() == 1 && subs.is_empty() {
+            return match found.next() {
+                Some(t) => {
+                    t.dirty.store(false, Ordering::Release);
+                    Arc::clone(&t.all)
+                }
+                None => Arc::default(),
+            };
+        }
+        scratch.clear();
+        for t in found {
+            t.dirty.store(false, Ordering::Release);
+            scratch.extend(t.all.iter().cloned());
+        }
+        scratch.extend(subs);
+        scratch.sort_unstable_by_key(|s| drain_key(s));
+        scratch.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        Arc::new(std::mem::take(scratch))
+    }
+
+    /// One pass over the subscribers with work ([`Ready`]), highest priority first: each one
+    /// not in flight sends what it had queued when the pass began, one frame per batch of up to
+    /// `max_batch`.
     fn drain_pass(&self, st: &mut DrainState) -> TurnMetrics {
         let mut m = TurnMetrics::default();
-        self.refresh_order(st);
         st.memo.clear();
-        let order = std::mem::take(&mut st.order);
+        let order;
         // The turn boundary: every queue's length, read while no publish is half-way through
         // its subscribers (publishes hold the topics read lock). Subscribers that queued the same
         // publications therefore take the same batches and share their frames, even while other
         // threads keep publishing.
         st.budgets.clear();
         {
-            let _no_publish = self.topics.write();
+            let topics = self.topics.write();
+            order = self.take_ready(&topics, &mut st.order);
             st.budgets
                 .extend(order.iter().map(|s| self.commit_overflow(s)));
         }
@@ -867,10 +929,10 @@ impl Inner {
         self.counters
             .delivered
             .fetch_add(m.messages, Ordering::Relaxed);
-        st.order = order;
-        if self.is_closed() {
-            // Let go of the subscribers (and what their handlers hold) now, not at drop.
-            st.order.clear();
+        // Let go of the subscribers (and what their handlers hold) now; keep the capacity.
+        if let Ok(mut v) = Arc::try_unwrap(order) {
+            v.clear();
+            st.order = v;
         }
         st.budgets = budgets;
         st.memo.clear();
@@ -1105,6 +1167,7 @@ impl Inner {
         // A send that ended inside the drain of this subscriber: the drainer goes on by itself.
         // A completion (from any thread) wakes it for what queued meanwhile.
         if !in_pass && !sub.closed.load(Ordering::Acquire) && !sub.queue.is_empty() {
+            self.ready.lock().subs.push(Arc::clone(sub));
             self.wake();
         }
         self.notify_flush();
@@ -1167,6 +1230,7 @@ impl Inner {
                 let guard = DrainingGuard::enter();
                 // AcqRel: reads-from the publisher's `wake` swap, so its pushes are visible.
                 self.work.swap(false, Ordering::AcqRel);
+                self.mark_all_ready();
                 let m = self.drain_pass(&mut st);
                 drop(guard);
                 drop(st);
@@ -1212,10 +1276,7 @@ impl Inner {
         }
         // The retained logs go with the topics.
         drop(topics);
-        self.order_dirty.store(true, Ordering::Release);
-        if let Some(mut st) = self.drain.try_lock() {
-            st.order.clear();
-        }
+        *self.ready.lock() = Ready::default();
         self.notify_flush();
         let handle = self.thread.lock().take();
         if let Some(handle) = handle {
@@ -1280,6 +1341,11 @@ impl Inner {
             })
             .collect()
     }
+}
+
+/// A subscriber's place in a pass: highest priority first, then subscription order.
+fn drain_key(s: &Sub) -> (Reverse<i32>, u64) {
+    (Reverse(s.priority), s.order)
 }
 
 /// Releases the entries of `t`'s log that every cursor subscriber of `t` has passed. Call with
