@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 use std::cmp::Reverse;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -209,6 +209,8 @@ struct Topic {
     /// order): a pass over one topic takes this list by reference, without sorting or cloning
     /// it. Changed in place unless a pass holds it (`Arc::make_mut`).
     all: Arc<Vec<Arc<Sub>>>,
+    /// How many cursor subscribers have each `max_queue`: the log keeps the largest.
+    caps: BTreeMap<usize, usize>,
 }
 
 impl Topic {
@@ -467,6 +469,7 @@ impl Inner {
         ids.insert(id, Arc::clone(&sub));
         drop(ids);
         if cursor {
+            *entry.caps.entry(opts.max_queue).or_default() += 1;
             entry.cursors.push(Arc::clone(&sub));
         } else {
             entry.subs.push(Arc::clone(&sub));
@@ -516,20 +519,34 @@ impl Inner {
         {
             let mut topics = self.topics.write();
             if let Some(t) = topics.get_mut(sub.sref.topic()) {
-                t.subs.retain(|s| !Arc::ptr_eq(s, sub));
-                Arc::make_mut(&mut t.all).retain(|s| !Arc::ptr_eq(s, sub));
+                // Every list is sorted (subscription order, or drain order): a binary search,
+                // so that many subscribers leaving one topic is not quadratic in comparisons.
+                let all = Arc::make_mut(&mut t.all);
+                if let Ok(i) = all.binary_search_by_key(&drain_key(sub), |s| drain_key(s)) {
+                    all.remove(i);
+                }
                 if sub.queue.is_cursor() {
-                    t.cursors.retain(|s| !Arc::ptr_eq(s, sub));
+                    if let Ok(i) = t.cursors.binary_search_by_key(&sub.order, |s| s.order) {
+                        t.cursors.remove(i);
+                    }
+                    let cap = sub.queue.capacity();
+                    if let Some(n) = t.caps.get_mut(&cap) {
+                        *n -= 1;
+                        if *n == 0 {
+                            t.caps.remove(&cap);
+                        }
+                    }
                     // The log keeps what the largest remaining cursor needs.
-                    let cap = t
-                        .cursors
-                        .iter()
-                        .map(|s| s.queue.capacity())
-                        .max()
-                        .unwrap_or(0);
-                    t.log.set_cap(cap);
+                    let cap = t.caps.last_key_value().map_or(0, |(&c, _)| c);
+                    if cap != t.log.cap() {
+                        t.log.set_cap(cap);
+                    }
                     // What only the leaving subscriber still needed goes with it.
-                    release_passed(t);
+                    if !t.log.holds_nothing() {
+                        release_passed(t);
+                    }
+                } else if let Ok(i) = t.subs.binary_search_by_key(&sub.order, |s| s.order) {
+                    t.subs.remove(i);
                 }
                 if t.is_empty() {
                     // The last subscriber left: release the retained log with the topic.
