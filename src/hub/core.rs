@@ -117,7 +117,8 @@ pub(crate) struct Sub {
     order: u64,
     codec: Codec,
     sink: Arc<dyn Sink>,
-    handler: Handler,
+    /// `None`: the sink is the only consumer (nothing runs per message).
+    handler: Option<Handler>,
     ack: Option<BytesAcknowledged>,
     pub(crate) closed: AtomicBool,
     /// `generation << 3 | phase`; see [`phase`].
@@ -395,7 +396,7 @@ impl Inner {
     pub(crate) fn subscribe(
         &self,
         topic: &str,
-        handler: Handler,
+        handler: Option<Handler>,
         opts: SubscribeOptions,
     ) -> Result<Arc<Sub>, HubError> {
         if self.is_closed() {
@@ -1158,21 +1159,23 @@ impl Inner {
                         );
                     }
                 }
-                for e in batch {
-                    let d = Delivery {
-                        subscriber: &sub.sref,
-                        message: &e.message,
-                        seq: e.seq,
-                        priority: e.priority,
-                    };
-                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| (sub.handler)(&d))) {
-                        self.report(
-                            &HubError::HandlerPanicked {
-                                id: sub.sref.id().to_owned(),
-                                message: panic_message(&*p),
-                            },
-                            Some(&sub.sref),
-                        );
+                if let Some(handler) = &sub.handler {
+                    for e in batch.iter() {
+                        let d = Delivery {
+                            subscriber: &sub.sref,
+                            message: &e.message,
+                            seq: e.seq,
+                            priority: e.priority,
+                        };
+                        if let Err(p) = catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+                            self.report(
+                                &HubError::HandlerPanicked {
+                                    id: sub.sref.id().to_owned(),
+                                    message: panic_message(&*p),
+                                },
+                                Some(&sub.sref),
+                            );
+                        }
                     }
                 }
             }

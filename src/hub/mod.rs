@@ -167,7 +167,38 @@ impl Hub {
     where
         F: Fn(&Delivery<'_>) + Send + Sync + 'static,
     {
-        let sub = self.inner().subscribe(topic, Arc::new(handler), options)?;
+        let sub = self
+            .inner()
+            .subscribe(topic, Some(Arc::new(handler)), options)?;
+        Ok(Subscription {
+            hub: Arc::downgrade(self.inner()),
+            sub,
+        })
+    }
+
+    /// Subscribes to `topic` with no handler: the subscriber's [`Sink`] (the hub's, or
+    /// [`SubscribeOptions::sink`]) is its only consumer, and nothing runs per message after the
+    /// transport took a batch. This is how a network transport subscribes its connections.
+    /// Errors as [`subscribe`](Hub::subscribe).
+    ///
+    /// ```
+    /// use powerhub::hub::{Driver, Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let spy = SpySink::new();
+    /// let hub = Hub::new(spy.clone(), HubOptions::default().driver(Driver::Manual))?;
+    /// let _sub = hub.subscribe_sink("prices", SubscribeOptions::default().id("conn-7"))?;
+    /// hub.publish_json("prices", &serde_json::json!({"px": 1}))?;
+    /// hub.turn(std::time::Instant::now());
+    /// assert_eq!(spy.frames_for("conn-7").len(), 1);
+    /// # Ok::<(), powerhub::hub::HubError>(())
+    /// ```
+    pub fn subscribe_sink(
+        &self,
+        topic: &str,
+        options: SubscribeOptions,
+    ) -> Result<Subscription, HubError> {
+        let sub = self.inner().subscribe(topic, None, options)?;
         Ok(Subscription {
             hub: Arc::downgrade(self.inner()),
             sub,

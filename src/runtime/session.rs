@@ -157,7 +157,7 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
                 .transport(Arc::new(Arc::clone(&subscription_id)));
             // The reply is queued before the hub can deliver anything: deliveries reach this
             // shard through its queue, which is drained after this call returns.
-            match shared.hub.subscribe(&topic, |_| {}, options) {
+            match shared.hub.subscribe_sink(&topic, options) {
                 Ok(_handle) => {
                     shared
                         .counters
