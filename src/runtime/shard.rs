@@ -409,6 +409,9 @@ impl<B: Backend> Shard<B> {
     }
 
     fn drain_queue(&mut self) {
+        // One clock read and one shared-counter update per drain, not per delivery.
+        let now = Instant::now();
+        let mut frames = 0;
         while let Some(msg) = self.handle.queue.pop() {
             match msg {
                 ShardMsg::NewConn {
@@ -424,7 +427,7 @@ impl<B: Backend> Shard<B> {
                     shared,
                 } => {
                     shared.in_queue.fetch_sub(frame.len(), Ordering::Relaxed);
-                    self.deliver(conn, &sub, frame, done);
+                    frames += u64::from(self.deliver(conn, &sub, frame, done, now));
                 }
                 ShardMsg::SubClosed { conn, sub, reason } => {
                     if let Some(c) = conn_in(&mut self.slots, conn) {
@@ -449,6 +452,12 @@ impl<B: Backend> Shard<B> {
                     }
                 }
             }
+        }
+        if frames > 0 {
+            self.shared
+                .counters
+                .frames_out
+                .fetch_add(frames, Ordering::Relaxed);
         }
     }
 
@@ -766,31 +775,36 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    fn deliver(&mut self, key: ConnKey, sub: &str, frame: Bytes, done: Option<Completion>) {
+    /// Queues a hub frame on its connection; `false` when the connection or the subscription
+    /// is gone (the frame is dropped and the send completed).
+    fn deliver(
+        &mut self,
+        key: ConnKey,
+        sub: &str,
+        frame: Bytes,
+        done: Option<Completion>,
+        now: Instant,
+    ) -> bool {
         let backpressure = self.shared.config.limits.backpressure_bytes;
         let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) else {
             if let Some(done) = done {
                 done.complete(Err(SendError::Closed));
             }
-            return;
+            return false;
         };
         if c.session.subscription(sub).is_none() {
             // Unsubscribed while this frame was on its way: nothing follows the acknowledgement.
             if let Some(done) = done {
                 done.complete(Ok(()));
             }
-            return;
+            return false;
         }
         if c.hub_frames {
             // One hub frame per subscriber batch: lossless and in order with the replies.
-            c.outbox.push_control(frame, Instant::now());
+            c.outbox.push_control(frame, now);
         } else {
-            c.outbox.push_shared(sub, frame, Instant::now());
+            c.outbox.push_shared(sub, frame, now);
         }
-        self.shared
-            .counters
-            .frames_out
-            .fetch_add(1, Ordering::Relaxed);
         let backlog = c.sync_backlog(&self.shared.counters);
         if let Some(done) = done {
             if backlog <= backpressure {
@@ -800,6 +814,7 @@ impl<B: Backend> Shard<B> {
             }
         }
         self.mark_dirty(key.index);
+        true
     }
 
     /// Starts one send per dirty connection that has bytes to send and none in flight.
