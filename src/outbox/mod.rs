@@ -157,10 +157,9 @@ pub struct Outbox {
     /// Messages not yet encoded, in order. `queue[i]` has sequence number `head_seq + i`.
     queue: VecDeque<Item>,
     head_seq: u64,
-    /// Coalescing slot -> sequence number of its pending frame (only while paused).
-    slots: HashMap<SlotKey, u64>,
-    /// (subscription, deviceId, deviceSessionUuid) that already got a `frames_dropped`.
-    notified: HashSet<DropKey>,
+    /// Coalescing slots and `frames_dropped` keys: allocated only while one of them is held
+    /// (paused, or over the threshold), so a healthy outbox holds no hash table.
+    drops: Option<Box<DropState>>,
     /// Encoded bytes not yet taken by the socket, in order; the front may be partly written.
     wire: VecDeque<Bytes>,
     wire_len: usize,
@@ -177,6 +176,15 @@ pub struct Outbox {
     last_alive: Instant,
     next_ping: Instant,
     stats: OutboxStats,
+}
+
+/// The state of the rules that apply while paused.
+#[derive(Debug, Default)]
+struct DropState {
+    /// Coalescing slot -> sequence number of its pending frame (only while paused).
+    slots: HashMap<SlotKey, u64>,
+    /// (subscription, deviceId, deviceSessionUuid) that already got a `frames_dropped`.
+    notified: HashSet<DropKey>,
 }
 
 #[derive(Debug)]
@@ -259,8 +267,7 @@ impl Outbox {
             factory,
             queue: VecDeque::new(),
             head_seq: 0,
-            slots: HashMap::new(),
-            notified: HashSet::new(),
+            drops: None,
             wire: VecDeque::new(),
             wire_len: 0,
             offered: 0,
@@ -350,14 +357,18 @@ impl Outbox {
             return;
         }
         let mut removed = Vec::new();
-        self.slots.retain(|key, seq| {
-            if &*key.sub == sub {
-                removed.push(*seq);
-                false
-            } else {
-                true
-            }
-        });
+        if let Some(drops) = self.drops.as_deref_mut() {
+            drops.slots.retain(|key, seq| {
+                if &*key.sub == sub {
+                    removed.push(*seq);
+                    false
+                } else {
+                    true
+                }
+            });
+            drops.notified.retain(|key| &*key.sub != sub);
+        }
+        self.trim_drops();
         for seq in removed {
             if let Some(item) = self.item_mut(seq) {
                 let old = std::mem::replace(item, Item::Removed);
@@ -366,7 +377,6 @@ impl Outbox {
                 self.stats.removed += 1;
             }
         }
-        self.notified.retain(|key| &*key.sub != sub);
         self.names.retain(|name| &**name != sub);
         self.push_control(ack, now);
     }
@@ -443,7 +453,7 @@ impl Outbox {
         }
         // A write observes the unsent bytes: at or below the threshold re-arms notifications.
         if self.wire_len <= self.config.high_water_bytes {
-            self.notified.clear();
+            self.clear_notified();
         }
         if self.wire_len == 0 {
             // Healthy again: what was admitted while paused stays queued (and its slots stay
@@ -466,7 +476,7 @@ impl Outbox {
         let _ = now;
         self.awaiting_writable = false;
         if self.wire_len <= self.config.high_water_bytes {
-            self.notified.clear();
+            self.clear_notified();
         }
     }
 
@@ -495,11 +505,11 @@ impl Outbox {
         if now >= self.last_alive + self.config.liveness_timeout {
             self.reaped = true;
             self.queue.clear();
-            self.slots.clear();
+            self.clear_slots();
             self.wire.clear();
             self.wire_len = 0;
             self.offered = 0;
-            self.notified.clear();
+            self.clear_notified();
             self.paused = false;
             self.awaiting_writable = false;
             self.stats.queued = 0;
@@ -539,6 +549,22 @@ impl Outbox {
             && (self.wire_len > 0 || (!self.paused && !self.queue.is_empty()))
     }
 
+    /// Frees the memory the outbox keeps for reuse while it holds nothing: the FIFO's and the
+    /// wire's capacity and the framing scratch buffer. Call it on a connection that has been
+    /// idle for a while (a busy one would only allocate them again); what is queued is
+    /// unaffected, and the next push allocates what it needs.
+    pub fn shrink_idle(&mut self) {
+        if self.queue.is_empty() && self.queue.capacity() > 0 {
+            self.queue = VecDeque::new();
+        }
+        if self.wire.is_empty() && self.wire.capacity() > 0 {
+            self.wire = VecDeque::new();
+        }
+        if self.scratch.is_empty() && self.scratch.capacity() > 0 {
+            self.scratch = BytesMut::new();
+        }
+    }
+
     /// Whether the liveness timeout reaped the connection.
     pub fn is_reaped(&self) -> bool {
         self.reaped
@@ -563,6 +589,33 @@ impl Outbox {
         name
     }
 
+    /// Forgets the coalescing slots (what they point to stays queued).
+    fn clear_slots(&mut self) {
+        if let Some(drops) = self.drops.as_deref_mut() {
+            drops.slots.clear();
+            self.trim_drops();
+        }
+    }
+
+    /// Re-arms every `frames_dropped` notification.
+    fn clear_notified(&mut self) {
+        if let Some(drops) = self.drops.as_deref_mut() {
+            drops.notified.clear();
+            self.trim_drops();
+        }
+    }
+
+    /// Frees the drop state once it holds nothing.
+    fn trim_drops(&mut self) {
+        if self
+            .drops
+            .as_deref()
+            .is_some_and(|d| d.slots.is_empty() && d.notified.is_empty())
+        {
+            self.drops = None;
+        }
+    }
+
     fn item_mut(&mut self, seq: u64) -> Option<&mut Item> {
         let idx = seq.checked_sub(self.head_seq)?;
         self.queue.get_mut(usize::try_from(idx).ok()?)
@@ -582,8 +635,8 @@ impl Outbox {
 
     /// A push observes the unsent bytes: at or below the threshold re-arms notifications.
     fn observe_send(&mut self) {
-        if !self.notified.is_empty() && self.wire_len <= self.config.high_water_bytes {
-            self.notified.clear();
+        if self.drops.is_some() && self.wire_len <= self.config.high_water_bytes {
+            self.clear_notified();
         }
     }
 
@@ -595,7 +648,7 @@ impl Outbox {
     /// under the paused rules (classified, coalesced).
     fn pause(&mut self) {
         self.paused = true;
-        self.slots.clear();
+        self.clear_slots();
         let queued = std::mem::take(&mut self.queue);
         self.head_seq += queued.len() as u64;
         self.stats.queued = 0;
@@ -627,7 +680,7 @@ impl Outbox {
                 self.drop_frame(&sub, &meta, false);
                 return;
             }
-            self.notified.clear();
+            self.clear_notified();
         }
         if meta.correlated || !self.config.is_coalescible(&meta.kind) {
             self.push_back(Item::Message { sub, meta, body });
@@ -639,7 +692,7 @@ impl Outbox {
             session: meta.device_session_uuid.clone(),
             kind: Arc::clone(&meta.kind),
         };
-        if let Some(&seq) = self.slots.get(&key) {
+        if let Some(&seq) = self.drops.as_ref().and_then(|d| d.slots.get(&key)) {
             let new_len = body.len();
             if let Some(Item::Message { body: old, .. }) = self.item_mut(seq) {
                 let old_len = old.len();
@@ -650,7 +703,7 @@ impl Outbox {
             }
         }
         let seq = self.push_back(Item::Message { sub, meta, body });
-        self.slots.insert(key, seq);
+        self.drops.get_or_insert_default().slots.insert(key, seq);
     }
 
     /// Counts a dropped frame and queues its notification if its key has none outstanding. With
@@ -663,7 +716,7 @@ impl Outbox {
             device: meta.device_id.clone(),
             session: meta.device_session_uuid.clone(),
         };
-        if !self.notified.insert(key) {
+        if !self.drops.get_or_insert_default().notified.insert(key) {
             return None;
         }
         self.stats.notifications += 1;
@@ -677,7 +730,7 @@ impl Outbox {
 
     /// Encodes the whole FIFO onto the wire (healthy only).
     fn encode_queue(&mut self, framer: &mut dyn StreamProtocol, now: Instant) {
-        self.slots.clear();
+        self.clear_slots();
         while let Some(item) = self.queue.pop_front() {
             self.head_seq += 1;
             if !matches!(item, Item::Removed) {
@@ -702,7 +755,7 @@ impl Outbox {
                             }
                             continue;
                         }
-                        self.notified.clear();
+                        self.clear_notified();
                     }
                     let json = match body {
                         Body::Json(json) => json,

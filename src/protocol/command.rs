@@ -243,9 +243,11 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
 }
 
 /// A [`parse_command`] that keeps simd-json's buffers between lines (one per connection).
+/// Boxed, and allocated at the first line parsed: a connection that never sends a line (or
+/// whose lines are parsed elsewhere) carries one pointer.
 #[derive(Default)]
 pub struct CommandParser {
-    buffers: Option<simd_json::Buffers>,
+    buffers: Option<Box<simd_json::Buffers>>,
 }
 
 impl fmt::Debug for CommandParser {
@@ -260,7 +262,7 @@ impl CommandParser {
         parse_with(
             line,
             self.buffers
-                .get_or_insert_with(|| simd_json::Buffers::new(512)),
+                .get_or_insert_with(|| Box::new(simd_json::Buffers::new(512))),
         )
     }
 }

@@ -11,8 +11,17 @@ pub(crate) const MAX_IOV: usize = 1024;
 /// Outbound bytes of one connection, in order. Chunks are shared `Bytes` (a hub batch frame is
 /// queued by reference, never copied); `front_offset` says how much of the first chunk the
 /// kernel already took (partial writes resume mid-chunk, never reorder or duplicate).
+///
+/// The queue is allocated at its first push and freed once the kernel took everything: a
+/// connection holds these bytes rarely (handshake replies, pongs, final errors), so an empty
+/// queue is one null pointer.
 #[derive(Debug, Default)]
 pub(crate) struct WriteQueue {
+    inner: Option<Box<Inner>>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
     chunks: VecDeque<Bytes>,
     front_offset: usize,
     unsent: usize,
@@ -22,29 +31,33 @@ impl WriteQueue {
     /// Appends a chunk.
     pub(crate) fn push(&mut self, chunk: Bytes) {
         if !chunk.is_empty() {
-            self.unsent += chunk.len();
-            self.chunks.push_back(chunk);
+            let inner = self.inner.get_or_insert_default();
+            inner.unsent += chunk.len();
+            inner.chunks.push_back(chunk);
         }
     }
 
     /// Bytes queued and not yet taken by the kernel (the spec's `writableLength`).
     pub(crate) fn unsent(&self) -> usize {
-        self.unsent
+        self.inner.as_ref().map_or(0, |q| q.unsent)
     }
 
     /// Whether nothing is queued.
     pub(crate) fn is_empty(&self) -> bool {
-        self.unsent == 0
+        self.unsent() == 0
     }
 
     /// Fills `inflight` with the chunks of the next send (the first one trimmed by the offset
     /// already written), at most [`MAX_IOV`] of them. Returns the bytes offered.
     pub(crate) fn prepare(&self, inflight: &mut Vec<Bytes>) -> usize {
         inflight.clear();
+        let Some(q) = self.inner.as_deref() else {
+            return 0;
+        };
         let mut offered = 0;
-        for (i, chunk) in self.chunks.iter().take(MAX_IOV).enumerate() {
+        for (i, chunk) in q.chunks.iter().take(MAX_IOV).enumerate() {
             let c = if i == 0 {
-                chunk.slice(self.front_offset..)
+                chunk.slice(q.front_offset..)
             } else {
                 chunk.clone()
             };
@@ -56,21 +69,28 @@ impl WriteQueue {
 
     /// Drops the first `n` bytes: the kernel took them.
     pub(crate) fn advance(&mut self, mut n: usize) {
-        debug_assert!(n <= self.unsent);
-        self.unsent -= n.min(self.unsent);
+        let Some(q) = self.inner.as_deref_mut() else {
+            debug_assert_eq!(n, 0);
+            return;
+        };
+        debug_assert!(n <= q.unsent);
+        q.unsent -= n.min(q.unsent);
         while n > 0 {
-            let Some(front) = self.chunks.front() else {
+            let Some(front) = q.chunks.front() else {
                 break;
             };
-            let left = front.len() - self.front_offset;
+            let left = front.len() - q.front_offset;
             if n >= left {
                 n -= left;
-                self.chunks.pop_front();
-                self.front_offset = 0;
+                q.chunks.pop_front();
+                q.front_offset = 0;
             } else {
-                self.front_offset += n;
+                q.front_offset += n;
                 n = 0;
             }
+        }
+        if q.unsent == 0 {
+            self.inner = None;
         }
     }
 }
@@ -106,6 +126,7 @@ mod tests {
             assert_eq!(q.unsent(), 12);
             assert_eq!(drain(&mut q, step), b"abc\ndefgh\ni\n");
             assert_eq!(q.unsent(), 0);
+            assert!(q.inner.is_none(), "an empty queue holds no allocation");
         }
     }
 }

@@ -6,12 +6,16 @@
 //! becomes a completion returned by the next `wait`), an operation that meets `EAGAIN` waits for
 //! the next readiness edge. Edge-triggered mode is correct because a readiness flag is cleared
 //! only by an `EAGAIN` seen from the socket itself.
+//!
+//! Receives read into a shard-wide pool of [`RecvBufs`], taken last-freed first (so a lightly
+//! loaded shard keeps touching the same few pages) only when the socket is ready; a receive
+//! that finds every buffer lent waits, and is retried by the next `wait`.
 
 use std::io;
 use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
-use super::{syscall, Backend, Event, Token};
+use super::{syscall, Backend, BufId, Event, RecvBufs, Token, RECV_BUFS, RECV_BUF_LEN};
 
 /// How long accepting pauses after the kernel ran out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -26,7 +30,8 @@ struct Slot {
     fd: RawFd,
     readable: bool,
     writable: bool,
-    recv: Option<(*mut u8, usize)>,
+    /// A receive is pending.
+    recv: bool,
     send: Option<*const libc::msghdr>,
     poll_out: bool,
 }
@@ -40,14 +45,20 @@ pub(crate) struct Epoll {
     listeners: Vec<Option<RawFd>>,
     ready: Vec<Event>,
     buf: Vec<libc::epoll_event>,
+    /// The receive buffers, and the ones not lent (the last freed on top).
+    bufs: RecvBufs,
+    free_bufs: Vec<BufId>,
+    /// Connections whose receive found every buffer lent, retried by the next `wait`.
+    starved: Vec<Token>,
     /// Listeners whose last accept failed for lack of resources, retried at the instant given
     /// (edge-triggered: no new edge may come while connections wait in the backlog).
     accept_later: Vec<(usize, Instant)>,
 }
 
-// SAFETY: the raw pointers in `Slot` point into buffers owned by the shard's connections; the
-// backend is created, used and dropped on the shard's thread only (it is moved there once, before
-// any pointer is stored), so no pointer is ever dereferenced on another thread.
+// SAFETY: the raw pointers in `Slot` point into buffers owned by the shard's connections, and
+// `bufs` into the backend's own allocation; the backend is created, used and dropped on the
+// shard's thread only (it is moved there once, before any pointer is stored), so no pointer is
+// ever dereferenced on another thread.
 unsafe impl Send for Epoll {}
 
 impl Epoll {
@@ -61,6 +72,9 @@ impl Epoll {
             listeners: Vec::new(),
             ready: Vec::new(),
             buf: vec![libc::epoll_event { events: 0, u64: 0 }; 1024],
+            bufs: RecvBufs::new()?,
+            free_bufs: (0..RECV_BUFS).rev().collect(),
+            starved: Vec::new(),
             accept_later: Vec::new(),
         };
         this.ctl(
@@ -83,20 +97,35 @@ impl Epoll {
         let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::as_mut) else {
             return;
         };
-        let Some((buf, len)) = slot.recv else { return };
-        if !slot.readable {
+        if !slot.recv || !slot.readable {
             return;
         }
-        // SAFETY: `buf..buf+len` is valid for writes until the completion is reported (the
-        // contract of `Backend::recv`); it is reported below, after the call.
-        match syscall!(recv(slot.fd, buf.cast(), len, 0)) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => slot.readable = false,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+        let Some(buf) = self.free_bufs.pop() else {
+            self.starved.push(token);
+            return;
+        };
+        let ptr = self.bufs.ptr(buf);
+        // SAFETY: `ptr..ptr+RECV_BUF_LEN` is a buffer of the pool that is not lent (it was in
+        // `free_bufs`), so nothing else reads or writes it during the call.
+        match syscall!(recv(slot.fd, ptr.cast(), RECV_BUF_LEN, 0)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                slot.readable = false;
+                self.free_bufs.push(buf);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {
+                self.free_bufs.push(buf);
+                self.starved.push(token);
+            }
             result => {
-                slot.recv = None;
+                slot.recv = false;
+                let lent = matches!(result, Ok(n) if n > 0);
+                if !lent {
+                    self.free_bufs.push(buf);
+                }
                 self.ready.push(Event::Recv {
                     token,
                     result: result.map(|n| n as usize),
+                    buf: lent.then_some(buf),
                 });
             }
         }
@@ -224,7 +253,7 @@ impl Backend for Epoll {
             fd,
             readable: true,
             writable: true,
-            recv: None,
+            recv: false,
             send: None,
             poll_out: false,
         });
@@ -238,12 +267,27 @@ impl Backend for Epoll {
         }
     }
 
-    unsafe fn recv(&mut self, token: Token, _fd: RawFd, buf: *mut u8, len: usize) {
+    fn recv(&mut self, token: Token, _fd: RawFd) {
         if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
-            debug_assert!(slot.recv.is_none(), "one receive in flight per connection");
-            slot.recv = Some((buf, len));
+            debug_assert!(!slot.recv, "one receive in flight per connection");
+            slot.recv = true;
             self.try_recv(token);
         }
+    }
+
+    fn recv_buf(&self, buf: BufId, len: usize) -> &[u8] {
+        debug_assert!(!self.free_bufs.contains(&buf), "buffer {buf} is not lent");
+        // SAFETY: `buf` is lent to the shard (the contract of `Backend::release_buf`): it is not
+        // in `free_bufs`, so no `recv` writes it until it is given back.
+        unsafe { self.bufs.get(buf, len) }
+    }
+
+    fn release_buf(&mut self, buf: BufId) {
+        debug_assert!(
+            !self.free_bufs.contains(&buf),
+            "buffer {buf} released twice"
+        );
+        self.free_bufs.push(buf);
     }
 
     unsafe fn send(&mut self, token: Token, _fd: RawFd, msg: *const libc::msghdr) {
@@ -262,6 +306,9 @@ impl Backend for Epoll {
     }
 
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
+        for token in std::mem::take(&mut self.starved) {
+            self.try_recv(token);
+        }
         let now = Instant::now();
         let mut timeout = timeout;
         for (listener, at) in std::mem::take(&mut self.accept_later) {

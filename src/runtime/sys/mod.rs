@@ -11,11 +11,20 @@
 //!
 //! - At most one receive and one send (or one writability poll) are in flight per connection
 //!   token.
-//! - A buffer (or gather list and the bytes it points to) handed to [`Backend::recv`] or
-//!   [`Backend::send`] stays valid and untouched until the matching [`Event`] is returned by
-//!   [`Backend::wait`]. The shard guarantees this by owning the buffers inside the connection and
-//!   never freeing a connection while an operation on it is in flight (it shuts the socket down and
-//!   waits for the completions first). Both functions are `unsafe` for that reason.
+//! - Receives land in the backend's own buffers, not the connection's: a pool of
+//!   [`RECV_BUFS`] buffers of [`RECV_BUF_LEN`] bytes per shard (io_uring: a ring of provided
+//!   buffers the kernel picks from when data arrives; epoll: a shard-wide pool read into when the
+//!   socket is ready). A connection waiting for input holds no buffer. A receive that got bytes
+//!   lends its buffer to the shard with the [`Event::Recv`] (`buf`); the shard reads it with
+//!   [`Backend::recv_buf`], keeps what it needs (a partial message) and gives it back with
+//!   [`Backend::release_buf`] before it calls [`Backend::wait`] again. The backend never hands a
+//!   lent buffer to the kernel, and frees the pool only after the kernel can no longer write to
+//!   it. When every buffer is lent, a receive waits (it is retried by the next `wait`).
+//! - A gather list (and the bytes it points to) handed to [`Backend::send`] stays valid and
+//!   untouched until the matching [`Event`] is returned by [`Backend::wait`]. The shard
+//!   guarantees this by owning it inside the connection and never freeing a connection while an
+//!   operation on it is in flight (it shuts the socket down and waits for the completions first).
+//!   `send` is `unsafe` for that reason.
 //! - Accepting is re-armed by the backend itself after every accepted socket, until
 //!   [`Backend::remove_listener`].
 //! - [`Backend::wait`] also drains the shard's wake-up eventfd; a wake-up only ends the wait.
@@ -49,6 +58,17 @@ pub(crate) use syscall;
 /// Identifies a connection inside one shard: its slot index.
 pub(crate) type Token = u32;
 
+/// Identifies a receive buffer of a backend's pool, lent to the shard by an [`Event::Recv`].
+pub(crate) type BufId = u16;
+
+/// Bytes of one receive buffer: the most one receive takes.
+pub(crate) const RECV_BUF_LEN: usize = 32 << 10;
+
+/// Receive buffers per shard. A buffer is lent only from a receive's completion until the shard
+/// has decoded it (within the same turn), so this bounds the receives completed per turn, not
+/// the connections; only the pages a receive writes are touched.
+pub(crate) const RECV_BUFS: u16 = 64;
+
 /// A finished operation.
 #[derive(Debug)]
 pub(crate) enum Event {
@@ -65,6 +85,9 @@ pub(crate) enum Event {
         token: Token,
         /// Bytes received.
         result: io::Result<usize>,
+        /// The buffer holding them, lent until [`Backend::release_buf`]; may be set whatever
+        /// the result (give it back in every case).
+        buf: Option<BufId>,
     },
     /// The socket became writable after [`Backend::poll_writable`] (the drain event).
     Writable {
@@ -97,12 +120,15 @@ pub(crate) trait Backend {
     /// Forgets a connection. Only called when no operation on it is in flight.
     fn remove_conn(&mut self, token: Token, fd: RawFd);
 
-    /// Starts a receive of at most `len` bytes into `buf`.
-    ///
-    /// # Safety
-    /// `buf..buf+len` must stay valid for writes, and not be read or written by anyone else,
-    /// until the matching [`Event::Recv`] is returned by [`wait`](Backend::wait).
-    unsafe fn recv(&mut self, token: Token, fd: RawFd, buf: *mut u8, len: usize);
+    /// Starts a receive of at most [`RECV_BUF_LEN`] bytes into a buffer of the backend's pool.
+    fn recv(&mut self, token: Token, fd: RawFd);
+
+    /// The first `len` bytes of lent buffer `buf` (what its [`Event::Recv`] reported).
+    fn recv_buf(&self, buf: BufId, len: usize) -> &[u8];
+
+    /// Gives lent buffer `buf` back to the pool. Call it for every buffer an [`Event::Recv`]
+    /// lends, before the next [`wait`](Backend::wait).
+    fn release_buf(&mut self, buf: BufId);
 
     /// Starts a send of the gather list described by `msg` (`sendmsg` with `MSG_NOSIGNAL`).
     ///
@@ -132,4 +158,171 @@ pub(crate) fn wake_eventfd(fd: RawFd) {
     // SAFETY: `one` is a live 8-byte value for the duration of the call; `fd` is an eventfd
     // owned by a shard that outlives every handle that can call this.
     let _ = syscall!(write(fd, (&one as *const u64).cast(), 8));
+}
+
+/// The memory of a backend's receive buffers: one anonymous private mapping of
+/// [`RECV_BUFS`] × [`RECV_BUF_LEN`] bytes (page-aligned, zero-filled by the kernel). Its pages
+/// become resident only when a receive writes them, so a shard whose connections send little
+/// costs little of it (a heap allocation of this size may be zeroed eagerly by the allocator).
+///
+/// The backend owns it and hands its buffers' addresses to the kernel (io_uring) or to `recv`
+/// (epoll); a buffer is read only while lent to the shard, when nothing writes it.
+pub(crate) struct RecvBufs {
+    base: std::ptr::NonNull<u8>,
+}
+
+impl std::fmt::Debug for RecvBufs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecvBufs").finish_non_exhaustive()
+    }
+}
+
+impl RecvBufs {
+    const SIZE: usize = RECV_BUFS as usize * RECV_BUF_LEN;
+
+    /// Maps the buffers.
+    pub(crate) fn new() -> io::Result<RecvBufs> {
+        // SAFETY: a fresh anonymous mapping: no address hint, no file.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::SIZE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = std::ptr::NonNull::new(base.cast::<u8>()).ok_or(io::ErrorKind::OutOfMemory)?;
+        Ok(RecvBufs { base })
+    }
+
+    /// The address of buffer `buf`.
+    pub(crate) fn ptr(&self, buf: BufId) -> *mut u8 {
+        assert!(buf < RECV_BUFS, "receive buffer {buf} out of range");
+        // SAFETY: `buf < RECV_BUFS`: the offset stays inside the allocation.
+        unsafe { self.base.as_ptr().add(usize::from(buf) * RECV_BUF_LEN) }
+    }
+
+    /// The first `len` bytes of buffer `buf`.
+    ///
+    /// # Safety
+    /// Nothing may write buffer `buf` while the returned slice lives (the buffer is lent to the
+    /// shard: neither the kernel nor `recv` holds it).
+    pub(crate) unsafe fn get(&self, buf: BufId, len: usize) -> &[u8] {
+        let ptr = self.ptr(buf);
+        // SAFETY: the range is inside the mapping (`len` is clamped to a buffer), which the
+        // kernel zero-filled, so it is initialised; the caller guarantees no writer.
+        unsafe { std::slice::from_raw_parts(ptr, len.min(RECV_BUF_LEN)) }
+    }
+}
+
+impl Drop for RecvBufs {
+    fn drop(&mut self) {
+        // SAFETY: mapped in `new` with the same size, unmapped once. The backend drops its
+        // buffers only when the kernel can no longer write them.
+        let _ = syscall!(munmap(self.base.as_ptr().cast(), Self::SIZE));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::os::fd::AsRawFd;
+    use std::os::unix::net::UnixStream;
+
+    use super::*;
+
+    /// Arms a receive on more sockets than there are buffers, all with data waiting, and checks
+    /// that no more buffers are lent than the pool holds, that each receive gets its own bytes,
+    /// and that the receives that found the pool empty complete once buffers are given back.
+    fn receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(backend: &mut dyn Backend) {
+        const SOCKETS: usize = RECV_BUFS as usize * 3 + 5;
+        let pairs: Vec<(UnixStream, UnixStream)> = (0..SOCKETS)
+            .map(|_| UnixStream::pair().expect("socketpair"))
+            .collect();
+        for (i, (ours, peer)) in pairs.iter().enumerate() {
+            ours.set_nonblocking(true).unwrap();
+            (&*peer)
+                .write_all(format!("message {i}").as_bytes())
+                .unwrap();
+            backend.add_conn(i as Token, ours.as_raw_fd()).unwrap();
+            backend.recv(i as Token, ours.as_raw_fd());
+        }
+        let mut got = vec![None; SOCKETS];
+        let mut events = Vec::new();
+        for _ in 0..100 {
+            if got.iter().all(Option::is_some) {
+                break;
+            }
+            backend
+                .wait(Some(Duration::from_millis(50)), &mut events)
+                .unwrap();
+            let lent: Vec<BufId> = events
+                .iter()
+                .filter_map(|e| match e {
+                    Event::Recv { buf, .. } => *buf,
+                    _ => None,
+                })
+                .collect();
+            assert!(
+                lent.len() <= RECV_BUFS as usize,
+                "{} buffers lent",
+                lent.len()
+            );
+            let mut distinct = lent.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            assert_eq!(distinct.len(), lent.len(), "a buffer lent twice");
+            for event in events.drain(..) {
+                if let Event::Recv { token, result, buf } = event {
+                    let n = result.expect("receive succeeds");
+                    let buf = buf.expect("a receive with bytes lends a buffer");
+                    let text = String::from_utf8(backend.recv_buf(buf, n).to_vec()).unwrap();
+                    assert_eq!(text, format!("message {token}"));
+                    assert!(
+                        got[token as usize].replace(text).is_none(),
+                        "one completion"
+                    );
+                    backend.release_buf(buf);
+                }
+            }
+        }
+        assert!(got.iter().all(Option::is_some), "every receive completed");
+        for (i, (ours, _)) in pairs.iter().enumerate() {
+            backend.remove_conn(i as Token, ours.as_raw_fd());
+        }
+    }
+
+    #[test]
+    fn epoll_receives_beyond_the_pool_wait_for_a_buffer_and_then_complete() {
+        let waker = new_eventfd().unwrap();
+        let mut backend = epoll::Epoll::new(waker).unwrap();
+        receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(&mut backend);
+        drop(backend);
+        let _ = syscall!(close(waker));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn io_uring_receives_beyond_the_pool_wait_for_a_buffer_and_then_complete() {
+        if let Err(why) = uring::probe() {
+            eprintln!("notice: io_uring unavailable ({why}); test skipped");
+            return;
+        }
+        let waker = new_eventfd().unwrap();
+        let mut backend = match uring::Uring::new(waker) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("notice: io_uring ring unavailable ({e}); test skipped");
+                return;
+            }
+        };
+        receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(&mut backend);
+        drop(backend);
+        let _ = syscall!(close(waker));
+    }
 }

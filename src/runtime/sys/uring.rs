@@ -1,6 +1,6 @@
 //! The io_uring backend: the completion contract of [`super`], natively.
 //!
-//! One ring per shard. Receives, sends (`IORING_OP_SENDMSG` with `MSG_NOSIGNAL`), writability
+//! One ring per shard. Receives (`IORING_OP_RECV` with buffer select), sends (`IORING_OP_SENDMSG` with `MSG_NOSIGNAL`), writability
 //! polls (`IORING_OP_POLL_ADD`, the drain event after a partial send) and accepts are
 //! pushed to the submission queue as the shard's turn produces them and reach the kernel together
 //! in the next [`Backend::wait`]: one `io_uring_enter` submits every connection's sends of a turn
@@ -11,13 +11,26 @@
 //! `OnceLock`; a kernel that refuses a ring, an opcode or the `EXT_ARG` wait makes the engine fall
 //! back to epoll.
 //!
+//! # Receive buffers
+//!
+//! Receives pass no buffer: they select one from a ring of provided buffers registered with the
+//! kernel (`IORING_REGISTER_PBUF_RING`, Linux 5.19; a kernel without it makes the shard run
+//! epoll). The kernel takes a buffer only when data arrives, so a connection waiting for input
+//! holds none; the completion names the buffer taken, the shard reads it and gives it back,
+//! which puts it at the ring's tail again. A receive that finds the ring empty (`ENOBUFS`: more
+//! receives completed in one turn than there are buffers) is re-armed by the backend itself.
+//!
 //! # Buffer lifetimes
 //!
 //! The kernel reads and writes submitted buffers asynchronously, so each one must outlive its
 //! operation:
 //!
-//! - Receive buffers, `msghdr`s, iovec arrays and the `Bytes` they point to belong to a boxed
-//!   connection on the shard. The shard frees a connection only when no receive, send or poll on
+//! - The receive buffers and the buffer ring belong to the backend; a buffer the kernel filled
+//!   is not put back in the ring until the shard gave it back. On drop, the ring of buffers is
+//!   unregistered before its memory is freed (if that fails, the memory is leaked rather than
+//!   freed under the kernel).
+//! - `msghdr`s, iovec arrays and the `Bytes` they point to belong to a boxed connection on the
+//!   shard. The shard frees a connection only when no receive, send or poll on
 //!   it is in flight; to end one early it shuts the socket down (`shutdown(SHUT_RDWR)`), which
 //!   completes every pending operation, and waits for those completions.
 //! - A shard leaves its loop only when it holds no connection, so no connection operation is in
@@ -28,12 +41,13 @@
 
 use std::io;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use io_uring::{opcode, squeue, types, IoUring, Probe};
+use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 
-use super::{Backend, Event, Token};
+use super::{Backend, BufId, Event, RecvBufs, Token, RECV_BUFS, RECV_BUF_LEN};
 
 const KIND_SHIFT: u32 = 56;
 const KIND_RECV: u64 = 1;
@@ -47,6 +61,101 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Submission queue entries per ring (the completion queue is twice as large).
 const ENTRIES: u32 = 1024;
+
+/// The buffer group of the receive buffers.
+const BGID: u16 = 0;
+
+/// One entry of a provided-buffer ring (`struct io_uring_buf`). The `resv` field of the first
+/// entry is the ring's tail, written by the application and read by the kernel.
+#[repr(C)]
+struct RingEntry {
+    addr: u64,
+    len: u32,
+    bid: u16,
+    resv: u16,
+}
+
+/// A ring of provided buffers registered with the kernel: [`RECV_BUFS`] entries, each naming one
+/// buffer of a [`RecvBufs`].
+struct BufRing {
+    /// Page-aligned, zero-filled array of `RECV_BUFS` entries.
+    entries: std::ptr::NonNull<RingEntry>,
+    /// Entries published so far (wrapping; the kernel's view of the tail).
+    tail: u16,
+    bufs: RecvBufs,
+}
+
+impl BufRing {
+    fn layout() -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(
+            usize::from(RECV_BUFS) * std::mem::size_of::<RingEntry>(),
+            4096,
+        )
+        .expect("a valid constant layout")
+    }
+
+    /// Allocates the buffers and the ring and registers the ring with `ring` as group [`BGID`],
+    /// every buffer published.
+    fn new(ring: &IoUring) -> io::Result<BufRing> {
+        const _: () = assert!(RECV_BUFS.is_power_of_two());
+        let bufs = RecvBufs::new()?;
+        // SAFETY: the layout has a non-zero size.
+        let entries = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
+        let Some(entries) = std::ptr::NonNull::new(entries.cast::<RingEntry>()) else {
+            return Err(io::ErrorKind::OutOfMemory.into());
+        };
+        let mut this = BufRing {
+            entries,
+            tail: 0,
+            bufs,
+        };
+        // SAFETY: `entries` is a page-aligned array of `RECV_BUFS` entries that stays allocated
+        // until it is unregistered (see `Drop for Uring`) or the registration fails (then `this`
+        // frees it on return, and the kernel never saw it).
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                entries.as_ptr() as u64,
+                RECV_BUFS,
+                BGID,
+                0,
+            )?;
+        }
+        for buf in 0..RECV_BUFS {
+            this.publish(buf);
+        }
+        Ok(this)
+    }
+
+    /// Puts buffer `buf` at the ring's tail: the kernel may fill it from now on.
+    fn publish(&mut self, buf: BufId) {
+        let index = usize::from(self.tail & (RECV_BUFS - 1));
+        let addr = self.bufs.ptr(buf) as u64;
+        // SAFETY: `index < RECV_BUFS`, inside the entries array. The slot at the tail is not
+        // read by the kernel until the tail moves past it. Only the `addr`, `len` and `bid`
+        // fields are written: the first entry's `resv` is the tail, which the kernel reads.
+        unsafe {
+            let entry = self.entries.as_ptr().add(index);
+            std::ptr::addr_of_mut!((*entry).addr).write(addr);
+            std::ptr::addr_of_mut!((*entry).len).write(RECV_BUF_LEN as u32);
+            std::ptr::addr_of_mut!((*entry).bid).write(buf);
+        }
+        self.tail = self.tail.wrapping_add(1);
+        // SAFETY: the first entry's `resv` field is the ring's tail: a naturally aligned u16
+        // inside the entries array, shared with the kernel, so it is accessed atomically only.
+        let tail =
+            unsafe { &*std::ptr::addr_of!((*self.entries.as_ptr()).resv).cast::<AtomicU16>() };
+        // Release: the entry written above is visible to the kernel before the new tail.
+        tail.store(self.tail, Ordering::Release);
+    }
+}
+
+impl Drop for BufRing {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout, freed once; by now the ring is
+        // unregistered or was never registered (see `Drop for Uring`).
+        unsafe { std::alloc::dealloc(self.entries.as_ptr().cast(), Self::layout()) };
+    }
+}
 
 fn user_data(kind: u64, index: u64) -> u64 {
     (kind << KIND_SHIFT) | index
@@ -86,6 +195,10 @@ pub(crate) fn probe() -> Result<(), String> {
 /// The io_uring backend of one shard.
 pub(crate) struct Uring {
     ring: IoUring,
+    /// The receive buffers (`None` only during drop).
+    bufs: Option<BufRing>,
+    /// Each connection's socket, to re-arm a receive that found no buffer.
+    fds: Vec<RawFd>,
     waker: RawFd,
     /// The eventfd read's 8-byte buffer. Leaked on purpose (8 bytes per shard): the kernel may
     /// still own it while the ring is torn down, so it is never freed.
@@ -119,8 +232,11 @@ impl Uring {
             .setup_defer_taskrun()
             .build(ENTRIES)
             .or_else(|_| IoUring::builder().setup_cqsize(ENTRIES * 2).build(ENTRIES))?;
+        let bufs = BufRing::new(&ring)?;
         let mut this = Uring {
             ring,
+            bufs: Some(bufs),
+            fds: Vec::new(),
             waker,
             wake_buf: Box::leak(Box::new(0)),
             wake_armed: false,
@@ -175,6 +291,18 @@ impl Uring {
     }
 }
 
+impl Drop for Uring {
+    fn drop(&mut self) {
+        // The buffer ring's memory may be freed only once the kernel forgot it.
+        if let Some(bufs) = self.bufs.take() {
+            if let Err(e) = self.ring.submitter().unregister_buf_ring(BGID) {
+                tracing::error!(error = %e, "cannot unregister the receive buffers; leaking them");
+                std::mem::forget(bufs);
+            }
+        }
+    }
+}
+
 impl Backend for Uring {
     fn name(&self) -> &'static str {
         "io_uring"
@@ -199,19 +327,43 @@ impl Backend for Uring {
         let _ = super::syscall!(shutdown(fd, libc::SHUT_RDWR));
     }
 
-    fn add_conn(&mut self, _token: Token, _fd: RawFd) -> io::Result<()> {
+    fn add_conn(&mut self, token: Token, fd: RawFd) -> io::Result<()> {
+        let idx = token as usize;
+        if self.fds.len() <= idx {
+            self.fds.resize(idx + 1, -1);
+        }
+        self.fds[idx] = fd;
         Ok(())
     }
 
-    fn remove_conn(&mut self, _token: Token, _fd: RawFd) {}
+    fn remove_conn(&mut self, token: Token, _fd: RawFd) {
+        if let Some(fd) = self.fds.get_mut(token as usize) {
+            *fd = -1;
+        }
+    }
 
-    unsafe fn recv(&mut self, token: Token, fd: RawFd, buf: *mut u8, len: usize) {
-        let len = len.min(u32::MAX as usize) as u32;
-        let entry = opcode::Recv::new(types::Fd(fd), buf, len)
+    fn recv(&mut self, token: Token, fd: RawFd) {
+        let entry = opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), RECV_BUF_LEN as u32)
+            .buf_group(BGID)
             .build()
+            .flags(squeue::Flags::BUFFER_SELECT)
             .user_data(user_data(KIND_RECV, u64::from(token)));
-        // SAFETY: the caller keeps `buf` valid until the completion (contract of `Backend::recv`).
+        // SAFETY: the entry points to no memory of ours but the registered buffer ring, which
+        // the backend keeps until it is unregistered.
         unsafe { self.push(&entry) };
+    }
+
+    fn recv_buf(&self, buf: BufId, len: usize) -> &[u8] {
+        let bufs = &self.bufs.as_ref().expect("buffers live until drop").bufs;
+        // SAFETY: `buf` is lent to the shard (the contract of `Backend::release_buf`): the kernel
+        // filled it and it is not in the ring again until `release_buf`, so nothing writes it.
+        unsafe { bufs.get(buf, len) }
+    }
+
+    fn release_buf(&mut self, buf: BufId) {
+        if let Some(ring) = self.bufs.as_mut() {
+            ring.publish(buf);
+        }
     }
 
     unsafe fn send(&mut self, token: Token, fd: RawFd, msg: *const libc::msghdr) {
@@ -266,6 +418,7 @@ impl Backend for Uring {
         }
         let mut rearm_wake = false;
         let mut rearm_accept = Vec::new();
+        let mut rearm_recv = Vec::new();
         for cqe in self.ring.completion() {
             let data = cqe.user_data();
             let (kind, index) = (data >> KIND_SHIFT, data & ((1 << KIND_SHIFT) - 1));
@@ -276,9 +429,11 @@ impl Backend for Uring {
                 Ok(res as usize)
             };
             match kind {
+                KIND_RECV if res == -libc::ENOBUFS => rearm_recv.push(index as Token),
                 KIND_RECV => events.push(Event::Recv {
                     token: index as Token,
                     result,
+                    buf: cqueue::buffer_select(cqe.flags()),
                 }),
                 KIND_SEND => events.push(Event::Send {
                     token: index as Token,
@@ -327,6 +482,12 @@ impl Backend for Uring {
         }
         for listener in rearm_accept {
             self.arm_accept(listener);
+        }
+        // Every buffer was taken: the shard gives them back before the next `wait` submits these.
+        for token in rearm_recv {
+            if let Some(&fd) = self.fds.get(token as usize).filter(|&&fd| fd >= 0) {
+                self.recv(token, fd);
+            }
         }
         Ok(())
     }
