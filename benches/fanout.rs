@@ -12,6 +12,10 @@
 //! `hub/one-turn` publishes the burst and drains once (one shared frame per subscriber);
 //! `hub/turn-per-message` drains after every publish (one frame per message per subscriber).
 //!
+//! `fanout-among-idle` publishes one message to a topic with one subscriber while 0, 1 000 or
+//! 50 000 subscribers of other topics have nothing to do: a turn visits the topics published
+//! to, so its cost should not grow with the idle ones.
+//!
 //! Run: `cargo bench --bench fanout -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
@@ -149,5 +153,35 @@ fn fanout(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, fanout);
+fn fanout_among_idle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("fanout-among-idle");
+    let msg = payload();
+    for idle in [0usize, 1_000, 50_000] {
+        let (hub, _sink) = hub_with(1);
+        for i in 0..idle {
+            // One device topic each, as push connections subscribe to `stream/device`.
+            hub.subscribe(
+                &format!("idle/{i}"),
+                |_| {},
+                SubscribeOptions::default().id(format!("idle-{i}")),
+            )
+            .unwrap();
+        }
+        group.throughput(Throughput::Elements(1));
+        group.bench_with_input(
+            BenchmarkId::new("hub/publish-and-turn", idle),
+            &idle,
+            |b, _| {
+                b.iter(|| {
+                    hub.publish("t", msg.clone(), PublishOptions::default())
+                        .unwrap();
+                    hub.turn(Instant::now());
+                })
+            },
+        );
+    }
+    group.finish();
+}
+
+criterion_group!(benches, fanout, fanout_among_idle);
 criterion_main!(benches);

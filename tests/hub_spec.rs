@@ -1886,3 +1886,109 @@ fn a_hub_takes_an_arc_dyn_sink() {
     turn(&hub);
     assert_eq!(received(&spy, "a"), ["1"]);
 }
+
+/// Driver::Manual: the owner is told once per idle-to-busy change (so an event loop can sleep
+/// while the hub is idle), again when a completion leaves queued work behind, and never while
+/// work is already pending.
+#[test]
+fn manual_driver_on_work_fires_once_per_idle_to_busy_change() {
+    let wakes = Arc::new(AtomicUsize::new(0));
+    let w = Arc::clone(&wakes);
+    let (hub, spy) = manual(HubOptions::default().on_work(move || {
+        w.fetch_add(1, Ordering::SeqCst);
+    }));
+    let _a = hub
+        .subscribe("t", |_| {}, SubscribeOptions::default().id("a"))
+        .unwrap();
+    assert_eq!(wakes.load(Ordering::SeqCst), 0, "subscribing is no work");
+    hub.publish("t", json(1), PublishOptions::default())
+        .unwrap();
+    hub.publish("t", json(2), PublishOptions::default())
+        .unwrap();
+    assert_eq!(
+        wakes.load(Ordering::SeqCst),
+        1,
+        "second publish while pending"
+    );
+    assert!(hub.poll_timeout().is_some());
+    spy.set_mode(SpyMode::Pending);
+    turn(&hub);
+    assert_eq!(hub.poll_timeout(), None, "the turn took all the work");
+    // Published while the send is pending: a wake-up, but the subscriber is in flight.
+    hub.publish("t", json(3), PublishOptions::default())
+        .unwrap();
+    assert_eq!(wakes.load(Ordering::SeqCst), 2);
+    turn(&hub);
+    assert_eq!(spy.frames().len(), 1, "one send outstanding per subscriber");
+    // The completion leaves message 3 queued: the owner hears of it.
+    spy.set_mode(SpyMode::Accept);
+    assert_eq!(spy.complete_all(), 1);
+    assert_eq!(wakes.load(Ordering::SeqCst), 3);
+    turn(&hub);
+    assert_eq!(spy.frames().len(), 2);
+    assert_eq!(hub.poll_timeout(), None);
+}
+
+/// The ready list: a turn visits only the topics published to since the last one, so a topic
+/// flagged while a pass runs must be visited by the next. Publishers on several topics race the
+/// drain thread, and every subscriber receives everything without a flush (the receive
+/// timeout only guards against a hang: a lost topic would stall its subscribers forever).
+#[test]
+fn every_topic_published_to_during_a_turn_is_visited_by_a_later_turn() {
+    let (sink, rx) = powerhub::transport::channel(4096);
+    let hub = Hub::new(sink, HubOptions::default()).unwrap();
+    let topics = ["t0", "t1", "t2", "t3", "t4"];
+    let mut _subs = Vec::new();
+    for t in topics {
+        for k in 0..2 {
+            _subs.push(sub(
+                &hub,
+                t,
+                SubscribeOptions::default()
+                    .id(format!("{t}-{k}"))
+                    .max_queue(20_000),
+            ));
+        }
+    }
+    let per_publisher = 3000u64;
+    let publishers: Vec<_> = (0..3u64)
+        .map(|p| {
+            let hub = hub.clone();
+            std::thread::spawn(move || {
+                for n in 0..per_publisher {
+                    let t = topics[((p + n) % 5) as usize];
+                    hub.publish(t, json([p, n]), PublishOptions::default())
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    let expected = |t: &str| {
+        let i = topics.iter().position(|x| *x == t).unwrap() as u64;
+        (0..3u64)
+            .map(|p| (0..per_publisher).filter(|n| (p + n) % 5 == i).count())
+            .sum::<usize>()
+    };
+    let mut got: std::collections::HashMap<String, usize> = Default::default();
+    let total: usize = topics.iter().map(|t| 2 * expected(t)).sum();
+    let mut seen = 0;
+    while seen < total {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(powerhub::transport::ChannelEvent::Frame { subscriber, frame }) => {
+                let n = messages(&frame).len();
+                *got.entry(subscriber.id().to_owned()).or_default() += n;
+                seen += n;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("stalled after {seen} of {total} deliveries ({e:?}): {got:?}"),
+        }
+    }
+    for p in publishers {
+        p.join().unwrap();
+    }
+    for t in topics {
+        for k in 0..2 {
+            assert_eq!(got[&format!("{t}-{k}")], expected(t), "{t}-{k}");
+        }
+    }
+}

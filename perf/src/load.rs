@@ -450,18 +450,19 @@ impl Fleet {
 }
 
 /// How the publisher paces itself.
+#[derive(Clone)]
 pub(crate) enum Pace {
     /// Closed loop: at most this many messages ahead of the slowest normal reader.
     Window(u64),
     /// Open loop: message `seq` is due at the returned offset (ns after start) and uses the
     /// returned template; `None` ends the schedule.
-    Schedule(Box<dyn Fn(u64) -> Option<(u64, usize)> + Send>),
+    Schedule(Arc<dyn Fn(u64) -> Option<(u64, usize)> + Send + Sync>),
 }
 
 /// A fixed rate, forever.
 pub(crate) fn rate(per_sec: f64) -> Pace {
     let interval = 1e9 / per_sec;
-    Pace::Schedule(Box::new(move |seq| {
+    Pace::Schedule(Arc::new(move |seq| {
         Some(((seq as f64 * interval) as u64, 0))
     }))
 }
@@ -477,6 +478,7 @@ pub(crate) struct PubOut {
 }
 
 /// One measured case: a fleet, a publisher, a warm-up, a measured window, a drain.
+#[derive(Clone)]
 pub(crate) struct CaseSpec {
     pub(crate) topic: String,
     pub(crate) modes: Vec<ReadMode>,
@@ -505,6 +507,8 @@ pub(crate) struct CaseOut {
     pub(crate) short: usize,
     /// Seconds from the start of the measured window to the end of the drain.
     pub(crate) until_drained: f64,
+    /// Each run's throughput when the case ran more than once (see `combine_runs`).
+    pub(crate) runs: Vec<f64>,
 }
 
 impl CaseOut {
@@ -703,6 +707,7 @@ pub(crate) fn run_case(
         lost,
         short,
         until_drained,
+        runs: Vec::new(),
     })
 }
 

@@ -108,6 +108,11 @@ struct Args {
     /// in-process: subscriber counts.
     #[arg(long, value_delimiter = ',')]
     inproc_subs: Option<Vec<usize>>,
+    /// Runs of every socket case (fanout, latency, slow-consumer, screens): throughput is the
+    /// median run's, latency percentiles come from the runs' merged histograms, CPU per
+    /// delivery is pooled over the runs, and the note gives the runs' throughput range.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    repeat: u32,
 }
 
 fn start_raw() -> io::Result<Target> {
@@ -331,6 +336,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         inproc_subs: args.inproc_subs.clone().unwrap_or(vec![1, 100, 10_000]),
         inproc_deliveries: if quick { 200_000 } else { 5_000_000 },
         reps: if quick { 1 } else { 3 },
+        repeat: args.repeat as usize,
         threads,
         targets,
         launcher: Some(launcher),

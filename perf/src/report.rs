@@ -57,7 +57,7 @@ pub(crate) struct Scenario {
     pub(crate) files: Vec<PathBuf>,
 }
 
-fn fmt_rate(v: f64) -> String {
+pub(crate) fn fmt_rate(v: f64) -> String {
     if v >= 1e6 {
         format!("{:.2} M", v / 1e6)
     } else if v >= 1e3 {

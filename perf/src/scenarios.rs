@@ -62,6 +62,8 @@ pub(crate) struct Ctx {
     pub(crate) inproc_deliveries: u64,
     /// Repetitions of each in-process run (the median is reported).
     pub(crate) reps: usize,
+    /// Runs of each socket case (`--repeat`), combined by [`combine_runs`].
+    pub(crate) repeat: usize,
     pub(crate) threads: usize,
     pub(crate) targets: Vec<Target>,
     /// Starts extra powerhub servers (one per slow-consumer policy).
@@ -75,6 +77,50 @@ pub(crate) const BENCH: &str = "b";
 
 fn window_msgs(size: usize) -> u64 {
     ((1usize << 20) / (size + 48)).clamp(256, 16384) as u64
+}
+
+/// Several runs of one case as one: the run with the median throughput, carrying the merged
+/// latency histogram of all runs, CPU per delivery pooled over all runs (total CPU over total
+/// deliveries), the highest peak RSS, every loss, and every run's throughput (for the note).
+pub(crate) fn combine_runs(mut outs: Vec<CaseOut>) -> CaseOut {
+    if outs.len() == 1 {
+        return outs.pop().expect("one run");
+    }
+    let runs: Vec<f64> = outs.iter().map(CaseOut::throughput).collect();
+    let cpu: f64 = outs.iter().map(|o| o.cpu_secs).sum();
+    let deliveries: u64 = outs.iter().map(|o| o.deliveries).sum();
+    let peak = outs.iter().map(|o| o.peak_rss_kib).max().unwrap_or(0);
+    let lost = outs.iter().map(|o| o.lost).sum();
+    let short = outs.iter().map(|o| o.short).max().unwrap_or(0);
+    let behind = outs
+        .iter()
+        .map(|o| o.publisher.max_behind)
+        .fold(0.0, f64::max);
+    let mut order: Vec<usize> = (0..outs.len()).collect();
+    order.sort_by(|&a, &b| runs[a].total_cmp(&runs[b]));
+    let median = order[order.len() / 2];
+    let mut hist = outs[median].fleet.hist.clone();
+    let mut errors = Vec::new();
+    for (i, o) in outs.iter().enumerate() {
+        if i != median {
+            // Same bounds and precision in every run: adding cannot fail.
+            let _ = hist.add(&o.fleet.hist);
+        }
+        errors.extend(o.fleet.errors.iter().cloned());
+        if let Some(e) = &o.publisher.error {
+            errors.push(format!("publisher: {e}"));
+        }
+    }
+    let mut out = outs.swap_remove(median);
+    out.fleet.hist = hist;
+    out.fleet.errors = errors;
+    out.cpu_secs = cpu * out.deliveries as f64 / deliveries.max(1) as f64;
+    out.peak_rss_kib = peak;
+    out.lost = lost;
+    out.short = short;
+    out.publisher.max_behind = behind;
+    out.runs = runs;
+    out
 }
 
 fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool) -> Row {
@@ -100,8 +146,31 @@ fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool)
         } else {
             None
         },
-        note: String::new(),
+        note: runs_note(out),
     }
+}
+
+fn add_note(rw: &mut Row, note: String) {
+    if rw.note.is_empty() {
+        rw.note = note;
+    } else {
+        rw.note = format!("{note}; {}", rw.note);
+    }
+}
+
+/// "median of K runs: min–max" when a case ran more than once.
+fn runs_note(out: &CaseOut) -> String {
+    if out.runs.len() < 2 {
+        return String::new();
+    }
+    let lo = out.runs.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = out.runs.iter().copied().fold(0.0, f64::max);
+    format!(
+        "median of {} runs ({}–{}/s)",
+        out.runs.len(),
+        crate::report::fmt_rate(lo),
+        crate::report::fmt_rate(hi)
+    )
 }
 
 /// Quick-mode check: every normal reader received every message, no reader error.
@@ -135,15 +204,33 @@ fn check(sc: &mut Scenario, what: &str, out: &CaseOut) {
 }
 
 impl Ctx {
+    /// Runs a case `repeat` times (see [`combine_runs`]).
     fn run(&self, target: &Target, label: &str, spec: CaseSpec) -> io::Result<CaseOut> {
-        self.pb.set_message(format!("{label} · {}", target.kind));
-        let pb = self.pb.clone();
-        let lbl = format!("{label} · {}", target.kind);
-        let out = run_case(target, spec, &|f| {
-            pb.set_message(format!("{lbl} {:>3.0}%", f * 100.0))
-        });
+        self.run_n(target, label, spec, self.repeat)
+    }
+
+    fn run_n(
+        &self,
+        target: &Target,
+        label: &str,
+        spec: CaseSpec,
+        runs: usize,
+    ) -> io::Result<CaseOut> {
+        let mut outs = Vec::with_capacity(runs);
+        for i in 0..runs.max(1) {
+            let lbl = if runs > 1 {
+                format!("{label} · {} (run {}/{runs})", target.kind, i + 1)
+            } else {
+                format!("{label} · {}", target.kind)
+            };
+            self.pb.set_message(lbl.clone());
+            let pb = self.pb.clone();
+            outs.push(run_case(target, spec.clone(), &|f| {
+                pb.set_message(format!("{lbl} {:>3.0}%", f * 100.0))
+            })?);
+        }
         self.pb.inc(1);
-        out
+        Ok(combine_runs(outs))
     }
 
     fn fanout_spec(&self, n: usize, size: usize, warmup: Duration, measure: Duration) -> CaseSpec {
@@ -172,7 +259,7 @@ impl Ctx {
             Duration::from_secs_f64(w),
             Duration::from_secs_f64(m),
         );
-        let out = self.run(target, &format!("probe N={n} {size}B"), spec)?;
+        let out = self.run_n(target, &format!("probe N={n} {size}B"), spec, 1)?;
         let r = out.throughput() / n as f64;
         self.max_rates.borrow_mut().insert(key, r);
         Ok(r)
@@ -284,9 +371,12 @@ fn latency(ctx: &Ctx) -> io::Result<Scenario> {
                     write_hgrm(&p, &out.fleet.hist)?;
                     sc.files.push(p);
                     let mut rw = row(&case, t, "", &out, true);
-                    rw.note = format!(
-                        "publisher max behind schedule {:.1} ms",
-                        out.publisher.max_behind * 1e3
+                    add_note(
+                        &mut rw,
+                        format!(
+                            "publisher max behind schedule {:.1} ms",
+                            out.publisher.max_behind * 1e3
+                        ),
                     );
                     sc.rows.push(rw);
                     hists.push((t.kind.name().to_owned(), out.fleet.hist));
@@ -357,10 +447,13 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         check(&mut sc, &format!("baseline {}", t.kind), &base);
         let base_p99 = base.fleet.hist.value_at_quantile(0.99);
         let mut rw = row("without slow", t, "", &base, true);
-        rw.note = format!(
-            "publisher {:.0}/{:.0} msg/s",
-            base.publisher.sent as f64 / base.publisher.secs.max(1e-9),
-            r
+        add_note(
+            &mut rw,
+            format!(
+                "publisher {:.0}/{:.0} msg/s",
+                base.publisher.sent as f64 / base.publisher.secs.max(1e-9),
+                r
+            ),
         );
         sc.rows.push(rw);
         rss.push((format!("{} baseline", t.kind), base.rss.clone()));
@@ -421,7 +514,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 .find(|s| matches!(s.mode, ReadMode::Slow(_)));
             let never = out.fleet.subs.iter().find(|s| s.mode == ReadMode::Never);
             let mut rw = row("with slow", t, variant, &out, true);
-            rw.note = format!(
+            add_note(&mut rw, format!(
                 "others' p99 {:+.0}% vs without; publisher {:.0}/{:.0} msg/s (max {:.1} ms behind); slow reader: {}; never-reader: {}",
                 100.0 * (p99 as f64 / base_p99.max(1) as f64 - 1.0),
                 out.publisher.sent as f64 / out.publisher.secs.max(1e-9),
@@ -429,7 +522,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 out.publisher.max_behind * 1e3,
                 slow.map_or("–".to_owned(), fate),
                 never.map_or("–".to_owned(), |s| closed(s).trim_start_matches(", ").to_owned()),
-            );
+            ));
             sc.rows.push(rw);
             rss.push((
                 format!(
@@ -507,7 +600,9 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
             topic: SCREENS.to_owned(),
             modes,
             templates: templates.clone(),
-            pace: Pace::Schedule(Box::new(move |seq| s2.get(seq as usize).copied())),
+            pace: Pace::Schedule(std::sync::Arc::new(move |seq| {
+                s2.get(seq as usize).copied()
+            })),
             warmup: Duration::ZERO,
             measure: Duration::from_secs_f64(prof.secs),
             readers: ctx.readers,
@@ -549,7 +644,7 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
         // Everything the healthy subscribers read, over the time until they had read it.
         rw.throughput = Some(bytes as f64 / 1e6 / out.until_drained.max(1e-9));
         rw.cpu_per_m = None;
-        rw.note = format!(
+        add_note(&mut rw, format!(
             "offered {:.0} MB/s per subscriber, published {}/{} frames in {:.1} s, drained after {:.1} s; healthy: {} frames not delivered (coalesced or dropped), {} frames_dropped notices; stalled subscribers disconnected: {stalled_closed}/{}",
             offered_bytes as f64 / 1e6 / prof.secs,
             out.publisher.sent,
@@ -559,7 +654,7 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
             out.lost,
             notices,
             prof.stalled,
-        );
+        ));
         sc.rows.push(rw);
         rss.push((t.kind.name().to_owned(), out.rss.clone()));
     }

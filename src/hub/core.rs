@@ -2,7 +2,7 @@
 
 use std::cell::Cell;
 use std::cmp::Reverse;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -117,7 +117,8 @@ pub(crate) struct Sub {
     order: u64,
     codec: Codec,
     sink: Arc<dyn Sink>,
-    handler: Handler,
+    /// `None`: the sink is the only consumer (nothing runs per message).
+    handler: Option<Handler>,
     ack: Option<BytesAcknowledged>,
     pub(crate) closed: AtomicBool,
     /// `generation << 3 | phase`; see [`phase`].
@@ -202,6 +203,15 @@ struct Topic {
     cursors: Vec<Arc<Sub>>,
     log: Arc<TopicLog>,
     retained: Mutex<VecDeque<Arc<Entry>>>,
+    /// Listed in [`Ready::topics`] since a publication queued something for its subscribers;
+    /// cleared by the pass that takes it (under the topics write lock).
+    dirty: AtomicBool,
+    /// Every subscriber of the topic in drain order (highest priority first, then subscription
+    /// order): a pass over one topic takes this list by reference, without sorting or cloning
+    /// it. Changed in place unless a pass holds it (`Arc::make_mut`).
+    all: Arc<Vec<Arc<Sub>>>,
+    /// How many cursor subscribers have each `max_queue`: the log keeps the largest.
+    caps: BTreeMap<usize, usize>,
 }
 
 impl Topic {
@@ -212,6 +222,15 @@ impl Topic {
     fn log_id(&self) -> u64 {
         self.log.id()
     }
+}
+
+/// What the next pass visits: topics published to, and single subscribers with work (a
+/// retained replay, a completion that left messages queued, a flush). A pass costs what these
+/// hold, not the number of subscribers the hub has.
+#[derive(Default)]
+struct Ready {
+    topics: Vec<Arc<str>>,
+    subs: Vec<Arc<Sub>>,
 }
 
 #[derive(Default)]
@@ -281,6 +300,7 @@ type RangeMemo = HashMap<
 
 #[derive(Default)]
 struct DrainState {
+    /// Scratch for the list of subscribers a pass visits (see `take_ready`).
     order: Vec<Arc<Sub>>,
     /// How many entries each subscriber of `order` takes this turn.
     budgets: Vec<usize>,
@@ -314,7 +334,8 @@ pub(crate) struct Inner {
     next_sub: AtomicU64,
     topics: RwLock<HashMap<Arc<str>, Topic>>,
     ids: Mutex<HashMap<Arc<str>, Arc<Sub>>>,
-    order_dirty: AtomicBool,
+    /// Lock order: `topics` before `ready`.
+    ready: Mutex<Ready>,
     counters: Counters,
     /// Set by publish and by completions when there is something to drain.
     work: AtomicBool,
@@ -341,7 +362,7 @@ impl Inner {
             next_sub: AtomicU64::new(0),
             topics: RwLock::new(HashMap::new()),
             ids: Mutex::new(HashMap::new()),
-            order_dirty: AtomicBool::new(false),
+            ready: Mutex::new(Ready::default()),
             counters: Counters::default(),
             work: AtomicBool::new(false),
             wake: Mutex::new(WakeState::default()),
@@ -375,7 +396,7 @@ impl Inner {
     pub(crate) fn subscribe(
         &self,
         topic: &str,
-        handler: Handler,
+        handler: Option<Handler>,
         opts: SubscribeOptions,
     ) -> Result<Arc<Sub>, HubError> {
         if self.is_closed() {
@@ -448,12 +469,16 @@ impl Inner {
         });
         ids.insert(id, Arc::clone(&sub));
         drop(ids);
-        self.order_dirty.store(true, Ordering::Release);
         if cursor {
+            *entry.caps.entry(opts.max_queue).or_default() += 1;
             entry.cursors.push(Arc::clone(&sub));
         } else {
             entry.subs.push(Arc::clone(&sub));
         }
+        let all = Arc::make_mut(&mut entry.all);
+        // Usually the end: subscription order grows.
+        let at = all.partition_point(|s| drain_key(s) <= drain_key(&sub));
+        all.insert(at, Arc::clone(&sub));
         // Replay the retained log through the subscriber's own queue and policy. Holding the
         // topics write lock keeps publishes out, so replay and live traffic cannot interleave.
         let mut queued = 0;
@@ -464,6 +489,9 @@ impl Inner {
                 // Cut loose by `disconnect`: the rest of the log is not offered.
                 break;
             }
+        }
+        if queued > 0 && !sub.closed.load(Ordering::Acquire) {
+            self.ready.lock().subs.push(Arc::clone(&sub));
         }
         drop(topics);
         for s in disconnect {
@@ -492,19 +520,34 @@ impl Inner {
         {
             let mut topics = self.topics.write();
             if let Some(t) = topics.get_mut(sub.sref.topic()) {
-                t.subs.retain(|s| !Arc::ptr_eq(s, sub));
+                // Every list is sorted (subscription order, or drain order): a binary search,
+                // so that many subscribers leaving one topic is not quadratic in comparisons.
+                let all = Arc::make_mut(&mut t.all);
+                if let Ok(i) = all.binary_search_by_key(&drain_key(sub), |s| drain_key(s)) {
+                    all.remove(i);
+                }
                 if sub.queue.is_cursor() {
-                    t.cursors.retain(|s| !Arc::ptr_eq(s, sub));
+                    if let Ok(i) = t.cursors.binary_search_by_key(&sub.order, |s| s.order) {
+                        t.cursors.remove(i);
+                    }
+                    let cap = sub.queue.capacity();
+                    if let Some(n) = t.caps.get_mut(&cap) {
+                        *n -= 1;
+                        if *n == 0 {
+                            t.caps.remove(&cap);
+                        }
+                    }
                     // The log keeps what the largest remaining cursor needs.
-                    let cap = t
-                        .cursors
-                        .iter()
-                        .map(|s| s.queue.capacity())
-                        .max()
-                        .unwrap_or(0);
-                    t.log.set_cap(cap);
+                    let cap = t.caps.last_key_value().map_or(0, |(&c, _)| c);
+                    if cap != t.log.cap() {
+                        t.log.set_cap(cap);
+                    }
                     // What only the leaving subscriber still needed goes with it.
-                    release_passed(t);
+                    if !t.log.holds_nothing() {
+                        release_passed(t);
+                    }
+                } else if let Ok(i) = t.subs.binary_search_by_key(&sub.order, |s| s.order) {
+                    t.subs.remove(i);
                 }
                 if t.is_empty() {
                     // The last subscriber left: release the retained log with the topic.
@@ -516,7 +559,6 @@ impl Inner {
                 ids.remove(sub.sref.id());
             }
         }
-        self.order_dirty.store(true, Ordering::Release);
         self.commit_overflow(sub);
         let discarded = sub.queue.clear() as u64;
         if reason == CloseReason::SlowConsumer {
@@ -569,11 +611,16 @@ impl Inner {
         let mut disconnect = Vec::new();
         {
             let topics = self.topics.read();
-            if let Some(t) = topics.get(topic) {
+            if let Some((key, t)) = topics.get_key_value(topic) {
                 if opts.retain {
                     retain(t, &entry);
                 }
                 self.fan_out(t, &entry, &mut queued, &mut disconnect);
+                // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
+                // the topics write lock, which excludes this read-locked section.
+                if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
+                    self.ready.lock().topics.push(Arc::clone(key));
+                }
             } else if opts.retain {
                 drop(topics);
                 let mut topics = self.topics.write();
@@ -662,12 +709,19 @@ impl Inner {
     /// Marks that there is work and wakes the drain thread if it sleeps.
     fn wake(&self) {
         // AcqRel: the queue pushes before this are visible to the drainer that clears the flag.
-        if !self.work.swap(true, Ordering::AcqRel)
-            && self.opts.driver == Driver::Thread
-            && self.opts.batch
-        {
-            let _g = self.wake.lock();
-            self.wake_cv.notify_one();
+        if self.work.swap(true, Ordering::AcqRel) || !self.opts.batch {
+            return;
+        }
+        match self.opts.driver {
+            Driver::Thread => {
+                let _g = self.wake.lock();
+                self.wake_cv.notify_one();
+            }
+            Driver::Manual => {
+                if let Some(hook) = &self.opts.on_work {
+                    hook();
+                }
+            }
         }
     }
 
@@ -762,28 +816,61 @@ impl Inner {
         }
     }
 
-    fn refresh_order(&self, st: &mut DrainState) {
-        if self.order_dirty.swap(false, Ordering::AcqRel) {
-            st.order.clear();
-            st.order.extend(self.ids.lock().values().cloned());
-            st.order.sort_by_key(|s| (Reverse(s.priority), s.order));
-        }
+    /// Lists every live subscriber for the next pass (a flush visits them all).
+    fn mark_all_ready(&self) {
+        let all: Vec<Arc<Sub>> = self.ids.lock().values().cloned().collect();
+        self.ready.lock().subs.extend(all);
     }
 
-    /// One pass over every subscriber, highest priority first: each one not in flight sends what
-    /// it had queued when the pass reached it, one frame per batch of up to `max_batch`.
+    /// The pass's subscribers: those of the topics published to and those listed singly, each
+    /// once, highest priority first, then in subscription order. One topic and nothing else
+    /// (the common turn) is that topic's own list, shared. Call with the topics write lock
+    /// held: no publish is half-way, so a topic's flag and list agree.
+    fn take_ready(
+        &self,
+        topics: &HashMap<Arc<str>, Topic>,
+        scratch: &mut Vec<Arc<Sub>>,
+    ) -> Arc<Vec<Arc<Sub>>> {
+        let (names, subs) = {
+            let mut r = self.ready.lock();
+            (std::mem::take(&mut r.topics), std::mem::take(&mut r.subs))
+        };
+        let mut found = names.iter().filter_map(|name| topics.get(name));
+        if names.len() == 1 && subs.is_empty() {
+            return match found.next() {
+                Some(t) => {
+                    t.dirty.store(false, Ordering::Release);
+                    Arc::clone(&t.all)
+                }
+                None => Arc::default(),
+            };
+        }
+        scratch.clear();
+        for t in found {
+            t.dirty.store(false, Ordering::Release);
+            scratch.extend(t.all.iter().cloned());
+        }
+        scratch.extend(subs);
+        scratch.sort_unstable_by_key(|s| drain_key(s));
+        scratch.dedup_by(|a, b| Arc::ptr_eq(a, b));
+        Arc::new(std::mem::take(scratch))
+    }
+
+    /// One pass over the subscribers with work ([`Ready`]), highest priority first: each one
+    /// not in flight sends what it had queued when the pass began, one frame per batch of up to
+    /// `max_batch`.
     fn drain_pass(&self, st: &mut DrainState) -> TurnMetrics {
         let mut m = TurnMetrics::default();
-        self.refresh_order(st);
         st.memo.clear();
-        let order = std::mem::take(&mut st.order);
+        let order;
         // The turn boundary: every queue's length, read while no publish is half-way through
         // its subscribers (publishes hold the topics read lock). Subscribers that queued the same
         // publications therefore take the same batches and share their frames, even while other
         // threads keep publishing.
         st.budgets.clear();
         {
-            let _no_publish = self.topics.write();
+            let topics = self.topics.write();
+            order = self.take_ready(&topics, &mut st.order);
             st.budgets
                 .extend(order.iter().map(|s| self.commit_overflow(s)));
         }
@@ -860,10 +947,10 @@ impl Inner {
         self.counters
             .delivered
             .fetch_add(m.messages, Ordering::Relaxed);
-        st.order = order;
-        if self.is_closed() {
-            // Let go of the subscribers (and what their handlers hold) now, not at drop.
-            st.order.clear();
+        // Let go of the subscribers (and what their handlers hold) now; keep the capacity.
+        if let Ok(mut v) = Arc::try_unwrap(order) {
+            v.clear();
+            st.order = v;
         }
         st.budgets = budgets;
         st.memo.clear();
@@ -1072,21 +1159,23 @@ impl Inner {
                         );
                     }
                 }
-                for e in batch {
-                    let d = Delivery {
-                        subscriber: &sub.sref,
-                        message: &e.message,
-                        seq: e.seq,
-                        priority: e.priority,
-                    };
-                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| (sub.handler)(&d))) {
-                        self.report(
-                            &HubError::HandlerPanicked {
-                                id: sub.sref.id().to_owned(),
-                                message: panic_message(&*p),
-                            },
-                            Some(&sub.sref),
-                        );
+                if let Some(handler) = &sub.handler {
+                    for e in batch.iter() {
+                        let d = Delivery {
+                            subscriber: &sub.sref,
+                            message: &e.message,
+                            seq: e.seq,
+                            priority: e.priority,
+                        };
+                        if let Err(p) = catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+                            self.report(
+                                &HubError::HandlerPanicked {
+                                    id: sub.sref.id().to_owned(),
+                                    message: panic_message(&*p),
+                                },
+                                Some(&sub.sref),
+                            );
+                        }
                     }
                 }
             }
@@ -1098,6 +1187,7 @@ impl Inner {
         // A send that ended inside the drain of this subscriber: the drainer goes on by itself.
         // A completion (from any thread) wakes it for what queued meanwhile.
         if !in_pass && !sub.closed.load(Ordering::Acquire) && !sub.queue.is_empty() {
+            self.ready.lock().subs.push(Arc::clone(sub));
             self.wake();
         }
         self.notify_flush();
@@ -1160,6 +1250,7 @@ impl Inner {
                 let guard = DrainingGuard::enter();
                 // AcqRel: reads-from the publisher's `wake` swap, so its pushes are visible.
                 self.work.swap(false, Ordering::AcqRel);
+                self.mark_all_ready();
                 let m = self.drain_pass(&mut st);
                 drop(guard);
                 drop(st);
@@ -1205,10 +1296,7 @@ impl Inner {
         }
         // The retained logs go with the topics.
         drop(topics);
-        self.order_dirty.store(true, Ordering::Release);
-        if let Some(mut st) = self.drain.try_lock() {
-            st.order.clear();
-        }
+        *self.ready.lock() = Ready::default();
         self.notify_flush();
         let handle = self.thread.lock().take();
         if let Some(handle) = handle {
@@ -1273,6 +1361,11 @@ impl Inner {
             })
             .collect()
     }
+}
+
+/// A subscriber's place in a pass: highest priority first, then subscription order.
+fn drain_key(s: &Sub) -> (Reverse<i32>, u64) {
+    (Reverse(s.priority), s.order)
 }
 
 /// Releases the entries of `t`'s log that every cursor subscriber of `t` has passed. Call with

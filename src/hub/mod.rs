@@ -17,7 +17,8 @@
 //! pops up to `max_batch` messages, encodes (or reuses) the frame and hands it to the
 //! subscriber's [`Sink`]. With [`Driver::Thread`] (default) the hub owns one drain thread; with
 //! [`Driver::Manual`] the owner drives it with [`Hub::poll_timeout`] and [`Hub::turn`], passing
-//! its own clock.
+//! its own clock, and learns of new work through [`HubOptions::on_work`] (the engine runs its
+//! hub this way, on a shard's event loop).
 //!
 //! A subscriber has at most one send outstanding: while a sink's [`SendOutcome::Pending`]
 //! (see [`powerhub_plugin::SendOutcome`]) is not completed, the subscriber is skipped and its
@@ -74,7 +75,7 @@ pub use self::error::HubError;
 pub use self::message::{Delivery, Message};
 pub use self::options::{
     BytesAcknowledged, Codec, Driver, ErrorHook, HubConfig, HubOptions, MetricsHook,
-    PublishOptions, SlowConsumer, SubscribeConfig, SubscribeOptions, MAX_BATCH_DELAY,
+    PublishOptions, SlowConsumer, SubscribeConfig, SubscribeOptions, WorkHook, MAX_BATCH_DELAY,
     MAX_BATCH_LIMIT, MAX_QUEUE_LIMIT, RETAINED_PER_TOPIC,
 };
 pub use self::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
@@ -166,7 +167,38 @@ impl Hub {
     where
         F: Fn(&Delivery<'_>) + Send + Sync + 'static,
     {
-        let sub = self.inner().subscribe(topic, Arc::new(handler), options)?;
+        let sub = self
+            .inner()
+            .subscribe(topic, Some(Arc::new(handler)), options)?;
+        Ok(Subscription {
+            hub: Arc::downgrade(self.inner()),
+            sub,
+        })
+    }
+
+    /// Subscribes to `topic` with no handler: the subscriber's [`Sink`] (the hub's, or
+    /// [`SubscribeOptions::sink`]) is its only consumer, and nothing runs per message after the
+    /// transport took a batch. This is how a network transport subscribes its connections.
+    /// Errors as [`subscribe`](Hub::subscribe).
+    ///
+    /// ```
+    /// use powerhub::hub::{Driver, Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let spy = SpySink::new();
+    /// let hub = Hub::new(spy.clone(), HubOptions::default().driver(Driver::Manual))?;
+    /// let _sub = hub.subscribe_sink("prices", SubscribeOptions::default().id("conn-7"))?;
+    /// hub.publish_json("prices", &serde_json::json!({"px": 1}))?;
+    /// hub.turn(std::time::Instant::now());
+    /// assert_eq!(spy.frames_for("conn-7").len(), 1);
+    /// # Ok::<(), powerhub::hub::HubError>(())
+    /// ```
+    pub fn subscribe_sink(
+        &self,
+        topic: &str,
+        options: SubscribeOptions,
+    ) -> Result<Subscription, HubError> {
+        let sub = self.inner().subscribe(topic, None, options)?;
         Ok(Subscription {
             hub: Arc::downgrade(self.inner()),
             sub,

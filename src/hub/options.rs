@@ -79,6 +79,8 @@ pub type MetricsHook = Arc<dyn Fn(&TurnMetrics) + Send + Sync>;
 /// The `bytes_acknowledged` callback: the subscriber's cumulative `bytes_sent`, after each send
 /// the transport took.
 pub type BytesAcknowledged = Arc<dyn Fn(u64, &SubscriberRef) + Send + Sync>;
+/// The work hook of a [`Driver::Manual`] hub: called when work arrives while none was pending.
+pub type WorkHook = Arc<dyn Fn() + Send + Sync>;
 
 /// Options of a [`Hub`](super::Hub).
 ///
@@ -98,6 +100,7 @@ pub struct HubOptions {
     pub(crate) on_error: Option<ErrorHook>,
     pub(crate) metrics: Option<MetricsHook>,
     pub(crate) driver: Driver,
+    pub(crate) on_work: Option<WorkHook>,
 }
 
 impl Default for HubOptions {
@@ -110,6 +113,7 @@ impl Default for HubOptions {
             on_error: None,
             metrics: None,
             driver: Driver::Thread,
+            on_work: None,
         }
     }
 }
@@ -124,6 +128,7 @@ impl fmt::Debug for HubOptions {
             .field("on_error", &self.on_error.is_some())
             .field("metrics", &self.metrics.is_some())
             .field("driver", &self.driver)
+            .field("on_work", &self.on_work.is_some())
             .finish()
     }
 }
@@ -173,6 +178,39 @@ impl HubOptions {
     /// Who drives the turns (default [`Driver::Thread`]).
     pub fn driver(mut self, driver: Driver) -> Self {
         self.driver = driver;
+        self
+    }
+
+    /// Under [`Driver::Manual`]: called, on the publishing (or completing) thread, when work
+    /// arrives while the hub had none pending — a publish, or a completion that leaves a
+    /// subscriber with queued messages. The owner schedules a [`Hub::turn`](super::Hub::turn)
+    /// from it (an event loop wakes itself), so nothing polls an idle hub. The hook must not
+    /// call back into the hub. Ignored under [`Driver::Thread`].
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicUsize, Ordering};
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    /// use powerhub::hub::{Driver, Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let wakes = Arc::new(AtomicUsize::new(0));
+    /// let w = Arc::clone(&wakes);
+    /// let opts = HubOptions::default()
+    ///     .driver(Driver::Manual)
+    ///     .on_work(move || { w.fetch_add(1, Ordering::Relaxed); });
+    /// let spy = SpySink::new();
+    /// let hub = Hub::new(spy.clone(), opts)?;
+    /// let _sub = hub.subscribe("t", |_| {}, SubscribeOptions::default())?;
+    /// hub.publish_json("t", &1)?;
+    /// hub.publish_json("t", &2)?; // already pending: no second wake-up
+    /// assert_eq!(wakes.load(Ordering::Relaxed), 1);
+    /// hub.turn(Instant::now());
+    /// assert_eq!(spy.frames().len(), 1);
+    /// # Ok::<(), powerhub::hub::HubError>(())
+    /// ```
+    pub fn on_work(mut self, hook: impl Fn() + Send + Sync + 'static) -> Self {
+        self.on_work = Some(Arc::new(hook));
         self
     }
 

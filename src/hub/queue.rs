@@ -139,6 +139,11 @@ impl TopicLog {
         self.inner.lock().cap
     }
 
+    /// Whether the log holds no entry (every cursor is at the head, or released).
+    pub(crate) fn holds_nothing(&self) -> bool {
+        self.inner.lock().buf.is_empty()
+    }
+
     /// Forgets the entries before log index `floor`: every cursor of the topic has passed them
     /// (see [`Queue::cursor_floor`]), and a new cursor starts at the head.
     pub(crate) fn release_before(&self, floor: u64) {

@@ -110,7 +110,7 @@ impl Default for EngineSection {
             backend: BackendChoice::Auto,
             shutdown_timeout_ms: 5000,
             stats_interval_ms: 1000,
-            hub_batch_delay_us: 50,
+            hub_batch_delay_us: 0,
         }
     }
 }

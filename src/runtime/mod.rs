@@ -10,6 +10,10 @@
 //!   environment forces epoll. The contract both implement is written in `sys/mod.rs`.
 //! - Shards: reached from other threads through a lock-free queue and an eventfd wake-up; the
 //!   write path takes no lock. Connections are assigned to shards round-robin, for life.
+//! - The engine's own hub has no thread: shard 0 runs its turns between IO waits
+//!   ([`Driver::Manual`](crate::hub::Driver::Manual) with an `on_work` hook that wakes shard 0
+//!   when it sleeps), so with one shard a publish read from a socket reaches the subscribers'
+//!   sockets on the same thread, in the same loop turn, with no hand-off.
 //! - Plugins: listeners name a [`ProtocolFactory`] registered in
 //!   a [`ProtocolRegistry`].
 //!
@@ -40,7 +44,7 @@ use powerhub_plugin::{
     SubscriberRef,
 };
 
-use crate::hub::{Hub, HubError, HubOptions};
+use crate::hub::{Driver, Hub, HubError, HubOptions};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 
 mod config;
@@ -239,6 +243,8 @@ pub(crate) struct Shared {
     shards: OnceLock<Vec<Arc<ShardHandle>>>,
     pub(crate) counters: Counters,
     pub(crate) hub: Hub,
+    /// Shard 0 runs the hub's turns (the engine's own hub, [`Driver::Manual`]).
+    pub(crate) drives_hub: bool,
     /// Outbox settings for connections whose protocol frames JSON as NDJSON lines.
     pub(crate) outbox_ndjson: Arc<OutboxConfig>,
     /// Outbox settings for every other protocol.
@@ -414,8 +420,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Serves `hub` (default: a hub of its own with a drain thread, closed at shutdown). A hub
-    /// given here is flushed at shutdown but left open.
+    /// Serves `hub` (default: a hub of its own, closed at shutdown, whose turns run on shard 0's
+    /// thread between its IO waits, with no thread of its own). A hub given here keeps its own
+    /// driver; it is flushed at shutdown but left open.
     pub fn hub(mut self, hub: Hub) -> Self {
         self.hub = Some(hub);
         self
@@ -476,13 +483,28 @@ impl Engine {
             framing: Framing::Ndjson,
             ..outbox_protocol.clone()
         };
+        let n = config.shard_count();
+        let mut handles = Vec::with_capacity(n);
+        for index in 0..n {
+            handles.push(Arc::new(
+                ShardHandle::new(index).map_err(|source| EngineError::Shard { index, source })?,
+            ));
+        }
+        // The engine's own hub has no thread: shard 0 runs its turns in its loop, woken (when it
+        // sleeps) by the first publish or completion that finds the hub idle.
         let owns_hub = hub.is_none();
         let hub = match hub {
             Some(h) => h,
-            None => Hub::new(
-                NoSink,
-                HubOptions::default().batch_delay(config.engine.hub_batch_delay()),
-            )?,
+            None => {
+                let hub_shard = Arc::clone(&handles[0]);
+                Hub::new(
+                    NoSink,
+                    HubOptions::default()
+                        .batch_delay(config.engine.hub_batch_delay())
+                        .driver(Driver::Manual)
+                        .on_work(move || hub_shard.wake()),
+                )?
+            }
         };
         let limits = &config.limits;
         let protocol_limits = ProtocolLimits::default()
@@ -513,24 +535,18 @@ impl Engine {
             });
             fds.push(Some(fd));
         }
-        let n = config.shard_count();
         let shared = Arc::new(Shared {
             config,
             listeners: specs,
             shards: OnceLock::new(),
             counters: Counters::default(),
             hub,
+            drives_hub: owns_hub,
             outbox_ndjson: Arc::new(outbox_ndjson),
             outbox_protocol: Arc::new(outbox_protocol),
             message_factory: factory,
             next_conn_id: AtomicU64::new(1),
         });
-        let mut handles = Vec::with_capacity(n);
-        for index in 0..n {
-            handles.push(Arc::new(
-                ShardHandle::new(index).map_err(|source| EngineError::Shard { index, source })?,
-            ));
-        }
         let _ = shared.shards.set(handles.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         let mut threads = Vec::with_capacity(n);

@@ -3,7 +3,8 @@
 //! [`Outbox`](crate::outbox::Outbox)).
 //!
 //! A push subscription is a hub subscription whose sink is the connection's [`ConnSink`]: the
-//! sink runs on the hub's drain thread, so it never touches the connection. It hands the shared
+//! sink runs on the thread that drives the hub (shard 0 for the engine's own hub, or the hub's
+//! drain thread), so it never touches the connection. It hands the shared
 //! frame to the owning shard through the shard's lock-free queue (and a wake-up), and answers
 //! `Pending` when the connection's backlog is over `limits.backpressure_bytes`; the shard completes
 //! that send once the backlog is back under the mark, so the hub holds further messages in the
@@ -156,7 +157,7 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
                 .transport(Arc::new(Arc::clone(&subscription_id)));
             // The reply is queued before the hub can deliver anything: deliveries reach this
             // shard through its queue, which is drained after this call returns.
-            match shared.hub.subscribe(&topic, |_| {}, options) {
+            match shared.hub.subscribe_sink(&topic, options) {
                 Ok(_handle) => {
                     shared
                         .counters

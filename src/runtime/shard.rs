@@ -1,10 +1,12 @@
 //! A shard: one worker thread that owns its connections, their timers and one IO backend.
 //!
-//! Nothing on a shard's write path takes a lock. Other threads (the hub's drain thread handing
+//! Nothing on a shard's write path takes a lock. Other threads (the thread driving the hub handing
 //! frames to a connection's sink, the acceptor handing over a new socket, the engine asking for a
 //! shutdown) reach a shard through its lock-free [`SegQueue`] of [`ShardMsg`]s and a wake-up
 //! eventfd. A turn of the shard loop:
 //!
+//! 0. on shard 0, when the engine owns its hub: runs the hub's turn if one is due (what the
+//!    previous turn read is then one batch; deliveries to this shard land in its own queue),
 //! 1. drains the queue (new connections, deliveries into the connections' outboxes,
 //!    subscription closes, shutdown phases),
 //! 2. starts one send per connection that has bytes to write and none in flight, carrying
@@ -142,6 +144,12 @@ impl ShardHandle {
     /// Queues a message and wakes the shard if it sleeps.
     pub(crate) fn send(&self, msg: ShardMsg) {
         self.queue.push(msg);
+        self.wake();
+    }
+
+    /// Wakes the shard if it sleeps, after the caller made work visible to it (a queue push, or
+    /// the hub's `work` flag, which the shard reads after `park_begin`).
+    pub(crate) fn wake(&self) {
         if self.parker.should_wake() {
             sys::wake_eventfd(self.waker.raw());
         }
@@ -165,7 +173,7 @@ pub(crate) struct Counters {
     pub(crate) unsent: AtomicUsize,
 }
 
-/// Connection state shared with the sinks of its subscriptions (on the hub's thread).
+/// Connection state shared with the sinks of its subscriptions (on the hub-driving thread).
 #[derive(Debug)]
 pub(crate) struct ConnShared {
     pub(crate) key: ConnKey,
@@ -421,7 +429,12 @@ impl<B: Backend> Shard<B> {
         }
         let mut events = Vec::with_capacity(256);
         let mut next_tick = Instant::now() + TICK;
+        let drives_hub = self.shared.drives_hub && self.handle.index == 0;
         loop {
+            if drives_hub {
+                // Deliveries to this shard's connections land in its own queue, drained next.
+                self.shared.hub.turn(Instant::now());
+            }
             self.drain_queue();
             self.flush_writes();
             if self.finishing && self.slots.iter().all(Option::is_none) {
@@ -432,6 +445,12 @@ impl<B: Backend> Shard<B> {
             self.handle.parker.park_begin();
             if !self.handle.queue.is_empty() {
                 timeout = Duration::ZERO;
+            } else if drives_hub {
+                // After `park_begin`: a publish that set the hub's work flag before it either
+                // shows here or sees the shard parked and wakes it (see [`Parker`]).
+                if let Some(at) = self.shared.hub.poll_timeout() {
+                    timeout = timeout.min(at.saturating_duration_since(now));
+                }
             }
             if let Err(e) = self.backend.wait(Some(timeout), &mut events) {
                 tracing::error!(error = %e, backend = self.backend.name(), "backend wait failed");
@@ -452,6 +471,9 @@ impl<B: Backend> Shard<B> {
     }
 
     fn drain_queue(&mut self) {
+        // One clock read and one shared-counter update per drain, not per delivery.
+        let now = Instant::now();
+        let mut frames = 0;
         while let Some(msg) = self.handle.queue.pop() {
             match msg {
                 ShardMsg::NewConn {
@@ -467,7 +489,7 @@ impl<B: Backend> Shard<B> {
                     shared,
                 } => {
                     shared.in_queue.fetch_sub(frame.len(), Ordering::Relaxed);
-                    self.deliver(conn, &sub, frame, done);
+                    frames += u64::from(self.deliver(conn, &sub, frame, done, now));
                 }
                 ShardMsg::SubClosed { conn, sub, reason } => {
                     if let Some(c) = conn_in(&mut self.slots, conn) {
@@ -492,6 +514,12 @@ impl<B: Backend> Shard<B> {
                     }
                 }
             }
+        }
+        if frames > 0 {
+            self.shared
+                .counters
+                .frames_out
+                .fetch_add(frames, Ordering::Relaxed);
         }
     }
 
@@ -816,31 +844,36 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    fn deliver(&mut self, key: ConnKey, sub: &str, frame: Bytes, done: Option<Completion>) {
+    /// Queues a hub frame on its connection; `false` when the connection or the subscription
+    /// is gone (the frame is dropped and the send completed).
+    fn deliver(
+        &mut self,
+        key: ConnKey,
+        sub: &str,
+        frame: Bytes,
+        done: Option<Completion>,
+        now: Instant,
+    ) -> bool {
         let backpressure = self.shared.config.limits.backpressure_bytes;
         let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) else {
             if let Some(done) = done {
                 done.complete(Err(SendError::Closed));
             }
-            return;
+            return false;
         };
         if c.session.subscription(sub).is_none() {
             // Unsubscribed while this frame was on its way: nothing follows the acknowledgement.
             if let Some(done) = done {
                 done.complete(Ok(()));
             }
-            return;
+            return false;
         }
         if c.hub_frames {
             // One hub frame per subscriber batch: lossless and in order with the replies.
-            c.outbox.push_control(frame, Instant::now());
+            c.outbox.push_control(frame, now);
         } else {
-            c.outbox.push_shared(sub, frame, Instant::now());
+            c.outbox.push_shared(sub, frame, now);
         }
-        self.shared
-            .counters
-            .frames_out
-            .fetch_add(1, Ordering::Relaxed);
         let backlog = c.sync_backlog(&self.shared.counters);
         if let Some(done) = done {
             if backlog <= backpressure {
@@ -850,6 +883,7 @@ impl<B: Backend> Shard<B> {
             }
         }
         self.mark_dirty(key.index);
+        true
     }
 
     /// Starts one send per dirty connection that has bytes to send and none in flight.
