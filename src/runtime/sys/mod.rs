@@ -61,8 +61,13 @@ pub(crate) type Token = u32;
 /// Identifies a receive buffer of a backend's pool, lent to the shard by an [`Event::Recv`].
 pub(crate) type BufId = u16;
 
-/// Bytes of one receive buffer: the most one receive takes.
-pub(crate) const RECV_BUF_LEN: usize = 32 << 10;
+/// Bytes of one receive buffer: the most one receive takes. What one shard turn reads from a
+/// publisher is one hub batch (one frame per subscriber), so this also sizes the batches of a
+/// pipelining publisher: with 32 KiB the perf tool's fan-out to 100 subscribers made twice the
+/// sends and fell from about 45 M to 34 M deliveries/s; 64 KiB restores it (128 KiB gains
+/// nothing more there). The pool is `RECV_BUFS` of these per shard, 4 MiB of address space of
+/// which only the pages receives write become resident.
+pub(crate) const RECV_BUF_LEN: usize = 64 << 10;
 
 /// Receive buffers per shard. A buffer is lent only from a receive's completion until the shard
 /// has decoded it (within the same turn), so this bounds the receives completed per turn, not
