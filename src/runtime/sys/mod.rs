@@ -63,11 +63,11 @@ pub(crate) type BufId = u16;
 
 /// Bytes of one receive buffer: the most one receive takes. What one shard turn reads from a
 /// publisher is one hub batch (one frame per subscriber), so this also sizes the batches of a
-/// pipelining publisher: with 32 KiB the perf tool's fan-out to 100 subscribers made twice the
-/// sends and fell from about 45 M to 34 M deliveries/s; 64 KiB restores it (128 KiB gains
-/// nothing more there). The pool is `RECV_BUFS` of these per shard, 4 MiB of address space of
-/// which only the pages receives write become resident.
-pub(crate) const RECV_BUF_LEN: usize = 64 << 10;
+/// pipelining publisher. In the perf tool's fan-out to 100 subscribers, 32 KiB made twice the
+/// sends of 64 KiB (34 M against 45 M deliveries/s with 64 B messages), and with 1 KiB messages
+/// 128 KiB delivered 9.1 M/s against 7.5 M/s for 64 KiB. The pool is `RECV_BUFS` of these per
+/// shard: 8 MiB of address space, of which only the pages receives write become resident.
+pub(crate) const RECV_BUF_LEN: usize = 128 << 10;
 
 /// Receive buffers per shard. A buffer is lent only from a receive's completion until the shard
 /// has decoded it (within the same turn), so this bounds the receives completed per turn, not
