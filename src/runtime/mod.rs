@@ -11,7 +11,7 @@
 //! - Shards: reached from other threads through a lock-free queue and an eventfd wake-up; the
 //!   write path takes no lock. Connections are assigned to shards round-robin, for life.
 //! - The engine's own hub has no thread: shard 0 runs its turns between IO waits
-//!   ([`Driver::Manual`](crate::hub::Driver::Manual) with an `on_work` hook that wakes shard 0
+//!   ([`Driver::Manual`] with an `on_work` hook that wakes shard 0
 //!   when it sleeps), so with one shard a publish read from a socket reaches the subscribers'
 //!   sockets on the same thread, in the same loop turn, with no hand-off.
 //! - Plugins: listeners name a [`ProtocolFactory`] registered in
