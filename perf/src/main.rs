@@ -108,6 +108,9 @@ struct Args {
     /// in-process: subscriber counts.
     #[arg(long, value_delimiter = ',')]
     inproc_subs: Option<Vec<usize>>,
+    /// slow-consumer: the offered rate as a fraction of the slowest system's fanout maximum.
+    #[arg(long, default_value_t = 0.5)]
+    slow_fraction: f64,
     /// Runs of every socket case (fanout, latency, slow-consumer, screens): throughput is the
     /// median run's, latency percentiles come from the runs' merged histograms, CPU per
     /// delivery is pooled over the runs, and the note gives the runs' throughput range.
@@ -239,6 +242,12 @@ fn run(args: Args) -> io::Result<ExitCode> {
             ))
         })?);
     }
+    if !(args.slow_fraction > 0.0 && args.slow_fraction <= 1.0) {
+        return Err(io::Error::other(format!(
+            "--slow-fraction {} is not in (0, 1]: it is a fraction of the slowest system's fanout maximum",
+            args.slow_fraction
+        )));
+    }
     let quick = args.quick;
     let results = args
         .results
@@ -323,6 +332,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         }),
         slow_subs: if quick { 20 } else { 100 },
         slow_size: 1024,
+        slow_fraction: args.slow_fraction,
         idle_target: args.idle.unwrap_or(if quick { 2000 } else { 50_000 }),
         idle_hold: Duration::from_secs(if quick { 1 } else { 5 }),
         screens: ScreensProfile {

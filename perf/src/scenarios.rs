@@ -55,6 +55,8 @@ pub(crate) struct Ctx {
     pub(crate) latency_fractions: Vec<f64>,
     pub(crate) slow_subs: usize,
     pub(crate) slow_size: usize,
+    /// The slow-consumer rate as a fraction of the slowest maximum (`--slow-fraction`).
+    pub(crate) slow_fraction: f64,
     pub(crate) idle_target: usize,
     pub(crate) idle_hold: Duration,
     pub(crate) screens: ScreensProfile,
@@ -422,7 +424,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
     let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
         return Ok(sc);
     };
-    let r = slowest * 0.5;
+    let r = slowest * ctx.slow_fraction;
     let wire_bytes = (size + 48) as f64;
     let slow_bps = (r * wire_bytes * 0.1) as u64;
     // powerhub's subscription queues hold a quarter second of the stream (at least the default
@@ -539,7 +541,8 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         }
     }
     sc.notes.push(format!(
-        "N={n}, {size} B, open loop at {r:.0} msg/s (50% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream)."
+        "N={n}, {size} B, open loop at {r:.0} msg/s ({:.0}% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream).",
+        ctx.slow_fraction * 100.0
     ));
     let p = ctx.path("slow-consumer-rss.svg");
     plot_rss(&p, "slow-consumer: server RSS over time", &rss)?;
