@@ -295,3 +295,26 @@ fn published_message_with_line_breaks_in_its_whitespace_stays_one_line() {
         b"{    \"type\": \"t\",   \"stream\": \"s\",\"text\":\"a\\nb\" }"
     );
 }
+
+/// simd-json accepts raw control bytes inside strings; JSON does not, and the message is
+/// forwarded byte for byte, so a publish carrying one is refused with the request id.
+#[test]
+fn a_message_with_an_unescaped_control_character_is_refused() {
+    for bad in [
+        "{\"type\":\"publish\",\"id\":7,\"message\":{\"stream\":\"s\",\"type\":\"t\",\"x\":\"a\u{1}b\"}}",
+        "{\"type\":\"publish\",\"id\":7,\"message\":{\"stream\":\"s\",\"type\":\"t\",\"x\":\"a\u{0}\"}}",
+        "{\"type\":\"publish\",\"id\":7,\"message\":{\"stream\":\"s\",\"type\":\"t\",\"x\":\"a\tb\"}}",
+        "{\"type\":\"publish\",\"id\":7,\"message\":{\"stream\":\"s\",\"type\":\"t\",\"x\":\"a\nb\"}}",
+    ] {
+        let e = err(bad);
+        assert!(matches!(e.kind, ErrorKind::InvalidJson(_)), "{bad:?}: {e}");
+        assert!(e.to_string().contains("control character"), "{e}");
+        assert_eq!(e.request_id, Some(RequestId::Int(7)), "{bad:?}");
+    }
+    // Outside strings a tab or a line break is whitespace, and an escaped one is just text.
+    for good in [
+        "{\"type\":\"publish\",\"id\":7,\"message\":{\"stream\":\"s\",\t\"type\":\"t\",\n\"x\":\"a\\u0001\\tb\\\\\"}}",
+    ] {
+        assert!(parse(good).is_ok(), "{good:?}");
+    }
+}

@@ -287,8 +287,20 @@ fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Comma
     // Scan before simd-json rewrites the buffer in place; keep a copy of the line only to read
     // the request id back if it turns out not to be JSON.
     let ([message, id_span, rid_span], _) = members(line, ["message", "id", "requestId"]);
-    let message_bytes = message.map(|r| one_line(&line[r]));
     let id_copy = id_span.or(rid_span).map(|r| line[r].to_vec());
+    if let Some(r) = &message {
+        // simd-json lets raw control bytes through inside strings; JSON does not, and the
+        // message is forwarded as it is, so it must be JSON a strict reader accepts.
+        if let Some(at) = control_byte_in_json(&line[r.clone()]) {
+            return Err(CommandError::new(
+                id_copy.as_deref().and_then(read_id),
+                ErrorKind::InvalidJson(format!(
+                    "message: unescaped control character at byte {at} of the message"
+                )),
+            ));
+        }
+    }
+    let message_bytes = message.map(|r| one_line(&line[r]));
     let env: Envelope<'_> = match simd_json::serde::from_slice_with_buffers(line, buffers) {
         Ok(env) => env,
         Err(e) => {
@@ -396,6 +408,33 @@ fn one_line(message: &[u8]) -> Bytes {
     let mut copy = message.to_vec();
     powerhub_plugin::frame::flatten_line_breaks(&mut copy);
     copy.into()
+}
+
+/// The offset of the first control byte (below 0x20) JSON forbids in `json`: any inside a
+/// string, and any but tab, line feed and carriage return (whitespace) outside one. One pass
+/// over bytes that are usually free of them; the string state is tracked only when one is found.
+fn control_byte_in_json(json: &[u8]) -> Option<usize> {
+    if !json.iter().any(|&b| b < 0x20) {
+        return None;
+    }
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, &b) in json.iter().enumerate() {
+        if b < 0x20 && (in_string || !matches!(b, b'\t' | b'\n' | b'\r')) {
+            return Some(i);
+        }
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+            }
+        } else if b == b'"' {
+            in_string = true;
+        }
+    }
+    None
 }
 
 fn publish_meta(head: &MessageHead<'_>) -> Result<PublishMeta, ErrorKind> {
