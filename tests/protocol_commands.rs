@@ -312,9 +312,6 @@ fn a_message_with_an_unescaped_control_character_is_refused() {
         assert_eq!(e.request_id, Some(RequestId::Int(7)), "{bad:?}");
     }
     // Outside strings a tab or a line break is whitespace, and an escaped one is just text.
-    for good in [
-        "{\"type\":\"publish\",\"id\":7,\"message\":{\"stream\":\"s\",\t\"type\":\"t\",\n\"x\":\"a\\u0001\\tb\\\\\"}}",
-    ] {
-        assert!(parse(good).is_ok(), "{good:?}");
-    }
+    let good = "{\"type\":\"publish\",\"id\":7,\"message\":{\"stream\":\"s\",\t\"type\":\"t\",\n\"x\":\"a\\u0001\\tb\\\\\"}}";
+    assert!(parse(good).is_ok(), "{good:?}");
 }
