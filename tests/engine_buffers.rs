@@ -47,7 +47,7 @@ fn a_message_larger_than_a_receive_buffer_and_split_across_writes_arrives_whole(
         let mut sub = Client::connect(server.addr);
         sub.subscribe("big");
         let mut publisher = Client::connect(server.addr);
-        // 200 KiB: several receive buffers (32 KiB each) for one message.
+        // 200 KiB: more than one receive buffer (`RECV_BUF_LEN`, 128 KiB) for one message.
         let msg = message("big", 1, 200 << 10);
         let line = format!(r#"{{"type":"publish","id":"p1","message":{msg}}}"#);
         // Written in uneven pieces with a flush between them, so partial messages are kept
