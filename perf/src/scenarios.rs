@@ -433,12 +433,15 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
     // never-reader still overflows within the run.
     let queue = ((r * 0.25) as usize).max(1024);
     let mut rss = Vec::new();
+    // Every p99 of a run without slow readers, per system: they differ only by chance, so
+    // their spread is the resolution of the "others' p99" comparison in this run.
+    let mut floors: Vec<(SystemKind, Vec<u64>)> = Vec::new();
     for t in &ctx.targets {
         let base_spec = CaseSpec {
             pace: rate(r),
             ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
         };
-        let base = match ctx.run(t, "slow-consumer baseline", base_spec) {
+        let base = match ctx.run(t, "slow-consumer baseline", base_spec.clone()) {
             Ok(o) => o,
             Err(e) => {
                 sc.failures
@@ -447,16 +450,9 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             }
         };
         check(&mut sc, &format!("baseline {}", t.kind), &base);
-        let base_p99 = base.fleet.hist.value_at_quantile(0.99);
+        let mut base_p99s = vec![base.fleet.hist.value_at_quantile(0.99)];
         let mut rw = row("without slow", t, "", &base, true);
-        add_note(
-            &mut rw,
-            format!(
-                "publisher {:.0}/{:.0} msg/s",
-                base.publisher.sent as f64 / base.publisher.secs.max(1e-9),
-                r
-            ),
-        );
+        add_note(&mut rw, publisher_note(&base, r));
         sc.rows.push(rw);
         rss.push((format!("{} baseline", t.kind), base.rss.clone()));
         let policies: Vec<Option<Policy>> = if t.policies.is_empty() {
@@ -489,6 +485,31 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 },
                 _ => None,
             };
+            // A policy server gets its own run without slow readers first: "with slow" is
+            // then compared with the same process, configuration and connection count.
+            let own_base = match &dedicated {
+                Some(d) => match ctx.run(
+                    d,
+                    &format!("slow-consumer baseline {variant}"),
+                    base_spec.clone(),
+                ) {
+                    Ok(o) => {
+                        check(&mut sc, &format!("baseline {} {variant}", t.kind), &o);
+                        let p99 = o.fleet.hist.value_at_quantile(0.99);
+                        base_p99s.push(p99);
+                        let mut rw = row("without slow", d, variant, &o, true);
+                        add_note(&mut rw, publisher_note(&o, r));
+                        sc.rows.push(rw);
+                        p99
+                    }
+                    Err(e) => {
+                        sc.failures
+                            .push(format!("slow-consumer baseline {} {variant}: {e}", t.kind));
+                        continue;
+                    }
+                },
+                None => base_p99s[0],
+            };
             let t = dedicated.as_ref().unwrap_or(t);
             let out = match ctx.run(t, &format!("slow-consumer {variant}"), spec) {
                 Ok(o) => o,
@@ -518,7 +539,7 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             let mut rw = row("with slow", t, variant, &out, true);
             add_note(&mut rw, format!(
                 "others' p99 {:+.0}% vs without; publisher {:.0}/{:.0} msg/s (max {:.1} ms behind); slow reader: {}; never-reader: {}",
-                100.0 * (p99 as f64 / base_p99.max(1) as f64 - 1.0),
+                100.0 * (p99 as f64 / own_base.max(1) as f64 - 1.0),
                 out.publisher.sent as f64 / out.publisher.secs.max(1e-9),
                 r,
                 out.publisher.max_behind * 1e3,
@@ -539,15 +560,41 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 out.rss.clone(),
             ));
         }
+        floors.push((t.kind, base_p99s));
     }
     sc.notes.push(format!(
-        "N={n}, {size} B, open loop at {r:.0} msg/s ({:.0}% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream).",
+        "N={n}, {size} B, open loop at {r:.0} msg/s ({:.0}% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream); each policy's \"with slow\" is compared with a run without slow readers on the same server.",
         ctx.slow_fraction * 100.0
     ));
+    for (kind, p99s) in &floors {
+        if let Some(spread) = spread(p99s) {
+            sc.notes.push(format!(
+                "{kind}: the {} runs without slow readers had p99 {} µs, a spread of {:.0}%: differences in others' p99 smaller than that are not resolved by this run.",
+                p99s.len(),
+                p99s.iter().map(|v| format!("{:.0}", *v as f64 / 1e3)).collect::<Vec<_>>().join(" / "),
+                spread * 100.0
+            ));
+        }
+    }
     let p = ctx.path("slow-consumer-rss.svg");
     plot_rss(&p, "slow-consumer: server RSS over time", &rss)?;
     sc.files.push(p);
     Ok(sc)
+}
+
+/// The publisher's achieved rate against the offered one.
+fn publisher_note(out: &CaseOut, offered: f64) -> String {
+    format!(
+        "publisher {:.0}/{offered:.0} msg/s",
+        out.publisher.sent as f64 / out.publisher.secs.max(1e-9)
+    )
+}
+
+/// `max / min - 1` of two or more values (`None` for fewer, or a zero minimum).
+fn spread(values: &[u64]) -> Option<f64> {
+    let min = *values.iter().min()?;
+    let max = *values.iter().max()?;
+    (values.len() >= 2 && min > 0).then(|| max as f64 / min as f64 - 1.0)
 }
 
 /// The screens scenario's stream (topic).
@@ -837,4 +884,22 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
     plot_rss(&p, "idle-connections: server RSS over time", &rss)?;
     sc.files.push(p);
     Ok(sc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::spread;
+
+    #[test]
+    fn spread_is_the_largest_over_the_smallest_minus_one() {
+        assert_eq!(spread(&[2_000, 3_000, 2_500]), Some(0.5));
+        assert_eq!(spread(&[4_000, 4_000]), Some(0.0));
+    }
+
+    #[test]
+    fn spread_needs_two_runs_and_a_nonzero_minimum() {
+        assert_eq!(spread(&[]), None);
+        assert_eq!(spread(&[3_000]), None);
+        assert_eq!(spread(&[0, 3_000]), None);
+    }
 }
