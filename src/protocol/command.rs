@@ -1,4 +1,4 @@
-//! Client commands: the typed form and the simd-json parser.
+//! Client commands: the typed form and the parser (simd-json, after the publish fast path).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -221,8 +221,11 @@ impl CommandError {
 
 /// Parses one NDJSON line (without its newline) into a [`Command`].
 ///
-/// The line is parsed in place by simd-json (which may overwrite it). Unknown fields are ignored.
-/// A `publish` message is located by a byte scan first and copied out verbatim, so subscribers
+/// A `publish` of the usual shape is read in one validating pass over the line (no escapes in
+/// the fields the server reads, no `\u` escape anywhere, no repeated key); every other line is
+/// parsed in place by simd-json (which may overwrite it). Both give the same result where both
+/// apply. Unknown fields are ignored. A `publish` message is located by a byte scan and copied
+/// out verbatim, so subscribers
 /// read exactly the bytes the publisher wrote. Errors name the problem and carry the request id
 /// when it could be read (also from a line that is not valid JSON, best effort).
 ///
@@ -268,6 +271,21 @@ impl CommandParser {
 }
 
 fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Command, CommandError> {
+    if std::str::from_utf8(line).is_ok() {
+        // Nearly every publish: one pass, no simd-json (see `fast`); anything else, below.
+        if let Some(cmd) = super::fast::publish(line) {
+            return Ok(cmd);
+        }
+    }
+    parse_full(line, buffers)
+}
+
+/// The full parser: every command, every error. [`parse_with`] tries the publish fast path
+/// first.
+pub(super) fn parse_full(
+    line: &mut [u8],
+    buffers: &mut simd_json::Buffers,
+) -> Result<Command, CommandError> {
     if let Err(e) = std::str::from_utf8(line) {
         let id = best_effort_id(&line[..e.valid_up_to()]);
         return Err(CommandError::new(
@@ -404,7 +422,7 @@ fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Comma
 /// A copy of a published message that is one line whatever framing it arrived in: a raw `\n` or
 /// `\r` can only be whitespace in valid JSON (strings escape them), so it becomes a space, and an
 /// NDJSON subscriber still reads one message per line.
-fn one_line(message: &[u8]) -> Bytes {
+pub(super) fn one_line(message: &[u8]) -> Bytes {
     let mut copy = message.to_vec();
     powerhub_plugin::frame::flatten_line_breaks(&mut copy);
     copy.into()

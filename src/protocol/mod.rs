@@ -1,6 +1,7 @@
 //! The push protocol: client commands and server messages, newline-delimited JSON.
 //!
-//! - [`parse_command`] parses one inbound line with simd-json into a typed [`Command`];
+//! - [`parse_command`] parses one inbound line into a typed [`Command`] (a usual `publish` in one
+//!   validating pass, everything else with simd-json);
 //!   bad input is a [`CommandError`] that names the problem and carries the request id.
 //! - [`reply`] builds the server's messages (`subscribed`, `unsubscribed`, `published`, `pong`,
 //!   `ping`, `error`).
@@ -13,6 +14,7 @@
 //! and every subscriber reads the same bytes. See the protocol reference (`docs/protocol.md`).
 
 mod command;
+mod fast;
 pub mod reply;
 pub(crate) mod scan;
 mod session;

@@ -1,0 +1,660 @@
+//! The publish fast path: one pass over a line that validates it as JSON and reads the few
+//! fields a `publish` needs, for the shape nearly every publish has.
+//!
+//! Anything else returns `None` and the full parser (simd-json plus the member scanner) takes
+//! the line: another command, an escape in a key or in a field the server reads, a `\u` escape
+//! anywhere, a repeated key the server reads, a number with more than 18 mantissa or 2 exponent
+//! digits, nesting deeper than [`MAX_DEPTH`], and every error. So errors and rare shapes have
+//! one implementation, and what this path accepts is a subset of what the full parser accepts,
+//! with the same result (`tests/protocol_fuzz.rs` checks both on mutated and generated lines).
+//!
+//! The line must already be known to be UTF-8. Strings are skipped with `memchr`, and the
+//! skipped bytes are checked for control characters in one vectorisable pass.
+
+use super::command::{one_line, Command, PublishMeta, RequestId};
+use crate::outbox::Field;
+
+/// Nesting depth past which the fast path gives the line to the full parser.
+const MAX_DEPTH: usize = 64;
+
+/// A `publish` command read in one pass, or `None` to use the full parser.
+pub(crate) fn publish(line: &[u8]) -> Option<Command> {
+    let mut p = Parser {
+        b: line,
+        i: 0,
+        closed: false,
+    };
+    p.ws();
+    p.eat(b'{')?;
+    let mut env = Envelope::default();
+    p.ws();
+    if !p.eat_if(b'}') {
+        loop {
+            let key = p.key()?;
+            p.ws();
+            p.eat(b':')?;
+            p.ws();
+            let start = p.i;
+            let slot = match key {
+                b"type" => &mut env.kind,
+                b"id" => &mut env.id,
+                b"requestId" => &mut env.request_id,
+                b"message" => &mut env.message,
+                // Read by other commands: only a repeat matters here (the full parser refuses it).
+                b"stream" => &mut env.stream,
+                b"deviceId" => &mut env.device_id,
+                b"subscriptionId" => &mut env.subscription_id,
+                _ => {
+                    p.value(1)?;
+                    p.next_member()?;
+                    if p.closed {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if slot.is_some() {
+                return None;
+            }
+            let kind = p.value(1)?;
+            *slot = Some(Token {
+                start,
+                end: p.i,
+                kind,
+            });
+            p.next_member()?;
+            if p.closed {
+                break;
+            }
+        }
+    }
+    p.ws();
+    if p.i != line.len() {
+        return None;
+    }
+    if env.kind?.plain_str(line)? != "publish" {
+        return None;
+    }
+    let id = match request_id(line, env.id)? {
+        Some(id) => Some(id),
+        None => request_id(line, env.request_id)?,
+    };
+    let message = env.message?;
+    if message.kind != Kind::Object {
+        return None;
+    }
+    let span = message.start..message.end;
+    let meta = message_head(&line[span.clone()])?;
+    Some(Command::Publish {
+        id,
+        message: one_line(&line[span]),
+        meta,
+    })
+}
+
+/// The fields of the message the server reads, from the message's own top level.
+fn message_head(json: &[u8]) -> Option<PublishMeta> {
+    let mut p = Parser {
+        b: json,
+        i: 0,
+        closed: false,
+    };
+    p.eat(b'{')?;
+    let (mut kind, mut stream, mut device_id, mut session) = (None, None, None, None);
+    p.ws();
+    if !p.eat_if(b'}') {
+        loop {
+            let key = p.key()?;
+            p.ws();
+            p.eat(b':')?;
+            p.ws();
+            let start = p.i;
+            let slot = match key {
+                b"type" => &mut kind,
+                b"stream" => &mut stream,
+                b"deviceId" => &mut device_id,
+                b"deviceSessionUuid" => &mut session,
+                _ => {
+                    // Depth 1 is the envelope, 2 the message: its members are at 3.
+                    p.value(3)?;
+                    p.next_member()?;
+                    if p.closed {
+                        break;
+                    }
+                    continue;
+                }
+            };
+            if slot.is_some() {
+                return None;
+            }
+            let k = p.value(3)?;
+            *slot = Some(Token {
+                start,
+                end: p.i,
+                kind: k,
+            });
+            p.next_member()?;
+            if p.closed {
+                break;
+            }
+        }
+    }
+    let stream = stream?.plain_str(json)?;
+    if stream.is_empty() || stream.len() > 256 || stream.contains('/') {
+        return None;
+    }
+    let kind = kind?.plain_str(json)?;
+    let device_id = field(json, device_id)?;
+    if device_id.as_str() == Some("") {
+        return None;
+    }
+    Some(PublishMeta {
+        stream: stream.to_owned(),
+        kind: kind.to_owned(),
+        device_id,
+        device_session_uuid: field(json, session)?,
+    })
+}
+
+/// An optional string field: absent, `null` or a string without escapes.
+fn field(json: &[u8], token: Option<Token>) -> Option<Field> {
+    match token {
+        None => Some(Field::Absent),
+        Some(t) if t.kind == Kind::Null => Some(Field::Null),
+        Some(t) => t.plain_str(json).map(Field::str),
+    }
+}
+
+/// A request id: absent or `null`, a string without escapes, or an integer that fits an `i64`.
+/// `Some(None)` is "no id"; `None` sends the line to the full parser.
+fn request_id(line: &[u8], token: Option<Token>) -> Option<Option<RequestId>> {
+    let Some(t) = token else {
+        return Some(None);
+    };
+    match t.kind {
+        Kind::Null => Some(None),
+        Kind::PlainString => t
+            .plain_str(line)
+            .map(|s| Some(RequestId::Str(s.to_owned()))),
+        Kind::Integer => {
+            let text = std::str::from_utf8(&line[t.start..t.end]).ok()?;
+            // `-0` is an integer to some parsers and a float to others: leave it to the full one.
+            if text == "-0" {
+                return None;
+            }
+            text.parse::<i64>().ok().map(|n| Some(RequestId::Int(n)))
+        }
+        _ => None,
+    }
+}
+
+/// The top-level members of the envelope the fast path reads or must see at most once.
+#[derive(Default)]
+struct Envelope {
+    kind: Option<Token>,
+    id: Option<Token>,
+    request_id: Option<Token>,
+    message: Option<Token>,
+    stream: Option<Token>,
+    device_id: Option<Token>,
+    subscription_id: Option<Token>,
+}
+
+/// One value's span and what it is.
+#[derive(Debug, Clone, Copy)]
+struct Token {
+    start: usize,
+    end: usize,
+    kind: Kind,
+}
+
+impl Token {
+    /// The contents of a string without escapes.
+    fn plain_str(self, json: &[u8]) -> Option<&str> {
+        if self.kind != Kind::PlainString {
+            return None;
+        }
+        std::str::from_utf8(&json[self.start + 1..self.end - 1]).ok()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A string with no escape.
+    PlainString,
+    /// A string with at least one (simple) escape.
+    String,
+    /// A number without fraction or exponent.
+    Integer,
+    Number,
+    Object,
+    Array,
+    Bool,
+    Null,
+}
+
+struct Parser<'a> {
+    b: &'a [u8],
+    i: usize,
+    /// Set by [`Parser::next_member`] when it consumed the closing `}`.
+    closed: bool,
+}
+
+impl<'a> Parser<'a> {
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, byte: u8) -> Option<()> {
+        self.eat_if(byte).then_some(())
+    }
+
+    fn eat_if(&mut self, byte: u8) -> bool {
+        let hit = self.b.get(self.i) == Some(&byte);
+        self.i += usize::from(hit);
+        hit
+    }
+
+    /// After a member's value: `,` (another member follows) or `}` (sets `closed`).
+    fn next_member(&mut self) -> Option<()> {
+        self.ws();
+        match self.b.get(self.i)? {
+            b',' => {
+                self.i += 1;
+                self.ws();
+                Some(())
+            }
+            b'}' => {
+                self.i += 1;
+                self.closed = true;
+                Some(())
+            }
+            _ => None,
+        }
+    }
+
+    /// A member name without escapes, as bytes.
+    fn key(&mut self) -> Option<&'a [u8]> {
+        let start = self.i;
+        if self.string()? != Kind::PlainString {
+            return None;
+        }
+        Some(&self.b[start + 1..self.i - 1])
+    }
+
+    /// Consumes one value at nesting `depth` (1: a member of the top-level object).
+    fn value(&mut self, depth: usize) -> Option<Kind> {
+        match *self.b.get(self.i)? {
+            b'"' => self.string(),
+            b'{' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                self.ws();
+                if self.eat_if(b'}') {
+                    return Some(Kind::Object);
+                }
+                loop {
+                    // A nested key may hold simple escapes; a `\u` falls back in `string`.
+                    self.string()?;
+                    self.ws();
+                    self.eat(b':')?;
+                    self.ws();
+                    self.value(depth + 1)?;
+                    self.ws();
+                    match self.b.get(self.i)? {
+                        b',' => {
+                            self.i += 1;
+                            self.ws();
+                        }
+                        b'}' => {
+                            self.i += 1;
+                            return Some(Kind::Object);
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b'[' => {
+                if depth >= MAX_DEPTH {
+                    return None;
+                }
+                self.i += 1;
+                self.ws();
+                if self.eat_if(b']') {
+                    return Some(Kind::Array);
+                }
+                loop {
+                    self.value(depth + 1)?;
+                    self.ws();
+                    match self.b.get(self.i)? {
+                        b',' => {
+                            self.i += 1;
+                            self.ws();
+                        }
+                        b']' => {
+                            self.i += 1;
+                            return Some(Kind::Array);
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+            b't' => self.literal(b"true", Kind::Bool),
+            b'f' => self.literal(b"false", Kind::Bool),
+            b'n' => self.literal(b"null", Kind::Null),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, word: &[u8], kind: Kind) -> Option<Kind> {
+        if self.b.get(self.i..self.i + word.len())? != word {
+            return None;
+        }
+        self.i += word.len();
+        Some(kind)
+    }
+
+    /// A string with no control character and no `\u` escape.
+    ///
+    /// Keys and the fields the server reads are short: they are read byte by byte. Past 16 bytes
+    /// the rest is skipped with `memchr`, and the skipped bytes are checked for control
+    /// characters in one vectorisable pass (a base64 image is one long string).
+    fn string(&mut self) -> Option<Kind> {
+        let b = self.b;
+        if b.get(self.i) != Some(&b'"') {
+            return None;
+        }
+        let mut j = self.i + 1;
+        let mut kind = Kind::PlainString;
+        let mut run = 0;
+        loop {
+            if run == 16 {
+                let rest = b.get(j..)?;
+                let k = memchr::memchr2(b'"', b'\\', rest)?;
+                if rest[..k].iter().fold(false, |c, &x| c | (x < 0x20)) {
+                    return None;
+                }
+                j += k;
+                run = 0;
+            }
+            match *b.get(j)? {
+                b'"' => {
+                    self.i = j + 1;
+                    return Some(kind);
+                }
+                b'\\' => match b.get(j + 1)? {
+                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
+                        kind = Kind::String;
+                        j += 2;
+                    }
+                    _ => return None,
+                },
+                0..=0x1f => return None,
+                _ => {
+                    j += 1;
+                    run += 1;
+                }
+            }
+        }
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, with at most 18 mantissa and 2
+    /// exponent digits (so that every parser reads the same value).
+    fn number(&mut self) -> Option<Kind> {
+        let b = self.b;
+        let mut i = self.i;
+        i += usize::from(b.get(i) == Some(&b'-'));
+        let int_start = i;
+        match b.get(i)? {
+            b'0' => i += 1,
+            b'1'..=b'9' => {
+                while b.get(i).is_some_and(u8::is_ascii_digit) {
+                    i += 1;
+                }
+            }
+            _ => return None,
+        }
+        let mut digits = i - int_start;
+        let mut kind = Kind::Integer;
+        if b.get(i) == Some(&b'.') {
+            i += 1;
+            let frac_start = i;
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+            if i == frac_start {
+                return None;
+            }
+            digits += i - frac_start;
+            kind = Kind::Number;
+        }
+        if let Some(b'e' | b'E') = b.get(i) {
+            i += 1;
+            if let Some(b'+' | b'-') = b.get(i) {
+                i += 1;
+            }
+            let exp_start = i;
+            while b.get(i).is_some_and(u8::is_ascii_digit) {
+                i += 1;
+            }
+            if i == exp_start || i - exp_start > 2 {
+                return None;
+            }
+            kind = Kind::Number;
+        }
+        if digits > 18 {
+            return None;
+        }
+        self.i = i;
+        Some(kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::publish;
+    use crate::protocol::command::parse_full;
+    use crate::protocol::Command;
+    use proptest::prelude::*;
+    use serde_json::{json, Map, Value};
+
+    /// The fast path's answer, checked against the full parser whenever it gives one.
+    fn both(line: &str) -> Option<Command> {
+        let fast = publish(line.as_bytes());
+        if let Some(cmd) = &fast {
+            let mut copy = line.as_bytes().to_vec();
+            let full = parse_full(&mut copy, &mut simd_json::Buffers::new(64));
+            assert_eq!(full.as_ref(), Ok(cmd), "{line}");
+        }
+        fast
+    }
+
+    #[test]
+    fn the_usual_publish_takes_the_fast_path() {
+        assert!(both(r#"{"type":"publish","message":{"type":"t","stream":"b","s":42}}"#).is_some());
+        assert!(both(r#" {"type":"publish","id":7,"message":{"type":"screenshot_update","stream":"obs","deviceId":"d","deviceSessionUuid":null,"png":"aGk=","n":[1,2.5,-3e2,true,null,{}]}} "#).is_some());
+        assert!(both(r#"{"message":{"stream":"s","type":"x","text":"a \"quoted\" \\ word\n"},"requestId":"r","type":"publish"}"#).is_some());
+    }
+
+    #[test]
+    fn everything_else_goes_to_the_full_parser() {
+        for line in [
+            r#"{"type":"subscribe","stream":"s"}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"a/b"}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":""}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s","deviceId":""}}"#,
+            r#"{"type":"publish","message":{"type":"t"}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s","stream":"s"}}"#,
+            r#"{"type":"publish","type":"publish","message":{"type":"t","stream":"s"}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s","x":"\u00e9"}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s\n"}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s","n":1e400}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s","n":12345678901234567890}}"#,
+            r#"{"type":"publish","id":-0,"message":{"type":"t","stream":"s"}}"#,
+            r#"{"type":"publish","id":1.5,"message":{"type":"t","stream":"s"}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s"}} x"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s",}}"#,
+            "{\"type\":\"publish\",\"message\":{\"type\":\"t\",\"stream\":\"s\",\"x\":\"a\tb\"}}",
+            r#"{"type":"publish","message":[1]}"#,
+        ] {
+            assert!(publish(line.as_bytes()).is_none(), "{line}");
+        }
+    }
+
+    #[test]
+    fn deep_nesting_goes_to_the_full_parser() {
+        let nested = |n: usize| {
+            format!(
+                r#"{{"type":"publish","message":{{"type":"t","stream":"s","x":{}1{}}}}}"#,
+                "[".repeat(n),
+                "]".repeat(n)
+            )
+        };
+        assert!(publish(nested(70).as_bytes()).is_none());
+        assert!(both(&nested(20)).is_some());
+    }
+
+    /// Any JSON value: strings with quotes, backslashes, line breaks, control characters and
+    /// non-ASCII; integers of every size; floats.
+    fn any_value() -> BoxedStrategy<Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "[a-z\"\\\n\u{1}é/ ]{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(4, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-zA-Z]{1,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+        .boxed()
+    }
+
+    /// A plain value: what the fast path must take.
+    fn plain_value() -> BoxedStrategy<Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i32>().prop_map(Value::from),
+            "[a-z0-9 ]{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                prop::collection::btree_map("[a-z]{1,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+        .boxed()
+    }
+
+    /// A publish line: the envelope's members in any order, the message's fields, extra members.
+    fn publish_line(
+        value: BoxedStrategy<Value>,
+        id: impl Strategy<Value = Option<Value>>,
+        text: impl Strategy<Value = String> + Clone,
+    ) -> impl Strategy<Value = String> {
+        (
+            id,
+            text.clone(),
+            text.clone(),
+            prop::option::of(text),
+            prop::collection::vec(("[a-zA-Z]{1,8}", value.clone()), 0..4),
+            prop::collection::vec(("[a-z]{1,8}", value), 0..3),
+            any::<bool>(),
+            any::<bool>(),
+        )
+            .prop_map(|(id, kind, stream, device, extra, top, id_first, spaced)| {
+                let mut message = Map::new();
+                message.insert("type".into(), Value::from(kind));
+                message.insert("stream".into(), Value::from(stream));
+                if let Some(d) = device {
+                    message.insert("deviceId".into(), Value::from(d));
+                }
+                for (k, v) in extra {
+                    message.entry(k).or_insert(v);
+                }
+                let mut members = vec![
+                    r#""type":"publish""#.to_owned(),
+                    format!(r#""message":{}"#, Value::Object(message)),
+                ];
+                for (k, v) in top {
+                    if !matches!(k.as_str(), "type" | "message" | "id" | "stream") {
+                        members.push(format!(r#""{k}":{v}"#));
+                    }
+                }
+                if let Some(id) = id {
+                    let m = format!(r#""id":{id}"#);
+                    if id_first {
+                        members.insert(0, m);
+                    } else {
+                        members.push(m);
+                    }
+                }
+                let sep = if spaced { " ,\n " } else { "," };
+                format!("{{{}}}", members.join(sep))
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Whatever the fast path accepts, the full parser accepts with the same command.
+        #[test]
+        fn the_fast_path_agrees_with_the_full_parser(
+            line in publish_line(
+                any_value(),
+                prop::option::of(any_value()),
+                "[a-z\"\\/\n\u{7f}é]{0,6}",
+            ),
+        ) {
+            both(&line);
+        }
+
+        /// The same, on lines mutated byte by byte (most of them invalid).
+        #[test]
+        fn the_fast_path_agrees_with_the_full_parser_on_mutated_lines(
+            line in publish_line(plain_value(), Just(Some(json!(7))), "[a-z]{1,6}"),
+            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..4),
+        ) {
+            let mut bytes = line.into_bytes();
+            for (at, byte, how) in edits {
+                let i = at.index(bytes.len() + 1);
+                match how {
+                    0 if i < bytes.len() => bytes[i] = byte,
+                    1 => bytes.insert(i, byte),
+                    _ if i < bytes.len() => { bytes.remove(i); }
+                    _ => {}
+                }
+            }
+            if let Ok(text) = String::from_utf8(bytes) {
+                both(&text);
+            }
+        }
+
+        /// And the fast path is not a rarity: a publish of plain values always takes it.
+        #[test]
+        fn a_publish_of_plain_values_takes_the_fast_path(
+            line in publish_line(
+                plain_value(),
+                prop::option::of(prop_oneof![Just(Value::Null), any::<i32>().prop_map(Value::from), "[a-z]{0,5}".prop_map(Value::from)]),
+                "[a-z0-9]{1,6}",
+            ),
+        ) {
+            prop_assert!(both(&line).is_some(), "{}", line);
+        }
+    }
+}
