@@ -19,11 +19,7 @@ const MAX_DEPTH: usize = 64;
 
 /// A `publish` command read in one pass, or `None` to use the full parser.
 pub(crate) fn publish(line: &[u8]) -> Option<Command> {
-    let mut p = Parser {
-        b: line,
-        i: 0,
-        closed: false,
-    };
+    let mut p = Parser { b: line, i: 0 };
     p.ws();
     p.eat(b'{')?;
     let mut env = Envelope::default();
@@ -46,8 +42,7 @@ pub(crate) fn publish(line: &[u8]) -> Option<Command> {
                 b"subscriptionId" => &mut env.subscription_id,
                 _ => {
                     p.value(1)?;
-                    p.next_member()?;
-                    if p.closed {
+                    if p.next_member()? {
                         break;
                     }
                     continue;
@@ -56,14 +51,19 @@ pub(crate) fn publish(line: &[u8]) -> Option<Command> {
             if slot.is_some() {
                 return None;
             }
-            let kind = p.value(1)?;
+            let kind = if key == b"message" {
+                // The message is read once: validated, and its head taken on the way.
+                env.head = p.head()?;
+                Kind::Object
+            } else {
+                p.value(1)?
+            };
             *slot = Some(Token {
                 start,
                 end: p.i,
                 kind,
             });
-            p.next_member()?;
-            if p.closed {
+            if p.next_member()? {
                 break;
             }
         }
@@ -80,71 +80,22 @@ pub(crate) fn publish(line: &[u8]) -> Option<Command> {
         None => request_id(line, env.request_id)?,
     };
     let message = env.message?;
-    if message.kind != Kind::Object {
-        return None;
-    }
-    let span = message.start..message.end;
-    let meta = message_head(&line[span.clone()])?;
+    let meta = meta(line, &env.head)?;
     Some(Command::Publish {
         id,
-        message: one_line(&line[span]),
+        message: one_line(&line[message.start..message.end]),
         meta,
     })
 }
 
-/// The fields of the message the server reads, from the message's own top level.
-fn message_head(json: &[u8]) -> Option<PublishMeta> {
-    let mut p = Parser {
-        b: json,
-        i: 0,
-        closed: false,
-    };
-    p.eat(b'{')?;
-    let (mut kind, mut stream, mut device_id, mut session) = (None, None, None, None);
-    p.ws();
-    if !p.eat_if(b'}') {
-        loop {
-            let key = p.key()?;
-            p.ws();
-            p.eat(b':')?;
-            p.ws();
-            let start = p.i;
-            let slot = match key {
-                b"type" => &mut kind,
-                b"stream" => &mut stream,
-                b"deviceId" => &mut device_id,
-                b"deviceSessionUuid" => &mut session,
-                _ => {
-                    // Depth 1 is the envelope, 2 the message: its members are at 3.
-                    p.value(3)?;
-                    p.next_member()?;
-                    if p.closed {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            if slot.is_some() {
-                return None;
-            }
-            let k = p.value(3)?;
-            *slot = Some(Token {
-                start,
-                end: p.i,
-                kind: k,
-            });
-            p.next_member()?;
-            if p.closed {
-                break;
-            }
-        }
-    }
-    let stream = stream?.plain_str(json)?;
+/// What the server reads of the message, from the head the parser took.
+fn meta(line: &[u8], head: &Head) -> Option<PublishMeta> {
+    let stream = head.stream?.plain_str(line)?;
     if stream.is_empty() || stream.len() > 256 || stream.contains('/') {
         return None;
     }
-    let kind = kind?.plain_str(json)?;
-    let device_id = field(json, device_id)?;
+    let kind = head.kind?.plain_str(line)?;
+    let device_id = field(line, head.device_id)?;
     if device_id.as_str() == Some("") {
         return None;
     }
@@ -152,7 +103,7 @@ fn message_head(json: &[u8]) -> Option<PublishMeta> {
         stream: stream.to_owned(),
         kind: kind.to_owned(),
         device_id,
-        device_session_uuid: field(json, session)?,
+        device_session_uuid: field(line, head.session)?,
     })
 }
 
@@ -198,6 +149,16 @@ struct Envelope {
     stream: Option<Token>,
     device_id: Option<Token>,
     subscription_id: Option<Token>,
+    head: Head,
+}
+
+/// The members of the message's own top level the server reads.
+#[derive(Default)]
+struct Head {
+    kind: Option<Token>,
+    stream: Option<Token>,
+    device_id: Option<Token>,
+    session: Option<Token>,
 }
 
 /// One value's span and what it is.
@@ -236,8 +197,6 @@ enum Kind {
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
-    /// Set by [`Parser::next_member`] when it consumed the closing `}`.
-    closed: bool,
 }
 
 impl<'a> Parser<'a> {
@@ -257,21 +216,63 @@ impl<'a> Parser<'a> {
         hit
     }
 
-    /// After a member's value: `,` (another member follows) or `}` (sets `closed`).
-    fn next_member(&mut self) -> Option<()> {
+    /// After a member's value: `,` (another member follows: `false`) or `}` (`true`).
+    fn next_member(&mut self) -> Option<bool> {
         self.ws();
         match self.b.get(self.i)? {
             b',' => {
                 self.i += 1;
                 self.ws();
-                Some(())
+                Some(false)
             }
             b'}' => {
                 self.i += 1;
-                self.closed = true;
-                Some(())
+                Some(true)
             }
             _ => None,
+        }
+    }
+
+    /// The message object (depth 2), validated, with the members the server reads. `None` if it
+    /// is not an object, repeats one of those members, or is not valid.
+    fn head(&mut self) -> Option<Head> {
+        self.eat(b'{')?;
+        let mut head = Head::default();
+        self.ws();
+        if self.eat_if(b'}') {
+            return Some(head);
+        }
+        loop {
+            let key = self.key()?;
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            let start = self.i;
+            let slot = match key {
+                b"type" => &mut head.kind,
+                b"stream" => &mut head.stream,
+                b"deviceId" => &mut head.device_id,
+                b"deviceSessionUuid" => &mut head.session,
+                _ => {
+                    self.value(3)?;
+                    if self.next_member()? {
+                        return Some(head);
+                    }
+                    continue;
+                }
+            };
+            if slot.is_some() {
+                return None;
+            }
+            let kind = self.value(3)?;
+            *slot = Some(Token {
+                start,
+                end: self.i,
+                kind,
+            });
+            if self.next_member()? {
+                return Some(head);
+            }
         }
     }
 
