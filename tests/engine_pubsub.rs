@@ -65,6 +65,37 @@ fn publish_command_reaches_other_clients_byte_identical() {
 }
 
 #[test]
+fn a_publish_without_an_id_gets_no_reply_but_its_error_does() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut sub = Client::connect(server.addr);
+        sub.subscribe("obs");
+        let mut publisher = Client::connect(server.addr);
+        let msg = r#"{"type":"telemetry","stream":"obs","v":1}"#;
+        publisher.send(&format!(r#"{{"type":"publish","message":{msg}}}"#));
+        assert_eq!(sub.line().unwrap(), msg);
+        // The next line the publisher reads answers the ping sent after the publish: nothing
+        // answered the publish.
+        publisher.send(r#"{"type":"ping","id":"after"}"#);
+        let next = publisher.msg();
+        assert_eq!(next["type"], "pong", "{next}");
+        assert_eq!(next["requestId"], "after", "{next}");
+        // A publish that fails is answered, id or not.
+        publisher.send(r#"{"type":"publish","message":{"type":"telemetry"}}"#);
+        let error = publisher.msg();
+        assert_eq!(error["type"], "error", "{error}");
+        assert_eq!(error["requestId"], serde_json::Value::Null, "{error}");
+        // With an id, the acknowledgement comes back with the subscriber count.
+        publisher.send(&format!(r#"{{"type":"publish","id":9,"message":{msg}}}"#));
+        let reply = publisher.msg();
+        assert_eq!(reply["type"], "published", "{reply}");
+        assert_eq!(reply["requestId"], 9, "{reply}");
+        assert_eq!(reply["delivered"], 1, "{reply}");
+        assert_eq!(sub.line().unwrap(), msg);
+    });
+}
+
+#[test]
 fn stalled_reader_does_not_delay_others_and_costs_bounded_memory() {
     on_both_backends(|backend| {
         let mut config = base_config(backend);

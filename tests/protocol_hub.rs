@@ -130,8 +130,10 @@ impl Server {
                         .publish(topic, message.clone(), PublishOptions::default())
                         .unwrap();
                 }
-                c.outbox
-                    .push_control(reply::published(request_id.as_ref(), total), now);
+                if request_id.is_some() {
+                    c.outbox
+                        .push_control(reply::published(request_id.as_ref(), total), now);
+                }
             }
             Action::Reply(r) => c.outbox.push_control(r, now),
             Action::Pong => c.outbox.on_pong(now),
@@ -232,12 +234,15 @@ fn unsubscribed_push_subscription_receives_nothing_more() {
     s.line(0, r#"{"type":"unsubscribe","id":"u","subscriptionId":"x"}"#);
     s.line(
         1,
-        r#"{"type":"publish","message":{"type":"t","stream":"obs"}}"#,
+        r#"{"type":"publish","id":"p","message":{"type":"t","stream":"obs"}}"#,
     );
     s.turn();
     assert_eq!(
         s.read(0),
         "{\"type\":\"subscribed\",\"requestId\":\"a\",\"subscriptionId\":\"x\",\"stream\":\"obs\"}\n{\"type\":\"unsubscribed\",\"requestId\":\"u\",\"subscriptionId\":\"x\"}\n"
     );
-    assert_eq!(s.read(1), "{\"type\":\"published\",\"delivered\":0}\n");
+    assert_eq!(
+        s.read(1),
+        "{\"type\":\"published\",\"requestId\":\"p\",\"delivered\":0}\n"
+    );
 }

@@ -328,7 +328,7 @@ async def subscriber_that_stops_reading_does_not_stall_the_others(url, mode):
         reader = asyncio.create_task(read_healthy())
         replies = asyncio.create_task(read_replies())
         for i in range(count):
-            await pub.send(json.dumps({"type": "publish", "message": {"type": "bulk", "stream": stream, "i": i, "blob": blob}}))
+            await pub.send(json.dumps({"type": "publish", "id": i, "message": {"type": "bulk", "stream": stream, "i": i, "blob": blob}}))
         await asyncio.wait_for(replies, 60)
         await asyncio.wait_for(reader, 60)
         assert received == count, received

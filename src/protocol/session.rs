@@ -72,7 +72,8 @@ pub enum Action {
         ack: Bytes,
     },
     /// Publish `message` (verbatim) to every topic of `topics`, add up the subscriber counts,
-    /// and push [`reply::published`]`(request_id, total)`. The message is a JSON
+    /// and, when the command carried an id, push [`reply::published`]`(request_id, total)` (a
+    /// publish without an id gets no reply unless it fails). The message is a JSON
     /// [`Message`](crate::hub::Message) already: the command parser validated it, and the hub
     /// does not parse it again.
     Publish {

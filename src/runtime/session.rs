@@ -206,6 +206,8 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
                 }
             }
             match failure {
+                // No id, no acknowledgement: the publisher cannot correlate one (docs/protocol.md).
+                None if request_id.is_none() => {}
                 None => conn
                     .outbox
                     .push_control(reply::published(request_id.as_ref(), total), now),
