@@ -6,10 +6,13 @@
 //! anywhere, a repeated key the server reads, a number with more than 18 mantissa or 2 exponent
 //! digits, nesting deeper than [`MAX_DEPTH`], and every error. So errors and rare shapes have
 //! one implementation, and what this path accepts is a subset of what the full parser accepts,
-//! with the same result (`tests/protocol_fuzz.rs` checks both on mutated and generated lines).
+//! with the same result: this module's property tests check that against the full parser on
+//! generated and byte-mutated lines, and `tests/protocol_fuzz.rs` checks the whole parser
+//! against serde_json.
 //!
-//! The line must already be known to be UTF-8. Strings are skipped with `memchr`, and the
-//! skipped bytes are checked for control characters in one vectorisable pass.
+//! The line must already be known to be UTF-8. Short strings are read byte by byte; long ones
+//! are skipped with `memchr`, the skipped bytes checked for control characters in one
+//! vectorisable pass.
 
 use super::command::{one_line, Command, PublishMeta, RequestId};
 use crate::outbox::Field;
