@@ -24,53 +24,37 @@ const MAX_DEPTH: usize = 64;
 pub(crate) fn publish(line: &[u8]) -> Option<Command> {
     let mut p = Parser { b: line, i: 0 };
     p.ws();
-    p.eat(b'{')?;
     let mut env = Envelope::default();
-    p.ws();
-    if !p.eat_if(b'}') {
-        loop {
-            let key = p.key()?;
-            p.ws();
-            p.eat(b':')?;
-            p.ws();
-            let start = p.i;
-            let slot = match key {
-                b"type" => &mut env.kind,
-                b"id" => &mut env.id,
-                b"requestId" => &mut env.request_id,
-                b"message" => &mut env.message,
-                // Read by other commands: only a repeat matters here (the full parser refuses it).
-                b"stream" => &mut env.stream,
-                b"deviceId" => &mut env.device_id,
-                b"subscriptionId" => &mut env.subscription_id,
-                _ => {
-                    p.value(1)?;
-                    if p.next_member()? {
-                        break;
-                    }
-                    continue;
-                }
-            };
-            if slot.is_some() {
-                return None;
-            }
-            let kind = if key == b"message" {
-                // The message is read once: validated, and its head taken on the way.
-                env.head = p.head()?;
-                Kind::Object
-            } else {
-                p.value(1)?
-            };
-            *slot = Some(Token {
-                start,
-                end: p.i,
-                kind,
-            });
-            if p.next_member()? {
-                break;
-            }
+    p.object(true, |p, key| {
+        let start = p.i;
+        let slot = match key {
+            b"type" => &mut env.kind,
+            b"id" => &mut env.id,
+            b"requestId" => &mut env.request_id,
+            b"message" => &mut env.message,
+            // Read by other commands: only a repeat matters here (the full parser refuses it).
+            b"stream" => &mut env.stream,
+            b"deviceId" => &mut env.device_id,
+            b"subscriptionId" => &mut env.subscription_id,
+            _ => return p.value(1).map(drop),
+        };
+        if slot.is_some() {
+            return None;
         }
-    }
+        let kind = if key == b"message" {
+            // The message is read once: validated, and its head taken on the way.
+            env.head = p.head()?;
+            Kind::Object
+        } else {
+            p.value(1)?
+        };
+        *slot = Some(Token {
+            start,
+            end: p.i,
+            kind,
+        });
+        Some(())
+    })?;
     p.ws();
     if p.i != line.len() {
         return None;
@@ -219,73 +203,70 @@ impl<'a> Parser<'a> {
         hit
     }
 
-    /// After a member's value: `,` (another member follows: `false`) or `}` (`true`).
-    fn next_member(&mut self) -> Option<bool> {
+    /// Reads the object at the cursor: `each(self, key)` for every member, with the cursor at
+    /// the member's value, which `each` must consume. With `plain_keys`, a key holding an escape
+    /// gives `None` (the caller compares keys); otherwise simple escapes are allowed in keys.
+    fn object(
+        &mut self,
+        plain_keys: bool,
+        mut each: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
+    ) -> Option<()> {
+        self.eat(b'{')?;
         self.ws();
-        match self.b.get(self.i)? {
-            b',' => {
-                self.i += 1;
-                self.ws();
-                Some(false)
+        if self.eat_if(b'}') {
+            return Some(());
+        }
+        loop {
+            let start = self.i;
+            if self.string()? != Kind::PlainString && plain_keys {
+                return None;
             }
-            b'}' => {
-                self.i += 1;
-                Some(true)
+            let key = &self.b[start + 1..self.i - 1];
+            self.ws();
+            self.eat(b':')?;
+            self.ws();
+            each(self, key)?;
+            self.ws();
+            match self.b.get(self.i)? {
+                b',' => {
+                    self.i += 1;
+                    self.ws();
+                }
+                b'}' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
             }
-            _ => None,
         }
     }
 
     /// The message object (depth 2), validated, with the members the server reads. `None` if it
     /// is not an object, repeats one of those members, or is not valid.
     fn head(&mut self) -> Option<Head> {
-        self.eat(b'{')?;
         let mut head = Head::default();
-        self.ws();
-        if self.eat_if(b'}') {
-            return Some(head);
-        }
-        loop {
-            let key = self.key()?;
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
-            let start = self.i;
+        self.object(true, |p, key| {
+            let start = p.i;
             let slot = match key {
                 b"type" => &mut head.kind,
                 b"stream" => &mut head.stream,
                 b"deviceId" => &mut head.device_id,
                 b"deviceSessionUuid" => &mut head.session,
-                _ => {
-                    self.value(3)?;
-                    if self.next_member()? {
-                        return Some(head);
-                    }
-                    continue;
-                }
+                // Depth 1 is the envelope's members, 2 the message: its members are at 3.
+                _ => return p.value(3).map(drop),
             };
             if slot.is_some() {
                 return None;
             }
-            let kind = self.value(3)?;
+            let kind = p.value(3)?;
             *slot = Some(Token {
                 start,
-                end: self.i,
+                end: p.i,
                 kind,
             });
-            if self.next_member()? {
-                return Some(head);
-            }
-        }
-    }
-
-    /// A member name without escapes, as bytes.
-    fn key(&mut self) -> Option<&'a [u8]> {
-        let start = self.i;
-        if self.string()? != Kind::PlainString {
-            return None;
-        }
-        Some(&self.b[start + 1..self.i - 1])
+            Some(())
+        })?;
+        Some(head)
     }
 
     /// Consumes one value at nesting `depth` (1: a member of the top-level object).
@@ -296,31 +277,9 @@ impl<'a> Parser<'a> {
                 if depth >= MAX_DEPTH {
                     return None;
                 }
-                self.i += 1;
-                self.ws();
-                if self.eat_if(b'}') {
-                    return Some(Kind::Object);
-                }
-                loop {
-                    // A nested key may hold simple escapes; a `\u` falls back in `string`.
-                    self.string()?;
-                    self.ws();
-                    self.eat(b':')?;
-                    self.ws();
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.b.get(self.i)? {
-                        b',' => {
-                            self.i += 1;
-                            self.ws();
-                        }
-                        b'}' => {
-                            self.i += 1;
-                            return Some(Kind::Object);
-                        }
-                        _ => return None,
-                    }
-                }
+                // A nested key may hold simple escapes; a `\u` falls back in `string`.
+                self.object(false, |p, _| p.value(depth + 1).map(drop))?;
+                Some(Kind::Object)
             }
             b'[' => {
                 if depth >= MAX_DEPTH {
