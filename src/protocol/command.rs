@@ -225,9 +225,9 @@ impl CommandError {
 /// the fields the server reads, no `\u` escape anywhere, no repeated key); every other line is
 /// parsed in place by simd-json (which may overwrite it). Both give the same result where both
 /// apply. Unknown fields are ignored. A `publish` message is located by a byte scan and copied
-/// out verbatim, so subscribers
-/// read exactly the bytes the publisher wrote. Errors name the problem and carry the request id
-/// when it could be read (also from a line that is not valid JSON, best effort).
+/// out verbatim, so subscribers read exactly the bytes the publisher wrote. Errors name the
+/// problem and carry the request id when it could be read (also from a line that is not valid
+/// JSON, best effort).
 ///
 /// ```
 /// use powerhub::protocol::{parse_command, Command, ErrorKind, RequestId};
@@ -271,30 +271,40 @@ impl CommandParser {
 }
 
 fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Command, CommandError> {
-    if std::str::from_utf8(line).is_ok() {
-        // Nearly every publish: one pass, no simd-json (see `fast`); anything else, below.
-        if let Some(cmd) = super::fast::publish(line) {
-            return Ok(cmd);
-        }
+    check_utf8(line)?;
+    // Nearly every publish: one pass, no simd-json (see `fast`); anything else, the full parser.
+    if let Some(cmd) = super::fast::publish(line) {
+        return Ok(cmd);
     }
-    parse_full(line, buffers)
+    parse_json(line, buffers)
 }
 
-/// The full parser: every command, every error. [`parse_with`] tries the publish fast path
-/// first.
+/// The full parser alone: every command, every error. [`parse_with`] tries the publish fast
+/// path first; the fast path's tests compare the two.
+#[cfg(test)]
 pub(super) fn parse_full(
     line: &mut [u8],
     buffers: &mut simd_json::Buffers,
 ) -> Result<Command, CommandError> {
-    if let Err(e) = std::str::from_utf8(line) {
-        let id = best_effort_id(&line[..e.valid_up_to()]);
-        return Err(CommandError::new(
-            id,
+    check_utf8(line)?;
+    parse_json(line, buffers)
+}
+
+/// An invalid-UTF-8 error naming the offset (and the request id, when it can be read before it).
+fn check_utf8(line: &[u8]) -> Result<(), CommandError> {
+    match std::str::from_utf8(line) {
+        Ok(_) => Ok(()),
+        Err(e) => Err(CommandError::new(
+            best_effort_id(&line[..e.valid_up_to()]),
             ErrorKind::InvalidUtf8 {
                 offset: e.valid_up_to(),
             },
-        ));
+        )),
     }
+}
+
+/// The full parser, for a line known to be UTF-8: simd-json in place, after the member scan.
+fn parse_json(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Command, CommandError> {
     if line.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         let what = "a command must be a JSON object";
         return Err(CommandError::new(
