@@ -262,11 +262,40 @@ impl fmt::Debug for CommandParser {
 impl CommandParser {
     /// Parses one line, as [`parse_command`] does.
     pub fn parse(&mut self, line: &mut [u8]) -> Result<Command, CommandError> {
-        parse_with(
-            line,
-            self.buffers
-                .get_or_insert_with(|| Box::new(simd_json::Buffers::new(512))),
-        )
+        parse_with(line, self.buffers())
+    }
+
+    /// Parses a line that may share its bytes with other lines (a slice of one receive): the
+    /// publish fast path reads it where it is, and only a line that needs the full parser is
+    /// copied (simd-json parses in place), unless it is the sole owner of its bytes.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use powerhub::protocol::{Command, CommandParser};
+    ///
+    /// let received = Bytes::from_static(b"{\"type\":\"ping\",\"id\":1}\n{\"type\":\"publish\",\"message\":{\"type\":\"t\",\"stream\":\"s\"}}\n");
+    /// let mut parser = CommandParser::default();
+    /// let nl = received.iter().position(|&b| b == b'\n').unwrap();
+    /// let ping = parser.parse_shared(received.slice(..nl))?;
+    /// assert!(matches!(ping, Command::Ping { .. }));
+    /// let publish = parser.parse_shared(received.slice(nl + 1..received.len() - 1))?;
+    /// assert!(matches!(publish, Command::Publish { ref message, .. } if &message[..] == b"{\"type\":\"t\",\"stream\":\"s\"}"));
+    /// # Ok::<(), powerhub::protocol::CommandError>(())
+    /// ```
+    pub fn parse_shared(&mut self, line: Bytes) -> Result<Command, CommandError> {
+        check_utf8(&line)?;
+        if let Some(cmd) = super::fast::publish(&line) {
+            return Ok(cmd);
+        }
+        let mut buf = line
+            .try_into_mut()
+            .unwrap_or_else(|shared| bytes::BytesMut::from(&shared[..]));
+        parse_json(&mut buf, self.buffers())
+    }
+
+    fn buffers(&mut self) -> &mut simd_json::Buffers {
+        self.buffers
+            .get_or_insert_with(|| Box::new(simd_json::Buffers::new(512)))
     }
 }
 

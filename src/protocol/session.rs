@@ -171,6 +171,13 @@ impl Session {
         }
     }
 
+    /// Parses one line with the connection's parser (its simd-json buffers are kept between
+    /// lines), reading a usual publish where it lies: see [`CommandParser::parse_shared`]. No
+    /// length check (the framing enforced it).
+    pub fn parse(&mut self, line: Bytes) -> Result<Command, CommandError> {
+        self.parser.parse_shared(line)
+    }
+
     /// Handles one parsed command.
     pub fn handle_command(&mut self, cmd: Command) -> Action {
         match self.try_command(cmd) {

@@ -23,7 +23,7 @@ use super::config::SlowConsumerChoice;
 use super::shard::{Conn, ConnShared, ShardHandle, ShardMsg};
 use super::Shared;
 use crate::hub::{Codec, PublishOptions, SlowConsumer, SubscribeOptions};
-use crate::protocol::{self, reply, Action, Command};
+use crate::protocol::{reply, Action, Command};
 
 /// The sink of every push subscription of one connection.
 #[derive(Debug)]
@@ -114,11 +114,9 @@ pub(crate) enum After {
 
 /// Handles one inbound JSON message (an NDJSON line, a frame's element, a WebSocket text).
 pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instant) -> After {
-    // The line is usually the only reference to its bytes: parsed in place, without a copy.
-    let mut buf = line
-        .try_into_mut()
-        .unwrap_or_else(|shared| bytes::BytesMut::from(&shared[..]));
-    let cmd = match protocol::parse_command(&mut buf) {
+    // A usual publish is read where it lies (the line may share one receive with others); any
+    // other line is parsed in place, copied first only if its bytes are shared.
+    let cmd = match conn.session.parse(line) {
         Ok(cmd) => cmd,
         Err(e) => {
             conn.outbox.push_control(e.to_reply(), now);
