@@ -26,7 +26,6 @@ pub(crate) fn publish(line: &[u8]) -> Option<Command> {
     p.ws();
     let mut env = Envelope::default();
     p.object(true, |p, key| {
-        let start = p.i;
         let slot = match key {
             b"type" => &mut env.kind,
             b"id" => &mut env.id,
@@ -38,22 +37,15 @@ pub(crate) fn publish(line: &[u8]) -> Option<Command> {
             b"subscriptionId" => &mut env.subscription_id,
             _ => return p.value(1).map(drop),
         };
-        if slot.is_some() {
-            return None;
-        }
-        let kind = if key == b"message" {
+        if key == b"message" {
             // The message is read once: validated, and its head taken on the way.
-            env.head = p.head()?;
-            Kind::Object
+            p.record(slot, |p| {
+                env.head = p.head()?;
+                Some(Kind::Object)
+            })
         } else {
-            p.value(1)?
-        };
-        *slot = Some(Token {
-            start,
-            end: p.i,
-            kind,
-        });
-        Some(())
+            p.record(slot, |p| p.value(1))
+        }
     })?;
     p.ws();
     if p.i != line.len() {
@@ -246,7 +238,6 @@ impl<'a> Parser<'a> {
     fn head(&mut self) -> Option<Head> {
         let mut head = Head::default();
         self.object(true, |p, key| {
-            let start = p.i;
             let slot = match key {
                 b"type" => &mut head.kind,
                 b"stream" => &mut head.stream,
@@ -255,18 +246,29 @@ impl<'a> Parser<'a> {
                 // Depth 1 is the envelope's members, 2 the message: its members are at 3.
                 _ => return p.value(3).map(drop),
             };
-            if slot.is_some() {
-                return None;
-            }
-            let kind = p.value(3)?;
-            *slot = Some(Token {
-                start,
-                end: p.i,
-                kind,
-            });
-            Some(())
+            p.record(slot, |p| p.value(3))
         })?;
         Some(head)
+    }
+
+    /// Records the member value at the cursor in `slot`, read by `read`; a member already
+    /// recorded (a repeated key) gives `None`.
+    fn record(
+        &mut self,
+        slot: &mut Option<Token>,
+        read: impl FnOnce(&mut Self) -> Option<Kind>,
+    ) -> Option<()> {
+        if slot.is_some() {
+            return None;
+        }
+        let start = self.i;
+        let kind = read(self)?;
+        *slot = Some(Token {
+            start,
+            end: self.i,
+            kind,
+        });
+        Some(())
     }
 
     /// Consumes one value at nesting `depth` (1: a member of the top-level object).
