@@ -415,10 +415,12 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = new_scenario("slow-consumer", "deliveries/s");
     let n = ctx.slow_subs;
     let size = ctx.slow_size;
+    // Per system: the probe, a run without slow readers, then per policy (or once) a run with
+    // them, and for each policy server a run without them first.
     let variants: usize = ctx
         .targets
         .iter()
-        .map(|t| 1 + t.policies.len().max(1))
+        .map(|t| 1 + t.policies.len().max(1) + t.policies.len())
         .sum();
     ctx.pb.inc_length((ctx.targets.len() + variants) as u64);
     let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
@@ -441,19 +443,10 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             pace: rate(r),
             ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
         };
-        let base = match ctx.run(t, "slow-consumer baseline", base_spec.clone()) {
-            Ok(o) => o,
-            Err(e) => {
-                sc.failures
-                    .push(format!("slow-consumer baseline {}: {e}", t.kind));
-                continue;
-            }
+        let Some(base) = run_without_slow(ctx, &mut sc, t, "", base_spec.clone(), r) else {
+            continue;
         };
-        check(&mut sc, &format!("baseline {}", t.kind), &base);
         let mut base_p99s = vec![base.fleet.hist.value_at_quantile(0.99)];
-        let mut rw = row("without slow", t, "", &base, true);
-        add_note(&mut rw, publisher_note(&base, r));
-        sc.rows.push(rw);
         rss.push((format!("{} baseline", t.kind), base.rss.clone()));
         let policies: Vec<Option<Policy>> = if t.policies.is_empty() {
             vec![None]
@@ -488,26 +481,15 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             // A policy server gets its own run without slow readers first: "with slow" is
             // then compared with the same process, configuration and connection count.
             let own_base = match &dedicated {
-                Some(d) => match ctx.run(
-                    d,
-                    &format!("slow-consumer baseline {variant}"),
-                    base_spec.clone(),
-                ) {
-                    Ok(o) => {
-                        check(&mut sc, &format!("baseline {} {variant}", t.kind), &o);
-                        let p99 = o.fleet.hist.value_at_quantile(0.99);
-                        base_p99s.push(p99);
-                        let mut rw = row("without slow", d, variant, &o, true);
-                        add_note(&mut rw, publisher_note(&o, r));
-                        sc.rows.push(rw);
-                        p99
-                    }
-                    Err(e) => {
-                        sc.failures
-                            .push(format!("slow-consumer baseline {} {variant}: {e}", t.kind));
+                Some(d) => {
+                    let Some(o) = run_without_slow(ctx, &mut sc, d, variant, base_spec.clone(), r)
+                    else {
                         continue;
-                    }
-                },
+                    };
+                    let p99 = o.fleet.hist.value_at_quantile(0.99);
+                    base_p99s.push(p99);
+                    p99
+                }
                 None => base_p99s[0],
             };
             let t = dedicated.as_ref().unwrap_or(t);
@@ -580,6 +562,41 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
     plot_rss(&p, "slow-consumer: server RSS over time", &rss)?;
     sc.files.push(p);
     Ok(sc)
+}
+
+/// A slow-consumer run on `t` without slow readers (`variant`: the policy server's, or empty),
+/// checked and reported as a "without slow" row; `None`, with the failure noted, when it could
+/// not run.
+fn run_without_slow(
+    ctx: &Ctx,
+    sc: &mut Scenario,
+    t: &Target,
+    variant: &str,
+    spec: CaseSpec,
+    offered: f64,
+) -> Option<CaseOut> {
+    let (label, what) = if variant.is_empty() {
+        ("slow-consumer baseline".to_owned(), format!("{}", t.kind))
+    } else {
+        (
+            format!("slow-consumer baseline {variant}"),
+            format!("{} {variant}", t.kind),
+        )
+    };
+    match ctx.run(t, &label, spec) {
+        Ok(out) => {
+            check(sc, &format!("baseline {what}"), &out);
+            let mut rw = row("without slow", t, variant, &out, true);
+            add_note(&mut rw, publisher_note(&out, offered));
+            sc.rows.push(rw);
+            Some(out)
+        }
+        Err(e) => {
+            sc.failures
+                .push(format!("slow-consumer baseline {what}: {e}"));
+            None
+        }
+    }
 }
 
 /// The publisher's achieved rate against the offered one.
