@@ -538,10 +538,8 @@ impl Inner {
                         }
                     }
                     // The log keeps what the largest remaining cursor needs.
-                    let cap = t.caps.last_key_value().map_or(0, |(&c, _)| c);
-                    if cap != t.log.cap() {
-                        t.log.set_cap(cap);
-                    }
+                    t.log
+                        .set_cap(t.caps.last_key_value().map_or(0, |(&c, _)| c));
                     // What only the leaving subscriber still needed goes with it.
                     if !t.log.holds_nothing() {
                         release_passed(t);
