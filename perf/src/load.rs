@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use mio::net::TcpStream as MioStream;
 use mio::{Events, Interest, Poll, Token};
 
-use crate::clock::{now_ns, wait_until};
+use crate::clock::{now_ns, precise_sleeps, wait_until};
 use crate::payload::{parse_stamp, Template};
 use crate::procfs::{self, RssPoint, RssSampler};
 use crate::systems::{connect, Decoder, Target};
@@ -168,6 +168,12 @@ impl Conn {
             if !self.reply.is_empty() {
                 self.stream.write_all(&self.reply)?;
                 self.reply.clear();
+            }
+            if n < room {
+                // A short read drained the socket: bytes that arrive later raise a new
+                // readiness edge, so the read that would only return `WouldBlock` is skipped
+                // (it was every second system call of a reader).
+                return Ok(true);
             }
         }
         Ok(true)
@@ -509,6 +515,11 @@ pub(crate) struct CaseOut {
     pub(crate) until_drained: f64,
     /// Each run's throughput when the case ran more than once (see `combine_runs`).
     pub(crate) runs: Vec<f64>,
+    /// Each run's p99 latency in ns when the case ran more than once: the spread says how far
+    /// one run's percentile can be trusted.
+    pub(crate) run_p99: Vec<u64>,
+    /// How busy the load generator's CPUs were in the measured window (0–1), when known.
+    pub(crate) gen_busy: Option<f64>,
 }
 
 impl CaseOut {
@@ -545,6 +556,7 @@ fn publisher_thread(
     });
     let wire = target.wire.clone();
     Ok(std::thread::spawn(move || {
+        precise_sleeps();
         let mut out = Vec::with_capacity(PIPELINE * (templates[0].len() + 64));
         let mut res = PubOut::default();
         let start = now_ns();
@@ -667,6 +679,7 @@ pub(crate) fn run_case(
         procfs::cpu_seconds(target.pid)?,
         now_ns(),
     );
+    let g0 = procfs::own_cpus_ticks().ok();
     fleet.set_recording(true);
     sleep_ticked(spec.warmup.as_secs_f64(), spec.measure);
     let (d1, c1, t1) = (
@@ -674,6 +687,7 @@ pub(crate) fn run_case(
         procfs::cpu_seconds(target.pid)?,
         now_ns(),
     );
+    let g1 = procfs::own_cpus_ticks().ok();
     fleet.set_recording(false);
     stop.store(true, Ordering::Relaxed);
     let pub_out = publisher
@@ -708,6 +722,10 @@ pub(crate) fn run_case(
         short,
         until_drained,
         runs: Vec::new(),
+        run_p99: Vec::new(),
+        gen_busy: g0.zip(g1).and_then(|((b0, t0), (b1, t1))| {
+            (t1 > t0).then(|| b1.saturating_sub(b0) as f64 / (t1 - t0) as f64)
+        }),
     })
 }
 

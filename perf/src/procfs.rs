@@ -125,6 +125,49 @@ pub(crate) fn raise_nofile(want: u64) -> u64 {
     lim.rlim_max
 }
 
+/// Busy and total ticks (`/proc/stat`) summed over the CPUs this process may run on, so that
+/// a case can tell how busy the load generator's CPUs were: time in interrupts and softirqs
+/// (loopback receive processing) counts as busy though no process is charged with it.
+pub(crate) fn own_cpus_ticks() -> io::Result<(u64, u64)> {
+    // SAFETY: an all-zero cpu_set_t is a valid empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is the calling thread; `set` is valid and writable for the size passed.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let stat = std::fs::read_to_string("/proc/stat")?;
+    let (mut busy, mut total) = (0, 0);
+    for line in stat.lines() {
+        let Some((name, rest)) = line.split_once(' ') else {
+            continue;
+        };
+        let Some(cpu) = name
+            .strip_prefix("cpu")
+            .and_then(|n| n.parse::<usize>().ok())
+        else {
+            continue;
+        };
+        // SAFETY: `set` is a valid cpu_set_t; `cpu` comes from /proc/stat and is below
+        // CPU_SETSIZE.
+        if cpu >= libc::CPU_SETSIZE as usize || !unsafe { libc::CPU_ISSET(cpu, &set) } {
+            continue;
+        }
+        // user nice system idle iowait irq softirq steal ...
+        let ticks: Vec<u64> = rest
+            .split_whitespace()
+            .take(8)
+            .filter_map(|f| f.parse().ok())
+            .collect();
+        if ticks.len() < 8 {
+            return Err(io::Error::other("malformed /proc/stat"));
+        }
+        let sum: u64 = ticks.iter().sum();
+        total += sum;
+        busy += sum - ticks[3] - ticks[4];
+    }
+    Ok((busy, total))
+}
+
 /// One RSS sample: seconds since the sampler started, KiB.
 pub(crate) type RssPoint = (f64, u64);
 
@@ -178,5 +221,11 @@ mod tests {
         let pid = std::process::id();
         assert!(cpu_seconds(pid).expect("stat") >= 0.0);
         assert!(rss_kib(pid).expect("status") > 0);
+    }
+
+    #[test]
+    fn reads_the_ticks_of_its_own_cpus() {
+        let (busy, total) = own_cpus_ticks().expect("/proc/stat");
+        assert!(total > 0 && busy <= total, "{busy} of {total}");
     }
 }

@@ -89,6 +89,10 @@ pub(crate) fn combine_runs(mut outs: Vec<CaseOut>) -> CaseOut {
         return outs.pop().expect("one run");
     }
     let runs: Vec<f64> = outs.iter().map(CaseOut::throughput).collect();
+    let run_p99: Vec<u64> = outs
+        .iter()
+        .map(|o| o.fleet.hist.value_at_quantile(0.99))
+        .collect();
     let cpu: f64 = outs.iter().map(|o| o.cpu_secs).sum();
     let deliveries: u64 = outs.iter().map(|o| o.deliveries).sum();
     let peak = outs.iter().map(|o| o.peak_rss_kib).max().unwrap_or(0);
@@ -98,6 +102,8 @@ pub(crate) fn combine_runs(mut outs: Vec<CaseOut>) -> CaseOut {
         .iter()
         .map(|o| o.publisher.max_behind)
         .fold(0.0, f64::max);
+    let busy: Vec<f64> = outs.iter().filter_map(|o| o.gen_busy).collect();
+    let gen_busy = (!busy.is_empty()).then(|| busy.iter().sum::<f64>() / busy.len() as f64);
     let mut order: Vec<usize> = (0..outs.len()).collect();
     order.sort_by(|&a, &b| runs[a].total_cmp(&runs[b]));
     let median = order[order.len() / 2];
@@ -122,6 +128,8 @@ pub(crate) fn combine_runs(mut outs: Vec<CaseOut>) -> CaseOut {
     out.short = short;
     out.publisher.max_behind = behind;
     out.runs = runs;
+    out.gen_busy = gen_busy;
+    out.run_p99 = run_p99;
     out
 }
 
@@ -380,6 +388,27 @@ fn latency(ctx: &Ctx) -> io::Result<Scenario> {
                             out.publisher.max_behind * 1e3
                         ),
                     );
+                    if out.run_p99.len() > 1 {
+                        let each: Vec<String> = out
+                            .run_p99
+                            .iter()
+                            .map(|&ns| format!("{:.0}", ns as f64 / 1e3))
+                            .collect();
+                        add_note(&mut rw, format!("p99 of each run {} µs", each.join(" / ")));
+                    }
+                    add_note(
+                        &mut rw,
+                        format!(
+                            "server used {:.0}% of a CPU",
+                            out.cpu_secs / out.secs.max(1e-9) * 100.0
+                        ),
+                    );
+                    if let Some(b) = out.gen_busy {
+                        add_note(
+                            &mut rw,
+                            format!("load generator's CPUs {:.0}% busy", b * 100.0),
+                        );
+                    }
                     sc.rows.push(rw);
                     hists.push((t.kind.name().to_owned(), out.fleet.hist));
                 }
@@ -905,7 +934,66 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
 
 #[cfg(test)]
 mod tests {
-    use super::spread;
+    use super::{combine_runs, spread};
+    use crate::load::{new_histogram, CaseOut, FleetOut, PubOut};
+
+    fn run(deliveries: u64, latencies_us: &[u64], busy: Option<f64>) -> CaseOut {
+        let mut hist = new_histogram();
+        for &us in latencies_us {
+            hist.record(us * 1_000).expect("in range");
+        }
+        CaseOut {
+            deliveries,
+            secs: 1.0,
+            cpu_secs: 0.5,
+            peak_rss_kib: deliveries,
+            rss: Vec::new(),
+            publisher: PubOut::default(),
+            fleet: FleetOut {
+                hist,
+                subs: Vec::new(),
+                errors: Vec::new(),
+            },
+            lost: 0,
+            short: 0,
+            until_drained: 1.0,
+            runs: Vec::new(),
+            run_p99: Vec::new(),
+            gen_busy: busy,
+        }
+    }
+
+    #[test]
+    fn combined_runs_keep_the_median_run_and_each_runs_p99() {
+        let out = combine_runs(vec![
+            run(300, &[100; 100], Some(0.5)),
+            run(100, &[300; 100], Some(1.0)),
+            run(200, &[200; 100], None),
+        ]);
+        assert_eq!(out.deliveries, 200, "the median run's throughput");
+        assert_eq!(out.runs, vec![300.0, 100.0, 200.0]);
+        let p99_us: Vec<u64> = out.run_p99.iter().map(|ns| ns / 1_000).collect();
+        assert_eq!(
+            p99_us,
+            vec![100, 300, 200],
+            "each run's own p99, in run order"
+        );
+        assert_eq!(
+            out.fleet.hist.len(),
+            300,
+            "latencies of every run are pooled"
+        );
+        assert_eq!(out.peak_rss_kib, 300, "the highest peak");
+        assert_eq!(
+            out.gen_busy,
+            Some(0.75),
+            "the mean over the runs that measured it"
+        );
+        assert!(
+            (out.cpu_per_million() - 2_500.0).abs() < 1e-6,
+            "CPU pooled over all runs"
+        );
+    }
 
     #[test]
     fn spread_is_the_largest_over_the_smallest_minus_one() {
