@@ -91,15 +91,34 @@ pub struct EngineSection {
     /// How long the engine's hub gathers publications before a delivery turn, in microseconds
     /// (`HubOptions::batch_delay`); 0 = a turn per wake-up.
     pub hub_batch_delay_us: u64,
+    /// After a pass of the hub-driving shard whose sends were small (under
+    /// [`SMALL_SEND_BYTES`] on average), the hub's next delivery turn waits until this many
+    /// microseconds after those sends, so that publications arriving meanwhile leave as one
+    /// larger segment per connection instead of many small ones; 0 = never wait.
+    pub turn_gap_us: u64,
 }
 
 /// Largest accepted `engine.hub_batch_delay_us` (100 ms).
 pub const MAX_HUB_BATCH_DELAY_US: u64 = 100_000;
 
+/// Default `engine.turn_gap_us`.
+pub const DEFAULT_TURN_GAP_US: u64 = 100;
+
+/// Largest accepted `engine.turn_gap_us` (10 ms).
+pub const MAX_TURN_GAP_US: u64 = 10_000;
+
+/// A pass whose sends averaged fewer bytes than this is followed by `engine.turn_gap_us`.
+pub const SMALL_SEND_BYTES: usize = 16 << 10;
+
 impl EngineSection {
     /// `hub_batch_delay_us` as a duration.
     pub fn hub_batch_delay(&self) -> Duration {
         Duration::from_micros(self.hub_batch_delay_us)
+    }
+
+    /// `turn_gap_us` as a duration.
+    pub fn turn_gap(&self) -> Duration {
+        Duration::from_micros(self.turn_gap_us)
     }
 }
 
@@ -111,6 +130,7 @@ impl Default for EngineSection {
             shutdown_timeout_ms: 5000,
             stats_interval_ms: 1000,
             hub_batch_delay_us: 0,
+            turn_gap_us: DEFAULT_TURN_GAP_US,
         }
     }
 }
@@ -376,6 +396,13 @@ impl Config {
             }
         }
         let l = &self.limits;
+        if self.engine.turn_gap_us > MAX_TURN_GAP_US {
+            return Err(invalid(
+                "engine.turn_gap_us",
+                self.engine.turn_gap_us,
+                "at most 10000 (10 ms)",
+            ));
+        }
         if self.engine.hub_batch_delay_us > MAX_HUB_BATCH_DELAY_US {
             return Err(invalid(
                 "engine.hub_batch_delay_us",
@@ -523,6 +550,25 @@ mod tests {
         assert!(err.to_string().contains("listener[0].address"), "{err}");
         let err = Config::from_toml("[engine]\nbackend = \"kqueue\"\n", None).unwrap_err();
         assert!(err.to_string().contains("kqueue"), "{err}");
+    }
+
+    #[test]
+    fn turn_gap_over_its_maximum_is_an_error_naming_the_key() {
+        let c = Config::from_toml(DEFAULT_CONFIG, None).unwrap();
+        assert_eq!(
+            c.engine.turn_gap_us, DEFAULT_TURN_GAP_US,
+            "the embedded default"
+        );
+        let ok = Config::from_toml("[engine]\nturn_gap_us = 10000\n", None).unwrap();
+        assert_eq!(ok.engine.turn_gap(), Duration::from_millis(10));
+        let off = Config::from_toml("[engine]\nturn_gap_us = 0\n", None).unwrap();
+        assert!(off.engine.turn_gap().is_zero());
+        let err = Config::from_toml("[engine]\nturn_gap_us = 10001\n", None).unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("engine.turn_gap_us") && msg.contains("10001"),
+            "{msg}"
+        );
     }
 
     #[test]

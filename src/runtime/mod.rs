@@ -58,7 +58,7 @@ mod writeq;
 pub use config::{
     BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig,
     OutboxSection, SlowConsumerChoice, SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
-    MAX_HUB_BATCH_DELAY_US,
+    DEFAULT_TURN_GAP_US, MAX_HUB_BATCH_DELAY_US, MAX_TURN_GAP_US, SMALL_SEND_BYTES,
 };
 pub use registry::{ProtocolRegistry, RegistryError};
 

@@ -38,6 +38,7 @@ use powerhub_plugin::{
     StreamProtocol,
 };
 
+use super::config::SMALL_SEND_BYTES;
 use super::parker::Parker;
 use super::session::{self, After, ConnSink};
 use super::sys::{self, syscall, Backend, Event, Token};
@@ -345,6 +346,13 @@ fn frames_as_hub_frames(proto: &mut dyn StreamProtocol) -> bool {
 }
 
 /// `t` in milliseconds since `epoch` (0 before it): a connection's timestamps in 8 bytes.
+/// Whether a pass that started `sends` sends of `bytes` bytes in all is followed by the quiet
+/// `gap` (`engine.turn_gap_us`): only when they were small on average, the case where each
+/// segment costs the server and its readers more than its bytes do.
+fn wants_gap(sends: usize, bytes: usize, gap: Duration) -> bool {
+    !gap.is_zero() && sends > 0 && bytes < SMALL_SEND_BYTES * sends
+}
+
 fn millis(epoch: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(epoch).as_millis() as u64
 }
@@ -385,6 +393,11 @@ pub(crate) struct Shard<B: Backend> {
     /// without being allocated again.
     #[allow(clippy::vec_box)]
     spare_sends: Vec<Box<SendState>>,
+    /// Sends started since the last wait, and their bytes (see `engine.turn_gap_us`).
+    pass_sends: usize,
+    pass_bytes: usize,
+    /// The hub's next turn waits until then (see `engine.turn_gap_us`).
+    quiet_until: Option<Instant>,
 }
 
 impl<B: Backend> Shard<B> {
@@ -411,6 +424,9 @@ impl<B: Backend> Shard<B> {
             scratch2: Vec::new(),
             epoch: Instant::now(),
             spare_sends: Vec::new(),
+            pass_sends: 0,
+            pass_bytes: 0,
+            quiet_until: None,
         }
     }
 
@@ -430,13 +446,30 @@ impl<B: Backend> Shard<B> {
         let mut events = Vec::with_capacity(256);
         let mut next_tick = Instant::now() + TICK;
         let drives_hub = self.shared.drives_hub && self.handle.index == 0;
+        let gap = self.shared.config.engine.turn_gap();
         loop {
             if drives_hub {
-                // Deliveries to this shard's connections land in its own queue, drained next.
-                self.shared.hub.turn(Instant::now());
+                let now = Instant::now();
+                if self.quiet_until.is_some_and(|q| now < q) {
+                    // The gap after a pass of small sends: publications gather meanwhile.
+                } else {
+                    self.quiet_until = None;
+                    // Deliveries to this shard's connections land in its own queue, drained
+                    // next.
+                    self.shared.hub.turn(now);
+                }
             }
             self.drain_queue();
             self.flush_writes();
+            if drives_hub && wants_gap(self.pass_sends, self.pass_bytes, gap) {
+                // Many small segments: the next turn waits `gap` after these sends end (so
+                // they run now: io_uring runs sends at submission), and what is published
+                // meanwhile goes out in fewer, larger ones.
+                self.backend.submit();
+                self.quiet_until = Some(Instant::now() + gap);
+            }
+            self.pass_sends = 0;
+            self.pass_bytes = 0;
             if self.finishing && self.slots.iter().all(Option::is_none) {
                 break;
             }
@@ -449,6 +482,7 @@ impl<B: Backend> Shard<B> {
                 // After `park_begin`: a publish that set the hub's work flag before it either
                 // shows here or sees the shard parked and wakes it (see [`Parker`]).
                 if let Some(at) = self.shared.hub.poll_timeout() {
+                    let at = self.quiet_until.map_or(at, |q| q.max(at));
                     timeout = timeout.min(at.saturating_duration_since(now));
                 }
             }
@@ -994,6 +1028,8 @@ impl<B: Backend> Shard<B> {
         }));
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = iov.len() as _;
+        self.pass_sends += 1;
+        self.pass_bytes += chunks.iter().map(Bytes::len).sum::<usize>();
         let msg: *const libc::msghdr = msg;
         c.send = Some(s);
         c.sent_recently = true;
@@ -1262,5 +1298,23 @@ mod tests {
     fn connection_state_fits_in_512_bytes() {
         let size = std::mem::size_of::<super::Conn>();
         assert!(size <= 512, "Conn is {size} bytes");
+    }
+
+    /// `engine.turn_gap_us`: a pass of small sends is followed by the gap; a pass of large
+    /// sends, a pass that sent nothing, or a gap of zero lets the next turn run at once.
+    #[test]
+    fn the_turn_gap_follows_a_pass_of_small_sends_only() {
+        use super::{wants_gap, SMALL_SEND_BYTES};
+        use std::time::Duration;
+        let gap = Duration::from_micros(100);
+        assert!(
+            wants_gap(100, 100 * 94, gap),
+            "100 sends of one small message"
+        );
+        assert!(wants_gap(1, SMALL_SEND_BYTES - 1, gap));
+        assert!(!wants_gap(1, SMALL_SEND_BYTES, gap), "large sends: no gap");
+        assert!(!wants_gap(100, 100 * SMALL_SEND_BYTES, gap));
+        assert!(!wants_gap(0, 0, gap), "nothing sent: no gap");
+        assert!(!wants_gap(100, 100, Duration::ZERO), "turned off");
     }
 }

@@ -53,6 +53,8 @@ pub(crate) struct Epoll {
     /// Listeners whose last accept failed for lack of resources, retried at the instant given
     /// (edge-triggered: no new edge may come while connections wait in the backlog).
     accept_later: Vec<(usize, Instant)>,
+    /// The kernel has `epoll_pwait2` (nanosecond timeouts); cleared at its first `ENOSYS`.
+    pwait2: bool,
 }
 
 // SAFETY: the raw pointers in `Slot` point into buffers owned by the shard's connections, and
@@ -62,6 +64,47 @@ pub(crate) struct Epoll {
 unsafe impl Send for Epoll {}
 
 impl Epoll {
+    /// `epoll_pwait2` with a nanosecond timeout where the kernel has it (Linux 5.11), else
+    /// `epoll_wait` with the timeout rounded up to a millisecond (never polled a little early
+    /// in a busy loop).
+    fn epoll_wait(&mut self, timeout: Option<Duration>) -> io::Result<usize> {
+        let (buf, len) = (self.buf.as_mut_ptr(), self.buf.len() as i32);
+        if let Some(d) = timeout.filter(|_| self.pwait2) {
+            let ts = libc::timespec {
+                tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
+                tv_nsec: d.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: `buf` is a live, initialised array of `len` events the kernel writes into;
+            // `ts` is a valid timespec for the duration of the call; a null signal mask means
+            // the mask is left as it is.
+            let rc = unsafe {
+                libc::syscall(
+                    libc::SYS_epoll_pwait2,
+                    self.epfd,
+                    buf,
+                    len,
+                    &ts as *const libc::timespec,
+                    std::ptr::null::<libc::sigset_t>(),
+                    0usize,
+                )
+            };
+            if rc >= 0 {
+                return Ok(rc as usize);
+            }
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::ENOSYS) {
+                return Err(e);
+            }
+            self.pwait2 = false;
+        }
+        let ms = match timeout {
+            None => -1,
+            Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
+        };
+        // SAFETY: as above.
+        syscall!(epoll_wait(self.epfd, buf, len, ms)).map(|n| n as usize)
+    }
+
     /// Creates an epoll instance and registers the shard's wake-up eventfd.
     pub(crate) fn new(waker: RawFd) -> io::Result<Epoll> {
         let epfd = syscall!(epoll_create1(libc::EPOLL_CLOEXEC))?;
@@ -76,6 +119,7 @@ impl Epoll {
             free_bufs: (0..RECV_BUFS).rev().collect(),
             starved: Vec::new(),
             accept_later: Vec::new(),
+            pwait2: true,
         };
         this.ctl(
             libc::EPOLL_CTL_ADD,
@@ -320,23 +364,13 @@ impl Backend for Epoll {
                 timeout = Some(timeout.map_or(left, |t| t.min(left)));
             }
         }
-        let timeout_ms = if !self.ready.is_empty() {
-            0
+        let timeout = if self.ready.is_empty() {
+            timeout
         } else {
-            match timeout {
-                None => -1,
-                // Round up so that a timer is never polled a little early in a busy loop.
-                Some(d) => d.as_nanos().div_ceil(1_000_000).min(i32::MAX as u128) as i32,
-            }
+            Some(Duration::ZERO)
         };
-        // SAFETY: `self.buf` is a live, initialised array of `len` events the kernel writes into.
-        let n = match syscall!(epoll_wait(
-            self.epfd,
-            self.buf.as_mut_ptr(),
-            self.buf.len() as i32,
-            timeout_ms
-        )) {
-            Ok(n) => n as usize,
+        let n = match self.epoll_wait(timeout) {
+            Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => 0,
             Err(e) => return Err(e),
         };

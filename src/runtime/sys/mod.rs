@@ -149,6 +149,10 @@ pub(crate) trait Backend {
     /// Submits what was queued, waits up to `timeout` (`None`: until something happens) for
     /// completions or a wake-up, and appends finished operations to `events`.
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()>;
+
+    /// Hands what was queued to the kernel now, without waiting: io_uring runs the sends at
+    /// submission. Nothing to do where operations start when they are queued (epoll).
+    fn submit(&mut self) {}
 }
 
 /// Creates a non-blocking, close-on-exec eventfd used to wake a shard.

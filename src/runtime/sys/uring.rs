@@ -391,6 +391,14 @@ impl Backend for Uring {
         unsafe { self.push(&entry) };
     }
 
+    fn submit(&mut self) {
+        if let Err(e) = self.ring.submit() {
+            if e.raw_os_error() != Some(libc::EBUSY) && e.kind() != io::ErrorKind::Interrupted {
+                tracing::error!(error = %e, "io_uring submit failed");
+            }
+        }
+    }
+
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
         let now = Instant::now();
         let mut timeout = timeout;
