@@ -245,7 +245,8 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
     CommandParser::default().parse(line)
 }
 
-/// A [`parse_command`] that keeps simd-json's buffers between lines (one per connection).
+/// A [`parse_command`] that keeps simd-json's buffers between lines (the server keeps one per
+/// thread).
 /// Boxed, and allocated at the first line parsed: a connection that never sends a line (or
 /// whose lines are parsed elsewhere) carries one pointer.
 #[derive(Default)]

@@ -1,5 +1,6 @@
 //! A sans-IO push session: turns a connection's inbound lines into actions for the runtime.
 
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -138,7 +139,20 @@ pub struct Session {
     /// far smaller than a hash map's first allocation, and a scan of it is as fast.
     subscriptions: SubList,
     next_id: u64,
-    parser: CommandParser,
+}
+
+thread_local! {
+    /// simd-json's buffers, kept per thread (a shard's thread parses the lines of all its
+    /// connections) rather than per connection: an idle connection carries none.
+    static PARSER: RefCell<CommandParser> = RefCell::new(CommandParser::default());
+}
+
+fn with_parser<R>(f: impl FnOnce(&mut CommandParser) -> R) -> R {
+    PARSER.with(|p| match p.try_borrow_mut() {
+        Ok(mut p) => f(&mut p),
+        // Only a parse inside a parse could get here; it gets buffers of its own.
+        Err(_) => f(&mut CommandParser::default()),
+    })
 }
 
 impl Session {
@@ -150,7 +164,6 @@ impl Session {
             connection_id,
             subscriptions: SubList::default(),
             next_id: 1,
-            parser: CommandParser::default(),
         }
     }
 
@@ -165,17 +178,17 @@ impl Session {
             };
             return Action::Reply(CommandError::new(id, kind).to_reply());
         }
-        match self.parser.parse(line) {
+        match with_parser(|p| p.parse(line)) {
             Ok(cmd) => self.handle_command(cmd),
             Err(e) => Action::Reply(e.to_reply()),
         }
     }
 
-    /// Parses one line with the connection's parser (its simd-json buffers are kept between
-    /// lines), reading a usual publish where it lies: see [`CommandParser::parse_shared`]. No
-    /// length check (the framing enforced it).
+    /// Parses one line with the thread's parser (its simd-json buffers are kept between lines,
+    /// per thread, not per connection), reading a usual publish where it lies: see
+    /// [`CommandParser::parse_shared`]. No length check (the framing enforced it).
     pub fn parse(&mut self, line: Bytes) -> Result<Command, CommandError> {
-        self.parser.parse_shared(line)
+        with_parser(|p| p.parse_shared(line))
     }
 
     /// Handles one parsed command.
