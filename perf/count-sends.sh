@@ -14,13 +14,9 @@
 # median of each counter per second. Counts and summaries go to perf/results/counts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v perf >/dev/null || { echo "perf (linux-perf) is not installed" >&2; exit 2; }
-out="$PWD/perf/results/counts"
-mkdir -p "$out"
-rm -f "$out"/*.csv "$out"/*.txt
-cargo build --release -p powerhub --bin powerhub
-cargo build --release -p powerhub-perf
-server="$PWD/target/release/powerhub"
+# shellcheck source=perf/watch-common.sh
+. perf/watch-common.sh
+watch_prepare counts csv
 events=syscalls:sys_enter_write,syscalls:sys_enter_writev,syscalls:sys_enter_sendmsg
 events=$events,io_uring:io_uring_submit_req,syscalls:sys_enter_io_uring_enter
 events=$events,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_poll,net:net_dev_xmit

@@ -14,13 +14,9 @@
 # count in both halves. Profiles and reports go to perf/results/profiles/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-command -v perf >/dev/null || { echo "perf (linux-perf) is not installed" >&2; exit 2; }
-out="$PWD/perf/results/profiles"
-mkdir -p "$out"
-rm -f "$out"/*.data "$out"/*.txt
-cargo build --release -p powerhub --bin powerhub
-cargo build --release -p powerhub-perf
-server="$PWD/target/release/powerhub"
+# shellcheck source=perf/watch-common.sh
+. perf/watch-common.sh
+watch_prepare profiles data
 
 # The perf tool starts `$POWERHUB_BIN serve --config DIR/NAME.toml` and watches that pid: the
 # wrapper keeps the pid (exec) and attaches `perf record` to it from the side.

@@ -450,9 +450,8 @@ impl<B: Backend> Shard<B> {
         loop {
             if drives_hub {
                 let now = Instant::now();
-                if self.quiet_until.is_some_and(|q| now < q) {
-                    // The gap after a pass of small sends: publications gather meanwhile.
-                } else {
+                // In the gap after a pass of small sends (`wants_gap`), publications gather.
+                if self.quiet_until.is_none_or(|q| now >= q) {
                     self.quiet_until = None;
                     // Deliveries to this shard's connections land in its own queue, drained
                     // next.

@@ -53,7 +53,7 @@ pub(crate) struct Epoll {
     /// Listeners whose last accept failed for lack of resources, retried at the instant given
     /// (edge-triggered: no new edge may come while connections wait in the backlog).
     accept_later: Vec<(usize, Instant)>,
-    /// The kernel has `epoll_pwait2` (nanosecond timeouts); cleared at its first `ENOSYS`.
+    /// The kernel has `epoll_pwait2` (nanosecond timeouts); cleared when it is refused.
     pwait2: bool,
 }
 
@@ -92,7 +92,8 @@ impl Epoll {
                 return Ok(rc as usize);
             }
             let e = io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::ENOSYS) {
+            // ENOSYS: an older kernel; EPERM: a seccomp filter that does not know the call.
+            if !matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
                 return Err(e);
             }
             self.pwait2 = false;

@@ -266,11 +266,7 @@ impl Uring {
                 return;
             }
             // The queue is full: hand what is queued to the kernel and retry.
-            if let Err(e) = self.ring.submit() {
-                if e.raw_os_error() != Some(libc::EBUSY) && e.kind() != io::ErrorKind::Interrupted {
-                    tracing::error!(error = %e, "io_uring submit failed");
-                }
-            }
+            Backend::submit(self);
         }
     }
 
