@@ -8,6 +8,8 @@ use powerhub::outbox::{Field, MessageMeta};
 use proptest::prelude::*;
 use serde_json::Value;
 
+mod mutate;
+
 const KEYS: &[&str] = &[
     "type",
     "deviceId",
@@ -129,18 +131,10 @@ proptest! {
     #[test]
     fn classify_never_panics_on_mutated_messages(
         ms in members(),
-        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..4),
+        edits in mutate::edits(1..4),
     ) {
         let mut bytes = render(&ms).into_bytes();
-        for (at, byte, how) in edits {
-            let i = at.index(bytes.len() + 1);
-            match how {
-                0 if i < bytes.len() => bytes[i] = byte,
-                1 => bytes.insert(i, byte),
-                _ if i < bytes.len() => { bytes.remove(i); }
-                _ => {}
-            }
-        }
+        mutate::apply(&mut bytes, &edits);
         let _ = MessageMeta::classify(&bytes);
     }
 

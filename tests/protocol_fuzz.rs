@@ -4,6 +4,8 @@
 use powerhub::protocol::{parse_command, Command, ErrorKind};
 use proptest::prelude::*;
 
+mod mutate;
+
 const VALID: &[&str] = &[
     r#"{"type":"subscribe","id":"r1","stream":"obs","deviceId":"d1"}"#,
     r#"{"type":"unsubscribe","id":2,"subscriptionId":"obs-1"}"#,
@@ -23,18 +25,10 @@ proptest! {
     #[test]
     fn mutated_commands_never_panic_and_agree_with_serde_json(
         which in 0..VALID.len(),
-        edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 0..4),
+        edits in mutate::edits(0..4),
     ) {
         let mut line = VALID[which].as_bytes().to_vec();
-        for (at, byte, how) in edits {
-            let i = at.index(line.len() + 1);
-            match how {
-                0 if i < line.len() => line[i] = byte,
-                1 => line.insert(i, byte),
-                _ if i < line.len() => { line.remove(i); }
-                _ => {}
-            }
-        }
+        mutate::apply(&mut line, &edits);
         let serde_ok = serde_json::from_slice::<serde_json::Value>(&line).is_ok_and(|v| v.is_object());
         let original = line.clone();
         let result = parse_command(&mut line);

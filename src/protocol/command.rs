@@ -246,9 +246,8 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
 }
 
 /// A [`parse_command`] that keeps simd-json's buffers between lines (the server keeps one per
-/// thread).
-/// Boxed, and allocated at the first line parsed: a connection that never sends a line (or
-/// whose lines are parsed elsewhere) carries one pointer.
+/// thread). Boxed, and allocated at the first line that needs the full parser: a parser that
+/// only ever sees usual publishes (the fast path) carries one pointer.
 #[derive(Default)]
 pub struct CommandParser {
     buffers: Option<Box<simd_json::Buffers>>,

@@ -420,12 +420,19 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// The byte-mutation helpers the integration tests use too.
+#[cfg(test)]
+#[path = "../../tests/mutate/mod.rs"]
+mod mutate;
+
 #[cfg(test)]
 mod tests {
     use super::publish;
     use crate::protocol::command::parse_full;
     use crate::protocol::Command;
     use proptest::prelude::*;
+
+    use super::mutate;
     use serde_json::{json, Map, Value};
 
     /// The fast path's answer, checked against the full parser whenever it gives one.
@@ -593,18 +600,10 @@ mod tests {
         #[test]
         fn the_fast_path_agrees_with_the_full_parser_on_mutated_lines(
             line in publish_line(plain_value(), Just(Some(json!(7))), "[a-z]{1,6}"),
-            edits in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>(), 0u8..3), 1..4),
+            edits in mutate::edits(1..4),
         ) {
             let mut bytes = line.into_bytes();
-            for (at, byte, how) in edits {
-                let i = at.index(bytes.len() + 1);
-                match how {
-                    0 if i < bytes.len() => bytes[i] = byte,
-                    1 => bytes.insert(i, byte),
-                    _ if i < bytes.len() => { bytes.remove(i); }
-                    _ => {}
-                }
-            }
+            mutate::apply(&mut bytes, &edits);
             if let Ok(text) = String::from_utf8(bytes) {
                 both(&text);
             }

@@ -1018,6 +1018,8 @@ impl<B: Backend> Shard<B> {
             }
             return;
         };
+        self.pass_sends += 1;
+        self.pass_bytes += s.urgent + s.outbox;
         let SendState {
             chunks, iov, msg, ..
         } = &mut *s;
@@ -1027,8 +1029,6 @@ impl<B: Backend> Shard<B> {
         }));
         msg.msg_iov = iov.as_mut_ptr();
         msg.msg_iovlen = iov.len() as _;
-        self.pass_sends += 1;
-        self.pass_bytes += chunks.iter().map(Bytes::len).sum::<usize>();
         let msg: *const libc::msghdr = msg;
         c.send = Some(s);
         c.sent_recently = true;
