@@ -202,12 +202,12 @@ fn serve_prints_the_default_config() {
     assert_eq!(text, powerhub::runtime::DEFAULT_CONFIG);
 }
 
-/// Out of file descriptors (a low `ulimit -n`), the server keeps running, and connections
-/// waiting in the listen backlog are accepted once descriptors are free again.
-fn run_out_of_descriptors(backend: &str) {
-    use std::io::{BufRead, BufReader, Write};
+/// Starts `powerhub serve ARGS` under `ulimit -n NOFILE` and returns it with its first ndjson
+/// listener's address and the backend it runs.
+fn spawn_limited(nofile: u32, args: &str) -> (Child, String, String) {
+    use std::io::{BufRead, BufReader};
     let cmd = format!(
-        "ulimit -n 48; exec {} serve --shards 1 --backend {backend} --listen ndjson=127.0.0.1:0 --listen frame=127.0.0.1:0",
+        "ulimit -n {nofile}; exec {} serve {args}",
         env!("CARGO_BIN_EXE_powerhub")
     );
     let mut child = Command::new("sh")
@@ -217,7 +217,7 @@ fn run_out_of_descriptors(backend: &str) {
         .spawn()
         .unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addr = String::new();
+    let (mut addr, mut backend) = (String::new(), String::new());
     loop {
         let mut line = String::new();
         assert!(
@@ -227,15 +227,38 @@ fn run_out_of_descriptors(backend: &str) {
         if let Some(a) = line.strip_prefix("listening ndjson ") {
             addr = a.trim().to_owned();
         }
+        if let Some(b) = line.strip_prefix("backend ") {
+            backend = b.trim().to_owned();
+        }
         if line.trim() == "ready" {
             break;
         }
     }
-    // More clients than descriptors: the first ones fill the table, the rest wait in the backlog.
-    let mut clients: Vec<std::net::TcpStream> = (0..80)
+    (child, addr, backend)
+}
+
+/// Out of file descriptors (a low `ulimit -n`), the server keeps running, and connections
+/// waiting in the listen backlog are accepted once descriptors are free again.
+fn run_out_of_descriptors(backend: &str) {
+    use std::io::{BufRead, BufReader, Write};
+    let (mut child, addr, _) = spawn_limited(
+        48,
+        &format!(
+            "--shards 1 --backend {backend} --listen ndjson=127.0.0.1:0 --listen frame=127.0.0.1:0"
+        ),
+    );
+    // More clients than descriptors: the first ones fill the table, the rest wait in the
+    // backlog. io_uring keeps up to 48 connections (the limit) as direct descriptors, outside
+    // the table, so it takes more clients to run it out.
+    let (total, first) = if backend == "io_uring" {
+        (160, 120)
+    } else {
+        (80, 60)
+    };
+    let mut clients: Vec<std::net::TcpStream> = (0..total)
         .map(|_| std::net::TcpStream::connect(&addr).unwrap())
         .collect();
-    let later = clients.split_off(60);
+    let later = clients.split_off(first);
     drop(clients); // frees descriptors on the server once it sees the closes
     for mut c in later {
         c.set_read_timeout(Some(WAIT)).unwrap();
@@ -258,4 +281,60 @@ fn out_of_descriptors_the_server_carries_on_and_accepts_the_backlog_later() {
         return;
     }
     run_out_of_descriptors("io_uring");
+}
+
+/// io_uring keeps connections as direct descriptors, one table per shard as large as the
+/// descriptor limit, so a server with two shards under `ulimit -n 64` holds 160 subscribed
+/// connections (64 direct per shard, the rest ordinary descriptors) and delivers to each.
+#[test]
+fn io_uring_holds_more_connections_than_the_process_may_open_descriptors() {
+    use std::io::{BufRead, BufReader, Write};
+    if std::env::var("POWERHUB_BACKEND").is_ok_and(|v| v == "epoll") {
+        return;
+    }
+    const LIMIT: u32 = 64;
+    const SUBSCRIBERS: usize = 160;
+    let (mut child, addr, backend) = spawn_limited(
+        LIMIT,
+        "--shards 2 --backend io_uring --max-connections 1000 --listen ndjson=127.0.0.1:0",
+    );
+    if backend != "io_uring" {
+        eprintln!("notice: io_uring is not available here; test skipped");
+        let _ = child.kill();
+        let _ = child.wait();
+        return;
+    }
+    let mut subs = Vec::with_capacity(SUBSCRIBERS);
+    for i in 0..SUBSCRIBERS {
+        let mut s = std::net::TcpStream::connect(&addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        s.write_all(b"{\"type\":\"subscribe\",\"id\":\"s\",\"stream\":\"wide\"}\n")
+            .unwrap();
+        let mut r = BufReader::new(s);
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        assert!(
+            line.contains("\"subscribed\""),
+            "subscriber {i} is subscribed: {line:?}"
+        );
+        subs.push(r);
+    }
+    let mut publisher = std::net::TcpStream::connect(&addr).unwrap();
+    publisher.set_read_timeout(Some(WAIT)).unwrap();
+    publisher
+        .write_all(b"{\"type\":\"publish\",\"id\":1,\"message\":{\"type\":\"tick\",\"stream\":\"wide\",\"n\":7}}\n")
+        .unwrap();
+    for (i, r) in subs.iter_mut().enumerate() {
+        let mut line = String::new();
+        while line.is_empty() || line.contains("\"ping\"") {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+        }
+        assert!(
+            line.contains("\"tick\"") && line.contains("\"n\":7"),
+            "subscriber {i} got the message: {line:?}"
+        );
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

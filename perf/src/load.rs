@@ -755,6 +755,7 @@ mod tests {
                     addr,
                     pid: std::process::id(),
                     wire: Arc::new(RawWire),
+                    backend: String::new(),
                     child: None,
                     policies: Vec::new(),
                 },

@@ -20,6 +20,7 @@ use clap::Parser;
 use indicatif::{ProgressBar, ProgressStyle};
 
 mod clock;
+mod idle;
 mod inproc;
 mod load;
 mod payload;
@@ -29,7 +30,7 @@ mod scenarios;
 mod systems;
 
 use scenarios::{Ctx, ScreensProfile};
-use systems::{nats::NatsWire, raw::RawWire, redis::RedisWire, SystemKind, Target};
+use systems::{raw::RawWire, SystemKind, Target};
 
 /// How the worker-thread budget is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -140,6 +141,7 @@ fn start_raw() -> io::Result<Target> {
         addr,
         pid: child.id(),
         wire: Arc::new(RawWire),
+        backend: String::new(),
         child: Some(child),
         policies: Vec::new(),
     })
@@ -152,15 +154,12 @@ fn peer(kind: SystemKind, addr: Option<SocketAddr>, pid: Option<u32>) -> io::Res
             kind.name()
         )));
     };
-    let wire: Arc<dyn systems::Wire> = match kind {
-        SystemKind::Redis => Arc::new(RedisWire),
-        _ => Arc::new(NatsWire),
-    };
     Ok(Target {
         kind,
         addr,
         pid,
-        wire,
+        wire: kind.wire(),
+        backend: String::new(),
         child: None,
         policies: Vec::new(),
     })
@@ -199,6 +198,9 @@ fn machine() -> String {
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("__idle-holder") {
+        return idle::holder_main(&argv[2..]);
+    }
     if argv.get(1).map(String::as_str) == Some("__raw-server") {
         let listen = argv.get(2).map_or("127.0.0.1:0", String::as_str);
         return match systems::raw::serve(listen) {

@@ -3,7 +3,6 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::io;
-use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -11,13 +10,14 @@ use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 
 use crate::clock::now_ns;
+use crate::idle;
 use crate::inproc;
 use crate::load::{rate, run_case, CaseOut, CaseSpec, Pace, ReadMode};
 use crate::payload::Template;
 use crate::procfs;
 use crate::report::{plot_percentiles, plot_rss, slug, write_hgrm, Row, Scenario};
 use crate::systems::powerhub::Flavor;
-use crate::systems::{Decoder, Policy, SystemKind, Target};
+use crate::systems::{Policy, SystemKind, Target};
 
 /// The scenario names, in run order.
 pub(crate) const NAMES: [&str; 6] = [
@@ -764,75 +764,13 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
     Ok(sc)
 }
 
-/// Connect from a chosen loopback source address (any of 127.0.0.0/8).
-fn connect_from(src: [u8; 4], addr: SocketAddr) -> io::Result<TcpStream> {
-    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
-    sock.bind(&SocketAddr::from((src, 0)).into())?;
-    sock.connect_timeout(&addr.into(), Duration::from_secs(5))?;
-    let s: TcpStream = sock.into();
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    Ok(s)
-}
-
-/// One idle subscriber connection.
-struct IdleConn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-    decoder: Box<dyn Decoder>,
-    open: bool,
-}
-
-impl IdleConn {
-    /// Read what arrived, answer keepalives; returns how many answers were written.
-    fn serve(&mut self) -> u64 {
-        use std::io::{Read, Write};
-        let mut chunk = [0u8; 4096];
-        let mut answered = 0;
-        loop {
-            match self.stream.read(&mut chunk) {
-                Ok(0) => self.open = false,
-                Ok(n) => {
-                    self.buf.extend_from_slice(&chunk[..n]);
-                    let mut reply = Vec::new();
-                    match self.decoder.decode(&self.buf, &mut |_| {}, &mut reply) {
-                        Ok(used) => {
-                            self.buf.drain(..used);
-                        }
-                        Err(_) => self.open = false,
-                    }
-                    if !reply.is_empty() {
-                        answered += 1;
-                        if self.stream.write_all(&reply).is_err() {
-                            self.open = false;
-                        }
-                    }
-                    if self.open {
-                        continue;
-                    }
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(_) => self.open = false,
-            }
-            return answered;
-        }
-    }
-}
-
 fn idle(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = new_scenario("idle-connections", "connections");
     ctx.pb.inc_length(ctx.targets.len() as u64);
-    procfs::raise_nofile((ctx.idle_target as u64) + 4096);
-    // One descriptor per connection on both sides: the per-process limit caps what any server
-    // (and this client) can hold.
+    // Every connection is a descriptor of the server's process, except where powerhub keeps it
+    // as an io_uring direct descriptor: the per-process limit caps the other servers (the
+    // client spreads its side over helper processes, see `idle`).
     let cap = procfs::nofile_hard().saturating_sub(1024) as usize;
-    let k = ctx.idle_target.min(cap);
-    if k < ctx.idle_target {
-        sc.notes.push(format!(
-            "Asked for {} connections; this machine's hard limit of {} open files per process (not raisable here) caps every server and this client, so {k} were opened.",
-            ctx.idle_target,
-            procfs::nofile_hard()
-        ));
-    }
     let mut rss = Vec::new();
     for (sys, t) in ctx.targets.iter().enumerate() {
         // powerhub: a server of its own with a one-second keepalive, so that pings and pongs
@@ -842,57 +780,35 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             _ => None,
         };
         let t = dedicated.as_ref().unwrap_or(t);
-        ctx.pb.set_message(format!("idle-connections · {}", t.kind));
+        let direct = dedicated
+            .as_ref()
+            .is_some_and(|d| d.kind == SystemKind::Powerhub && d.backend == "io_uring");
+        let k = if direct {
+            ctx.idle_target
+        } else {
+            ctx.idle_target.min(cap)
+        };
+        if k < ctx.idle_target {
+            sc.notes.push(format!(
+                "{}: asked for {} connections; this machine's hard limit of {} open files per process (not raisable here) caps its server, so {k} were opened.",
+                t.kind,
+                ctx.idle_target,
+                procfs::nofile_hard()
+            ));
+        }
+        ctx.pb
+            .set_message(format!("idle-connections · {} {k} connections", t.kind));
         let sampler = procfs::RssSampler::start(t.pid, Duration::from_millis(100));
         let base = procfs::rss_kib(t.pid)?;
-        let mut conns = Vec::with_capacity(k);
-        let mut err = None;
         let t0 = now_ns();
-        for i in 0..k {
-            // A source address per 250 connections and per system: binding port 0 before
-            // connect picks a port unique to the source address, and the previous runs'
-            // closed connections still hold theirs (TIME_WAIT).
-            let src = [127, 1 + sys as u8, (i / 250) as u8, 2 + (i % 250) as u8];
-            let r = connect_from(src, t.addr).and_then(|mut s| {
-                let left = t.wire.subscribe(&mut s, "idle")?;
-                s.set_nonblocking(true)?;
-                Ok(IdleConn {
-                    stream: s,
-                    buf: left,
-                    decoder: t.wire.decoder(),
-                    open: true,
-                })
-            });
-            match r {
-                Ok(c) => conns.push(c),
-                Err(e) => {
-                    err = Some(format!("connection {i}: {e}"));
-                    break;
-                }
-            }
-            if i % 1000 == 0 {
-                ctx.pb
-                    .set_message(format!("idle-connections · {} {i}/{k}", t.kind));
-            }
-        }
+        let (holders, opened, err) = idle::Holders::open(t, sys, k)?;
         let open_secs = (now_ns() - t0) as f64 / 1e9;
-        // Hold: every 200 ms read what arrived on every connection and answer keepalives.
-        let hold_end = now_ns() + ctx.idle_hold.as_nanos() as u64;
-        let mut pongs = 0u64;
-        loop {
-            for c in conns.iter_mut().filter(|c| c.open) {
-                pongs += c.serve();
-            }
-            if now_ns() >= hold_end {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        let alive = conns.iter().filter(|c| c.open).count();
+        // Hold: the holders read what arrives every 200 ms and answer keepalives.
+        std::thread::sleep(ctx.idle_hold);
         let after = procfs::rss_kib(t.pid)?;
-        let opened = conns.len();
+        let held = holders.stop()?;
+        let alive = held.alive;
         let per = (after as f64 - base as f64) * 1024.0 / opened.max(1) as f64;
-        drop(conns);
         let series = sampler.finish();
         let peak = series.iter().map(|p| p.1).max().unwrap_or(after);
         rss.push((t.kind.name().to_owned(), series));
@@ -904,19 +820,20 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             ));
         }
         sc.rows.push(Row {
-            case: format!("{k} idle subscribers"),
+            case: format!("{} idle subscribers", ctx.idle_target),
             system: t.kind.name().to_owned(),
             is_powerhub: t.kind.is_powerhub(),
             is_peer: matches!(t.kind, SystemKind::Redis | SystemKind::Nats),
             throughput: Some(alive as f64),
             peak_rss_kib: Some(peak),
             note: format!(
-                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s, {pongs} keepalive pings answered{}",
+                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s, {} keepalive pings answered{}",
                 per / 1024.0,
                 base as f64 / 1024.0,
                 after as f64 / 1024.0,
                 if after < base { ": RSS fell, memory freed by the runtime meanwhile" } else { "" },
                 ctx.idle_hold.as_secs_f64(),
+                held.pongs,
                 err.map_or(String::new(), |e| format!("; stopped: {e}"))
             ),
             ..Row::default()
@@ -925,7 +842,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         // Let the server release the connections before the next system.
         std::thread::sleep(Duration::from_millis(300));
     }
-    sc.notes.push("powerhub runs with a one-second keepalive here (a server of its own), so pings and pongs flow on every connection during the hold; NATS pings every two minutes and Redis not at all. The throughput column is the number of connections still open after the hold. Memory per connection is the server's RSS growth divided by the connections (kernel socket memory is not in RSS).".to_owned());
+    sc.notes.push("powerhub runs with a one-second keepalive here (a server of its own with two shards, pinned to the one server CPU like the others), so pings and pongs flow on every connection during the hold; NATS pings every two minutes and Redis not at all. The throughput column is the number of connections still open after the hold. Memory per connection is the server's RSS growth divided by the connections (kernel socket memory is not in RSS). The client's connections are held by helper processes of at most one descriptor limit each.".to_owned());
     let p = ctx.path("idle-connections-rss.svg");
     plot_rss(&p, "idle-connections: server RSS over time", &rss)?;
     sc.files.push(p);

@@ -745,7 +745,7 @@ fn run_shard(
     let index = handle.index;
     let waker = Shard::<sys::epoll::Epoll>::waker_fd(&handle);
     if backend == BackendKind::IoUring {
-        match sys::uring::Uring::new(waker) {
+        match sys::uring::Uring::new(waker, shared.config.limits.max_connections) {
             Ok(ring) => {
                 let _ = started.send(Ok(BackendKind::IoUring));
                 Shard::new(handle, shared, ring, listeners).run();

@@ -240,7 +240,6 @@ impl SendState {
 /// One connection, owned by its shard.
 pub(crate) struct Conn {
     pub(crate) key: ConnKey,
-    fd: OwnedFd,
     pub(crate) proto: Box<dyn StreamProtocol>,
     /// The protocol's wire form is the hub's binary frame (see [`frames_as_hub_frames`]).
     pub(crate) hub_frames: bool,
@@ -615,7 +614,7 @@ impl<B: Backend> Shard<B> {
             index,
             generation: self.generations[index as usize],
         };
-        if let Err(e) = self.backend.add_conn(index, fd.as_raw_fd()) {
+        if let Err(e) = self.backend.add_conn(index, fd) {
             tracing::warn!(error = %e, "cannot register a connection");
             self.free.push(index);
             self.release_count(over_limit);
@@ -640,7 +639,6 @@ impl<B: Backend> Shard<B> {
         let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let mut conn = Box::new(Conn {
             key,
-            fd,
             proto,
             hub_frames,
             inbuf: BytesMut::new(),
@@ -689,8 +687,7 @@ impl<B: Backend> Shard<B> {
             return;
         }
         c.recv_inflight = true;
-        let fd = c.fd.as_raw_fd();
-        self.backend.recv(token, fd);
+        self.backend.recv(token);
     }
 
     fn handle_event(&mut self, event: Event) {
@@ -1036,13 +1033,12 @@ impl<B: Backend> Shard<B> {
             .counters
             .send_syscalls
             .fetch_add(1, Ordering::Relaxed);
-        let fd = c.fd.as_raw_fd();
         // SAFETY: `msg`, its iovecs and the chunks they point to live in the boxed send state,
         // which stays in `c.send` (so neither moves nor is freed or touched) until the `Send`
         // completion takes it out; the connection is not freed while a send is in flight (see
         // `free_if_idle`). The chunks are `Bytes` clones: their memory stays put even if the
         // outbox drops its own references.
-        unsafe { self.backend.send(token, fd, msg) };
+        unsafe { self.backend.send(token, msg) };
     }
 
     /// Keeps a finished send's state for the next send (bounded), dropping its chunks.
@@ -1115,8 +1111,7 @@ impl<B: Backend> Shard<B> {
         if n < send_urgent + send_outbox {
             // The socket did not take everything: paused until it drains.
             c.poll_inflight = true;
-            let fd = c.fd.as_raw_fd();
-            self.backend.poll_writable(token, fd);
+            self.backend.poll_writable(token);
         } else {
             self.mark_dirty(token);
         }
@@ -1157,8 +1152,7 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        // SAFETY: plain syscall on the connection's socket.
-        let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_WR));
+        self.backend.shutdown(token, std::net::Shutdown::Write);
         // While shutting down, a peer that keeps its side open is not waited for long.
         let linger = if self.finishing {
             SHUTDOWN_LINGER
@@ -1195,8 +1189,7 @@ impl<B: Backend> Shard<B> {
         c.state = State::Dead;
         if c.recv_inflight || c.send.is_some() || c.poll_inflight {
             // Makes the in-flight operations complete; the slot is freed after the last one.
-            // SAFETY: plain syscall on the connection's socket.
-            let _ = syscall!(shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR));
+            self.backend.shutdown(token, std::net::Shutdown::Both);
         }
         self.free_if_idle(token);
     }
@@ -1211,7 +1204,7 @@ impl<B: Backend> Shard<B> {
             return;
         }
         let c = self.slots[idx].take().expect("checked above");
-        self.backend.remove_conn(token, c.fd.as_raw_fd());
+        self.backend.remove_conn(token); // closes the socket
         self.generations[idx] = self.generations[idx].wrapping_add(1);
         self.free.push(token);
         self.handle.conns.fetch_sub(1, Ordering::Relaxed);
@@ -1224,7 +1217,7 @@ impl<B: Backend> Shard<B> {
         if c.counted {
             counters.open.fetch_sub(1, Ordering::Relaxed);
         }
-        drop(c); // closes the socket
+        drop(c);
     }
 
     fn tick(&mut self, now: Instant) {

@@ -53,6 +53,16 @@ impl SystemKind {
 }
 
 impl SystemKind {
+    /// The client side of this system's protocol.
+    pub(crate) fn wire(self) -> Arc<dyn Wire> {
+        match self {
+            SystemKind::Powerhub | SystemKind::PowerhubEpoll => Arc::new(powerhub::PowerhubWire),
+            SystemKind::Redis => Arc::new(redis::RedisWire),
+            SystemKind::Nats => Arc::new(nats::NatsWire),
+            SystemKind::Raw => Arc::new(raw::RawWire),
+        }
+    }
+
     /// Whether this is powerhub (ratios are taken from it).
     pub(crate) fn is_powerhub(self) -> bool {
         matches!(self, SystemKind::Powerhub | SystemKind::PowerhubEpoll)
@@ -118,6 +128,8 @@ pub(crate) struct Target {
     pub(crate) addr: SocketAddr,
     pub(crate) pid: u32,
     pub(crate) wire: Arc<dyn Wire>,
+    /// The io backend powerhub reported (`io_uring` or `epoll`); empty for other systems.
+    pub(crate) backend: String,
     /// Set when the perf tool started the process itself (stopped on drop).
     pub(crate) child: Option<Child>,
     /// Slow-consumer policies this system can be asked for.

@@ -112,6 +112,7 @@ impl Launcher {
             .ok_or_else(|| io::Error::other("no stdout"))?;
         let mut lines = BufReader::new(stdout).lines();
         let mut addr: Option<SocketAddr> = None;
+        let mut backend = String::new();
         let mut said = Vec::new();
         loop {
             let Some(line) = lines.next().transpose()? else {
@@ -122,6 +123,9 @@ impl Launcher {
             };
             if let Some(a) = line.strip_prefix("listening ndjson ") {
                 addr = a.trim().parse().ok();
+            }
+            if let Some(b) = line.strip_prefix("backend ") {
+                backend = b.trim().to_owned();
             }
             if line.trim() == "ready" {
                 break;
@@ -144,6 +148,7 @@ impl Launcher {
             addr,
             pid,
             wire: Arc::new(PowerhubWire),
+            backend,
             child: Some(child),
             policies: Policy::ALL.to_vec(),
         })
@@ -161,7 +166,8 @@ pub(crate) enum Flavor {
     /// Every push subscription with this slow-consumer policy and a queue of this many
     /// messages.
     Policy(Policy, usize),
-    /// Idle connections with the keepalive running: a ping every second.
+    /// Idle connections with the keepalive running: a ping every second; at least
+    /// [`IDLE_SHARDS`] shards.
     Idle,
 }
 
@@ -175,7 +181,19 @@ impl Flavor {
     }
 }
 
+/// Shards of a server for idle connections, at least.
+pub(crate) const IDLE_SHARDS: usize = 2;
+
 fn config_text(shards: usize, backend: &str, flavor: Flavor) -> String {
+    // Idle connections: at least two shards. With io_uring each shard's table of direct
+    // descriptors is as large as the descriptor limit (see the engine's io_uring backend), so
+    // two shards hold more connections than one process may open descriptors. The process
+    // stays pinned to the one server CPU like every other server.
+    let shards = if matches!(flavor, Flavor::Idle) {
+        shards.max(IDLE_SHARDS)
+    } else {
+        shards
+    };
     let tuning = match flavor {
         Flavor::Throughput => "[subscriptions]\nmax_queue = 16384\n".to_owned(),
         Flavor::Policy(p, queue) => format!(

@@ -12,7 +12,7 @@
 //! that finds every buffer lent waits, and is retried by the next `wait`.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use super::{syscall, Backend, BufId, Event, RecvBufs, Token, RECV_BUFS, RECV_BUF_LEN};
@@ -27,7 +27,8 @@ const LISTENER_BIT: u64 = 1 << 62;
 
 #[derive(Debug)]
 struct Slot {
-    fd: RawFd,
+    /// The socket, closed when the slot is dropped.
+    sock: OwnedFd,
     readable: bool,
     writable: bool,
     /// A receive is pending.
@@ -152,7 +153,7 @@ impl Epoll {
         let ptr = self.bufs.ptr(buf);
         // SAFETY: `ptr..ptr+RECV_BUF_LEN` is a buffer of the pool that is not lent (it was in
         // `free_bufs`), so nothing else reads or writes it during the call.
-        match syscall!(recv(slot.fd, ptr.cast(), RECV_BUF_LEN, 0)) {
+        match syscall!(recv(slot.sock.as_raw_fd(), ptr.cast(), RECV_BUF_LEN, 0)) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 slot.readable = false;
                 self.free_bufs.push(buf);
@@ -186,7 +187,7 @@ impl Epoll {
         }
         // SAFETY: `msg` and the memory it describes are valid until the completion is reported
         // (the contract of `Backend::send`).
-        match syscall!(sendmsg(slot.fd, msg, libc::MSG_NOSIGNAL)) {
+        match syscall!(sendmsg(slot.sock.as_raw_fd(), msg, libc::MSG_NOSIGNAL)) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => slot.writable = false,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             result => {
@@ -287,15 +288,16 @@ impl Backend for Epoll {
         }
     }
 
-    fn add_conn(&mut self, token: Token, fd: RawFd) -> io::Result<()> {
+    fn add_conn(&mut self, token: Token, sock: OwnedFd) -> io::Result<()> {
         let idx = token as usize;
         if self.conns.len() <= idx {
             self.conns.resize_with(idx + 1, || None);
         }
+        let fd = sock.as_raw_fd();
         let events = (libc::EPOLLIN | libc::EPOLLOUT | libc::EPOLLRDHUP | libc::EPOLLET) as u32;
         self.ctl(libc::EPOLL_CTL_ADD, fd, events, u64::from(token))?;
         self.conns[idx] = Some(Slot {
-            fd,
+            sock,
             readable: true,
             writable: true,
             recv: false,
@@ -305,14 +307,20 @@ impl Backend for Epoll {
         Ok(())
     }
 
-    fn remove_conn(&mut self, token: Token, fd: RawFd) {
-        let _ = self.ctl(libc::EPOLL_CTL_DEL, fd, 0, 0);
-        if let Some(slot) = self.conns.get_mut(token as usize) {
-            *slot = None;
+    fn remove_conn(&mut self, token: Token) {
+        if let Some(slot) = self.conns.get_mut(token as usize).and_then(Option::take) {
+            let _ = self.ctl(libc::EPOLL_CTL_DEL, slot.sock.as_raw_fd(), 0, 0);
+            drop(slot.sock);
         }
     }
 
-    fn recv(&mut self, token: Token, _fd: RawFd) {
+    fn shutdown(&mut self, token: Token, how: std::net::Shutdown) {
+        if let Some(Some(slot)) = self.conns.get(token as usize) {
+            let _ = syscall!(shutdown(slot.sock.as_raw_fd(), super::shutdown_how(how)));
+        }
+    }
+
+    fn recv(&mut self, token: Token) {
         if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
             debug_assert!(!slot.recv, "one receive in flight per connection");
             slot.recv = true;
@@ -335,7 +343,7 @@ impl Backend for Epoll {
         self.free_bufs.push(buf);
     }
 
-    unsafe fn send(&mut self, token: Token, _fd: RawFd, msg: *const libc::msghdr) {
+    unsafe fn send(&mut self, token: Token, msg: *const libc::msghdr) {
         if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
             debug_assert!(slot.send.is_none(), "one send in flight per connection");
             slot.send = Some(msg);
@@ -343,7 +351,7 @@ impl Backend for Epoll {
         }
     }
 
-    fn poll_writable(&mut self, token: Token, _fd: RawFd) {
+    fn poll_writable(&mut self, token: Token) {
         if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
             slot.poll_out = true;
             self.try_poll_out(token);

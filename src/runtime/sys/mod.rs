@@ -9,6 +9,10 @@
 //!
 //! Rules both backends follow, and the shard relies on:
 //!
+//! - The backend owns each connection's socket from [`Backend::add_conn`] to
+//!   [`Backend::remove_conn`], which closes it; the shard names a connection by its token only.
+//!   This lets io_uring keep sockets as direct descriptors (see [`uring`]), which take no slot in
+//!   the process's descriptor table.
 //! - At most one receive and one send (or one writability poll) are in flight per connection
 //!   token.
 //! - Receives land in the backend's own buffers, not the connection's: a pool of
@@ -32,7 +36,7 @@
 //!   `io_uring_enter` for every connection's sends of the turn).
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
 
 pub(crate) mod epoll;
@@ -119,14 +123,20 @@ pub(crate) trait Backend {
     /// Stops accepting on a listener. The caller closes the socket afterwards.
     fn remove_listener(&mut self, listener: usize, fd: RawFd);
 
-    /// Registers a connection socket under `token`.
-    fn add_conn(&mut self, token: Token, fd: RawFd) -> io::Result<()>;
+    /// Takes over a connection socket under `token`. On error the socket is closed.
+    fn add_conn(&mut self, token: Token, fd: OwnedFd) -> io::Result<()>;
 
-    /// Forgets a connection. Only called when no operation on it is in flight.
-    fn remove_conn(&mut self, token: Token, fd: RawFd);
+    /// Forgets a connection and closes its socket. Only called when no receive, send or poll
+    /// on it is in flight.
+    fn remove_conn(&mut self, token: Token);
+
+    /// Shuts down part or all of a connection (`shutdown(2)`); `Shutdown::Both` makes every
+    /// operation in flight on it complete. io_uring may run it at the next submission, before
+    /// any operation queued after it.
+    fn shutdown(&mut self, token: Token, how: std::net::Shutdown);
 
     /// Starts a receive of at most [`RECV_BUF_LEN`] bytes into a buffer of the backend's pool.
-    fn recv(&mut self, token: Token, fd: RawFd);
+    fn recv(&mut self, token: Token);
 
     /// The first `len` bytes of lent buffer `buf` (what its [`Event::Recv`] reported).
     fn recv_buf(&self, buf: BufId, len: usize) -> &[u8];
@@ -140,11 +150,11 @@ pub(crate) trait Backend {
     /// # Safety
     /// `msg`, its iovec array and every byte range the iovecs point to must stay valid and
     /// unchanged until the matching [`Event::Send`] is returned by [`wait`](Backend::wait).
-    unsafe fn send(&mut self, token: Token, fd: RawFd, msg: *const libc::msghdr);
+    unsafe fn send(&mut self, token: Token, msg: *const libc::msghdr);
 
     /// Asks for one [`Event::Writable`] when the socket can take bytes again (after a partial
     /// send). At most one in flight per connection, never together with a send.
-    fn poll_writable(&mut self, token: Token, fd: RawFd);
+    fn poll_writable(&mut self, token: Token);
 
     /// Submits what was queued, waits up to `timeout` (`None`: until something happens) for
     /// completions or a wake-up, and appends finished operations to `events`.
@@ -153,6 +163,15 @@ pub(crate) trait Backend {
     /// Hands what was queued to the kernel now, without waiting: io_uring runs the sends at
     /// submission. Nothing to do where operations start when they are queued (epoll).
     fn submit(&mut self) {}
+}
+
+/// `shutdown(2)`'s `how` for `how`.
+pub(crate) fn shutdown_how(how: std::net::Shutdown) -> libc::c_int {
+    match how {
+        std::net::Shutdown::Read => libc::SHUT_RD,
+        std::net::Shutdown::Write => libc::SHUT_WR,
+        std::net::Shutdown::Both => libc::SHUT_RDWR,
+    }
 }
 
 /// Creates a non-blocking, close-on-exec eventfd used to wake a shard.
@@ -240,7 +259,6 @@ impl Drop for RecvBufs {
 #[cfg(test)]
 mod tests {
     use std::io::Write;
-    use std::os::fd::AsRawFd;
     use std::os::unix::net::UnixStream;
 
     use super::*;
@@ -258,8 +276,9 @@ mod tests {
             (&*peer)
                 .write_all(format!("message {i}").as_bytes())
                 .unwrap();
-            backend.add_conn(i as Token, ours.as_raw_fd()).unwrap();
-            backend.recv(i as Token, ours.as_raw_fd());
+            let ours = ours.try_clone().expect("dup").into();
+            backend.add_conn(i as Token, ours).unwrap();
+            backend.recv(i as Token);
         }
         let mut got = vec![None; SOCKETS];
         let mut events = Vec::new();
@@ -301,8 +320,8 @@ mod tests {
             }
         }
         assert!(got.iter().all(Option::is_some), "every receive completed");
-        for (i, (ours, _)) in pairs.iter().enumerate() {
-            backend.remove_conn(i as Token, ours.as_raw_fd());
+        for i in 0..SOCKETS {
+            backend.remove_conn(i as Token);
         }
     }
 
@@ -323,7 +342,8 @@ mod tests {
             return;
         }
         let waker = new_eventfd().unwrap();
-        let mut backend = match uring::Uring::new(waker) {
+        // Half the sockets as direct descriptors, half as ordinary ones.
+        let mut backend = match uring::Uring::new(waker, RECV_BUFS as usize * 3 / 2) {
             Ok(b) => b,
             Err(e) => {
                 eprintln!("notice: io_uring ring unavailable ({e}); test skipped");

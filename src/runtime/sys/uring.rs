@@ -11,6 +11,21 @@
 //! `OnceLock`; a kernel that refuses a ring, an opcode, the `EXT_ARG` wait or a ring of provided
 //! buffers makes the engine fall back to epoll.
 //!
+//! # Direct descriptors
+//!
+//! Each ring has a table of registered files (`IORING_REGISTER_FILES2`, sparse), as large as
+//! the process may open descriptors (the soft `RLIMIT_NOFILE`, which the kernel also caps the
+//! table by) and no larger than `limits.max_connections`. A connection whose token fits in the
+//! table is moved into the table's slot of the same index when the shard takes it over
+//! ([`Backend::add_conn`]: `IORING_REGISTER_FILES_UPDATE`, then the process's descriptor is
+//! closed) and every operation on it names that slot (`IOSQE_FIXED_FILE`). Such a socket takes
+//! no slot in the process's descriptor table, so the descriptor limit caps each shard's table
+//! rather than the whole server: with two shards a server can hold twice as many connections as
+//! it could open descriptors. The kernel also skips looking the descriptor up (and taking a
+//! reference to the file) on every operation. A connection whose token lies beyond the table,
+//! or any connection when the kernel refuses the table, keeps its ordinary descriptor.
+//! Shutting down a direct descriptor is an `IORING_OP_SHUTDOWN`; closing one empties its slot.
+//!
 //! # Receive buffers
 //!
 //! Receives pass no buffer: they select one from a ring of provided buffers registered with the
@@ -40,7 +55,7 @@
 //!   kernel is asynchronous, so it is never freed.
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -55,12 +70,30 @@ const KIND_SEND: u64 = 2;
 const KIND_ACCEPT: u64 = 3;
 const KIND_WAKE: u64 = 4;
 const KIND_POLL_OUT: u64 = 5;
+const KIND_SHUTDOWN: u64 = 6;
 
 /// How long accepting pauses after the kernel ran out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// Submission queue entries per ring (the completion queue is twice as large).
 const ENTRIES: u32 = 1024;
+
+/// The kernel's largest table of registered files (`IORING_MAX_FIXED_FILES`).
+const MAX_DIRECT: u32 = 1 << 20;
+
+/// The soft limit of open descriptors (`RLIMIT_NOFILE`), which also caps a table of registered
+/// files.
+fn nofile_soft() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 0;
+    }
+    usize::try_from(lim.rlim_cur).unwrap_or(usize::MAX)
+}
 
 /// The buffer group of the receive buffers.
 const BGID: u16 = 0;
@@ -157,6 +190,35 @@ impl Drop for BufRing {
     }
 }
 
+/// A connection's socket, as the ring names it.
+#[derive(Debug)]
+enum Sock {
+    /// No connection under this token.
+    Empty,
+    /// In the ring's table of registered files, at the token's index.
+    Direct,
+    /// An ordinary descriptor (the token lies beyond the table).
+    Fd(OwnedFd),
+}
+
+/// Builds `$build` with `$fd` bound to the connection's file: a `types::Fixed` or a
+/// `types::Fd`; `None` when there is no connection under `$token`.
+macro_rules! on_sock {
+    ($self:ident, $token:expr, |$fd:ident| $build:expr) => {
+        match $self.socks.get($token as usize) {
+            Some(Sock::Direct) => {
+                let $fd = types::Fixed($token);
+                Some($build)
+            }
+            Some(Sock::Fd(sock)) => {
+                let $fd = types::Fd(sock.as_raw_fd());
+                Some($build)
+            }
+            Some(Sock::Empty) | None => None,
+        }
+    };
+}
+
 fn user_data(kind: u64, index: u64) -> u64 {
     (kind << KIND_SHIFT) | index
 }
@@ -182,6 +244,7 @@ pub(crate) fn probe() -> Result<(), String> {
                 (opcode::SendMsg::CODE, "SENDMSG"),
                 (opcode::Read::CODE, "READ"),
                 (opcode::PollAdd::CODE, "POLL_ADD"),
+                (opcode::Shutdown::CODE, "SHUTDOWN"),
             ] {
                 if !probe.is_supported(code) {
                     return Err(format!("io_uring opcode {name} is not supported"));
@@ -204,8 +267,10 @@ pub(crate) struct Uring {
     ring: IoUring,
     /// The receive buffers (`None` only during drop).
     bufs: Option<BufRing>,
-    /// Each connection's socket, to re-arm a receive that found no buffer.
-    fds: Vec<RawFd>,
+    /// Each connection's socket, by token.
+    socks: Vec<Sock>,
+    /// Slots in the ring's table of registered files (0 when the kernel refused the table).
+    direct: u32,
     waker: RawFd,
     /// The eventfd read's 8-byte buffer. Leaked on purpose (8 bytes per shard): the kernel may
     /// still own it while the ring is torn down, so it is never freed.
@@ -228,8 +293,9 @@ impl std::fmt::Debug for Uring {
 }
 
 impl Uring {
-    /// Creates the ring and arms the wake-up read. Call [`probe`] first.
-    pub(crate) fn new(waker: RawFd) -> io::Result<Uring> {
+    /// Creates the ring with a table of at most `max_direct` registered files (see the module
+    /// documentation) and arms the wake-up read. Call [`probe`] first.
+    pub(crate) fn new(waker: RawFd, max_direct: usize) -> io::Result<Uring> {
         // One thread submits and reaps (the shard's), so the kernel may run completion work
         // only when the shard asks for completions (`DEFER_TASKRUN`, Linux 6.1) instead of
         // interrupting it; older kernels refuse the flags and get a plain ring.
@@ -240,10 +306,23 @@ impl Uring {
             .build(ENTRIES)
             .or_else(|_| IoUring::builder().setup_cqsize(ENTRIES * 2).build(ENTRIES))?;
         let bufs = BufRing::new(&ring)?;
+        let direct = u32::try_from(max_direct.min(nofile_soft()))
+            .unwrap_or(u32::MAX)
+            .min(MAX_DIRECT);
+        let direct = match ring.submitter().register_files_sparse(direct) {
+            Ok(()) => direct,
+            Err(e) => {
+                if direct > 0 {
+                    tracing::debug!(error = %e, "no table of registered files; ordinary descriptors");
+                }
+                0
+            }
+        };
         let mut this = Uring {
             ring,
             bufs: Some(bufs),
-            fds: Vec::new(),
+            socks: Vec::new(),
+            direct,
             waker,
             wake_buf: Box::leak(Box::new(0)),
             wake_armed: false,
@@ -330,27 +409,62 @@ impl Backend for Uring {
         let _ = super::syscall!(shutdown(fd, libc::SHUT_RDWR));
     }
 
-    fn add_conn(&mut self, token: Token, fd: RawFd) -> io::Result<()> {
+    fn add_conn(&mut self, token: Token, sock: OwnedFd) -> io::Result<()> {
         let idx = token as usize;
-        if self.fds.len() <= idx {
-            self.fds.resize(idx + 1, -1);
+        if self.socks.len() <= idx {
+            self.socks.resize_with(idx + 1, || Sock::Empty);
         }
-        self.fds[idx] = fd;
+        let direct = token < self.direct
+            && self
+                .ring
+                .submitter()
+                .register_files_update(token, &[sock.as_raw_fd()])
+                .is_ok_and(|n| n == 1);
+        // A direct descriptor holds its own reference to the socket: the process's descriptor
+        // is closed here, the socket when the slot is emptied.
+        self.socks[idx] = if direct { Sock::Direct } else { Sock::Fd(sock) };
         Ok(())
     }
 
-    fn remove_conn(&mut self, token: Token, _fd: RawFd) {
-        if let Some(fd) = self.fds.get_mut(token as usize) {
-            *fd = -1;
+    fn remove_conn(&mut self, token: Token) {
+        let Some(sock) = self.socks.get_mut(token as usize) else {
+            return;
+        };
+        if let Sock::Direct = std::mem::replace(sock, Sock::Empty) {
+            // An operation naming the slot that is still queued (a shutdown) must reach the
+            // kernel before the slot can be given to another connection.
+            if !self.ring.submission().is_empty() {
+                Backend::submit(self);
+            }
+            if let Err(e) = self.ring.submitter().register_files_update(token, &[-1]) {
+                tracing::error!(error = %e, token, "cannot close a direct descriptor");
+            }
         }
     }
 
-    fn recv(&mut self, token: Token, fd: RawFd) {
-        let entry = opcode::Recv::new(types::Fd(fd), std::ptr::null_mut(), RECV_BUF_LEN as u32)
-            .buf_group(BGID)
+    fn shutdown(&mut self, token: Token, how: std::net::Shutdown) {
+        let how = super::shutdown_how(how);
+        if let Some(entry) = on_sock!(self, token, |fd| opcode::Shutdown::new(fd, how)
             .build()
-            .flags(squeue::Flags::BUFFER_SELECT)
-            .user_data(user_data(KIND_RECV, u64::from(token)));
+            .user_data(user_data(KIND_SHUTDOWN, u64::from(token))))
+        {
+            // SAFETY: a shutdown points to no memory of ours.
+            unsafe { self.push(&entry) };
+        }
+    }
+
+    fn recv(&mut self, token: Token) {
+        let Some(entry) = on_sock!(self, token, |fd| opcode::Recv::new(
+            fd,
+            std::ptr::null_mut(),
+            RECV_BUF_LEN as u32
+        )
+        .buf_group(BGID)
+        .build()
+        .flags(squeue::Flags::BUFFER_SELECT)
+        .user_data(user_data(KIND_RECV, u64::from(token)))) else {
+            return;
+        };
         // SAFETY: the entry points to no memory of ours but the registered buffer ring, which
         // the backend keeps until it is unregistered.
         unsafe { self.push(&entry) };
@@ -369,20 +483,28 @@ impl Backend for Uring {
         }
     }
 
-    unsafe fn send(&mut self, token: Token, fd: RawFd, msg: *const libc::msghdr) {
-        let entry = opcode::SendMsg::new(types::Fd(fd), msg)
+    unsafe fn send(&mut self, token: Token, msg: *const libc::msghdr) {
+        let Some(entry) = on_sock!(self, token, |fd| opcode::SendMsg::new(fd, msg)
             .flags(libc::MSG_NOSIGNAL as u32)
             .build()
-            .user_data(user_data(KIND_SEND, u64::from(token)));
+            .user_data(user_data(KIND_SEND, u64::from(token))))
+        else {
+            return;
+        };
         // SAFETY: the caller keeps `msg` and its buffers valid until the completion (contract of
         // `Backend::send`).
         unsafe { self.push(&entry) };
     }
 
-    fn poll_writable(&mut self, token: Token, fd: RawFd) {
-        let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLOUT as u32)
-            .build()
-            .user_data(user_data(KIND_POLL_OUT, u64::from(token)));
+    fn poll_writable(&mut self, token: Token) {
+        let Some(entry) = on_sock!(self, token, |fd| opcode::PollAdd::new(
+            fd,
+            libc::POLLOUT as u32
+        )
+        .build()
+        .user_data(user_data(KIND_POLL_OUT, u64::from(token)))) else {
+            return;
+        };
         // SAFETY: a poll points to no memory of ours.
         unsafe { self.push(&entry) };
     }
@@ -496,9 +618,7 @@ impl Backend for Uring {
         }
         // Every buffer was taken: the shard gives them back before the next `wait` submits these.
         for token in rearm_recv {
-            if let Some(&fd) = self.fds.get(token as usize).filter(|&&fd| fd >= 0) {
-                self.recv(token, fd);
-            }
+            self.recv(token);
         }
         Ok(())
     }
