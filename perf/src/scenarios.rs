@@ -243,6 +243,34 @@ impl Ctx {
         Ok(combine_runs(outs))
     }
 
+    /// Two cases on one target, run alternately `repeat` times (a, b, a, b, …) so that a drift
+    /// of the machine between runs weighs on both alike; each side combined as in [`Ctx::run`].
+    fn run_pair(
+        &self,
+        target: &Target,
+        (label_a, spec_a): (&str, CaseSpec),
+        (label_b, spec_b): (&str, CaseSpec),
+    ) -> io::Result<(CaseOut, CaseOut)> {
+        let runs = self.repeat.max(1);
+        let (mut a, mut b) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+        for i in 0..runs {
+            for (label, spec, outs) in [(label_a, &spec_a, &mut a), (label_b, &spec_b, &mut b)] {
+                let lbl = if runs > 1 {
+                    format!("{label} · {} (run {}/{runs})", target.kind, i + 1)
+                } else {
+                    format!("{label} · {}", target.kind)
+                };
+                self.pb.set_message(lbl.clone());
+                let pb = self.pb.clone();
+                outs.push(run_case(target, spec.clone(), &|f| {
+                    pb.set_message(format!("{lbl} {:>3.0}%", f * 100.0))
+                })?);
+            }
+        }
+        self.pb.inc(2);
+        Ok((combine_runs(a), combine_runs(b)))
+    }
+
     fn fanout_spec(&self, n: usize, size: usize, warmup: Duration, measure: Duration) -> CaseSpec {
         CaseSpec {
             topic: BENCH.to_owned(),
@@ -472,11 +500,16 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             pace: rate(r),
             ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
         };
-        let Some(base) = run_without_slow(ctx, &mut sc, t, "", base_spec.clone(), r) else {
-            continue;
-        };
-        let mut base_p99s = vec![base.fleet.hist.value_at_quantile(0.99)];
-        rss.push((format!("{} baseline", t.kind), base.rss.clone()));
+        let mut base_p99s = Vec::new();
+        // A system with policies: a run without slow readers on its default server too (one
+        // more floor for the spread below).
+        if !t.policies.is_empty() {
+            let Some(base) = run_without_slow(ctx, &mut sc, t, "", base_spec.clone(), r) else {
+                continue;
+            };
+            base_p99s.push(others_p99(&base));
+            rss.push((format!("{} baseline", t.kind), base.rss.clone()));
+        }
         let policies: Vec<Option<Policy>> = if t.policies.is_empty() {
             vec![None]
         } else {
@@ -507,22 +540,19 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 },
                 _ => None,
             };
-            // A policy server gets its own run without slow readers first: "with slow" is
-            // then compared with the same process, configuration and connection count.
-            let own_base = match &dedicated {
-                Some(d) => {
-                    let Some(o) = run_without_slow(ctx, &mut sc, d, variant, base_spec.clone(), r)
-                    else {
-                        continue;
-                    };
-                    let p99 = o.fleet.hist.value_at_quantile(0.99);
-                    base_p99s.push(p99);
-                    p99
-                }
-                None => base_p99s[0],
-            };
             let t = dedicated.as_ref().unwrap_or(t);
-            let out = match ctx.run(t, &format!("slow-consumer {variant}"), spec) {
+            // "With slow" is compared with runs without slow readers on the same process,
+            // configuration and connection count, run alternately with it.
+            let base_label = if variant.is_empty() {
+                "slow-consumer baseline".to_owned()
+            } else {
+                format!("slow-consumer baseline {variant}")
+            };
+            let (base, out) = match ctx.run_pair(
+                t,
+                (&base_label, base_spec.clone()),
+                (&format!("slow-consumer {variant}"), spec),
+            ) {
                 Ok(o) => o,
                 Err(e) => {
                     sc.failures
@@ -530,8 +560,17 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                     continue;
                 }
             };
+            check(&mut sc, &format!("baseline {} {variant}", t.kind), &base);
+            let mut rw = row("without slow", t, variant, &base, true);
+            add_note(&mut rw, publisher_note(&base, r));
+            sc.rows.push(rw);
+            let own_base = others_p99(&base);
+            base_p99s.push(own_base);
+            if policy.is_none() {
+                rss.push((format!("{} baseline", t.kind), base.rss.clone()));
+            }
             check(&mut sc, &format!("with slow {} {variant}", t.kind), &out);
-            let p99 = out.fleet.hist.value_at_quantile(0.99);
+            let p99 = others_p99(&out);
             let sent = out.publisher.sent.max(1);
             let fate = |s: &crate::load::SubOutcome| {
                 let mut f = format!("got {:.1}%", 100.0 * s.received as f64 / sent as f64);
@@ -548,8 +587,18 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
                 .find(|s| matches!(s.mode, ReadMode::Slow(_)));
             let never = out.fleet.subs.iter().find(|s| s.mode == ReadMode::Never);
             let mut rw = row("with slow", t, variant, &out, true);
+            let runs = if out.run_p99.len() > 1 {
+                format!(
+                    " (medians of {} alternating runs: with {} µs, without {} µs)",
+                    out.run_p99.len(),
+                    micros(&out.run_p99),
+                    micros(&base.run_p99)
+                )
+            } else {
+                String::new()
+            };
             add_note(&mut rw, format!(
-                "others' p99 {:+.0}% vs without; publisher {:.0}/{:.0} msg/s (max {:.1} ms behind); slow reader: {}; never-reader: {}",
+                "others' p99 {:+.0}% vs without{runs}; publisher {:.0}/{:.0} msg/s (max {:.1} ms behind); slow reader: {}; never-reader: {}",
                 100.0 * (p99 as f64 / own_base.max(1) as f64 - 1.0),
                 out.publisher.sent as f64 / out.publisher.secs.max(1e-9),
                 r,
@@ -574,15 +623,15 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         floors.push((t.kind, base_p99s));
     }
     sc.notes.push(format!(
-        "N={n}, {size} B, open loop at {r:.0} msg/s ({:.0}% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream); each policy's \"with slow\" is compared with a run without slow readers on the same server.",
+        "N={n}, {size} B, open loop at {r:.0} msg/s ({:.0}% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream); each policy's \"with slow\" is compared with a run without slow readers on the same server, run just before it. With --repeat the two alternate (without, with, without, …) and each side's p99 is the median of its runs' p99.",
         ctx.slow_fraction * 100.0
     ));
     for (kind, p99s) in &floors {
         if let Some(spread) = spread(p99s) {
             sc.notes.push(format!(
-                "{kind}: the {} runs without slow readers had p99 {} µs, a spread of {:.0}%: differences in others' p99 smaller than that are not resolved by this run.",
+                "{kind}: the {} cases without slow readers had p99 {} µs, a spread of {:.0}%: differences in others' p99 smaller than that are not resolved by this run.",
                 p99s.len(),
-                p99s.iter().map(|v| format!("{:.0}", *v as f64 / 1e3)).collect::<Vec<_>>().join(" / "),
+                micros(p99s),
                 spread * 100.0
             ));
         }
@@ -626,6 +675,26 @@ fn run_without_slow(
             None
         }
     }
+}
+
+/// The others' p99 of a slow-consumer case: with several runs, the median of the runs' p99
+/// (one unlucky run does not decide), else the histogram's.
+fn others_p99(out: &CaseOut) -> u64 {
+    if out.run_p99.len() > 1 {
+        let mut v = out.run_p99.clone();
+        v.sort_unstable();
+        v[v.len() / 2]
+    } else {
+        out.fleet.hist.value_at_quantile(0.99)
+    }
+}
+
+/// Nanosecond values as microseconds, slash-separated.
+fn micros(ns: &[u64]) -> String {
+    ns.iter()
+        .map(|v| format!("{:.0}", *v as f64 / 1e3))
+        .collect::<Vec<_>>()
+        .join(" / ")
 }
 
 /// The publisher's achieved rate against the offered one.
