@@ -4,6 +4,9 @@
 //! 127.0.0.1:7400, the binary frame on 127.0.0.1:7401, WebSocket on 127.0.0.1:7402), or on
 //! `--config FILE`, with CLI overrides. It registers the built-in protocols: `ndjson`, `frame`
 //! and `websocket`.
+//! At start it raises its soft limit of open descriptors (`ulimit -Sn`) to the hard limit, as
+//! servers holding many connections do: a soft limit of 1 024 is common and would cap the
+//! server far below `limits.max_connections`.
 //! SIGINT or SIGTERM shut it down gracefully: stop accepting, flush the hub, give connections up
 //! to `engine.shutdown_timeout_ms` to receive what was published, close. A second signal exits at
 //! once.
@@ -139,6 +142,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    raise_nofile();
     let signals = block_signals();
     let mut registry = ProtocolRegistry::with_builtins();
     let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
@@ -177,6 +181,40 @@ fn serve(args: ServeArgs) -> ExitCode {
             eprintln!("powerhub: shutdown: {e}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Raises the soft limit of open descriptors to the hard limit (no further than the kernel's
+/// `fs.nr_open`, which bounds it when the hard limit is unlimited), and says so in the log.
+fn raise_nofile() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid, writable rlimit for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return;
+    }
+    let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::rlim_t>().ok())
+        .unwrap_or(1 << 20);
+    let want = lim.rlim_max.min(nr_open);
+    if want <= lim.rlim_cur {
+        return;
+    }
+    let raised = libc::rlimit {
+        rlim_cur: want,
+        rlim_max: lim.rlim_max,
+    };
+    // SAFETY: `raised` is a valid rlimit; raising the soft limit up to the hard one needs no
+    // privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+        tracing::info!(
+            from = lim.rlim_cur,
+            to = want,
+            "raised the soft limit of open descriptors to the hard limit"
+        );
     }
 }
 

@@ -283,6 +283,61 @@ fn out_of_descriptors_the_server_carries_on_and_accepts_the_backlog_later() {
     run_out_of_descriptors("io_uring");
 }
 
+/// `powerhub serve` raises its soft descriptor limit to the hard one: started with a soft limit
+/// of 40 (the hard one untouched), an epoll server, where every connection is a descriptor,
+/// still serves 100 connections at once.
+#[test]
+fn serve_raises_its_soft_descriptor_limit_to_the_hard_limit() {
+    use std::io::{BufRead, BufReader, Write};
+    let hard = {
+        let out = Command::new("sh")
+            .args(["-c", "ulimit -Hn"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    if hard != "unlimited" && hard.parse::<u64>().is_ok_and(|h| h < 200) {
+        eprintln!("notice: hard descriptor limit {hard}; test skipped");
+        return;
+    }
+    let cmd = format!(
+        "ulimit -Sn 40; exec {} serve --shards 1 --backend epoll --listen ndjson=127.0.0.1:0",
+        env!("CARGO_BIN_EXE_powerhub")
+    );
+    let mut child = Command::new("sh")
+        .args(["-c", &cmd])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut addr = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "powerhub exited");
+        if let Some(a) = line.strip_prefix("listening ndjson ") {
+            addr = a.trim().to_owned();
+        }
+        if line.trim() == "ready" {
+            break;
+        }
+    }
+    let clients: Vec<std::net::TcpStream> = (0..100)
+        .map(|_| std::net::TcpStream::connect(&addr).unwrap())
+        .collect();
+    for (i, mut c) in clients.iter().enumerate() {
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(b"{\"type\":\"ping\",\"id\":1}\n").unwrap();
+        let mut line = String::new();
+        BufReader::new(c).read_line(&mut line).unwrap_or_else(|e| {
+            panic!("client {i} of 100 got no pong under a soft limit of 40: {e}")
+        });
+        assert!(line.contains("\"pong\""), "client {i}: {line:?}");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// io_uring keeps connections as direct descriptors, one table per shard as large as the
 /// descriptor limit, so a server with two shards under `ulimit -n 64` holds 160 subscribed
 /// connections (64 direct per shard, the rest ordinary descriptors) and delivers to each.

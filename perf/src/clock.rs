@@ -2,7 +2,8 @@
 //!
 //! Payloads carry a send time read from this clock; the publisher and every subscriber run in
 //! this process, so a latency needs no clock translation, and a small epoch keeps the field
-//! short (12 digits: 1000 s).
+//! short (12 digits: 1000 s; a run longer than that wraps it, and readers take the difference
+//! modulo the field, see `payload::since`).
 
 use std::sync::OnceLock;
 

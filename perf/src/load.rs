@@ -148,7 +148,7 @@ impl Conn {
                         }
                         *expected = (*expected).max(seq + 1);
                         if record {
-                            let _ = hist.record(now.saturating_sub(t).max(1));
+                            let _ = hist.record(crate::payload::since(t, now).max(1));
                         }
                     }
                     None => {

@@ -21,6 +21,8 @@ const SEQ_AT: usize = PREFIX.len();
 const T_KEY_AT: usize = SEQ_AT + SEQ_DIGITS;
 const T_AT: usize = T_KEY_AT + T_KEY.len();
 const STAMP_END: usize = T_AT + T_DIGITS;
+/// The time field's period: a stamped time wraps past it (1000 s of nanoseconds).
+const T_PERIOD: u64 = 10u64.pow(T_DIGITS as u32);
 
 /// A message template that is stamped in place.
 #[derive(Debug, Clone)]
@@ -85,6 +87,13 @@ fn read_digits(src: &[u8]) -> Option<u64> {
 
 /// The sequence number and send time of a benchmark message; `None` for anything else
 /// (replies, notifications such as `frames_dropped`).
+/// Nanoseconds from a stamped time `t` (as read back from a message: wrapped to the field) to
+/// `now`. Right for any message younger than the field's period (1000 s), however long the
+/// process has run: a run that goes on past 1000 s wraps its stamps.
+pub(crate) fn since(t: u64, now: u64) -> u64 {
+    (now % T_PERIOD + T_PERIOD - t % T_PERIOD) % T_PERIOD
+}
+
 pub(crate) fn parse_stamp(msg: &[u8]) -> Option<(u64, u64)> {
     if msg.len() < STAMP_END || !msg.starts_with(PREFIX) || &msg[T_KEY_AT..T_AT] != T_KEY {
         return None;
@@ -123,5 +132,18 @@ mod tests {
         assert_eq!(v["deviceId"], "d1");
         assert_eq!(parse_stamp(&msg), Some((7, 9)));
         assert_eq!(parse_stamp(b"{\"type\":\"frames_dropped\"}"), None);
+    }
+
+    #[test]
+    fn latency_stays_right_once_the_clock_passes_the_time_fields_width() {
+        let mut t = Template::new(64, "bench", "t", "");
+        let sent = 3 * super::T_PERIOD - 10;
+        let msg = t.stamp(1, sent).to_vec();
+        let (_, stamped) = parse_stamp(&msg).expect("stamped");
+        assert_eq!(super::since(stamped, sent + 25), 25, "before the wrap");
+        let msg = t.stamp(2, sent + 20).to_vec();
+        let (_, stamped) = parse_stamp(&msg).expect("stamped");
+        assert_eq!(stamped, 10, "the field wrapped");
+        assert_eq!(super::since(stamped, sent + 45), 25, "across the wrap");
     }
 }

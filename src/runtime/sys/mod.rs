@@ -131,8 +131,9 @@ pub(crate) trait Backend {
     fn remove_conn(&mut self, token: Token);
 
     /// Shuts down part or all of a connection (`shutdown(2)`); `Shutdown::Both` makes every
-    /// operation in flight on it complete. io_uring may run it at the next submission, before
-    /// any operation queued after it.
+    /// operation in flight on it complete. epoll runs it at once; io_uring after the next
+    /// submission, in the kernel's workers. Either way the connection may be removed, and its
+    /// token given to a new connection, right after: the shutdown reaches only the old socket.
     fn shutdown(&mut self, token: Token, how: std::net::Shutdown);
 
     /// Starts a receive of at most [`RECV_BUF_LEN`] bytes into a buffer of the backend's pool.
@@ -323,6 +324,83 @@ mod tests {
         for i in 0..SOCKETS {
             backend.remove_conn(i as Token);
         }
+    }
+
+    /// Shuts a connection down, removes it and gives its token to a new connection before the
+    /// shutdown has run (io_uring runs it later, in the kernel's workers): the new connection is
+    /// not shut down (its receive gets its peer's bytes), and the old one is.
+    fn a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open(
+        backend: &mut dyn Backend,
+    ) {
+        use std::io::Read;
+        let (old, old_peer) = UnixStream::pair().expect("socketpair");
+        let (new, new_peer) = UnixStream::pair().expect("socketpair");
+        old.set_nonblocking(true).unwrap();
+        new.set_nonblocking(true).unwrap();
+        backend.add_conn(0, old.into()).unwrap();
+        backend.shutdown(0, std::net::Shutdown::Both);
+        backend.remove_conn(0);
+        backend.add_conn(0, new.into()).unwrap();
+        backend.recv(0);
+        (&new_peer).write_all(b"still open").unwrap();
+        let mut events = Vec::new();
+        let mut got = None;
+        for _ in 0..100 {
+            backend
+                .wait(Some(Duration::from_millis(50)), &mut events)
+                .unwrap();
+            for event in events.drain(..) {
+                if let Event::Recv { token, result, buf } = event {
+                    assert_eq!(token, 0);
+                    let n = result.expect("the new connection's receive succeeds");
+                    let buf = buf.expect("bytes lend a buffer");
+                    got = Some(backend.recv_buf(buf, n).to_vec());
+                    backend.release_buf(buf);
+                }
+            }
+            if got.is_some() {
+                break;
+            }
+        }
+        assert_eq!(got.as_deref(), Some(&b"still open"[..]));
+        old_peer
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        assert_eq!(
+            (&old_peer).read(&mut [0u8; 8]).unwrap(),
+            0,
+            "the old connection was shut down"
+        );
+        backend.remove_conn(0);
+    }
+
+    #[test]
+    fn epoll_a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open() {
+        let waker = new_eventfd().unwrap();
+        let mut backend = epoll::Epoll::new(waker).unwrap();
+        a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open(&mut backend);
+        drop(backend);
+        let _ = syscall!(close(waker));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn io_uring_a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open() {
+        if let Err(why) = uring::probe() {
+            eprintln!("notice: io_uring unavailable ({why}); test skipped");
+            return;
+        }
+        let waker = new_eventfd().unwrap();
+        let mut backend = match uring::Uring::new(waker, 4) {
+            Ok(b) => b,
+            Err(e) => {
+                eprintln!("notice: io_uring ring unavailable ({e}); test skipped");
+                return;
+            }
+        };
+        a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open(&mut backend);
+        drop(backend);
+        let _ = syscall!(close(waker));
     }
 
     #[test]

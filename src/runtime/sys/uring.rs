@@ -24,7 +24,12 @@
 //! it could open descriptors. The kernel also skips looking the descriptor up (and taking a
 //! reference to the file) on every operation. A connection whose token lies beyond the table,
 //! or any connection when the kernel refuses the table, keeps its ordinary descriptor.
-//! Shutting down a direct descriptor is an `IORING_OP_SHUTDOWN`; closing one empties its slot.
+//! Shutting down a direct descriptor is an `IORING_OP_SHUTDOWN` (an ordinary one is shut down
+//! with the system call, at once); closing one empties its slot.
+//! The kernel runs a shutdown in its worker threads and may look its slot up only there, so a
+//! slot is never emptied, nor given to another connection, while a shutdown naming it is
+//! pending: a connection removed meanwhile leaves its slot *retired* until the last shutdown
+//! completes, and a new connection under that token keeps an ordinary descriptor.
 //!
 //! # Receive buffers
 //!
@@ -54,6 +59,7 @@
 //! - The wake-up read's 8-byte buffer is leaked (8 bytes per shard): the ring's teardown in the
 //!   kernel is asynchronous, so it is never freed.
 
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -70,7 +76,8 @@ const KIND_SEND: u64 = 2;
 const KIND_ACCEPT: u64 = 3;
 const KIND_WAKE: u64 = 4;
 const KIND_POLL_OUT: u64 = 5;
-const KIND_SHUTDOWN: u64 = 6;
+/// A shutdown of a direct descriptor (its slot waits for it, see [`Uring::shutdowns`]).
+const KIND_SHUTDOWN_DIRECT: u64 = 6;
 
 /// How long accepting pauses after the kernel ran out of descriptors or memory.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -271,6 +278,11 @@ pub(crate) struct Uring {
     socks: Vec<Sock>,
     /// Slots in the ring's table of registered files (0 when the kernel refused the table).
     direct: u32,
+    /// Shutdowns pending per slot of the table (tokens with none are absent).
+    shutdowns: HashMap<Token, u32>,
+    /// Slots whose connection was removed while a shutdown naming it was pending: emptied when
+    /// the last one completes, and given to no connection until then.
+    retired: HashSet<Token>,
     waker: RawFd,
     /// The eventfd read's 8-byte buffer. Leaked on purpose (8 bytes per shard): the kernel may
     /// still own it while the ring is torn down, so it is never freed.
@@ -323,6 +335,8 @@ impl Uring {
             bufs: Some(bufs),
             socks: Vec::new(),
             direct,
+            shutdowns: HashMap::new(),
+            retired: HashSet::new(),
             waker,
             wake_buf: Box::leak(Box::new(0)),
             wake_armed: false,
@@ -346,6 +360,14 @@ impl Uring {
             }
             // The queue is full: hand what is queued to the kernel and retry.
             Backend::submit(self);
+        }
+    }
+
+    /// Empties slot `token` of the table, closing the socket it held (once no operation holds
+    /// it).
+    fn empty_slot(&mut self, token: Token) {
+        if let Err(e) = self.ring.submitter().register_files_update(token, &[-1]) {
+            tracing::error!(error = %e, token, "cannot close a direct descriptor");
         }
     }
 
@@ -415,6 +437,7 @@ impl Backend for Uring {
             self.socks.resize_with(idx + 1, || Sock::Empty);
         }
         let direct = token < self.direct
+            && !self.retired.contains(&token)
             && self
                 .ring
                 .submitter()
@@ -431,25 +454,31 @@ impl Backend for Uring {
             return;
         };
         if let Sock::Direct = std::mem::replace(sock, Sock::Empty) {
-            // An operation naming the slot that is still queued (a shutdown) must reach the
-            // kernel before the slot can be given to another connection.
-            if !self.ring.submission().is_empty() {
-                Backend::submit(self);
-            }
-            if let Err(e) = self.ring.submitter().register_files_update(token, &[-1]) {
-                tracing::error!(error = %e, token, "cannot close a direct descriptor");
+            if self.shutdowns.contains_key(&token) {
+                self.retired.insert(token);
+            } else {
+                self.empty_slot(token);
             }
         }
     }
 
     fn shutdown(&mut self, token: Token, how: std::net::Shutdown) {
         let how = super::shutdown_how(how);
-        if let Some(entry) = on_sock!(self, token, |fd| opcode::Shutdown::new(fd, how)
-            .build()
-            .user_data(user_data(KIND_SHUTDOWN, u64::from(token))))
-        {
-            // SAFETY: a shutdown points to no memory of ours.
-            unsafe { self.push(&entry) };
+        match self.socks.get(token as usize) {
+            Some(Sock::Direct) => {
+                let entry = opcode::Shutdown::new(types::Fixed(token), how)
+                    .build()
+                    .user_data(user_data(KIND_SHUTDOWN_DIRECT, u64::from(token)));
+                // SAFETY: a shutdown points to no memory of ours.
+                unsafe { self.push(&entry) };
+                *self.shutdowns.entry(token).or_insert(0) += 1;
+            }
+            // An ordinary descriptor is shut down at once: a shutdown run later by the kernel's
+            // workers could find the descriptor's number given to another socket by then.
+            Some(Sock::Fd(sock)) => {
+                let _ = super::syscall!(shutdown(sock.as_raw_fd(), how));
+            }
+            Some(Sock::Empty) | None => {}
         }
     }
 
@@ -552,6 +581,7 @@ impl Backend for Uring {
         let mut rearm_wake = false;
         let mut rearm_accept = Vec::new();
         let mut rearm_recv = Vec::new();
+        let mut empty = Vec::new();
         for cqe in self.ring.completion() {
             let data = cqe.user_data();
             let (kind, index) = (data >> KIND_SHIFT, data & ((1 << KIND_SHIFT) - 1));
@@ -607,8 +637,23 @@ impl Backend for Uring {
                     self.wake_armed = false;
                     rearm_wake = true;
                 }
+                KIND_SHUTDOWN_DIRECT => {
+                    let token = index as Token;
+                    if let Some(n) = self.shutdowns.get_mut(&token) {
+                        *n -= 1;
+                        if *n == 0 {
+                            self.shutdowns.remove(&token);
+                            if self.retired.remove(&token) {
+                                empty.push(token);
+                            }
+                        }
+                    }
+                }
                 _ => {}
             }
+        }
+        for token in empty {
+            self.empty_slot(token);
         }
         if rearm_wake {
             self.arm_wake();
