@@ -202,12 +202,12 @@ fn serve_prints_the_default_config() {
     assert_eq!(text, powerhub::runtime::DEFAULT_CONFIG);
 }
 
-/// Starts `powerhub serve ARGS` under `ulimit -n NOFILE` and returns it with its first ndjson
-/// listener's address and the backend it runs.
-fn spawn_limited(nofile: u32, args: &str) -> (Child, String, String) {
+/// Starts `powerhub serve ARGS` under `ulimit LIMIT` (`-n 48`: soft and hard) and returns it
+/// with its first ndjson listener's address and the backend it runs.
+fn spawn_limited(limit: &str, args: &str) -> (Child, String, String) {
     use std::io::{BufRead, BufReader};
     let cmd = format!(
-        "ulimit -n {nofile}; exec {} serve {args}",
+        "ulimit {limit}; exec {} serve {args}",
         env!("CARGO_BIN_EXE_powerhub")
     );
     let mut child = Command::new("sh")
@@ -242,7 +242,7 @@ fn spawn_limited(nofile: u32, args: &str) -> (Child, String, String) {
 fn run_out_of_descriptors(backend: &str) {
     use std::io::{BufRead, BufReader, Write};
     let (mut child, addr, _) = spawn_limited(
-        48,
+        "-n 48",
         &format!(
             "--shards 1 --backend {backend} --listen ndjson=127.0.0.1:0 --listen frame=127.0.0.1:0"
         ),
@@ -300,28 +300,10 @@ fn serve_raises_its_soft_descriptor_limit_to_the_hard_limit() {
         eprintln!("notice: hard descriptor limit {hard}; test skipped");
         return;
     }
-    let cmd = format!(
-        "ulimit -Sn 40; exec {} serve --shards 1 --backend epoll --listen ndjson=127.0.0.1:0",
-        env!("CARGO_BIN_EXE_powerhub")
+    let (mut child, addr, _) = spawn_limited(
+        "-Sn 40",
+        "--shards 1 --backend epoll --listen ndjson=127.0.0.1:0",
     );
-    let mut child = Command::new("sh")
-        .args(["-c", &cmd])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut addr = String::new();
-    loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "powerhub exited");
-        if let Some(a) = line.strip_prefix("listening ndjson ") {
-            addr = a.trim().to_owned();
-        }
-        if line.trim() == "ready" {
-            break;
-        }
-    }
     let clients: Vec<std::net::TcpStream> = (0..100)
         .map(|_| std::net::TcpStream::connect(&addr).unwrap())
         .collect();
@@ -350,7 +332,7 @@ fn io_uring_holds_more_connections_than_the_process_may_open_descriptors() {
     const LIMIT: u32 = 64;
     const SUBSCRIBERS: usize = 160;
     let (mut child, addr, backend) = spawn_limited(
-        LIMIT,
+        &format!("-n {LIMIT}"),
         "--shards 2 --backend io_uring --max-connections 1000 --listen ndjson=127.0.0.1:0",
     );
     if backend != "io_uring" {

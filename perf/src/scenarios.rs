@@ -226,21 +226,32 @@ impl Ctx {
         spec: CaseSpec,
         runs: usize,
     ) -> io::Result<CaseOut> {
-        let mut outs = Vec::with_capacity(runs);
-        for i in 0..runs.max(1) {
-            let lbl = if runs > 1 {
-                format!("{label} · {} (run {}/{runs})", target.kind, i + 1)
-            } else {
-                format!("{label} · {}", target.kind)
-            };
-            self.pb.set_message(lbl.clone());
-            let pb = self.pb.clone();
-            outs.push(run_case(target, spec.clone(), &|f| {
-                pb.set_message(format!("{lbl} {:>3.0}%", f * 100.0))
-            })?);
-        }
+        let runs = runs.max(1);
+        let outs = (0..runs)
+            .map(|i| self.run_one(target, label, &spec, (i, runs)))
+            .collect::<io::Result<Vec<_>>>()?;
         self.pb.inc(1);
         Ok(combine_runs(outs))
+    }
+
+    /// Run `i` of `runs` of one case, its progress on the bar.
+    fn run_one(
+        &self,
+        target: &Target,
+        label: &str,
+        spec: &CaseSpec,
+        (i, runs): (usize, usize),
+    ) -> io::Result<CaseOut> {
+        let lbl = if runs > 1 {
+            format!("{label} · {} (run {}/{runs})", target.kind, i + 1)
+        } else {
+            format!("{label} · {}", target.kind)
+        };
+        self.pb.set_message(lbl.clone());
+        let pb = self.pb.clone();
+        run_case(target, spec.clone(), &|f| {
+            pb.set_message(format!("{lbl} {:>3.0}%", f * 100.0))
+        })
     }
 
     /// Two cases on one target, run alternately `repeat` times (a, b, a, b, …) so that a drift
@@ -254,18 +265,8 @@ impl Ctx {
         let runs = self.repeat.max(1);
         let (mut a, mut b) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
         for i in 0..runs {
-            for (label, spec, outs) in [(label_a, &spec_a, &mut a), (label_b, &spec_b, &mut b)] {
-                let lbl = if runs > 1 {
-                    format!("{label} · {} (run {}/{runs})", target.kind, i + 1)
-                } else {
-                    format!("{label} · {}", target.kind)
-                };
-                self.pb.set_message(lbl.clone());
-                let pb = self.pb.clone();
-                outs.push(run_case(target, spec.clone(), &|f| {
-                    pb.set_message(format!("{lbl} {:>3.0}%", f * 100.0))
-                })?);
-            }
+            a.push(self.run_one(target, label_a, &spec_a, (i, runs))?);
+            b.push(self.run_one(target, label_b, &spec_b, (i, runs))?);
         }
         self.pb.inc(2);
         Ok((combine_runs(a), combine_runs(b)))

@@ -374,62 +374,57 @@ mod tests {
         backend.remove_conn(0);
     }
 
-    #[test]
-    fn epoll_a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open() {
+    /// Runs `check` on an epoll backend.
+    fn on_epoll(check: fn(&mut dyn Backend)) {
         let waker = new_eventfd().unwrap();
         let mut backend = epoll::Epoll::new(waker).unwrap();
-        a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open(&mut backend);
+        check(&mut backend);
         drop(backend);
         let _ = syscall!(close(waker));
+    }
+
+    /// Runs `check` on an io_uring backend with a table of `direct` registered files, or says
+    /// why it cannot.
+    #[cfg(target_os = "linux")]
+    fn on_io_uring(direct: usize, check: fn(&mut dyn Backend)) {
+        if let Err(why) = uring::probe() {
+            eprintln!("notice: io_uring unavailable ({why}); test skipped");
+            return;
+        }
+        let waker = new_eventfd().unwrap();
+        match uring::Uring::new(waker, direct) {
+            Ok(mut backend) => check(&mut backend),
+            Err(e) => eprintln!("notice: io_uring ring unavailable ({e}); test skipped"),
+        }
+        let _ = syscall!(close(waker));
+    }
+
+    #[test]
+    fn epoll_a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open() {
+        on_epoll(a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open);
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn io_uring_a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open() {
-        if let Err(why) = uring::probe() {
-            eprintln!("notice: io_uring unavailable ({why}); test skipped");
-            return;
-        }
-        let waker = new_eventfd().unwrap();
-        let mut backend = match uring::Uring::new(waker, 4) {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("notice: io_uring ring unavailable ({e}); test skipped");
-                return;
-            }
-        };
-        a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open(&mut backend);
-        drop(backend);
-        let _ = syscall!(close(waker));
+        on_io_uring(
+            4,
+            a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open,
+        );
     }
 
     #[test]
     fn epoll_receives_beyond_the_pool_wait_for_a_buffer_and_then_complete() {
-        let waker = new_eventfd().unwrap();
-        let mut backend = epoll::Epoll::new(waker).unwrap();
-        receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(&mut backend);
-        drop(backend);
-        let _ = syscall!(close(waker));
+        on_epoll(receives_beyond_the_pool_wait_for_a_buffer_and_then_complete);
     }
 
     #[cfg(target_os = "linux")]
     #[test]
     fn io_uring_receives_beyond_the_pool_wait_for_a_buffer_and_then_complete() {
-        if let Err(why) = uring::probe() {
-            eprintln!("notice: io_uring unavailable ({why}); test skipped");
-            return;
-        }
-        let waker = new_eventfd().unwrap();
         // Half the sockets as direct descriptors, half as ordinary ones.
-        let mut backend = match uring::Uring::new(waker, RECV_BUFS as usize * 3 / 2) {
-            Ok(b) => b,
-            Err(e) => {
-                eprintln!("notice: io_uring ring unavailable ({e}); test skipped");
-                return;
-            }
-        };
-        receives_beyond_the_pool_wait_for_a_buffer_and_then_complete(&mut backend);
-        drop(backend);
-        let _ = syscall!(close(waker));
+        on_io_uring(
+            RECV_BUFS as usize * 3 / 2,
+            receives_beyond_the_pool_wait_for_a_buffer_and_then_complete,
+        );
     }
 }
