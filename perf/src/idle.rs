@@ -45,7 +45,7 @@ fn source(sys: usize, i: usize) -> [u8; 4] {
 }
 
 /// Connect from a chosen loopback source address (any of 127.0.0.0/8).
-pub(crate) fn connect_from(src: [u8; 4], addr: SocketAddr) -> io::Result<TcpStream> {
+fn connect_from(src: [u8; 4], addr: SocketAddr) -> io::Result<TcpStream> {
     let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
     sock.bind(&SocketAddr::from((src, 0)).into())?;
     sock.connect_timeout(&addr.into(), Duration::from_secs(5))?;

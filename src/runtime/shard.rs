@@ -1217,7 +1217,6 @@ impl<B: Backend> Shard<B> {
         if c.counted {
             counters.open.fetch_sub(1, Ordering::Relaxed);
         }
-        drop(c);
     }
 
     fn tick(&mut self, now: Instant) {
