@@ -112,6 +112,14 @@ struct Args {
     /// slow-consumer: the offered rate as a fraction of the slowest system's fanout maximum.
     #[arg(long, default_value_t = 0.5)]
     slow_fraction: f64,
+    /// slow-consumer: the offered rate in messages/s, instead of a fraction of the slowest
+    /// maximum (no probes run): runs of different days compare at one rate.
+    #[arg(long)]
+    slow_rate: Option<f64>,
+    /// slow-consumer: an A/A control. The "with slow" runs have no slow readers either, so their
+    /// difference from the runs without is the method's own noise at these settings.
+    #[arg(long)]
+    slow_control: bool,
     /// Runs of every socket case (fanout, latency, slow-consumer, screens): throughput is the
     /// median run's, latency percentiles come from the runs' merged histograms, CPU per
     /// delivery is pooled over the runs, and the note gives the runs' throughput range.
@@ -250,6 +258,13 @@ fn run(args: Args) -> io::Result<ExitCode> {
             args.slow_fraction
         )));
     }
+    if let Some(r) = args.slow_rate {
+        if !(r.is_finite() && r >= 1.0) {
+            return Err(io::Error::other(format!(
+                "--slow-rate {r} is not a rate: give messages per second, at least 1"
+            )));
+        }
+    }
     let quick = args.quick;
     let results = args
         .results
@@ -335,6 +350,8 @@ fn run(args: Args) -> io::Result<ExitCode> {
         slow_subs: if quick { 20 } else { 100 },
         slow_size: 1024,
         slow_fraction: args.slow_fraction,
+        slow_rate: args.slow_rate,
+        slow_control: args.slow_control,
         idle_target: args.idle.unwrap_or(if quick { 2000 } else { 50_000 }),
         idle_hold: Duration::from_secs(if quick { 1 } else { 5 }),
         screens: ScreensProfile {

@@ -57,6 +57,10 @@ pub(crate) struct Ctx {
     pub(crate) slow_size: usize,
     /// The slow-consumer rate as a fraction of the slowest maximum (`--slow-fraction`).
     pub(crate) slow_fraction: f64,
+    /// A fixed slow-consumer rate in messages/s (`--slow-rate`): no probes.
+    pub(crate) slow_rate: Option<f64>,
+    /// The A/A control (`--slow-control`): "with slow" runs without slow readers.
+    pub(crate) slow_control: bool,
     pub(crate) idle_target: usize,
     pub(crate) idle_hold: Duration,
     pub(crate) screens: ScreensProfile,
@@ -480,11 +484,24 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         .iter()
         .map(|t| 1 + t.policies.len().max(1) + t.policies.len())
         .sum();
-    ctx.pb.inc_length((ctx.targets.len() + variants) as u64);
-    let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
-        return Ok(sc);
+    let probes = if ctx.slow_rate.is_some() {
+        0
+    } else {
+        ctx.targets.len()
     };
-    let r = slowest * ctx.slow_fraction;
+    ctx.pb.inc_length((probes + variants) as u64);
+    let (r, rate_note) = match ctx.slow_rate {
+        Some(r) => (r, "fixed by --slow-rate".to_owned()),
+        None => {
+            let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
+                return Ok(sc);
+            };
+            (
+                slowest * ctx.slow_fraction,
+                format!("{:.0}% of the slowest maximum", ctx.slow_fraction * 100.0),
+            )
+        }
+    };
     let wire_bytes = (size + 48) as f64;
     let slow_bps = (r * wire_bytes * 0.1) as u64;
     // powerhub's subscription queues hold a quarter second of the stream (at least the default
@@ -518,8 +535,12 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         };
         for policy in policies {
             let mut modes = vec![ReadMode::Normal; n.saturating_sub(2)];
-            modes.push(ReadMode::Slow(slow_bps));
-            modes.push(ReadMode::Never);
+            if ctx.slow_control {
+                modes.resize(n, ReadMode::Normal);
+            } else {
+                modes.push(ReadMode::Slow(slow_bps));
+                modes.push(ReadMode::Never);
+            }
             let spec = CaseSpec {
                 pace: rate(r),
                 modes,
@@ -589,11 +610,18 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
             let never = out.fleet.subs.iter().find(|s| s.mode == ReadMode::Never);
             let mut rw = row("with slow", t, variant, &out, true);
             let runs = if out.run_p99.len() > 1 {
+                let pairs = paired_ratios(&base.run_p99, &out.run_p99);
                 format!(
-                    " (medians of {} alternating runs: with {} µs, without {} µs)",
+                    " (medians of {} alternating runs: with {} µs, without {} µs; each pair's ratio {}, median {:+.0}%)",
                     out.run_p99.len(),
                     micros(&out.run_p99),
-                    micros(&base.run_p99)
+                    micros(&base.run_p99),
+                    pairs
+                        .iter()
+                        .map(|q| format!("{:+.0}%", (q - 1.0) * 100.0))
+                        .collect::<Vec<_>>()
+                        .join(" "),
+                    (median_f64(&pairs) - 1.0) * 100.0
                 )
             } else {
                 String::new()
@@ -624,9 +652,13 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         floors.push((t.kind, base_p99s));
     }
     sc.notes.push(format!(
-        "N={n}, {size} B, open loop at {r:.0} msg/s ({:.0}% of the slowest maximum); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream); each policy's \"with slow\" is compared with a run without slow readers on the same server, run just before it. With --repeat the two alternate (without, with, without, …) and each side's p99 is the median of its runs' p99.",
-        ctx.slow_fraction * 100.0
+        "N={n}, {size} B, open loop at {r:.0} msg/s ({rate_note}); one subscriber reads at 10% of that rate ({slow_bps} B/s), one never reads. The latency columns are the other subscribers'. powerhub's policy servers queue {queue} messages per subscription (a quarter second of the stream); each policy's \"with slow\" is compared with a run without slow readers on the same server, run just before it. With --repeat the two alternate (without, with, without, …), each side's p99 is the median of its runs' p99, and the note also gives each pair's ratio (with over the without just before it) and their median."
     ));
+    if ctx.slow_control {
+        sc.notes.push(
+            "A/A control (--slow-control): the \"with slow\" runs had no slow readers either; every difference between the two sides is the method's noise at these settings.".to_owned(),
+        );
+    }
     for (kind, p99s) in &floors {
         if let Some(spread) = spread(p99s) {
             sc.notes.push(format!(
@@ -687,6 +719,27 @@ fn others_p99(out: &CaseOut) -> u64 {
         v[v.len() / 2]
     } else {
         out.fleet.hist.value_at_quantile(0.99)
+    }
+}
+
+/// `with[i] / without[i]` for each pair of runs with a nonzero `without`.
+fn paired_ratios(without: &[u64], with: &[u64]) -> Vec<f64> {
+    without
+        .iter()
+        .zip(with)
+        .filter(|(w, _)| **w > 0)
+        .map(|(w, x)| *x as f64 / *w as f64)
+        .collect()
+}
+
+/// The median of `v` (the mean of the middle two for an even count; 1.0 when empty: no change).
+fn median_f64(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 1.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -921,7 +974,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
 
 #[cfg(test)]
 mod tests {
-    use super::{combine_runs, spread};
+    use super::{combine_runs, median_f64, paired_ratios, spread};
     use crate::load::{new_histogram, CaseOut, FleetOut, PubOut};
 
     fn run(deliveries: u64, latencies_us: &[u64], busy: Option<f64>) -> CaseOut {
@@ -986,6 +1039,15 @@ mod tests {
     fn spread_is_the_largest_over_the_smallest_minus_one() {
         assert_eq!(spread(&[2_000, 3_000, 2_500]), Some(0.5));
         assert_eq!(spread(&[4_000, 4_000]), Some(0.0));
+    }
+
+    #[test]
+    fn paired_ratios_divide_each_with_by_the_without_just_before_it() {
+        let q = paired_ratios(&[1_000, 2_000, 0, 4_000], &[1_100, 1_000, 500, 4_000]);
+        assert_eq!(q, vec![1.1, 0.5, 1.0]);
+        assert_eq!(median_f64(&q), 1.0);
+        assert_eq!(median_f64(&[1.5, 0.75]), 1.125);
+        assert_eq!(median_f64(&[]), 1.0);
     }
 
     #[test]
