@@ -3,6 +3,7 @@
 mod engine_support;
 
 use engine_support::*;
+use std::io::Write as _;
 
 #[test]
 fn ping_gets_pong_on_both_backends() {
@@ -102,6 +103,29 @@ fn peer_half_close_gets_the_queued_replies_then_a_close() {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
             assert_eq!(v["type"], "pong", "{line}");
         }
+        eventually("connection released", || {
+            server.engine.stats().open_connections == 0
+        });
+    });
+}
+
+/// The peer closed first, so the server closes without a half-close or a linger: what the
+/// kernel still holds of the replies (far more than one socket buffer here) must reach the
+/// client before the end of stream, never a reset.
+#[test]
+fn peer_close_after_a_large_reply_backlog_still_gets_every_reply() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        let pings = 40_000;
+        let line = "{\"type\":\"ping\"}\n";
+        c.writer
+            .write_all(line.repeat(pings).as_bytes())
+            .expect("the server reads while the replies pile up");
+        c.writer.shutdown(std::net::Shutdown::Write).unwrap();
+        let text = String::from_utf8(c.rest()).unwrap();
+        assert_eq!(text.lines().count(), pings);
+        assert!(text.lines().all(|l| l.contains(r#""type":"pong""#)));
         eventually("connection released", || {
             server.engine.stats().open_connections == 0
         });

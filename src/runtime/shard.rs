@@ -258,6 +258,9 @@ pub(crate) struct Conn {
     /// A send started since the last [`TICK`]: the connection is not idle.
     sent_recently: bool,
     recv_inflight: bool,
+    /// A receive returned 0: the peer shut its sending side down, so closing needs neither a
+    /// half-close nor a linger (nothing more can arrive).
+    peer_eof: bool,
     /// A writability poll is in flight (after a partial send: the connection is paused).
     poll_inflight: bool,
     state: State,
@@ -649,6 +652,7 @@ impl<B: Backend> Shard<B> {
             send: None,
             sent_recently: false,
             recv_inflight: false,
+            peer_eof: false,
             poll_inflight: false,
             state: State::Open,
             shared: conn_shared,
@@ -770,9 +774,10 @@ impl<B: Backend> Shard<B> {
             (State::Dead, _) => self.free_if_idle(token),
             (State::Lingering(_) | State::Closing(_), Ok((n, _))) if n > 0 => self.arm_recv(token),
             (State::Lingering(_), _) => self.abort(token),
-            (State::Closing(_), Ok(_)) => {}
+            (State::Closing(_), Ok(_)) => c.peer_eof = true,
             (_, Ok((0, _))) => {
                 // The peer shut down its sending side: write what is queued, then close.
+                c.peer_eof = true;
                 self.begin_close(token);
             }
             (_, Ok((n, buf))) => {
@@ -1147,11 +1152,20 @@ impl<B: Backend> Shard<B> {
         self.mark_dirty(token);
     }
 
-    /// Everything is written: shut the sending side down and linger for the peer's close.
+    /// Everything is written: shut the sending side down and linger for the peer's close, or
+    /// close at once when the peer has closed already.
     fn finish_close(&mut self, token: Token) {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
+        if c.peer_eof && !c.recv_inflight {
+            // The peer closed first and everything is written: closing the socket sends what
+            // is left and then the end of stream, as a half-close would, and nothing can come
+            // in to linger for. (On io_uring a direct descriptor's half-close is run by the
+            // kernel's worker threads: a wake-up and two context switches per connection.)
+            self.abort(token);
+            return;
+        }
         self.backend.shutdown(token, std::net::Shutdown::Write);
         // While shutting down, a peer that keeps its side open is not waited for long.
         let linger = if self.finishing {
