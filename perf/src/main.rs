@@ -112,6 +112,10 @@ struct Args {
     /// slow-consumer: the offered rate as a fraction of the slowest system's fanout maximum.
     #[arg(long, default_value_t = 0.5)]
     slow_fraction: f64,
+    /// latency: the maximum, in messages/s, that the --rates fractions are taken of, instead of
+    /// the slowest system's probed fanout maximum (no probes run): runs compare at fixed rates.
+    #[arg(long)]
+    latency_max: Option<f64>,
     /// slow-consumer: the offered rate in messages/s, instead of a fraction of the slowest
     /// maximum (no probes run): runs of different days compare at one rate.
     #[arg(long)]
@@ -258,10 +262,13 @@ fn run(args: Args) -> io::Result<ExitCode> {
             args.slow_fraction
         )));
     }
-    if let Some(r) = args.slow_rate {
-        if !(r.is_finite() && r >= 1.0) {
+    for (option, value) in [
+        ("--slow-rate", args.slow_rate),
+        ("--latency-max", args.latency_max),
+    ] {
+        if let Some(r) = value.filter(|r| !(r.is_finite() && *r >= 1.0)) {
             return Err(io::Error::other(format!(
-                "--slow-rate {r} is not a rate: give messages per second, at least 1"
+                "{option} {r} is not a rate: give messages per second, at least 1"
             )));
         }
     }
@@ -351,6 +358,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         slow_size: 1024,
         slow_fraction: args.slow_fraction,
         slow_rate: args.slow_rate,
+        latency_max: args.latency_max,
         slow_control: args.slow_control,
         idle_target: args.idle.unwrap_or(if quick { 2000 } else { 50_000 }),
         idle_hold: Duration::from_secs(if quick { 1 } else { 5 }),

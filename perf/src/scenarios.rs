@@ -57,6 +57,8 @@ pub(crate) struct Ctx {
     pub(crate) slow_size: usize,
     /// The slow-consumer rate as a fraction of the slowest maximum (`--slow-fraction`).
     pub(crate) slow_fraction: f64,
+    /// What the latency fractions are taken of, in messages/s (`--latency-max`): no probes.
+    pub(crate) latency_max: Option<f64>,
     /// A fixed slow-consumer rate in messages/s (`--slow-rate`): no probes.
     pub(crate) slow_rate: Option<f64>,
     /// The A/A control (`--slow-control`): "with slow" runs without slow readers.
@@ -388,10 +390,20 @@ fn latency(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = new_scenario("latency", "deliveries/s");
     let n = ctx.latency_subs;
     let size = 64;
+    let probes = if ctx.latency_max.is_some() { 0 } else { 1 };
     ctx.pb
-        .inc_length((ctx.targets.len() * (1 + ctx.latency_fractions.len())) as u64);
-    let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
-        return Ok(sc);
+        .inc_length((ctx.targets.len() * (probes + ctx.latency_fractions.len())) as u64);
+    let slowest = match ctx.latency_max {
+        Some(max) => {
+            sc.notes.push(format!(
+                "Rates are fractions of {max:.0} messages/s, fixed by --latency-max (no probes)."
+            ));
+            max
+        }
+        None => match ctx.slowest_rate(n, size, &mut sc) {
+            Some(r) => r,
+            None => return Ok(sc),
+        },
     };
     std::fs::create_dir_all(ctx.path("latency"))?;
     for &f in &ctx.latency_fractions {

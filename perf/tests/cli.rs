@@ -1,0 +1,36 @@
+//! The tool refuses bad options with an error naming the option, before it runs anything.
+
+use std::process::Command;
+
+fn refused(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_powerhub-perf"))
+        .args(args)
+        .arg("--results")
+        .arg(std::env::temp_dir().join("powerhub-perf-cli-test"))
+        .output()
+        .expect("the tool runs");
+    assert!(!out.status.success(), "{args:?} was accepted");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_rate_that_is_not_a_rate_is_refused_naming_its_option() {
+    for (option, value) in [
+        ("--slow-rate", "0"),
+        ("--slow-rate", "NaN"),
+        ("--latency-max", "-5"),
+        ("--latency-max", "inf"),
+    ] {
+        let err = refused(&[&format!("{option}={value}"), "latency"]);
+        assert!(err.contains(option) && err.contains("not a rate"), "{err}");
+    }
+}
+
+#[test]
+fn a_slow_fraction_outside_zero_to_one_is_refused() {
+    let err = refused(&["--slow-fraction", "1.5", "slow-consumer"]);
+    assert!(
+        err.contains("--slow-fraction 1.5 is not in (0, 1]"),
+        "{err}"
+    );
+}
