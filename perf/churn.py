@@ -40,7 +40,8 @@ def main():
             sys.exit(f"{binary} did not listen on 127.0.0.1:{port}")
 
         def cpu():
-            f = open(f"/proc/{srv.pid}/stat").read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{srv.pid}/stat") as stat:
+                f = stat.read().rsplit(")", 1)[1].split()
             return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
         def once():

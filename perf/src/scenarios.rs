@@ -329,6 +329,34 @@ impl Ctx {
         min
     }
 
+    /// The rate a scenario's fractions are taken of: `fixed` (an option naming it, with no
+    /// probes) or the slowest system's probed maximum; `None` when no probe succeeded.
+    fn base_rate(
+        &self,
+        fixed: Option<(f64, &str)>,
+        n: usize,
+        size: usize,
+        sc: &mut Scenario,
+    ) -> Option<f64> {
+        match fixed {
+            Some((r, option)) => {
+                sc.notes
+                    .push(format!("{r:.0} messages/s fixed by {option} (no probes)."));
+                Some(r)
+            }
+            None => self.slowest_rate(n, size, sc),
+        }
+    }
+
+    /// Progress steps of [`Ctx::base_rate`]'s probes.
+    fn probe_steps(&self, fixed: Option<f64>) -> usize {
+        if fixed.is_some() {
+            0
+        } else {
+            self.targets.len()
+        }
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.results.join(name)
     }
@@ -390,20 +418,12 @@ fn latency(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = new_scenario("latency", "deliveries/s");
     let n = ctx.latency_subs;
     let size = 64;
-    let probes = if ctx.latency_max.is_some() { 0 } else { 1 };
-    ctx.pb
-        .inc_length((ctx.targets.len() * (probes + ctx.latency_fractions.len())) as u64);
-    let slowest = match ctx.latency_max {
-        Some(max) => {
-            sc.notes.push(format!(
-                "Rates are fractions of {max:.0} messages/s, fixed by --latency-max (no probes)."
-            ));
-            max
-        }
-        None => match ctx.slowest_rate(n, size, &mut sc) {
-            Some(r) => r,
-            None => return Ok(sc),
-        },
+    ctx.pb.inc_length(
+        (ctx.probe_steps(ctx.latency_max) + ctx.targets.len() * ctx.latency_fractions.len()) as u64,
+    );
+    let fixed = ctx.latency_max.map(|r| (r, "--latency-max"));
+    let Some(slowest) = ctx.base_rate(fixed, n, size, &mut sc) else {
+        return Ok(sc);
     };
     std::fs::create_dir_all(ctx.path("latency"))?;
     for &f in &ctx.latency_fractions {
@@ -496,23 +516,19 @@ fn slow_consumer(ctx: &Ctx) -> io::Result<Scenario> {
         .iter()
         .map(|t| 1 + t.policies.len().max(1) + t.policies.len())
         .sum();
-    let probes = if ctx.slow_rate.is_some() {
-        0
-    } else {
-        ctx.targets.len()
+    ctx.pb
+        .inc_length((ctx.probe_steps(ctx.slow_rate) + variants) as u64);
+    let fixed = ctx.slow_rate.map(|r| (r, "--slow-rate"));
+    let Some(base) = ctx.base_rate(fixed, n, size, &mut sc) else {
+        return Ok(sc);
     };
-    ctx.pb.inc_length((probes + variants) as u64);
-    let (r, rate_note) = match ctx.slow_rate {
-        Some(r) => (r, "fixed by --slow-rate".to_owned()),
-        None => {
-            let Some(slowest) = ctx.slowest_rate(n, size, &mut sc) else {
-                return Ok(sc);
-            };
-            (
-                slowest * ctx.slow_fraction,
-                format!("{:.0}% of the slowest maximum", ctx.slow_fraction * 100.0),
-            )
-        }
+    let (r, rate_note) = if ctx.slow_rate.is_some() {
+        (base, "fixed by --slow-rate".to_owned())
+    } else {
+        (
+            base * ctx.slow_fraction,
+            format!("{:.0}% of the slowest maximum", ctx.slow_fraction * 100.0),
+        )
     };
     let wire_bytes = (size + 48) as f64;
     let slow_bps = (r * wire_bytes * 0.1) as u64;
