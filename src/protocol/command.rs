@@ -319,6 +319,12 @@ pub(super) fn parse_full(
     parse_json(line, buffers)
 }
 
+/// The full parser alone with fresh buffers (for [`super::fuzzing`]).
+pub(super) fn parse_full_default(line: &mut [u8]) -> Result<Command, CommandError> {
+    check_utf8(line)?;
+    parse_json(line, &mut simd_json::Buffers::new(512))
+}
+
 /// An invalid-UTF-8 error naming the offset (and the request id, when it can be read before it).
 fn check_utf8(line: &[u8]) -> Result<(), CommandError> {
     match std::str::from_utf8(line) {

@@ -15,6 +15,8 @@
 
 mod command;
 mod fast;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod reply;
 pub(crate) mod scan;
 mod session;
