@@ -8,7 +8,7 @@
 //!   batch frame going to the socket as the same `Bytes`.
 //! - `paused/*`: a stalled connection receiving state updates for 4 devices, each push coalesced
 //!   into its slot (shared lines are classified; events carry their metadata).
-//! - `parse/*`: one inbound command line through simd-json.
+//! - `parse/*`: one inbound command line through the command parser.
 //! - `classify/*`: reading a paused line's five fields: the outbox's `memchr` top-level scan
 //!   against serde_json.
 

@@ -1,5 +1,5 @@
 //! Parsing a `publish` command: the one-pass fast path that nearly every publish takes, against
-//! the full parser (simd-json plus the member scan) that the same line takes when one string of
+//! the full parser (the iterative reader of `protocol::json`) that the same line takes when one string of
 //! the message holds a `\u` escape. This is most of the server's work per publish with one
 //! subscriber.
 //!

@@ -128,7 +128,7 @@ fn duplicate_subscription_id_and_subscription_limit_are_errors() {
     ));
     assert_eq!(
         reply(line(&mut s, r#"{"type":"subscribe","id":2,"stream":"a"}"#)),
-        r#"{"type":"error","requestId":2,"code":"too_many_subscriptions","message":"too many subscriptions: the limit max_subscriptions = 2 is reached"}"#
+        r#"{"type":"error","requestId":2,"code":"too_many_subscriptions","message":"too many subscriptions: the limit max_subscriptions_per_connection = 2 is reached","limit":"max_subscriptions_per_connection"}"#
     );
 }
 
@@ -164,7 +164,7 @@ fn line_over_the_configured_maximum_is_an_error_and_the_connection_stays_usable(
     assert_eq!(
         reply(line(&mut s, &long)),
         format!(
-            r#"{{"type":"error","requestId":"r1","code":"line_too_long","message":"line of {} bytes exceeds the limit max_line_bytes = 64"}}"#,
+            r#"{{"type":"error","requestId":"r1","code":"line_too_long","message":"line of {} bytes exceeds the limit max_message_bytes = 64","limit":"max_message_bytes"}}"#,
             long.len()
         )
     );

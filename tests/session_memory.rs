@@ -52,7 +52,7 @@ fn a_subscribed_session_keeps_no_parser_buffers() {
         sessions.push(subscribed(id));
     }
     let per_session = (LIVE.load(Ordering::Relaxed) - before) / N as isize;
-    // A subscription's ids and its list entry; simd-json's buffers alone would be 2 KiB more.
+    // A subscription's ids and its list entry; no parser scratch.
     assert!(
         per_session < 512,
         "a subscribed session keeps {per_session} bytes on the heap"

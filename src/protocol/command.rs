@@ -1,31 +1,51 @@
-//! Client commands: the typed form and the parser (simd-json, after the publish fast path).
+//! Client commands: the typed form and the parser (the publish fast path, then the full reader).
 
 use std::borrow::Cow;
 use std::fmt;
 
-use bytes::Bytes;
-use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
-use serde::Deserialize;
-
-use super::scan::{member_span, members};
+use super::json::{self, JsonError, Kind, Token};
 use crate::outbox::Field;
+use bytes::Bytes;
 
-/// The correlation id a client puts in a command's `id` (or `requestId`): a string or an
-/// integer. Replies carry it back as `requestId`, unchanged.
+/// The correlation id a client puts in a command's `id` (or `requestId`): a string or a number.
+/// Replies carry it back as `requestId`, exactly as it was sent.
+///
+/// ```
+/// use powerhub::protocol::RequestId;
+///
+/// assert_eq!(RequestId::number("42"), RequestId::Int(42));
+/// // Any JSON number is an id; one that is not an `i64` integer is kept as written.
+/// let big = RequestId::number("18446744073709551616");
+/// let mut out = Vec::new();
+/// big.write_json(&mut out);
+/// assert_eq!(out, b"18446744073709551616");
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum RequestId {
     /// A string id.
     Str(String),
-    /// An integer id.
+    /// An integer id that fits an `i64`, written as Rust writes it.
     Int(i64),
+    /// Any other JSON number (`-0`, `1.5`, `1e3`, an integer past `i64`), as the client wrote it.
+    Number(String),
 }
 
 impl RequestId {
+    /// The id of a JSON number written as `text`: [`RequestId::Int`] when that is how the
+    /// integer is written anyway, [`RequestId::Number`] otherwise, so the echo is exact.
+    pub fn number(text: &str) -> Self {
+        match text.parse::<i64>() {
+            Ok(n) if n.to_string() == text => RequestId::Int(n),
+            _ => RequestId::Number(text.to_owned()),
+        }
+    }
+
     /// Appends the id as a JSON value.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         match self {
             RequestId::Str(s) => crate::outbox::write_json_str(out, s),
             RequestId::Int(n) => out.extend_from_slice(n.to_string().as_bytes()),
+            RequestId::Number(text) => out.extend_from_slice(text.as_bytes()),
         }
     }
 }
@@ -35,6 +55,7 @@ impl fmt::Display for RequestId {
         match self {
             RequestId::Str(s) => write!(f, "{s:?}"),
             RequestId::Int(n) => write!(f, "{n}"),
+            RequestId::Number(text) => f.write_str(text),
         }
     }
 }
@@ -150,7 +171,7 @@ pub enum ErrorKind {
     #[error("unknown command `{0}`")]
     UnknownCommand(String),
     /// The line is longer than the configured maximum (the connection stays usable).
-    #[error("line of {size} bytes exceeds the limit max_line_bytes = {limit}")]
+    #[error("line of {size} bytes exceeds the limit max_message_bytes = {limit}")]
     LineTooLong {
         /// The line's length.
         size: usize,
@@ -164,11 +185,26 @@ pub enum ErrorKind {
     #[error("duplicate subscription `{0}`")]
     DuplicateSubscription(String),
     /// The connection has as many subscriptions as allowed.
-    #[error("too many subscriptions: the limit max_subscriptions = {limit} is reached")]
+    #[error("too many subscriptions: the limit max_subscriptions_per_connection = {limit} is reached")]
     TooManySubscriptions {
         /// The limit.
         limit: usize,
     },
+    /// The line nests arrays and objects deeper than the limit (the connection stays usable).
+    #[error("JSON nested deeper than the limit max_json_depth = {limit}")]
+    TooDeep {
+        /// The limit.
+        limit: usize,
+    },
+    /// A string escapes half of a UTF-16 surrogate pair without the other half.
+    #[error("lone surrogate escape at byte {offset}: a `\\u` escape of U+D800 to U+DFFF must be one half of a pair")]
+    LoneSurrogate {
+        /// Offset of the escape's backslash.
+        offset: usize,
+    },
+    /// A field the server reads is given twice.
+    #[error("duplicate field `{0}`")]
+    DuplicateField(&'static str),
     /// A line could not even be framed (longer than the framing limit): the connection closes.
     #[error("{0}; closing the connection")]
     Fatal(String),
@@ -188,7 +224,21 @@ impl ErrorKind {
             ErrorKind::UnknownSubscription(_) => "unknown_subscription",
             ErrorKind::DuplicateSubscription(_) => "duplicate_subscription",
             ErrorKind::TooManySubscriptions { .. } => "too_many_subscriptions",
+            ErrorKind::TooDeep { .. } => "too_deep",
+            ErrorKind::LoneSurrogate { .. } => "lone_surrogate",
+            ErrorKind::DuplicateField(_) => "duplicate_field",
             ErrorKind::Fatal(_) => "fatal",
+        }
+    }
+
+    /// The config key of the limit the error is about, for the error reply's `limit` field.
+    pub fn limit(&self) -> Option<&'static str> {
+        match self {
+            // The server's config key (it sets `SessionConfig::max_line_bytes` from it).
+            ErrorKind::LineTooLong { .. } => Some("max_message_bytes"),
+            ErrorKind::TooManySubscriptions { .. } => Some("max_subscriptions_per_connection"),
+            ErrorKind::TooDeep { .. } => Some("max_json_depth"),
+            _ => None,
         }
     }
 }
@@ -211,10 +261,11 @@ impl CommandError {
 
     /// The error reply: `{"type":"error","requestId":..,"code":..,"message":..}`.
     pub fn to_reply(&self) -> Bytes {
-        super::reply::error(
+        super::reply::error_with_limit(
             self.request_id.as_ref(),
             self.kind.code(),
             &self.kind.to_string(),
+            self.kind.limit(),
         )
     }
 }
@@ -223,11 +274,12 @@ impl CommandError {
 ///
 /// A `publish` of the usual shape is read in one validating pass over the line (no escapes in
 /// the fields the server reads, no `\u` escape anywhere, no repeated key); every other line is
-/// parsed in place by simd-json (which may overwrite it). Both give the same result where both
-/// apply. Unknown fields are ignored. A `publish` message is located by a byte scan and copied
-/// out verbatim, so subscribers read exactly the bytes the publisher wrote. Errors name the
-/// problem and carry the request id when it could be read (also from a line that is not valid
-/// JSON, best effort).
+/// read by the full parser, one iterative pass that no nesting can overflow. Both give the same
+/// result where both apply. Unknown fields are ignored. A `publish` message is copied out
+/// verbatim, so subscribers read exactly the bytes the publisher wrote. Errors name the problem
+/// and carry the request id when it could be read (also from a line that is not valid JSON, when
+/// the id came before the error). The rules for strings, keys, numbers and nesting are in
+/// docs/protocol.md.
 ///
 /// ```
 /// use powerhub::protocol::{parse_command, Command, ErrorKind, RequestId};
@@ -245,29 +297,49 @@ pub fn parse_command(line: &mut [u8]) -> Result<Command, CommandError> {
     CommandParser::default().parse(line)
 }
 
-/// A [`parse_command`] that keeps simd-json's buffers between lines (the server keeps one per
-/// thread). Boxed, and allocated at the first line that needs the full parser: a parser that
-/// only ever sees usual publishes (the fast path) carries one pointer.
-#[derive(Default)]
+/// The default for [`CommandParser::max_depth`]: as serde_json's recursion limit.
+pub const DEFAULT_MAX_JSON_DEPTH: usize = 128;
+
+/// A [`parse_command`] with its limits: how deep a line may nest.
+///
+/// ```
+/// use powerhub::protocol::{CommandParser, ErrorKind};
+///
+/// let mut parser = CommandParser::default().max_depth(4);
+/// let mut line = br#"{"type":"ping","id":1,"x":[[[[1]]]]}"#.to_vec();
+/// let err = parser.parse(&mut line).unwrap_err();
+/// assert_eq!(err.kind, ErrorKind::TooDeep { limit: 4 });
+/// assert_eq!(err.request_id, Some(powerhub::protocol::RequestId::Int(1)));
+/// ```
+#[derive(Debug, Clone, Copy)]
 pub struct CommandParser {
-    buffers: Option<Box<simd_json::Buffers>>,
+    max_depth: usize,
 }
 
-impl fmt::Debug for CommandParser {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("CommandParser").finish_non_exhaustive()
+impl Default for CommandParser {
+    fn default() -> Self {
+        CommandParser {
+            max_depth: DEFAULT_MAX_JSON_DEPTH,
+        }
     }
 }
 
 impl CommandParser {
-    /// Parses one line, as [`parse_command`] does.
-    pub fn parse(&mut self, line: &mut [u8]) -> Result<Command, CommandError> {
-        parse_with(line, self.buffers())
+    /// The parser refusing lines nested deeper than `depth` (the command object is depth 1;
+    /// at least 2 is used, so that a message can be an object).
+    #[must_use]
+    pub fn max_depth(mut self, depth: usize) -> Self {
+        self.max_depth = depth.max(2);
+        self
     }
 
-    /// Parses a line that may share its bytes with other lines (a slice of one receive): the
-    /// publish fast path reads it where it is, and only a line that needs the full parser is
-    /// copied (simd-json parses in place), unless it is the sole owner of its bytes.
+    /// Parses one line, as [`parse_command`] does.
+    pub fn parse(&mut self, line: &mut [u8]) -> Result<Command, CommandError> {
+        self.parse_bytes(line)
+    }
+
+    /// Parses a line that may share its bytes with other lines (a slice of one receive), where
+    /// it lies: nothing is copied but a publish's message.
     ///
     /// ```
     /// use bytes::Bytes;
@@ -283,46 +355,24 @@ impl CommandParser {
     /// # Ok::<(), powerhub::protocol::CommandError>(())
     /// ```
     pub fn parse_shared(&mut self, line: Bytes) -> Result<Command, CommandError> {
-        check_utf8(&line)?;
-        if let Some(cmd) = super::fast::publish(&line) {
+        self.parse_bytes(&line)
+    }
+
+    fn parse_bytes(&self, line: &[u8]) -> Result<Command, CommandError> {
+        check_utf8(line)?;
+        // Nearly every publish: one pass (see `fast`); anything else, the full parser.
+        if let Some(cmd) = super::fast::publish(line, self.max_depth) {
             return Ok(cmd);
         }
-        let mut buf = line
-            .try_into_mut()
-            .unwrap_or_else(|shared| bytes::BytesMut::from(&shared[..]));
-        parse_json(&mut buf, self.buffers())
-    }
-
-    fn buffers(&mut self) -> &mut simd_json::Buffers {
-        self.buffers
-            .get_or_insert_with(|| Box::new(simd_json::Buffers::new(512)))
+        parse_json(line, self.max_depth)
     }
 }
 
-fn parse_with(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Command, CommandError> {
+/// The full parser alone with the default limits: every command, every error (for the fast
+/// path's tests and [`super::fuzzing`]).
+pub(super) fn parse_full_default(line: &[u8]) -> Result<Command, CommandError> {
     check_utf8(line)?;
-    // Nearly every publish: one pass, no simd-json (see `fast`); anything else, the full parser.
-    if let Some(cmd) = super::fast::publish(line) {
-        return Ok(cmd);
-    }
-    parse_json(line, buffers)
-}
-
-/// The full parser alone: every command, every error. [`parse_with`] tries the publish fast
-/// path first; the fast path's tests compare the two.
-#[cfg(test)]
-pub(super) fn parse_full(
-    line: &mut [u8],
-    buffers: &mut simd_json::Buffers,
-) -> Result<Command, CommandError> {
-    check_utf8(line)?;
-    parse_json(line, buffers)
-}
-
-/// The full parser alone with fresh buffers (for [`super::fuzzing`]).
-pub(super) fn parse_full_default(line: &mut [u8]) -> Result<Command, CommandError> {
-    check_utf8(line)?;
-    parse_json(line, &mut simd_json::Buffers::new(512))
+    parse_json(line, DEFAULT_MAX_JSON_DEPTH)
 }
 
 /// An invalid-UTF-8 error naming the offset (and the request id, when it can be read before it).
@@ -338,82 +388,79 @@ fn check_utf8(line: &[u8]) -> Result<(), CommandError> {
     }
 }
 
-/// The full parser, for a line known to be UTF-8: simd-json in place, after the member scan.
-fn parse_json(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Command, CommandError> {
-    if line.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        let what = "a command must be a JSON object";
-        return Err(CommandError::new(
-            None,
-            ErrorKind::InvalidJson(what.to_owned()),
-        ));
-    }
-    // Scan before simd-json rewrites the buffer in place; keep a copy of the line only to read
-    // the request id back if it turns out not to be JSON.
-    let ([message, id_span, rid_span], _) = members(line, ["message", "id", "requestId"]);
-    let id_copy = id_span.or(rid_span).map(|r| line[r].to_vec());
-    if let Some(r) = &message {
-        // simd-json lets raw control bytes through inside strings; JSON does not, and the
-        // message is forwarded as it is, so it must be JSON a strict reader accepts.
-        if let Some(at) = control_byte_in_json(&line[r.clone()]) {
-            return Err(CommandError::new(
-                id_copy.as_deref().and_then(read_id),
-                ErrorKind::InvalidJson(format!(
-                    "message: unescaped control character at byte {at} of the message"
-                )),
-            ));
+/// A member's value as the command reads it.
+enum Value<'a> {
+    Absent,
+    Null,
+    Str(Cow<'a, str>),
+    Other(&'static str),
+}
+
+impl Value<'_> {
+    fn type_name(&self) -> &'static str {
+        match self {
+            Value::Absent => "nothing",
+            Value::Null => "null",
+            Value::Str(_) => "a string",
+            Value::Other(t) => t,
         }
     }
-    let message_bytes = message.map(|r| one_line(&line[r]));
-    let env: Envelope<'_> = match simd_json::serde::from_slice_with_buffers(line, buffers) {
-        Ok(env) => env,
-        Err(e) => {
-            let id = id_copy.as_deref().and_then(read_id);
-            return Err(CommandError::new(
-                id,
-                ErrorKind::InvalidJson(json_error(&e)),
-            ));
-        }
+}
+
+fn value(line: &[u8], token: Option<Token>) -> Value<'_> {
+    match token {
+        None => Value::Absent,
+        Some(t) if t.kind == Kind::Null => Value::Null,
+        Some(t) => t
+            .string(line)
+            .map_or(Value::Other(t.type_name()), Value::Str),
+    }
+}
+
+/// The full parser, for a line known to be UTF-8: the JSON reader, then the command's fields.
+fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
+    let (doc, read) = json::read(line, max_depth);
+    // The id, when it was read before any error.
+    let id = match request_id(line, doc.top[1], "id") {
+        Ok(Some(id)) => Ok(Some(id)),
+        Ok(None) => request_id(line, doc.top[2], "requestId"),
+        Err(e) => Err(e),
     };
-    let id = match request_id(&env.id, "id")? {
-        Some(id) => Some(id),
-        None => request_id(&env.request_id, "requestId")?,
-    };
+    if let Err(e) = read {
+        let kind = match e {
+            JsonError::Syntax { at, what } => {
+                ErrorKind::InvalidJson(format!("expected {what} at byte {at}"))
+            }
+            JsonError::TooDeep { limit, .. } => ErrorKind::TooDeep { limit },
+            JsonError::LoneSurrogate { at } => ErrorKind::LoneSurrogate { offset: at },
+            JsonError::Duplicate { field } => ErrorKind::DuplicateField(field),
+        };
+        return Err(CommandError::new(id.unwrap_or(None), kind));
+    }
+    let id = id?;
+    let top = |k: usize| value(line, doc.top[k]);
     let fail = |kind| Err(CommandError::new(id.clone(), kind));
-    let kind = match &env.kind {
-        Loose::Str(s) => s.as_ref(),
-        Loose::Absent => return fail(ErrorKind::MissingField("type")),
-        other => return fail(wrong("type", "a string", other)),
+    let kind = match top(0) {
+        Value::Str(s) => s,
+        Value::Absent => return fail(ErrorKind::MissingField("type")),
+        other => return fail(wrong("type", "a string", &other)),
     };
-    match kind {
+    match kind.as_ref() {
         "subscribe" => {
-            let stream = match required_str(&env.stream, "stream") {
+            let stream = match required_str(top(3), "stream") {
                 Ok(s) => s,
                 Err(k) => return fail(k),
             };
             if let Err(k) = validate_stream(&stream, "stream") {
                 return fail(k);
             }
-            let device_id = match &env.device_id {
-                Loose::Absent | Loose::Null => None,
-                Loose::Str(s) if s.is_empty() => {
-                    return fail(ErrorKind::InvalidValue {
-                        field: "deviceId",
-                        reason: "must not be empty".into(),
-                    })
-                }
-                Loose::Str(s) => Some(s.to_string()),
-                other => return fail(wrong("deviceId", "a string", other)),
+            let device_id = match optional_str(top(4), "deviceId") {
+                Ok(d) => d,
+                Err(k) => return fail(k),
             };
-            let subscription_id = match &env.subscription_id {
-                Loose::Absent | Loose::Null => None,
-                Loose::Str(s) if s.is_empty() => {
-                    return fail(ErrorKind::InvalidValue {
-                        field: "subscriptionId",
-                        reason: "must not be empty".into(),
-                    })
-                }
-                Loose::Str(s) => Some(s.to_string()),
-                other => return fail(wrong("subscriptionId", "a string", other)),
+            let subscription_id = match optional_str(top(5), "subscriptionId") {
+                Ok(s) => s,
+                Err(k) => return fail(k),
             };
             Ok(Command::Subscribe {
                 id,
@@ -422,7 +469,7 @@ fn parse_json(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Comma
                 subscription_id,
             })
         }
-        "unsubscribe" => match required_str(&env.subscription_id, "subscriptionId") {
+        "unsubscribe" => match required_str(top(5), "subscriptionId") {
             Ok(subscription_id) => Ok(Command::Unsubscribe {
                 id,
                 subscription_id,
@@ -430,38 +477,47 @@ fn parse_json(line: &mut [u8], buffers: &mut simd_json::Buffers) -> Result<Comma
             Err(k) => fail(k),
         },
         "publish" => {
-            let head = match env.message {
-                MessageHead {
-                    object: false,
-                    got: "",
-                    ..
-                } => return fail(ErrorKind::MissingField("message")),
-                MessageHead {
-                    object: false, got, ..
-                } => {
+            let message = match doc.top[json::MESSAGE] {
+                None => return fail(ErrorKind::MissingField("message")),
+                Some(t) if t.kind != Kind::Object => {
                     return fail(ErrorKind::WrongType {
                         field: "message",
                         expected: "an object",
-                        got,
+                        got: t.type_name(),
                     })
                 }
-                head => head,
+                Some(t) => t,
             };
-            let meta = match publish_meta(&head) {
+            let meta = match publish_meta(line, &doc) {
                 Ok(meta) => meta,
                 Err(k) => return fail(k),
             };
-            let Some(message) = message_bytes else {
-                return fail(ErrorKind::InvalidJson(
-                    "the message member could not be located".into(),
-                ));
-            };
-            Ok(Command::Publish { id, message, meta })
+            Ok(Command::Publish {
+                id,
+                message: one_line(&line[message.start..message.end]),
+                meta,
+            })
         }
         "ping" => Ok(Command::Ping { id }),
         "pong" => Ok(Command::Pong { id }),
-        other => fail(ErrorKind::UnknownCommand(other.to_owned())),
+        other => fail(ErrorKind::UnknownCommand(echo(other))),
     }
+}
+
+/// At most this many bytes of a client's text are echoed in an error.
+pub const MAX_ECHO_BYTES: usize = 128;
+
+/// `text`, cut to [`MAX_ECHO_BYTES`] at a character boundary, with `…` when cut: an error
+/// never echoes unbounded client text.
+pub(crate) fn echo(text: &str) -> String {
+    if text.len() <= MAX_ECHO_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_ECHO_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// A copy of a published message that is one line whatever framing it arrived in: a raw `\n` or
@@ -473,45 +529,19 @@ pub(super) fn one_line(message: &[u8]) -> Bytes {
     copy.into()
 }
 
-/// The offset of the first control byte (below 0x20) JSON forbids in `json`: any inside a
-/// string, and any but tab, line feed and carriage return (whitespace) outside one. One pass
-/// over bytes that are usually free of them; the string state is tracked only when one is found.
-fn control_byte_in_json(json: &[u8]) -> Option<usize> {
-    if !json.iter().any(|&b| b < 0x20) {
-        return None;
-    }
-    let (mut in_string, mut escaped) = (false, false);
-    for (i, &b) in json.iter().enumerate() {
-        if b < 0x20 && (in_string || !matches!(b, b'\t' | b'\n' | b'\r')) {
-            return Some(i);
-        }
-        if in_string {
-            if escaped {
-                escaped = false;
-            } else if b == b'\\' {
-                escaped = true;
-            } else if b == b'"' {
-                in_string = false;
-            }
-        } else if b == b'"' {
-            in_string = true;
-        }
-    }
-    None
-}
-
-fn publish_meta(head: &MessageHead<'_>) -> Result<PublishMeta, ErrorKind> {
-    let stream = required_str(&head.stream, "message.stream")?;
+fn publish_meta(line: &[u8], doc: &json::Doc) -> Result<PublishMeta, ErrorKind> {
+    let head = |k: usize| value(line, doc.head[k]);
+    let stream = required_str(head(1), "message.stream")?;
     validate_stream(&stream, "message.stream")?;
-    let kind = required_str(&head.kind, "message.type")?;
-    let device_id = field(&head.device_id, "message.deviceId")?;
+    let kind = required_str(head(0), "message.type")?;
+    let device_id = field(head(2), "message.deviceId")?;
     if device_id.as_str() == Some("") {
         return Err(ErrorKind::InvalidValue {
             field: "message.deviceId",
             reason: "must not be empty".into(),
         });
     }
-    let device_session_uuid = field(&head.device_session_uuid, "message.deviceSessionUuid")?;
+    let device_session_uuid = field(head(3), "message.deviceSessionUuid")?;
     Ok(PublishMeta {
         stream,
         kind,
@@ -538,36 +568,61 @@ fn validate_stream(stream: &str, field: &'static str) -> Result<(), ErrorKind> {
     })
 }
 
-fn field(v: &Loose<'_>, name: &'static str) -> Result<Field, ErrorKind> {
+fn field(v: Value<'_>, name: &'static str) -> Result<Field, ErrorKind> {
     match v {
-        Loose::Absent => Ok(Field::Absent),
-        Loose::Null => Ok(Field::Null),
-        Loose::Str(s) => Ok(Field::str(s.as_ref())),
-        other => Err(wrong(name, "a string or null", other)),
+        Value::Absent => Ok(Field::Absent),
+        Value::Null => Ok(Field::Null),
+        Value::Str(s) => Ok(Field::str(s.as_ref())),
+        other => Err(wrong(name, "a string or null", &other)),
     }
 }
 
-fn required_str(v: &Loose<'_>, name: &'static str) -> Result<String, ErrorKind> {
+fn required_str(v: Value<'_>, name: &'static str) -> Result<String, ErrorKind> {
     match v {
-        Loose::Str(s) => Ok(s.to_string()),
-        Loose::Absent => Err(ErrorKind::MissingField(name)),
-        other => Err(wrong(name, "a string", other)),
+        Value::Str(s) => Ok(s.into_owned()),
+        Value::Absent => Err(ErrorKind::MissingField(name)),
+        other => Err(wrong(name, "a string", &other)),
     }
 }
 
-fn request_id(v: &Loose<'_>, name: &'static str) -> Result<Option<RequestId>, CommandError> {
+/// An optional non-empty string: absent or `null` is `None`.
+fn optional_str(v: Value<'_>, name: &'static str) -> Result<Option<String>, ErrorKind> {
     match v {
-        Loose::Absent | Loose::Null => Ok(None),
-        Loose::Str(s) => Ok(Some(RequestId::Str(s.to_string()))),
-        Loose::Int(n) => Ok(Some(RequestId::Int(*n))),
-        other => Err(CommandError::new(
+        Value::Absent | Value::Null => Ok(None),
+        Value::Str(s) if s.is_empty() => Err(ErrorKind::InvalidValue {
+            field: name,
+            reason: "must not be empty".into(),
+        }),
+        Value::Str(s) => Ok(Some(s.into_owned())),
+        other => Err(wrong(name, "a string", &other)),
+    }
+}
+
+/// The request id in `token`: a string, or a number kept as written.
+fn request_id(
+    line: &[u8],
+    token: Option<Token>,
+    name: &'static str,
+) -> Result<Option<RequestId>, CommandError> {
+    let Some(t) = token else {
+        return Ok(None);
+    };
+    match t.kind {
+        Kind::Null => Ok(None),
+        Kind::Integer | Kind::Number => Ok(Some(RequestId::number(t.text(line)))),
+        Kind::String { .. } => Ok(t.string(line).map(|s| RequestId::Str(s.into_owned()))),
+        _ => Err(CommandError::new(
             None,
-            wrong(name, "a string or an integer", other),
+            ErrorKind::WrongType {
+                field: name,
+                expected: "a string or a number",
+                got: t.type_name(),
+            },
         )),
     }
 }
 
-fn wrong(field: &'static str, expected: &'static str, got: &Loose<'_>) -> ErrorKind {
+fn wrong(field: &'static str, expected: &'static str, got: &Value<'_>) -> ErrorKind {
     ErrorKind::WrongType {
         field,
         expected,
@@ -575,218 +630,12 @@ fn wrong(field: &'static str, expected: &'static str, got: &Loose<'_>) -> ErrorK
     }
 }
 
-/// The request id of a line that failed to parse, when the top-level `id` / `requestId` member
-/// can still be read.
+/// The request id of a line that failed before the parser (not UTF-8, too long), when the
+/// top-level `id` / `requestId` member can still be read.
 pub(crate) fn best_effort_id(line: &[u8]) -> Option<RequestId> {
-    member_span(line, "id")
-        .and_then(|span| read_id(&line[span]))
-        .or_else(|| member_span(line, "requestId").and_then(|span| read_id(&line[span])))
-}
-
-fn read_id(json: &[u8]) -> Option<RequestId> {
-    match serde_json::from_slice::<serde_json::Value>(json).ok()? {
-        serde_json::Value::String(s) => Some(RequestId::Str(s)),
-        serde_json::Value::Number(n) => n.as_i64().map(RequestId::Int),
-        _ => None,
-    }
-}
-
-fn json_error(e: &simd_json::Error) -> String {
-    let text = e.to_string();
-    if text.is_empty() {
-        "malformed JSON".to_owned()
-    } else {
-        text
-    }
-}
-
-/// The command object, typed loosely so that a wrongly typed field is reported by name.
-#[derive(Deserialize)]
-struct Envelope<'a> {
-    #[serde(rename = "type", default, borrow)]
-    kind: Loose<'a>,
-    #[serde(default, borrow)]
-    id: Loose<'a>,
-    #[serde(rename = "requestId", default, borrow)]
-    request_id: Loose<'a>,
-    #[serde(default, borrow)]
-    stream: Loose<'a>,
-    #[serde(rename = "deviceId", default, borrow)]
-    device_id: Loose<'a>,
-    #[serde(rename = "subscriptionId", default, borrow)]
-    subscription_id: Loose<'a>,
-    #[serde(default, borrow)]
-    message: MessageHead<'a>,
-}
-
-/// A JSON value of which only strings and integers are kept.
-#[derive(Default)]
-enum Loose<'a> {
-    #[default]
-    Absent,
-    Null,
-    Str(Cow<'a, str>),
-    Int(i64),
-    Other(&'static str),
-}
-
-impl Loose<'_> {
-    fn type_name(&self) -> &'static str {
-        match self {
-            Loose::Absent => "nothing",
-            Loose::Null => "null",
-            Loose::Str(_) => "a string",
-            Loose::Int(_) => "a number",
-            Loose::Other(t) => t,
-        }
-    }
-}
-
-struct LooseVisitor;
-
-impl<'de> Visitor<'de> for LooseVisitor {
-    type Value = Loose<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
-        Ok(Loose::Str(Cow::Borrowed(v)))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-        Ok(Loose::Str(Cow::Owned(v.to_owned())))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> Result<Self::Value, E> {
-        Ok(Loose::Str(Cow::Owned(v)))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
-        Ok(Loose::Int(v))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
-        Ok(i64::try_from(v).map_or(Loose::Other("a number"), Loose::Int))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(Loose::Other("a number"))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(Loose::Other("a boolean"))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Loose::Null)
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(Loose::Null)
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(Loose::Other("an array"))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-        Ok(Loose::Other("an object"))
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for Loose<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(LooseVisitor)
-    }
-}
-
-/// The fields of a published message the server reads; the rest is skipped.
-#[derive(Default)]
-struct MessageHead<'a> {
-    object: bool,
-    got: &'static str,
-    kind: Loose<'a>,
-    stream: Loose<'a>,
-    device_id: Loose<'a>,
-    device_session_uuid: Loose<'a>,
-}
-
-impl<'de> MessageHead<'de> {
-    fn not_object(got: &'static str) -> Self {
-        MessageHead {
-            object: false,
-            got,
-            ..MessageHead::default()
-        }
-    }
-}
-
-struct HeadVisitor;
-
-impl<'de> Visitor<'de> for HeadVisitor {
-    type Value = MessageHead<'de>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut head = MessageHead {
-            object: true,
-            got: "an object",
-            ..MessageHead::default()
-        };
-        while let Some(key) = map.next_key::<Loose<'de>>()? {
-            let slot = match &key {
-                Loose::Str(k) => match k.as_ref() {
-                    "type" => &mut head.kind,
-                    "stream" => &mut head.stream,
-                    "deviceId" => &mut head.device_id,
-                    "deviceSessionUuid" => &mut head.device_session_uuid,
-                    _ => {
-                        map.next_value::<IgnoredAny>()?;
-                        continue;
-                    }
-                },
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                    continue;
-                }
-            };
-            *slot = map.next_value::<Loose<'de>>()?;
-        }
-        Ok(head)
-    }
-    fn visit_borrowed_str<E: de::Error>(self, _: &'de str) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("a string"))
-    }
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("a string"))
-    }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("a number"))
-    }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("a number"))
-    }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("a number"))
-    }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("a boolean"))
-    }
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("null"))
-    }
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(MessageHead::not_object("null"))
-    }
-    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-        d.deserialize_any(self)
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
-        Ok(MessageHead::not_object("an array"))
-    }
-}
-
-impl<'de: 'a, 'a> Deserialize<'de> for MessageHead<'a> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(HeadVisitor)
-    }
+    let (doc, _) = json::read(line, DEFAULT_MAX_JSON_DEPTH);
+    request_id(line, doc.top[1], "id")
+        .ok()
+        .flatten()
+        .or_else(|| request_id(line, doc.top[2], "requestId").ok().flatten())
 }

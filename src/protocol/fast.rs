@@ -4,7 +4,7 @@
 //! Anything else returns `None` and the full parser (simd-json plus the member scanner) takes
 //! the line: another command, an escape in a key or in a field the server reads, a `\u` escape
 //! anywhere, a repeated key the server reads, a number with more than 18 mantissa or 2 exponent
-//! digits, nesting deeper than [`MAX_DEPTH`], and every error. So errors and rare shapes have
+//! digits, nesting deeper than [`MAX_DEPTH`] (or the configured limit), and every error. So errors and rare shapes have
 //! one implementation, and what this path accepts is a subset of what the full parser accepts,
 //! with the same result: this module's property tests check that against the full parser on
 //! generated and byte-mutated lines, and `tests/protocol_fuzz.rs` checks the whole parser
@@ -17,12 +17,18 @@
 use super::command::{one_line, Command, PublishMeta, RequestId};
 use crate::outbox::Field;
 
-/// Nesting depth past which the fast path gives the line to the full parser.
+/// Nesting depth past which the fast path gives the line to the full parser (which refuses it
+/// past the configured limit): the fast path recurses, at most this deep.
 const MAX_DEPTH: usize = 64;
 
-/// A `publish` command read in one pass, or `None` to use the full parser.
-pub(crate) fn publish(line: &[u8]) -> Option<Command> {
-    let mut p = Parser { b: line, i: 0 };
+/// A `publish` command read in one pass, or `None` to use the full parser. `max_depth` is the
+/// configured nesting limit: a line that nests deeper goes to the full parser, which refuses it.
+pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
+    let mut p = Parser {
+        b: line,
+        i: 0,
+        max_depth: MAX_DEPTH.min(max_depth),
+    };
     p.ws();
     let mut env = Envelope::default();
     p.object(true, |p, key| {
@@ -138,6 +144,8 @@ struct Head {
     stream: Option<Token>,
     device_id: Option<Token>,
     session: Option<Token>,
+    id: Option<Token>,
+    request_id: Option<Token>,
 }
 
 /// One value's span and what it is.
@@ -176,6 +184,8 @@ enum Kind {
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
+    /// A container opening at `value(depth)` with `depth >= max_depth` gives up.
+    max_depth: usize,
 }
 
 impl<'a> Parser<'a> {
@@ -243,6 +253,9 @@ impl<'a> Parser<'a> {
                 b"stream" => &mut head.stream,
                 b"deviceId" => &mut head.device_id,
                 b"deviceSessionUuid" => &mut head.session,
+                // Read by the outbox (a correlated message is never coalesced).
+                b"id" => &mut head.id,
+                b"requestId" => &mut head.request_id,
                 // Depth 1 is the envelope's members, 2 the message: its members are at 3.
                 _ => return p.value(3).map(drop),
             };
@@ -276,7 +289,7 @@ impl<'a> Parser<'a> {
         match *self.b.get(self.i)? {
             b'"' => self.string(),
             b'{' => {
-                if depth >= MAX_DEPTH {
+                if depth >= self.max_depth {
                     return None;
                 }
                 // A nested key may hold simple escapes; a `\u` falls back in `string`.
@@ -284,7 +297,7 @@ impl<'a> Parser<'a> {
                 Some(Kind::Object)
             }
             b'[' => {
-                if depth >= MAX_DEPTH {
+                if depth >= self.max_depth {
                     return None;
                 }
                 self.i += 1;
@@ -428,7 +441,7 @@ mod mutate;
 #[cfg(test)]
 mod tests {
     use super::publish;
-    use crate::protocol::command::parse_full;
+    use crate::protocol::command::parse_full_default;
     use crate::protocol::Command;
     use proptest::prelude::*;
 
@@ -437,10 +450,9 @@ mod tests {
 
     /// The fast path's answer, checked against the full parser whenever it gives one.
     fn both(line: &str) -> Option<Command> {
-        let fast = publish(line.as_bytes());
+        let fast = publish(line.as_bytes(), 128);
         if let Some(cmd) = &fast {
-            let mut copy = line.as_bytes().to_vec();
-            let full = parse_full(&mut copy, &mut simd_json::Buffers::new(64));
+            let full = parse_full_default(line.as_bytes());
             assert_eq!(full.as_ref(), Ok(cmd), "{line}");
         }
         fast
@@ -474,7 +486,7 @@ mod tests {
             "{\"type\":\"publish\",\"message\":{\"type\":\"t\",\"stream\":\"s\",\"x\":\"a\tb\"}}",
             r#"{"type":"publish","message":[1]}"#,
         ] {
-            assert!(publish(line.as_bytes()).is_none(), "{line}");
+            assert!(publish(line.as_bytes(), 128).is_none(), "{line}");
         }
     }
 
@@ -487,7 +499,9 @@ mod tests {
                 "]".repeat(n)
             )
         };
-        assert!(publish(nested(70).as_bytes()).is_none());
+        assert!(publish(nested(70).as_bytes(), 128).is_none());
+        // Under a lower configured limit the fast path gives up sooner.
+        assert!(publish(nested(20).as_bytes(), 8).is_none());
         assert!(both(&nested(20)).is_some());
     }
 

@@ -6,11 +6,10 @@ use super::command::{Command, CommandError};
 /// The publish fast path alone: `Some` for a line it reads, `None` for a line it leaves to the
 /// full parser. The line must be UTF-8 (as [`full`] checks first).
 pub fn fast_publish(line: &[u8]) -> Option<Command> {
-    super::fast::publish(line)
+    super::fast::publish(line, super::command::DEFAULT_MAX_JSON_DEPTH)
 }
 
 /// The full parser alone, with the default limits.
 pub fn full(line: &[u8]) -> Result<Command, CommandError> {
-    let mut copy = line.to_vec();
-    super::command::parse_full_default(&mut copy)
+    super::command::parse_full_default(line)
 }

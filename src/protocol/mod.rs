@@ -1,7 +1,7 @@
 //! The push protocol: client commands and server messages, newline-delimited JSON.
 //!
 //! - [`parse_command`] parses one inbound line into a typed [`Command`] (a usual `publish` in one
-//!   validating pass, everything else with simd-json);
+//!   validating pass, everything else with the full iterative reader);
 //!   bad input is a [`CommandError`] that names the problem and carries the request id.
 //! - [`reply`] builds the server's messages (`subscribed`, `unsubscribed`, `published`, `pong`,
 //!   `ping`, `error`).
@@ -17,12 +17,14 @@ mod command;
 mod fast;
 #[doc(hidden)]
 pub mod fuzzing;
+mod json;
 pub mod reply;
 pub(crate) mod scan;
 mod session;
 
 pub use command::{
     parse_command, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
+    DEFAULT_MAX_JSON_DEPTH, MAX_ECHO_BYTES,
 };
 pub use session::{
     device_topic, publish_topics, stream_topic, Action, Session, SessionConfig, SubscriptionInfo,

@@ -87,6 +87,22 @@ pub fn ping() -> Bytes {
 /// assert_eq!(&r[..], br#"{"type":"error","requestId":null,"code":"invalid_json","message":"invalid JSON: expected `:`"}"#);
 /// ```
 pub fn error(request_id: Option<&RequestId>, code: &str, message: &str) -> Bytes {
+    error_with_limit(request_id, code, message, None)
+}
+
+/// An error about a limit: [`error`] with `"limit":<the config key>` after the message.
+///
+/// ```
+/// use powerhub::protocol::{reply, RequestId};
+/// let r = reply::error_with_limit(Some(&RequestId::Int(3)), "line_too_long", "line too long", Some("max_line_bytes"));
+/// assert_eq!(&r[..], br#"{"type":"error","requestId":3,"code":"line_too_long","message":"line too long","limit":"max_line_bytes"}"#);
+/// ```
+pub fn error_with_limit(
+    request_id: Option<&RequestId>,
+    code: &str,
+    message: &str,
+    limit: Option<&str>,
+) -> Bytes {
     let mut out = Vec::with_capacity(64 + message.len());
     out.extend_from_slice(br#"{"type":"error","requestId":"#);
     match request_id {
@@ -95,6 +111,9 @@ pub fn error(request_id: Option<&RequestId>, code: &str, message: &str) -> Bytes
     }
     str_field(&mut out, "code", code);
     str_field(&mut out, "message", message);
+    if let Some(limit) = limit {
+        str_field(&mut out, "limit", limit);
+    }
     out.push(b'}');
     out.into()
 }

@@ -3,7 +3,7 @@
 //! outbox can classify a 2 MiB screenshot by reading a few short fields.
 //!
 //! It never panics. Strings are skipped with `memchr` (a base64 image is one long string).
-//! Full validation is simd-json's job: the scanner only reports whether the object's top level
+//! Full validation is the command parser's job: the scanner only reports whether the object's top level
 //! was well formed.
 
 use std::ops::Range;
@@ -32,6 +32,7 @@ pub(crate) fn members<const N: usize>(
 }
 
 /// The span of the value of the top-level member `key`, if the object is well formed up to it.
+#[cfg(test)]
 pub(crate) fn member_span(json: &[u8], key: &str) -> Option<Range<usize>> {
     let ([span], _) = members(json, [key]);
     span

@@ -1,11 +1,12 @@
 //! A sans-IO push session: turns a connection's inbound lines into actions for the runtime.
 
-use std::cell::RefCell;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::command::{Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId};
+use super::command::{
+    echo, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
+};
 use super::reply;
 use crate::hub::Message;
 
@@ -19,6 +20,10 @@ pub struct SessionConfig {
     pub max_line_bytes: usize,
     /// Most subscriptions one connection may hold. Default: 256.
     pub max_subscriptions: usize,
+    /// Deepest nesting of arrays and objects in a command line (the command object is depth
+    /// 1). A deeper line gets a `too_deep` error and the connection stays usable. Default: 128
+    /// ([`DEFAULT_MAX_JSON_DEPTH`](super::DEFAULT_MAX_JSON_DEPTH)).
+    pub max_json_depth: usize,
 }
 
 impl Default for SessionConfig {
@@ -26,6 +31,7 @@ impl Default for SessionConfig {
         SessionConfig {
             max_line_bytes: 8 << 20,
             max_subscriptions: 256,
+            max_json_depth: super::command::DEFAULT_MAX_JSON_DEPTH,
         }
     }
 }
@@ -141,20 +147,6 @@ pub struct Session {
     next_id: u64,
 }
 
-thread_local! {
-    /// simd-json's buffers, kept per thread (a shard's thread parses the lines of all its
-    /// connections) rather than per connection: an idle connection carries none.
-    static PARSER: RefCell<CommandParser> = RefCell::new(CommandParser::default());
-}
-
-fn with_parser<R>(f: impl FnOnce(&mut CommandParser) -> R) -> R {
-    PARSER.with(|p| match p.try_borrow_mut() {
-        Ok(mut p) => f(&mut p),
-        // Only a parse inside a parse could get here; it gets buffers of its own.
-        Err(_) => f(&mut CommandParser::default()),
-    })
-}
-
 impl Session {
     /// A session for connection `connection_id` (unique within the server; it makes hub ids
     /// unique).
@@ -178,17 +170,20 @@ impl Session {
             };
             return Action::Reply(CommandError::new(id, kind).to_reply());
         }
-        match with_parser(|p| p.parse(line)) {
+        match self.parser().parse(line) {
             Ok(cmd) => self.handle_command(cmd),
             Err(e) => Action::Reply(e.to_reply()),
         }
     }
 
-    /// Parses one line with the thread's parser (its simd-json buffers are kept between lines,
-    /// per thread, not per connection), reading a usual publish where it lies: see
+    /// Parses one line under the session's limits, reading it where it lies: see
     /// [`CommandParser::parse_shared`]. No length check (the framing enforced it).
     pub fn parse(&mut self, line: Bytes) -> Result<Command, CommandError> {
-        with_parser(|p| p.parse_shared(line))
+        self.parser().parse_shared(line)
+    }
+
+    fn parser(&self) -> CommandParser {
+        CommandParser::default().max_depth(self.config.max_json_depth)
     }
 
     /// Handles one parsed command.
@@ -215,7 +210,10 @@ impl Session {
                 }
                 let sub_id: Arc<str> = match subscription_id {
                     Some(s) if self.subscriptions.contains_key(s.as_str()) => {
-                        return Err(CommandError::new(id, ErrorKind::DuplicateSubscription(s)))
+                        return Err(CommandError::new(
+                            id,
+                            ErrorKind::DuplicateSubscription(echo(&s)),
+                        ))
                     }
                     Some(s) => s.into(),
                     None => self.generate_id(&stream),
@@ -249,7 +247,7 @@ impl Session {
                 else {
                     return Err(CommandError::new(
                         id,
-                        ErrorKind::UnknownSubscription(subscription_id),
+                        ErrorKind::UnknownSubscription(echo(&subscription_id)),
                     ));
                 };
                 let ack = reply::unsubscribed(id.as_ref(), &sub_id);

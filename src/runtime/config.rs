@@ -148,6 +148,9 @@ pub struct Limits {
     pub max_handshake_bytes: usize,
     /// Subscriptions per connection.
     pub max_subscriptions_per_connection: usize,
+    /// Deepest nesting of arrays and objects in an inbound JSON message (the command object is
+    /// depth 1); a deeper message gets a `too_deep` error naming this limit.
+    pub max_json_depth: usize,
     /// Unsent bytes above which deliveries to a connection are back-pressured.
     pub backpressure_bytes: usize,
     /// Unsent bytes at which the connection is closed with an error.
@@ -165,6 +168,7 @@ impl Default for Limits {
             max_message_bytes: 1 << 20,
             max_handshake_bytes: 8 << 10,
             max_subscriptions_per_connection: 256,
+            max_json_depth: crate::protocol::DEFAULT_MAX_JSON_DEPTH,
             backpressure_bytes: 8 << 20,
             max_outbox_bytes: 32 << 20,
             handshake_timeout_ms: 10_000,
@@ -439,6 +443,13 @@ impl Config {
                 "limits.max_subscriptions_per_connection",
                 0,
                 "must be at least 1",
+            ));
+        }
+        if l.max_json_depth < 2 || l.max_json_depth > 100_000 {
+            return Err(invalid(
+                "limits.max_json_depth",
+                l.max_json_depth,
+                "must be between 2 and 100000 (a command is an object holding a message object)",
             ));
         }
         if l.backpressure_bytes == 0 {

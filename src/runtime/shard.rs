@@ -638,6 +638,7 @@ impl<B: Backend> Shard<B> {
         let session_config = SessionConfig {
             max_line_bytes: limits.max_message_bytes,
             max_subscriptions: limits.max_subscriptions_per_connection,
+            max_json_depth: limits.max_json_depth,
         };
         let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let mut conn = Box::new(Conn {
