@@ -210,24 +210,102 @@ impl<'a> FrameRef<'a> {
 
     /// The messages of a `json` frame as slices of their JSON text, in order; a `raw` frame
     /// yields its one message. Checks that the element count matches the header.
+    ///
+    /// The array is split, not parsed: each element's extent is found by one iterative scan
+    /// (strings skipped, brackets counted), whatever its nesting, and each element is left to the
+    /// reader of the messages to validate (the push protocol's command parser answers a bad one
+    /// with a named error and the connection stays usable).
     pub fn json_messages(&self) -> Result<Vec<&'a [u8]>, FrameError> {
         if self.header.codec == FrameCodec::Raw {
             return Ok(vec![self.payload]);
         }
-        let elements: Vec<&'a serde_json::value::RawValue> =
-            serde_json::from_slice(self.payload)
-                .map_err(|e| FrameError::InvalidJson(e.to_string()))?;
+        let elements = split_json_array(self.payload).map_err(FrameError::InvalidJson)?;
         if elements.len() != self.header.count as usize {
             return Err(FrameError::CountMismatch {
                 header: self.header.count,
                 found: elements.len(),
             });
         }
-        Ok(elements
-            .into_iter()
-            .map(|raw| raw.get().as_bytes())
-            .collect())
+        Ok(elements)
     }
+}
+
+/// The elements of the JSON array `json` as slices (surrounding whitespace trimmed), found by
+/// one scan that counts brackets and skips strings: no recursion, so any nesting is split
+/// safely. An element's own validity is not checked; the array's punctuation is.
+fn split_json_array(json: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let ws = |i: &mut usize| {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = json.get(*i) {
+            *i += 1;
+        }
+    };
+    let mut i = 0;
+    ws(&mut i);
+    if json.get(i) != Some(&b'[') {
+        return Err(format!("expected `[` at byte {i}"));
+    }
+    i += 1;
+    ws(&mut i);
+    let mut elements = Vec::new();
+    if json.get(i) == Some(&b']') {
+        i += 1;
+    } else {
+        loop {
+            let start = i;
+            let mut depth = 0usize;
+            // The element runs to the `,` or `]` at depth 0 that follows it.
+            loop {
+                match json.get(i) {
+                    None => return Err("unterminated array".to_owned()),
+                    Some(b'"') => {
+                        i += 1;
+                        loop {
+                            let rest = json.get(i..).unwrap_or_default();
+                            let Some(k) = memchr::memchr2(b'"', b'\\', rest) else {
+                                return Err(format!("unterminated string at byte {i}"));
+                            };
+                            i += k;
+                            if json[i] == b'"' {
+                                i += 1;
+                                break;
+                            }
+                            i += 2;
+                        }
+                    }
+                    Some(b'[' | b'{') => {
+                        depth += 1;
+                        i += 1;
+                    }
+                    Some(b']' | b'}') if depth > 0 => {
+                        depth -= 1;
+                        i += 1;
+                    }
+                    Some(b',' | b']') if depth == 0 => break,
+                    Some(b'}') if depth == 0 => return Err(format!("unexpected `}}` at byte {i}")),
+                    Some(_) => i += 1,
+                }
+            }
+            let mut end = i;
+            while end > start && matches!(json[end - 1], b' ' | b'\t' | b'\n' | b'\r') {
+                end -= 1;
+            }
+            if end == start {
+                return Err(format!("expected an element at byte {start}"));
+            }
+            elements.push(&json[start..end]);
+            let sep = json[i];
+            i += 1;
+            if sep == b']' {
+                break;
+            }
+            ws(&mut i);
+        }
+    }
+    ws(&mut i);
+    if i != json.len() {
+        return Err(format!("unexpected bytes after the array at byte {i}"));
+    }
+    Ok(elements)
 }
 
 /// Decodes the frame at the front of `bytes`, returning it and the number of bytes it spans.
@@ -394,6 +472,24 @@ where
 
 #[cfg(test)]
 mod tests {
+    /// A json frame's elements are split by one scan, not parsed: any nesting splits safely,
+    /// and an element's own validity is the reader's to judge.
+    #[test]
+    fn json_elements_are_split_without_recursion_whatever_their_nesting() {
+        let deep = format!(r#"{{"type":"ping","x":{}{}}}"#, "[".repeat(200_000), "]".repeat(200_000));
+        let payload = format!(r#" [ {deep} , "a,]\"}}" ,{{"b":[1,{{}}]}}, 7 ] "#);
+        let elements = split_json_array(payload.as_bytes()).unwrap();
+        assert_eq!(
+            elements,
+            vec![deep.as_bytes(), br#""a,]\"}""#, br#"{"b":[1,{}]}"#, b"7"]
+        );
+        assert_eq!(split_json_array(b"[]").unwrap(), Vec::<&[u8]>::new());
+        assert_eq!(split_json_array(b" [ ] ").unwrap(), Vec::<&[u8]>::new());
+        for bad in [&b"{}"[..], b"[1,]", b"[,1]", b"[1", b"[\"a", b"[1]x", b"[}]", b"[1 2]x"] {
+            assert!(split_json_array(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
     use super::*;
     use proptest::prelude::*;
 
