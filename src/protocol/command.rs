@@ -185,7 +185,9 @@ pub enum ErrorKind {
     #[error("duplicate subscription `{0}`")]
     DuplicateSubscription(String),
     /// The connection has as many subscriptions as allowed.
-    #[error("too many subscriptions: the limit max_subscriptions_per_connection = {limit} is reached")]
+    #[error(
+        "too many subscriptions: the limit max_subscriptions_per_connection = {limit} is reached"
+    )]
     TooManySubscriptions {
         /// The limit.
         limit: usize,

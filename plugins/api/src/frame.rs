@@ -476,7 +476,11 @@ mod tests {
     /// and an element's own validity is the reader's to judge.
     #[test]
     fn json_elements_are_split_without_recursion_whatever_their_nesting() {
-        let deep = format!(r#"{{"type":"ping","x":{}{}}}"#, "[".repeat(200_000), "]".repeat(200_000));
+        let deep = format!(
+            r#"{{"type":"ping","x":{}{}}}"#,
+            "[".repeat(200_000),
+            "]".repeat(200_000)
+        );
         let payload = format!(r#" [ {deep} , "a,]\"}}" ,{{"b":[1,{{}}]}}, 7 ] "#);
         let elements = split_json_array(payload.as_bytes()).unwrap();
         assert_eq!(
@@ -485,8 +489,21 @@ mod tests {
         );
         assert_eq!(split_json_array(b"[]").unwrap(), Vec::<&[u8]>::new());
         assert_eq!(split_json_array(b" [ ] ").unwrap(), Vec::<&[u8]>::new());
-        for bad in [&b"{}"[..], b"[1,]", b"[,1]", b"[1", b"[\"a", b"[1]x", b"[}]", b"[1 2]x"] {
-            assert!(split_json_array(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b"{}"[..],
+            b"[1,]",
+            b"[,1]",
+            b"[1",
+            b"[\"a",
+            b"[1]x",
+            b"[}]",
+            b"[1 2]x",
+        ] {
+            assert!(
+                split_json_array(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 
