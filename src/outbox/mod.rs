@@ -565,6 +565,32 @@ impl Outbox {
         }
     }
 
+    /// The memory the outbox holds for unsent output, in bytes: the messages and encoded bytes
+    /// waiting, plus the queues' bookkeeping (a queue entry per message, whatever its size). A
+    /// client that sends many small commands and never reads holds far more than the replies'
+    /// bytes: this is what a memory limit on a connection must count.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    /// use powerhub::outbox::{Outbox, OutboxConfig, PayloadFactory};
+    ///
+    /// let now = Instant::now();
+    /// let mut outbox = Outbox::new(OutboxConfig::default(), Arc::new(PayloadFactory), now).unwrap();
+    /// for _ in 0..1000 {
+    ///     outbox.push_control(r#"{"type":"pong"}"#.into(), now);
+    /// }
+    /// assert_eq!(outbox.stats().queued_bytes, 15_000);
+    /// assert!(outbox.memory_bytes() > 2 * 15_000);
+    /// ```
+    pub fn memory_bytes(&self) -> usize {
+        self.stats.queued_bytes
+            + self.wire_len
+            + self.queue.capacity() * std::mem::size_of::<Item>()
+            + self.wire.capacity() * std::mem::size_of::<Bytes>()
+            + self.scratch.capacity()
+    }
+
     /// Whether the liveness timeout reaped the connection.
     pub fn is_reaped(&self) -> bool {
         self.reaped
