@@ -179,7 +179,9 @@ def graceful_shutdown(addr, server_pid):
         line = sub.line()
         if line is None:
             break
-        check(json.loads(line).get("type") == "ping", f"nothing but keepalive after the last message: {line!r}")
+        m = json.loads(line)
+        check(m.get("type") == "ping" or m.get("code") == "shutdown",
+              f"nothing but keepalive (and the shutdown error) after the last message: {line!r}")
 
 
 def main():

@@ -223,12 +223,12 @@ fn graceful_shutdown_delivers_what_was_published_before_it() {
             for seq in 0..3000 {
                 assert_eq!(c.msg()["seq"], seq);
             }
-            // Then the server closes the connection.
+            // Then the server says it shuts down and closes the connection.
             loop {
                 match c.line() {
                     None => break,
                     Some(l) => assert!(
-                        l.contains("\"ping\""),
+                        l.contains("\"ping\"") || l.contains("\"code\":\"shutdown\""),
                         "unexpected after the last message: {l}"
                     ),
                 }

@@ -155,8 +155,12 @@ pub struct Limits {
     pub backpressure_bytes: usize,
     /// Unsent bytes at which the connection is closed with an error.
     pub max_outbox_bytes: usize,
-    /// Handshake deadline, in milliseconds.
-    pub handshake_timeout_ms: u64,
+    /// First-message deadline, in milliseconds: a connection that has not completed its
+    /// protocol's handshake and sent one complete message by then is closed with an error naming
+    /// this key. Written `handshake_timeout_ms` before it covered the first message too (that
+    /// name is still accepted).
+    #[serde(alias = "handshake_timeout_ms")]
+    pub first_message_timeout_ms: u64,
     /// Idle deadline (no inbound bytes), in milliseconds; 0 = none.
     pub idle_timeout_ms: u64,
 }
@@ -171,16 +175,25 @@ impl Default for Limits {
             max_json_depth: crate::protocol::DEFAULT_MAX_JSON_DEPTH,
             backpressure_bytes: 8 << 20,
             max_outbox_bytes: 32 << 20,
-            handshake_timeout_ms: 10_000,
+            first_message_timeout_ms: DEFAULT_FIRST_MESSAGE_TIMEOUT_MS,
             idle_timeout_ms: 300_000,
         }
     }
 }
 
+/// Default `limits.first_message_timeout_ms`: 5 s (NATS closes a client that has not sent its
+/// `CONNECT` after 2 s).
+pub const DEFAULT_FIRST_MESSAGE_TIMEOUT_MS: u64 = 5_000;
+
 impl Limits {
-    /// The handshake deadline.
+    /// The first-message deadline.
+    pub fn first_message_timeout(&self) -> Duration {
+        Duration::from_millis(self.first_message_timeout_ms)
+    }
+
+    /// [`first_message_timeout`](Self::first_message_timeout) under its former name.
     pub fn handshake_timeout(&self) -> Duration {
-        Duration::from_millis(self.handshake_timeout_ms)
+        self.first_message_timeout()
     }
 
     /// The idle deadline, if any.
@@ -466,9 +479,9 @@ impl Config {
                 "must be larger than limits.backpressure_bytes",
             ));
         }
-        if l.handshake_timeout_ms == 0 {
+        if l.first_message_timeout_ms == 0 {
             return Err(invalid(
-                "limits.handshake_timeout_ms",
+                "limits.first_message_timeout_ms",
                 0,
                 "must be at least 1",
             ));
@@ -561,6 +574,24 @@ mod tests {
         assert!(err.to_string().contains("listener[0].address"), "{err}");
         let err = Config::from_toml("[engine]\nbackend = \"kqueue\"\n", None).unwrap_err();
         assert!(err.to_string().contains("kqueue"), "{err}");
+    }
+
+    #[test]
+    fn the_first_message_deadline_is_read_under_its_former_name_too() {
+        let c = Config::from_toml(DEFAULT_CONFIG, None).unwrap();
+        assert_eq!(
+            c.limits.first_message_timeout(),
+            Duration::from_millis(DEFAULT_FIRST_MESSAGE_TIMEOUT_MS)
+        );
+        let c = Config::from_toml("[limits]\nfirst_message_timeout_ms = 200\n", None).unwrap();
+        assert_eq!(c.limits.first_message_timeout_ms, 200);
+        let c = Config::from_toml("[limits]\nhandshake_timeout_ms = 300\n", None).unwrap();
+        assert_eq!(c.limits.first_message_timeout_ms, 300);
+        let err = Config::from_toml("[limits]\nfirst_message_timeout_ms = 0\n", None).unwrap_err();
+        assert!(
+            err.to_string().contains("limits.first_message_timeout_ms"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -47,6 +47,7 @@ use powerhub_plugin::{
 use crate::hub::{Driver, Hub, HubError, HubOptions};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 
+mod close;
 mod config;
 mod parker;
 mod registry;
@@ -58,7 +59,8 @@ mod writeq;
 pub use config::{
     BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig,
     OutboxSection, SlowConsumerChoice, SubscriptionsSection, BACKEND_ENV, DEFAULT_CONFIG,
-    DEFAULT_TURN_GAP_US, MAX_HUB_BATCH_DELAY_US, MAX_TURN_GAP_US, SMALL_SEND_BYTES,
+    DEFAULT_FIRST_MESSAGE_TIMEOUT_MS, DEFAULT_TURN_GAP_US, MAX_HUB_BATCH_DELAY_US, MAX_TURN_GAP_US,
+    SMALL_SEND_BYTES,
 };
 pub use registry::{ProtocolRegistry, RegistryError};
 
@@ -387,6 +389,20 @@ impl Sink for NoSink {
     fn close(&self, _sub: &SubscriberRef, _reason: CloseReason) {}
 }
 
+/// The engine's own hub reports its errors here. A send to a connection that is closing fails
+/// with [`SendError::Closed`] for each of its subscriptions that had one in flight: that is the
+/// close, which the connection's one close line logs, so it is not logged again per
+/// subscription.
+fn report_hub_error(err: &HubError, sub: Option<&SubscriberRef>) {
+    match err {
+        HubError::SendFailed {
+            error: SendError::Closed,
+            ..
+        } => {}
+        _ => tracing::warn!(subscriber = sub.map(|s| s.id()), "powerhub: {err}"),
+    }
+}
+
 /// Options of [`Engine::builder`]: the hub to serve and the push-message factory.
 ///
 /// ```
@@ -502,7 +518,8 @@ impl Engine {
                     HubOptions::default()
                         .batch_delay(config.engine.hub_batch_delay())
                         .driver(Driver::Manual)
-                        .on_work(move || hub_shard.wake()),
+                        .on_work(move || hub_shard.wake())
+                        .on_error(report_hub_error),
                 )?
             }
         };

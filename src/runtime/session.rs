@@ -19,11 +19,12 @@ use powerhub_plugin::{
     CloseReason, Completion, Frame, SendError, SendOutcome, Sink, SubscriberRef,
 };
 
+use super::close::Ending;
 use super::config::SlowConsumerChoice;
 use super::shard::{Conn, ConnShared, ShardHandle, ShardMsg};
 use super::Shared;
 use crate::hub::{Codec, PublishOptions, SlowConsumer, SubscribeOptions};
-use crate::protocol::{reply, Action, Command};
+use crate::protocol::{reply, Action, Command, RequestId};
 
 /// The sink of every push subscription of one connection.
 #[derive(Debug)]
@@ -83,16 +84,24 @@ impl Sink for ConnSink {
     }
 }
 
-/// A limit error: the protocol's `error` message plus a `limit` field naming the config key.
-pub(crate) fn limit_error(limit: &str, message: &str) -> Bytes {
-    let v = serde_json::json!({
-        "type": "error",
-        "requestId": null,
-        "code": "limit_exceeded",
-        "limit": limit,
-        "message": message,
-    });
-    Bytes::from(v.to_string())
+/// A limit error: the push protocol's `error` (code `limit_exceeded`) answering `request_id`,
+/// plus a `limit` field naming the config key:
+/// `{"type":"error","requestId":..,"code":"limit_exceeded","message":..,"limit":"<key>"}`.
+pub(crate) fn limit_error(request_id: Option<&RequestId>, limit: &str, message: &str) -> Bytes {
+    with_limit(reply::error(request_id, LIMIT_EXCEEDED, message), limit)
+}
+
+/// The code of every limit error.
+pub(crate) const LIMIT_EXCEEDED: &str = "limit_exceeded";
+
+/// `error` (one JSON object) with `"limit":<limit>` added as its last field.
+fn with_limit(error: Bytes, limit: &str) -> Bytes {
+    let mut out = Vec::with_capacity(error.len() + limit.len() + 12);
+    out.extend_from_slice(error.strip_suffix(b"}").unwrap_or(&error));
+    out.extend_from_slice(br#","limit":"#);
+    out.extend_from_slice(serde_json::Value::from(limit).to_string().as_bytes());
+    out.push(b'}');
+    out.into()
 }
 
 fn slow_consumer(choice: SlowConsumerChoice) -> SlowConsumer {
@@ -104,12 +113,12 @@ fn slow_consumer(choice: SlowConsumerChoice) -> SlowConsumer {
 }
 
 /// What the shard must do after a command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum After {
     /// Carry on.
     Continue,
-    /// Write what is queued, then close.
-    Close,
+    /// Write what is queued, then close, saying why as the ending says.
+    Close(Ending),
 }
 
 /// Handles one inbound JSON message (an NDJSON line, a frame's element, a WebSocket text).
@@ -127,10 +136,12 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
     if matches!(cmd, Command::Subscribe { .. }) && conn.session.subscriptions().count() >= limit {
         shared.counters.limit_errors.fetch_add(1, Ordering::Relaxed);
         let msg = format!("a connection may hold at most max_subscriptions_per_connection = {limit} subscriptions");
-        // In order after the replies already queued, then the close.
-        conn.outbox
-            .push_control(limit_error("max_subscriptions_per_connection", &msg), now);
-        return After::Close;
+        // In order after the replies already queued (the shard queues it), then the close.
+        return After::Close(
+            Ending::limit("max_subscriptions_per_connection", msg)
+                .answering(cmd.request_id())
+                .in_order(),
+        );
     }
     let request_id = cmd.request_id().cloned();
     match conn.session.handle_command(cmd) {
@@ -240,11 +251,12 @@ pub(crate) fn on_sub_closed(
         .counters
         .subscriptions
         .fetch_sub(1, Ordering::Relaxed);
-    if reason == CloseReason::SlowConsumer {
-        let msg = format!("subscription {sub} fell behind under slow_consumer = \"disconnect\"");
-        conn.push_urgent_text(&reply::error(None, "slow_consumer", &msg));
-    }
-    After::Close
+    After::Close(match reason {
+        CloseReason::SlowConsumer => Ending::slow_consumer(format!(
+            "subscription {sub} fell behind under slow_consumer = \"disconnect\""
+        )),
+        _ => Ending::hub_closed(format!("the hub closed subscription {sub}: {reason}")),
+    })
 }
 
 /// Unsubscribes every subscription of a closing connection.

@@ -38,6 +38,7 @@ use powerhub_plugin::{
     StreamProtocol,
 };
 
+use super::close::Ending;
 use super::config::SMALL_SEND_BYTES;
 use super::parker::Parker;
 use super::session::{self, After, ConnSink};
@@ -49,6 +50,7 @@ use crate::protocol::{Session, SessionConfig};
 
 /// How often a shard checks its connections' deadlines.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
+
 /// How long a closing connection waits for the peer to finish before the socket is closed.
 const LINGER: Duration = Duration::from_secs(2);
 /// How long a closing connection may take to write what it holds before it is closed anyway.
@@ -194,10 +196,11 @@ enum State {
     /// Serving.
     Open,
     /// Writing what is queued, then shutting down the sending side; closed regardless at the
-    /// deadline.
-    Closing(Instant),
-    /// Sending side shut down; reading (and discarding) until the peer closes or `LINGER`.
-    Lingering(Instant),
+    /// deadline (in milliseconds since the shard's epoch, as every connection timestamp).
+    Closing(u64),
+    /// Sending side shut down; reading (and discarding) until the peer closes or `LINGER`
+    /// (the deadline in milliseconds since the shard's epoch).
+    Lingering(u64),
     /// Closed: waiting for in-flight operations to complete before the slot is freed.
     Dead,
 }
@@ -237,9 +240,8 @@ impl SendState {
     }
 }
 
-/// One connection, owned by its shard.
+/// One connection, owned by its shard (its [`ConnKey`] is `shared.key`).
 pub(crate) struct Conn {
-    pub(crate) key: ConnKey,
     pub(crate) proto: Box<dyn StreamProtocol>,
     /// The protocol's wire form is the hub's binary frame (see [`frames_as_hub_frames`]).
     pub(crate) hub_frames: bool,
@@ -274,12 +276,23 @@ pub(crate) struct Conn {
     accepted_ms: u64,
     last_inbound_ms: u64,
     counted: bool,
+    /// A complete message arrived (after the protocol's handshake, where it has one): the
+    /// first-message deadline no longer applies.
+    greeted: bool,
+    /// Why the connection closes, once that is decided (boxed: most of a connection's life it
+    /// is `None`, 8 bytes).
+    ending: Option<Box<Ending>>,
+    /// For the close's log line: bytes received, messages received, hub frames queued (the
+    /// bytes sent are the outbox's count).
+    bytes_in: u64,
+    messages_in: u32,
+    deliveries: u32,
 }
 
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
-            .field("key", &self.key)
+            .field("key", &self.shared.key)
             .field("state", &self.state)
             .finish_non_exhaustive()
     }
@@ -362,7 +375,7 @@ fn millis(epoch: Instant, t: Instant) -> u64 {
 /// The live connection `key` names, if it is still the slot's tenant.
 fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
     let c = slots.get_mut(key.index as usize)?.as_deref_mut()?;
-    (c.key.generation == key.generation).then_some(c)
+    (c.shared.key.generation == key.generation).then_some(c)
 }
 
 /// The connection in slot `token`, if the slot is occupied.
@@ -531,8 +544,8 @@ impl<B: Backend> Shard<B> {
                         let token = conn.index;
                         let after = session::on_sub_closed(c, &self.shared, &sub, reason);
                         self.mark_dirty(token);
-                        if after == After::Close {
-                            self.begin_close(token);
+                        if let After::Close(ending) = after {
+                            self.close_with(token, ending);
                         }
                     }
                 }
@@ -545,7 +558,7 @@ impl<B: Backend> Shard<B> {
                     self.finishing = true;
                     let tokens: Vec<Token> = self.live_tokens();
                     for t in tokens {
-                        self.begin_close(t);
+                        self.close_with(t, Ending::shutdown());
                     }
                 }
             }
@@ -641,8 +654,7 @@ impl<B: Backend> Shard<B> {
             max_json_depth: limits.max_json_depth,
         };
         let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        let mut conn = Box::new(Conn {
-            key,
+        let conn = Box::new(Conn {
             proto,
             hub_frames,
             inbuf: BytesMut::new(),
@@ -661,17 +673,19 @@ impl<B: Backend> Shard<B> {
             accepted_ms: millis(self.epoch, now),
             last_inbound_ms: millis(self.epoch, now),
             counted: !over_limit,
+            greeted: false,
+            ending: None,
+            bytes_in: 0,
+            messages_in: 0,
+            deliveries: 0,
         });
-        if over_limit {
-            let max = limits.max_connections;
-            let msg =
-                format!("the server holds its maximum of max_connections = {max} connections");
-            conn.push_urgent_text(&session::limit_error("max_connections", &msg));
-        }
+        let max = limits.max_connections;
         self.slots[index as usize] = Some(conn);
         self.handle.conns.fetch_add(1, Ordering::Relaxed);
         if over_limit {
-            self.begin_close(index);
+            let msg =
+                format!("the server holds its maximum of max_connections = {max} connections");
+            self.close_with(index, Ending::limit("max_connections", msg));
         } else {
             self.arm_recv(index);
         }
@@ -728,11 +742,7 @@ impl<B: Backend> Shard<B> {
         if counters.open.load(Ordering::Relaxed) >= max {
             counters.rejected.fetch_add(1, Ordering::Relaxed);
             counters.limit_errors.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(
-                limit = "max_connections",
-                max,
-                "connection refused: over the limit"
-            );
+            // Said to the client and logged when it closes.
             self.add_conn(fd, listener, true);
             return;
         }
@@ -779,13 +789,14 @@ impl<B: Backend> Shard<B> {
             (_, Ok((0, _))) => {
                 // The peer shut down its sending side: write what is queued, then close.
                 c.peer_eof = true;
-                self.begin_close(token);
+                self.close_with(token, Ending::unsaid("peer_closed", String::new()));
             }
             (_, Ok((n, buf))) => {
                 self.shared
                     .counters
                     .bytes_in
                     .fetch_add(n as u64, Ordering::Relaxed);
+                c.bytes_in += n as u64;
                 debug_assert!(buf.is_some(), "a receive with bytes lends a buffer");
                 let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
                 if c.inbuf.is_empty() {
@@ -805,8 +816,7 @@ impl<B: Backend> Shard<B> {
                 }
             }
             (_, Err(e)) => {
-                tracing::debug!(error = %e, "receive failed");
-                self.abort(token);
+                self.abort_with(token, Ending::unsaid("receive_failed", e.to_string()));
             }
         }
     }
@@ -833,17 +843,21 @@ impl<B: Backend> Shard<B> {
             c.urgent.push(self.output.urgent.split().freeze());
         }
         let now = Instant::now();
-        let mut close = false;
+        let mut close = None;
+        if !self.output.events.is_empty() {
+            c.greeted = true;
+        }
         for event in self.output.events.drain(..) {
             match event {
                 Inbound::Text(line) => {
-                    let after = session::on_text(c, &self.shared, line, now);
-                    if after == After::Close {
-                        close = true;
+                    c.messages_in = c.messages_in.saturating_add(1);
+                    if let After::Close(ending) = session::on_text(c, &self.shared, line, now) {
+                        close = Some(ending);
                         break;
                     }
                 }
                 Inbound::Binary(_) => {
+                    c.messages_in = c.messages_in.saturating_add(1);
                     let err = crate::protocol::reply::error(
                         None,
                         "unsupported",
@@ -852,8 +866,10 @@ impl<B: Backend> Shard<B> {
                     c.outbox.push_control(err, now);
                 }
                 Inbound::Pong => c.outbox.on_pong(now),
-                Inbound::Close { .. } => {
-                    close = true;
+                Inbound::Close { code, reason } => {
+                    // The protocol queued its answer (a WebSocket close reply).
+                    let detail = format!("close code {code}: {reason}");
+                    close = Some(Ending::unsaid("peer_closed", detail));
                     break;
                 }
                 _ => {}
@@ -871,12 +887,12 @@ impl<B: Backend> Shard<B> {
                     .limit_errors
                     .fetch_add(1, Ordering::Relaxed);
             }
-            tracing::debug!(error = %e, "protocol error; closing");
-            close = true;
+            // The protocol said it (its final error or close frame is in the urgent bytes).
+            close = Some(Ending::unsaid("protocol_error", e.to_string()));
         }
         self.mark_dirty(token);
-        if close {
-            self.begin_close(token);
+        if let Some(ending) = close {
+            self.close_with(token, ending);
         }
     }
 
@@ -904,6 +920,7 @@ impl<B: Backend> Shard<B> {
             }
             return false;
         }
+        c.deliveries = c.deliveries.saturating_add(1);
         if c.hub_frames {
             // One hub frame per subscriber batch: lossless and in order with the replies.
             c.outbox.push_control(frame, now);
@@ -937,14 +954,11 @@ impl<B: Backend> Shard<B> {
                     .counters
                     .limit_errors
                     .fetch_add(1, Ordering::Relaxed);
-                tracing::info!(
-                    limit = "max_outbox_bytes",
-                    backlog = c.backlog(),
-                    "closing a connection over its outbox limit"
+                let msg = format!(
+                    "{} unsent bytes exceed max_outbox_bytes = {max_outbox}",
+                    c.backlog()
                 );
-                let msg = format!("unsent bytes exceed max_outbox_bytes = {max_outbox}");
-                c.push_urgent_text(&session::limit_error("max_outbox_bytes", &msg));
-                self.begin_close(token);
+                self.close_with(token, Ending::limit("max_outbox_bytes", msg));
             }
             self.start_send(token);
         }
@@ -1017,6 +1031,17 @@ impl<B: Backend> Shard<B> {
                 && !c.outbox.has_transmit()
                 && c.outbox.unsent_bytes() == 0
             {
+                // Everything is written: the protocol's close message goes last.
+                if let Some(code) = c.ending.as_deref_mut().and_then(|e| e.close_code.take()) {
+                    let reason = c.ending.as_deref().map_or("", |e| e.detail.as_str());
+                    let mut buf = BytesMut::new();
+                    c.proto.encode_close(code, reason, &mut buf);
+                    if !buf.is_empty() {
+                        c.urgent.push(buf.freeze());
+                        self.start_send(token);
+                        return;
+                    }
+                }
                 self.finish_close(token);
             }
             return;
@@ -1089,8 +1114,7 @@ impl<B: Backend> Shard<B> {
                 0
             }
             Err(e) => {
-                tracing::debug!(error = %e, "send failed");
-                self.abort(token);
+                self.abort_with(token, Ending::unsaid("send_failed", e.to_string()));
                 return;
             }
         };
@@ -1136,19 +1160,60 @@ impl<B: Backend> Shard<B> {
         self.mark_dirty(token);
     }
 
-    /// Graceful close: stop taking commands and deliveries, write what is queued, then shut down.
-    pub(crate) fn begin_close(&mut self, token: Token) {
+    /// Closes for `ending`, saying it in the connection's protocol (see [`super::close`]): its
+    /// error ahead of what is queued or after it, then (once everything is written) the
+    /// protocol's close message; before the protocol's handshake, the protocol's refusal.
+    fn close_with(&mut self, token: Token, mut ending: Ending) {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         if c.state != State::Open {
             return;
         }
-        let deadline = Instant::now() + CLOSE_FLUSH;
-        c.state = State::Closing(
-            self.drain_deadline
-                .map_or(deadline, |d| d.min(deadline).max(Instant::now())),
-        );
+        ending.subscriptions = c.session.subscriptions().count();
+        if let Some(error) = ending.error() {
+            if c.proto.is_ready() {
+                if ending.is_in_order() {
+                    c.outbox.push_control(error, Instant::now());
+                } else {
+                    c.push_urgent_text(&error);
+                }
+                ending.close_code = ending.websocket_code();
+            } else if let Some(status) = ending.http_status() {
+                let mut buf = BytesMut::new();
+                if c.proto.encode_refusal(status, &ending.detail, &mut buf) {
+                    c.urgent.push(buf.freeze());
+                }
+            }
+        }
+        c.ending = Some(Box::new(ending));
+        self.begin_close(token);
+    }
+
+    /// Closes at once for `ending` (unless an ending was decided before), saying nothing.
+    fn abort_with(&mut self, token: Token, mut ending: Ending) {
+        if let Some(c) = slot_mut(&mut self.slots, token) {
+            if c.ending.is_none() {
+                ending.subscriptions = c.session.subscriptions().count();
+                c.ending = Some(Box::new(ending));
+            }
+        }
+        self.abort(token);
+    }
+
+    /// Graceful close: stop taking commands and deliveries, write what is queued, then shut down.
+    fn begin_close(&mut self, token: Token) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        if c.state != State::Open {
+            return;
+        }
+        let now = Instant::now();
+        let deadline = self
+            .drain_deadline
+            .map_or(now + CLOSE_FLUSH, |d| d.min(now + CLOSE_FLUSH).max(now));
+        c.state = State::Closing(millis(self.epoch, deadline));
         self.release_session(token);
         self.mark_dirty(token);
     }
@@ -1174,7 +1239,7 @@ impl<B: Backend> Shard<B> {
         } else {
             LINGER
         };
-        c.state = State::Lingering(Instant::now() + linger);
+        c.state = State::Lingering(millis(self.epoch, Instant::now() + linger));
         self.arm_recv(token);
     }
 
@@ -1232,15 +1297,50 @@ impl<B: Backend> Shard<B> {
         if c.counted {
             counters.open.fetch_sub(1, Ordering::Relaxed);
         }
+        self.log_close(&c);
+    }
+
+    /// The one log line of a connection's close: why, and what it did. At `info` when the
+    /// server decided the close (a limit, a deadline, a protocol error, a slow consumer), at
+    /// `debug` when the peer closed or the server shut down.
+    fn log_close(&self, c: &Conn) {
+        let ending = c.ending.as_deref();
+        let reason = ending.map_or("closed", |e| e.reason);
+        let detail = ending.map_or("", |e| e.detail.as_str());
+        let subscriptions = ending.map_or(0, |e| e.subscriptions);
+        let duration_ms = millis(self.epoch, Instant::now()).saturating_sub(c.accepted_ms);
+        macro_rules! line {
+            ($level:ident) => {
+                tracing::$level!(
+                    shard = self.handle.index,
+                    protocol = c.proto.name(),
+                    reason,
+                    detail,
+                    bytes_in = c.bytes_in,
+                    bytes_out = c.outbox.stats().bytes_written,
+                    messages_in = c.messages_in,
+                    deliveries = c.deliveries,
+                    subscriptions,
+                    duration_ms,
+                    "connection closed"
+                )
+            };
+        }
+        if ending.is_some_and(Ending::is_notable) {
+            line!(info);
+        } else {
+            line!(debug);
+        }
     }
 
     fn tick(&mut self, now: Instant) {
         let limits = &self.shared.config.limits;
-        let (handshake, idle) = (limits.handshake_timeout(), limits.idle_timeout());
+        let (first_message, idle) = (limits.first_message_timeout(), limits.idle_timeout());
         let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
         let now_ms = millis(self.epoch, now);
         let mut to_close = Vec::new();
         let mut to_abort = Vec::new();
+        let mut limit_errors = 0;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(c) = slot.as_deref_mut() else {
                 continue;
@@ -1248,39 +1348,57 @@ impl<B: Backend> Shard<B> {
             let token = i as Token;
             c.shrink_if_idle();
             match c.state {
-                State::Lingering(deadline) | State::Closing(deadline) if now >= deadline => {
-                    to_abort.push(token)
+                // Whatever the ending was, it could not be written in time.
+                State::Lingering(deadline) | State::Closing(deadline) if now_ms >= deadline => {
+                    to_abort.push((token, Ending::unsaid("close_timeout", String::new())))
                 }
-                State::Closing(_) if drain_due => to_abort.push(token),
-                State::Open if drain_due => to_abort.push(token),
+                State::Closing(_) if drain_due => {
+                    to_abort.push((token, Ending::unsaid("shutdown_timeout_ms", String::new())))
+                }
+                State::Open if drain_due => {
+                    to_abort.push((token, Ending::unsaid("shutdown_timeout_ms", String::new())))
+                }
                 State::Open
-                    if !c.proto.is_ready()
-                        && now_ms.saturating_sub(c.accepted_ms) >= handshake.as_millis() as u64 =>
+                    if !c.greeted
+                        && now_ms.saturating_sub(c.accepted_ms)
+                            >= first_message.as_millis() as u64 =>
                 {
-                    self.shared
-                        .counters
-                        .limit_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    to_abort.push(token);
+                    limit_errors += 1;
+                    let ms = limits.first_message_timeout_ms;
+                    let msg = if c.proto.is_ready() {
+                        format!("no complete message within first_message_timeout_ms = {ms}")
+                    } else {
+                        format!("the opening handshake did not complete within first_message_timeout_ms = {ms}")
+                    };
+                    to_close.push((token, Ending::timeout("first_message_timeout_ms", msg)));
                 }
                 State::Open
                     if idle.is_some_and(|idle| {
                         now_ms.saturating_sub(c.last_inbound_ms) >= idle.as_millis() as u64
                     }) =>
                 {
-                    self.shared
-                        .counters
-                        .limit_errors
-                        .fetch_add(1, Ordering::Relaxed);
+                    limit_errors += 1;
                     let msg = format!("no input for idle_timeout_ms = {}", limits.idle_timeout_ms);
-                    c.push_urgent_text(&session::limit_error("idle_timeout_ms", &msg));
-                    to_close.push(token);
+                    to_close.push((token, Ending::timeout("idle_timeout_ms", msg)));
                 }
                 State::Open if c.outbox.poll_timeout().is_some_and(|t| t <= now) => {
+                    // Everything encoded was written, so the stream is at a message boundary:
+                    // a final error can follow what the peer got.
+                    let at_boundary = c.outbox.unsent_bytes() == 0 && c.send.is_none();
                     match c.outbox.handle_timeout(now) {
                         TimeoutAction::Reap => {
-                            tracing::debug!("liveness timeout: reaping a connection");
-                            to_abort.push(token);
+                            let ms = self.shared.config.outbox.liveness_timeout_ms;
+                            let msg = format!(
+                                "no pong and no write progress for liveness_timeout_ms = {ms}"
+                            );
+                            let key = "liveness_timeout_ms";
+                            if at_boundary {
+                                to_close.push((token, Ending::timeout(key, msg)));
+                            } else {
+                                // Half a message may be on the wire, and the peer reads
+                                // nothing: there is no way to say it.
+                                to_abort.push((token, Ending::unsaid(key, msg)));
+                            }
                         }
                         _ => self.dirty.push(token),
                     }
@@ -1288,11 +1406,17 @@ impl<B: Backend> Shard<B> {
                 _ => {}
             }
         }
-        for t in to_close {
-            self.begin_close(t);
+        if limit_errors > 0 {
+            self.shared
+                .counters
+                .limit_errors
+                .fetch_add(limit_errors, Ordering::Relaxed);
         }
-        for t in to_abort {
-            self.abort(t);
+        for (t, ending) in to_close {
+            self.close_with(t, ending);
+        }
+        for (t, ending) in to_abort {
+            self.abort_with(t, ending);
         }
     }
 }

@@ -394,9 +394,24 @@ pub trait StreamProtocol: Send + fmt::Debug {
         false
     }
 
-    /// Appends the protocol's close message, if it has one.
+    /// Appends the protocol's close message, if it has one. `code` is a close status of
+    /// RFC 6455 section 7.4 (the runtime sends 1001 when it shuts down, 1008 for a policy, a
+    /// limit or a deadline); `reason` is at most 123 bytes (longer is cut). The runtime calls it
+    /// last, once everything queued for the connection is written.
     fn encode_close(&mut self, code: u16, reason: &str, out: &mut BytesMut) {
         let _ = (code, reason, out);
+    }
+
+    /// Appends the protocol's refusal of a connection whose opening handshake has not completed
+    /// (an HTTP error response, for a protocol that upgrades from HTTP) and returns `true`;
+    /// nothing may follow it. `status` is an HTTP status code (503 over `max_connections` or at
+    /// shutdown, 408 when the handshake did not complete in time) and `message` says why.
+    ///
+    /// The default returns `false`: before its handshake the protocol has no agreed framing,
+    /// so the runtime closes such a connection without a word.
+    fn encode_refusal(&mut self, status: u16, message: &str, out: &mut BytesMut) -> bool {
+        let _ = (status, message, out);
+        false
     }
 
     /// Whether the opening handshake is complete, so that data may be written.

@@ -10,7 +10,9 @@
 //!   A frame whose payload exceeds [`ProtocolLimits::max_message_bytes`] is refused as soon as its
 //!   header arrives ([`ProtocolError::TooLarge`]); a corrupt header or payload is a
 //!   [`ProtocolError::Violation`] naming the fault. Either way a final error frame is put in
-//!   [`ProtocolOutput::urgent`] and the runtime closes the connection.
+//!   [`ProtocolOutput::urgent`] and the runtime closes the connection: the push protocol's
+//!   `{"type":"error","requestId":null,"code":..,"message":..}`, with `code` `frame_too_large`
+//!   (and `"limit":"max_message_bytes"`) or `bad_frame`.
 //! - Outbound: [`StreamProtocol::encode_text`] writes a one-message `json` frame, or, given a
 //!   complete hub frame (no JSON text starts with its magic `P`), that frame as it is: a
 //!   subscriber's batch encoded once by the hub reaches the wire as the same frame;
@@ -77,8 +79,9 @@ impl FrameProtocol {
             ProtocolError::TooLarge { limit_name, .. } => ("frame_too_large", Some(*limit_name)),
             _ => ("bad_frame", None),
         };
+        // The push protocol's error shape, as on every transport.
         let mut json = format!(
-            "{{\"type\":\"error\",\"error\":\"{code}\",\"message\":{}",
+            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"{code}\",\"message\":{}",
             json_string(&err.to_string())
         );
         if let Some(limit) = limit {

@@ -581,6 +581,19 @@ impl StreamProtocol for WebSocket {
         }
     }
 
+    /// Before the upgrade: an HTTP error response with `status` and `message` as its body (the
+    /// connection closes after it); once upgraded there is nothing to refuse (the runtime sends
+    /// a close frame instead).
+    fn encode_refusal(&mut self, status: u16, message: &str, out: &mut BytesMut) -> bool {
+        if !matches!(self.state, State::Handshake { .. }) {
+            return false;
+        }
+        let text = handshake::refusal_text(status);
+        handshake::write_response(out, status, text, "", message);
+        self.state = State::Closed;
+        true
+    }
+
     fn is_ready(&self) -> bool {
         matches!(self.state, State::Open)
     }

@@ -270,7 +270,25 @@ fn is_valid_key(key: &[u8]) -> bool {
         && base64::engine::general_purpose::STANDARD.decode_slice(key, &mut decoded) == Ok(16)
 }
 
-fn write_response(urgent: &mut BytesMut, status: u16, text: &str, headers: &str, reason: &str) {
+/// The reason phrase of a status the runtime refuses a connection with.
+pub(crate) fn refusal_text(status: u16) -> &'static str {
+    match status {
+        408 => "Request Timeout",
+        500 => "Internal Server Error",
+        503 => "Service Unavailable",
+        _ => "Error",
+    }
+}
+
+/// Writes an HTTP response whose plain-text body is `reason` and a newline; the connection
+/// closes after it.
+pub(crate) fn write_response(
+    urgent: &mut BytesMut,
+    status: u16,
+    text: &str,
+    headers: &str,
+    reason: &str,
+) {
     let mut head = String::with_capacity(160 + reason.len());
     let _ = write!(
         head,

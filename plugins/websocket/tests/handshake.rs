@@ -314,3 +314,34 @@ fn page_is_self_contained() {
         );
     }
 }
+
+#[test]
+fn a_refusal_before_the_upgrade_is_an_http_response_and_nothing_follows_it() {
+    use powerhub_plugin::BytesMut;
+    let mut conn = connection(WebSocketConfig::default());
+    let mut out = BytesMut::new();
+    assert!(conn.encode_refusal(503, "over max_connections", &mut out));
+    let text = String::from_utf8(out.to_vec()).unwrap();
+    assert!(
+        text.starts_with("HTTP/1.1 503 Service Unavailable\r\n"),
+        "{text}"
+    );
+    assert_eq!(body_of(&out), "over max_connections\n");
+    // Nothing is framed after it, and a request arriving now is not answered.
+    let mut after = BytesMut::new();
+    conn.encode_text(b"{}", &mut after);
+    conn.encode_close(1001, "bye", &mut after);
+    assert!(after.is_empty(), "{after:?}");
+    let step = feed(conn.as_mut(), request("/", "").as_bytes());
+    assert!(step.urgent.is_empty() && !conn.is_ready(), "{step:?}");
+}
+
+#[test]
+fn an_upgraded_connection_has_no_refusal() {
+    use powerhub_plugin::BytesMut;
+    let mut conn = connection(WebSocketConfig::default());
+    feed(conn.as_mut(), request("/", "").as_bytes());
+    let mut out = BytesMut::new();
+    assert!(!conn.encode_refusal(408, "late", &mut out));
+    assert!(out.is_empty());
+}

@@ -1,0 +1,209 @@
+//! Why a connection closes, and how the server says so in the connection's protocol.
+//!
+//! Every close the server decides is said before the socket is closed:
+//!
+//! | ending | error `code` (`limit`) | WebSocket close | before a handshake |
+//! | --- | --- | --- | --- |
+//! | a limit (`max_connections`, `max_subscriptions_per_connection`, `max_outbox_bytes`) | `limit_exceeded` (the key) | 1008 | HTTP 503 |
+//! | a deadline (`first_message_timeout_ms`, `idle_timeout_ms`, `liveness_timeout_ms`) | `limit_exceeded` (the key) | 1008 | HTTP 408 |
+//! | a subscription fell behind under `slow_consumer = "disconnect"` | `slow_consumer` | 1008 | HTTP 503 |
+//! | the hub closed the connection's subscriptions | `hub_closed` | 1001 | HTTP 503 |
+//! | the server shuts down | `shutdown` | 1001 | HTTP 503 |
+//!
+//! The error is the push protocol's `{"type":"error","requestId":..,"code":..,"message":..}`
+//! (plus `"limit":"<config key>"` for a limit), framed by the connection's protocol (an NDJSON
+//! line, a one-message frame, a WebSocket text message); a WebSocket connection then gets a close
+//! frame with the code, last, once everything queued before it is written. A connection whose
+//! opening handshake has not completed gets the protocol's refusal instead
+//! ([`StreamProtocol::encode_refusal`](powerhub_plugin::StreamProtocol::encode_refusal): an HTTP
+//! response on WebSocket), or nothing where the protocol has none. Protocol errors (a message too
+//! large, a broken frame) are said by the protocol plugin itself.
+//!
+//! The ending also names the close in its log line: one line per connection, when its slot is
+//! freed (see `Shard::log_close`).
+
+use bytes::Bytes;
+
+use super::session::limit_error;
+use crate::protocol::{reply, RequestId};
+
+/// WebSocket close codes the runtime sends (RFC 6455 section 7.4.1).
+const GOING_AWAY: u16 = 1001;
+const POLICY: u16 = 1008;
+
+/// What the server says before a close it decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A limit: code `limit_exceeded`, the ending's reason as `limit`.
+    Limit,
+    /// A deadline: as [`Kind::Limit`], but HTTP 408 before a handshake.
+    Timeout,
+    /// A subscription fell behind under `disconnect`.
+    SlowConsumer,
+    /// The hub closed the subscriptions.
+    HubClosed,
+    /// The server shuts down.
+    Shutdown,
+}
+
+/// Why a connection closes: from the moment the close is decided to its log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Ending {
+    /// The limit's config key, or a word naming the ending (`peer_closed`, `shutdown`, ...).
+    pub(crate) reason: &'static str,
+    /// What is said to the peer; `None` when the server has nothing to say (the peer closed,
+    /// the protocol said it, or nothing can be written any more).
+    kind: Option<Kind>,
+    /// The error's message, or what the log line adds (a protocol or IO error).
+    pub(crate) detail: String,
+    /// The request the error answers.
+    request_id: Option<RequestId>,
+    /// The error goes after everything queued (else ahead of it, at the next message boundary).
+    in_order: bool,
+    /// The close code still to be framed once everything is written (set when the error was
+    /// queued on a ready protocol).
+    pub(crate) close_code: Option<u16>,
+    /// Subscriptions the connection held when the close began.
+    pub(crate) subscriptions: usize,
+}
+
+impl Ending {
+    fn new(reason: &'static str, kind: Option<Kind>, detail: String) -> Ending {
+        Ending {
+            reason,
+            kind,
+            detail,
+            request_id: None,
+            in_order: false,
+            close_code: None,
+            subscriptions: 0,
+        }
+    }
+
+    /// Over limit `key`: an error naming it.
+    pub(crate) fn limit(key: &'static str, message: String) -> Ending {
+        Ending::new(key, Some(Kind::Limit), message)
+    }
+
+    /// Past deadline `key`: an error naming it.
+    pub(crate) fn timeout(key: &'static str, message: String) -> Ending {
+        Ending::new(key, Some(Kind::Timeout), message)
+    }
+
+    /// A subscription fell behind under `slow_consumer = "disconnect"`.
+    pub(crate) fn slow_consumer(message: String) -> Ending {
+        Ending::new("slow_consumer", Some(Kind::SlowConsumer), message)
+    }
+
+    /// The hub closed the connection's subscriptions.
+    pub(crate) fn hub_closed(message: String) -> Ending {
+        Ending::new("hub_closed", Some(Kind::HubClosed), message)
+    }
+
+    /// The server shuts down: said after everything queued.
+    pub(crate) fn shutdown() -> Ending {
+        Ending::new(
+            "shutdown",
+            Some(Kind::Shutdown),
+            "the server is shutting down".to_owned(),
+        )
+        .in_order()
+    }
+
+    /// A close with nothing to say: the peer closed, the protocol said it already, or nothing
+    /// can be written any more. `reason` names it in the log, `detail` adds to it.
+    pub(crate) fn unsaid(reason: &'static str, detail: String) -> Ending {
+        Ending::new(reason, None, detail)
+    }
+
+    /// The error answers the request `id`.
+    pub(crate) fn answering(mut self, id: Option<&RequestId>) -> Ending {
+        self.request_id = id.cloned();
+        self
+    }
+
+    /// The error goes after everything already queued for the connection.
+    pub(crate) fn in_order(mut self) -> Ending {
+        self.in_order = true;
+        self
+    }
+
+    /// Whether the close is worth a log line at `info`: the server decided it for this
+    /// connection (a limit, a deadline, a slow consumer, a protocol error), not for all of them
+    /// at shutdown.
+    pub(crate) fn is_notable(&self) -> bool {
+        matches!(self.kind, Some(k) if k != Kind::Shutdown) || self.reason == "protocol_error"
+    }
+
+    /// The push protocol's error to send, if any.
+    pub(crate) fn error(&self) -> Option<Bytes> {
+        let code = match self.kind? {
+            Kind::Limit | Kind::Timeout => {
+                return Some(limit_error(
+                    self.request_id.as_ref(),
+                    self.reason,
+                    &self.detail,
+                ))
+            }
+            Kind::SlowConsumer => "slow_consumer",
+            Kind::HubClosed => "hub_closed",
+            Kind::Shutdown => "shutdown",
+        };
+        Some(reply::error(self.request_id.as_ref(), code, &self.detail))
+    }
+
+    /// Whether the error goes after what is queued.
+    pub(crate) fn is_in_order(&self) -> bool {
+        self.in_order
+    }
+
+    /// The WebSocket close code that follows the error.
+    pub(crate) fn websocket_code(&self) -> Option<u16> {
+        Some(match self.kind? {
+            Kind::Limit | Kind::Timeout | Kind::SlowConsumer => POLICY,
+            Kind::HubClosed | Kind::Shutdown => GOING_AWAY,
+        })
+    }
+
+    /// The HTTP status of a refusal before the protocol's handshake completed.
+    pub(crate) fn http_status(&self) -> Option<u16> {
+        Some(match self.kind? {
+            Kind::Timeout => 408,
+            _ => 503,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_error_names_its_key_and_answers_its_request() {
+        let e = Ending::limit("max_subscriptions_per_connection", "too many".into())
+            .answering(Some(&RequestId::Int(7)));
+        let v: serde_json::Value = serde_json::from_slice(&e.error().unwrap()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"type":"error","requestId":7,"code":"limit_exceeded",
+                "message":"too many","limit":"max_subscriptions_per_connection"})
+        );
+        assert_eq!(e.websocket_code(), Some(1008));
+        assert_eq!(e.http_status(), Some(503));
+    }
+
+    #[test]
+    fn shutdown_is_said_in_order_with_going_away() {
+        let e = Ending::shutdown();
+        let v: serde_json::Value = serde_json::from_slice(&e.error().unwrap()).unwrap();
+        assert_eq!(v["code"], "shutdown");
+        assert!(v["requestId"].is_null());
+        assert!(e.is_in_order());
+        assert_eq!(e.websocket_code(), Some(1001));
+        assert_eq!(
+            Ending::timeout("idle_timeout_ms", String::new()).http_status(),
+            Some(408)
+        );
+        assert_eq!(Ending::unsaid("peer_closed", String::new()).error(), None);
+    }
+}
