@@ -47,6 +47,7 @@ use powerhub_plugin::{
 use crate::hub::{Driver, Hub, HubError, HubOptions};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 
+mod alloc;
 mod close;
 mod config;
 mod parker;

@@ -51,6 +51,9 @@ use crate::protocol::{Session, SessionConfig};
 /// How often a shard checks its connections' deadlines.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
 
+/// Output memory freed by closed connections past which a tick returns free memory to the
+/// system.
+const RELEASE_AFTER_FREED: usize = 1 << 20;
 /// How long a closing connection waits for the peer to finish before the socket is closed.
 const LINGER: Duration = Duration::from_secs(2);
 /// How long a closing connection may take to write what it holds before it is closed anyway.
@@ -312,6 +315,12 @@ impl Conn {
         stats.unsent_bytes + stats.queued_bytes + self.urgent.unsent()
     }
 
+    /// The memory the connection's unsent output holds (what `limits.max_outbox_bytes` bounds):
+    /// the backlog's bytes plus the outbox's queue entries.
+    fn output_memory(&self) -> usize {
+        self.outbox.memory_bytes() + self.urgent.unsent()
+    }
+
     /// Frees what an idle connection keeps for its next write or read (queue capacities,
     /// framing scratch, an empty input buffer), once no send started for a whole [`TICK`]:
     /// a busy connection keeps them, an idle one costs only its state.
@@ -398,6 +407,9 @@ pub(crate) struct Shard<B: Backend> {
     next_shard: usize,
     drain_deadline: Option<Instant>,
     finishing: bool,
+    /// Output memory of connections freed since the allocator was last asked to return free
+    /// memory to the system (see [`TICK`]'s handling in `tick`).
+    freed_output: usize,
     output: ProtocolOutput,
     /// Scratch gather lists, reused every send.
     scratch: Vec<Bytes>,
@@ -434,6 +446,7 @@ impl<B: Backend> Shard<B> {
             next_shard: 0,
             drain_deadline: None,
             finishing: false,
+            freed_output: 0,
             output: ProtocolOutput::default(),
             scratch: Vec::new(),
             scratch2: Vec::new(),
@@ -949,14 +962,14 @@ impl<B: Backend> Shard<B> {
             let Some(c) = slot_mut(&mut self.slots, token) else {
                 continue;
             };
-            if c.state == State::Open && c.backlog() > max_outbox {
+            if c.state == State::Open && c.output_memory() > max_outbox {
                 self.shared
                     .counters
                     .limit_errors
                     .fetch_add(1, Ordering::Relaxed);
                 let msg = format!(
-                    "{} unsent bytes exceed max_outbox_bytes = {max_outbox}",
-                    c.backlog()
+                    "{} bytes of unsent output (with their queue entries) exceed max_outbox_bytes = {max_outbox}",
+                    c.output_memory()
                 );
                 self.close_with(token, Ending::limit("max_outbox_bytes", msg));
             }
@@ -1284,6 +1297,7 @@ impl<B: Backend> Shard<B> {
             return;
         }
         let c = self.slots[idx].take().expect("checked above");
+        self.freed_output += c.output_memory() + c.inbuf.capacity();
         self.backend.remove_conn(token); // closes the socket
         self.generations[idx] = self.generations[idx].wrapping_add(1);
         self.free.push(token);
@@ -1334,6 +1348,13 @@ impl<B: Backend> Shard<B> {
     }
 
     fn tick(&mut self, now: Instant) {
+        // After connections that held much unsent output are gone (a burst of clients that
+        // never read, closed at max_outbox_bytes), the memory goes back to the system now,
+        // not whenever this thread's allocator next happens to purge.
+        if self.freed_output >= RELEASE_AFTER_FREED {
+            self.freed_output = 0;
+            super::alloc::release_free_memory();
+        }
         let limits = &self.shared.config.limits;
         let (first_message, idle) = (limits.first_message_timeout(), limits.idle_timeout());
         let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
