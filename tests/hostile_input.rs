@@ -28,8 +28,8 @@ fn cases() -> Vec<(String, Option<&'static str>)> {
         )
     };
     vec![
-        (nest(13_084), Some("too_deep")),
-        (nest(100_000), Some("too_deep")),
+        (nest(13_084), Some("limit_exceeded")),
+        (nest(100_000), Some("limit_exceeded")),
         (nest(127), None),
         (
             r#"{"type":"subscribe","id":1,"stream":"\ud800"}"#.to_owned(),
@@ -99,7 +99,7 @@ fn check(reply: &Value, expected: Option<&str>, line: &str) {
         Some(code) => {
             assert_eq!(reply["type"], "error", "{shown}: {reply}");
             assert_eq!(reply["code"], code, "{shown}: {reply}");
-            if code == "too_deep" {
+            if code == "limit_exceeded" {
                 assert_eq!(reply["limit"], "max_json_depth", "{reply}");
                 assert_eq!(reply["requestId"], 1, "{reply}");
             }

@@ -324,7 +324,7 @@ fn nesting_deeper_than_max_json_depth_is_refused_by_name() {
         let e = err(&line);
         assert_eq!(e.kind, ErrorKind::TooDeep { limit: 128 }, "depth {n}");
         assert_eq!(e.request_id, Some(RequestId::Int(1)));
-        assert_eq!(e.kind.code(), "too_deep");
+        assert_eq!(e.kind.code(), "limit_exceeded");
         let reply = String::from_utf8(e.to_reply().to_vec()).unwrap();
         assert!(reply.contains(r#""limit":"max_json_depth""#), "{reply}");
         // In a publish's message too: the fast path hands it over, the full parser refuses it.

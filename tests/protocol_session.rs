@@ -128,7 +128,7 @@ fn duplicate_subscription_id_and_subscription_limit_are_errors() {
     ));
     assert_eq!(
         reply(line(&mut s, r#"{"type":"subscribe","id":2,"stream":"a"}"#)),
-        r#"{"type":"error","requestId":2,"code":"too_many_subscriptions","message":"too many subscriptions: the limit max_subscriptions_per_connection = 2 is reached","limit":"max_subscriptions_per_connection"}"#
+        r#"{"type":"error","requestId":2,"code":"limit_exceeded","message":"too many subscriptions: the limit max_subscriptions_per_connection = 2 is reached","limit":"max_subscriptions_per_connection"}"#
     );
 }
 
@@ -164,7 +164,7 @@ fn line_over_the_configured_maximum_is_an_error_and_the_connection_stays_usable(
     assert_eq!(
         reply(line(&mut s, &long)),
         format!(
-            r#"{{"type":"error","requestId":"r1","code":"line_too_long","message":"line of {} bytes exceeds the limit max_message_bytes = 64","limit":"max_message_bytes"}}"#,
+            r#"{{"type":"error","requestId":"r1","code":"limit_exceeded","message":"line of {} bytes exceeds the limit max_message_bytes = 64","limit":"max_message_bytes"}}"#,
             long.len()
         )
     );
@@ -223,7 +223,7 @@ fn a_line_too_long_to_frame_closes_the_connection_with_a_final_error() {
     let bytes = Session::fatal_error(&e);
     assert_eq!(
         &bytes[..],
-        br#"{"type":"error","requestId":null,"code":"fatal","message":"line of 20000000 bytes exceeds the limit max_message_bytes = 16777216; closing the connection"}"#
+        br#"{"type":"error","requestId":null,"code":"limit_exceeded","message":"line of 20000000 bytes exceeds the limit max_message_bytes = 16777216; closing the connection","limit":"max_message_bytes"}"#
     );
 }
 

@@ -133,6 +133,31 @@ impl Command {
     }
 }
 
+/// The `code` of every error about a limit; its `limit` field names the config key.
+pub const LIMIT_EXCEEDED: &str = "limit_exceeded";
+
+/// Every `code` an error reply of the server can carry, as docs/protocol.md lists them.
+pub const ERROR_CODES: &[&str] = &[
+    "invalid_utf8",
+    "invalid_json",
+    "lone_surrogate",
+    "duplicate_field",
+    "missing_field",
+    "wrong_type",
+    "invalid_value",
+    "unknown_command",
+    "unknown_subscription",
+    "duplicate_subscription",
+    "subscribe_failed",
+    "publish_failed",
+    LIMIT_EXCEEDED,
+    "slow_consumer",
+    "hub_closed",
+    "shutdown",
+    "bad_frame",
+    "fatal",
+];
+
 /// What was wrong with a command (or with the connection's use of one).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -222,11 +247,12 @@ impl ErrorKind {
             ErrorKind::WrongType { .. } => "wrong_type",
             ErrorKind::InvalidValue { .. } => "invalid_value",
             ErrorKind::UnknownCommand(_) => "unknown_command",
-            ErrorKind::LineTooLong { .. } => "line_too_long",
+            // Every limit has one code; the reply's `limit` names which.
+            ErrorKind::LineTooLong { .. }
+            | ErrorKind::TooManySubscriptions { .. }
+            | ErrorKind::TooDeep { .. } => LIMIT_EXCEEDED,
             ErrorKind::UnknownSubscription(_) => "unknown_subscription",
             ErrorKind::DuplicateSubscription(_) => "duplicate_subscription",
-            ErrorKind::TooManySubscriptions { .. } => "too_many_subscriptions",
-            ErrorKind::TooDeep { .. } => "too_deep",
             ErrorKind::LoneSurrogate { .. } => "lone_surrogate",
             ErrorKind::DuplicateField(_) => "duplicate_field",
             ErrorKind::Fatal(_) => "fatal",
@@ -640,4 +666,59 @@ pub(crate) fn best_effort_id(line: &[u8]) -> Option<RequestId> {
         .ok()
         .flatten()
         .or_else(|| request_id(line, doc.top[2], "requestId").ok().flatten())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ErrorKind, ERROR_CODES};
+
+    /// Every error a command can get has a code of the documented list (docs_match checks the
+    /// list against docs/protocol.md).
+    #[test]
+    fn every_error_kind_has_a_listed_code() {
+        let kinds = [
+            ErrorKind::InvalidUtf8 { offset: 0 },
+            ErrorKind::InvalidJson(String::new()),
+            ErrorKind::MissingField("f"),
+            ErrorKind::WrongType {
+                field: "f",
+                expected: "e",
+                got: "g",
+            },
+            ErrorKind::InvalidValue {
+                field: "f",
+                reason: String::new(),
+            },
+            ErrorKind::UnknownCommand(String::new()),
+            ErrorKind::LineTooLong { size: 2, limit: 1 },
+            ErrorKind::UnknownSubscription(String::new()),
+            ErrorKind::DuplicateSubscription(String::new()),
+            ErrorKind::TooManySubscriptions { limit: 1 },
+            ErrorKind::TooDeep { limit: 1 },
+            ErrorKind::LoneSurrogate { offset: 0 },
+            ErrorKind::DuplicateField("f"),
+            ErrorKind::Fatal(String::new()),
+        ];
+        for kind in kinds {
+            // An exhaustive match: a new kind must be added above.
+            match kind {
+                ErrorKind::InvalidUtf8 { .. }
+                | ErrorKind::InvalidJson(_)
+                | ErrorKind::MissingField(_)
+                | ErrorKind::WrongType { .. }
+                | ErrorKind::InvalidValue { .. }
+                | ErrorKind::UnknownCommand(_)
+                | ErrorKind::LineTooLong { .. }
+                | ErrorKind::UnknownSubscription(_)
+                | ErrorKind::DuplicateSubscription(_)
+                | ErrorKind::TooManySubscriptions { .. }
+                | ErrorKind::TooDeep { .. }
+                | ErrorKind::LoneSurrogate { .. }
+                | ErrorKind::DuplicateField(_)
+                | ErrorKind::Fatal(_) => {}
+            }
+            assert!(ERROR_CODES.contains(&kind.code()), "{kind:?}");
+            assert_eq!(kind.limit().is_some(), kind.code() == super::LIMIT_EXCEEDED);
+        }
+    }
 }

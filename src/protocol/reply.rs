@@ -94,8 +94,8 @@ pub fn error(request_id: Option<&RequestId>, code: &str, message: &str) -> Bytes
 ///
 /// ```
 /// use powerhub::protocol::{reply, RequestId};
-/// let r = reply::error_with_limit(Some(&RequestId::Int(3)), "line_too_long", "line too long", Some("max_line_bytes"));
-/// assert_eq!(&r[..], br#"{"type":"error","requestId":3,"code":"line_too_long","message":"line too long","limit":"max_line_bytes"}"#);
+/// let r = reply::error_with_limit(Some(&RequestId::Int(3)), "limit_exceeded", "line too long", Some("max_message_bytes"));
+/// assert_eq!(&r[..], br#"{"type":"error","requestId":3,"code":"limit_exceeded","message":"line too long","limit":"max_message_bytes"}"#);
 /// ```
 pub fn error_with_limit(
     request_id: Option<&RequestId>,

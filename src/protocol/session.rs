@@ -14,14 +14,14 @@ use crate::hub::Message;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SessionConfig {
     /// Longest command line accepted, in bytes (without newline). A longer line gets a
-    /// `line_too_long` error and the connection stays usable. Set the stream protocol's framing
+    /// `limit_exceeded` error (`"limit":"max_message_bytes"`) and the connection stays usable. Set the stream protocol's framing
     /// limit (`ProtocolLimits::max_message_bytes`) above it: only a line over the framing limit
     /// closes the connection. Default: 8 MiB (a 2 MiB screenshot, base64-encoded, fits).
     pub max_line_bytes: usize,
     /// Most subscriptions one connection may hold. Default: 256.
     pub max_subscriptions: usize,
     /// Deepest nesting of arrays and objects in a command line (the command object is depth
-    /// 1). A deeper line gets a `too_deep` error and the connection stays usable. Default: 128
+    /// 1). A deeper line gets a `limit_exceeded` error (`"limit":"max_json_depth"`) and the connection stays usable. Default: 128
     /// ([`DEFAULT_MAX_JSON_DEPTH`](super::DEFAULT_MAX_JSON_DEPTH)).
     pub max_json_depth: usize,
 }
@@ -292,10 +292,17 @@ impl Session {
     }
 
     /// The final error to write before closing a connection whose stream protocol rejected its
-    /// input (a line too long to frame, a broken frame):
-    /// `{"type":"error","requestId":null,"code":"fatal","message":"...; closing the connection"}`.
+    /// input: over a limit (a line too long to frame),
+    /// `{"type":"error","requestId":null,"code":"limit_exceeded","message":"...; closing the connection","limit":"<key>"}`;
+    /// otherwise (input that cannot be framed) the same with `code` `fatal` and no `limit`.
     pub fn fatal_error(err: &powerhub_plugin::ProtocolError) -> Bytes {
-        CommandError::new(None, ErrorKind::Fatal(err.to_string())).to_reply()
+        let message = format!("{err}; closing the connection");
+        match err {
+            powerhub_plugin::ProtocolError::TooLarge { limit_name, .. } => {
+                reply::error_with_limit(None, super::LIMIT_EXCEEDED, &message, Some(limit_name))
+            }
+            _ => CommandError::new(None, ErrorKind::Fatal(err.to_string())).to_reply(),
+        }
     }
 
     /// The subscription `subscription_id`, if this connection has it.

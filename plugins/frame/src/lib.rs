@@ -11,7 +11,7 @@
 //!   header arrives ([`ProtocolError::TooLarge`]); a corrupt header or payload is a
 //!   [`ProtocolError::Violation`] naming the fault. Either way a final error frame is put in
 //!   [`ProtocolOutput::urgent`] and the runtime closes the connection: the push protocol's
-//!   `{"type":"error","requestId":null,"code":..,"message":..}`, with `code` `frame_too_large`
+//!   `{"type":"error","requestId":null,"code":..,"message":..}`, with `code` `limit_exceeded`
 //!   (and `"limit":"max_message_bytes"`) or `bad_frame`.
 //! - Outbound: [`StreamProtocol::encode_text`] writes a one-message `json` frame, or, given a
 //!   complete hub frame (no JSON text starts with its magic `P`), that frame as it is: a
@@ -76,7 +76,7 @@ impl FrameProtocol {
 
     fn fail(&mut self, err: ProtocolError, out: &mut ProtocolOutput) -> ProtocolError {
         let (code, limit) = match &err {
-            ProtocolError::TooLarge { limit_name, .. } => ("frame_too_large", Some(*limit_name)),
+            ProtocolError::TooLarge { limit_name, .. } => ("limit_exceeded", Some(*limit_name)),
             _ => ("bad_frame", None),
         };
         // The push protocol's error shape, as on every transport.

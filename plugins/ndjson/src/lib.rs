@@ -131,7 +131,7 @@ fn final_error(err: &ProtocolError, out: &mut BytesMut) {
     let message = json_string(&err.to_string());
     let line = match err {
         ProtocolError::TooLarge { limit_name, .. } => format!(
-            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"line_too_long\",\"message\":{message},\"limit\":\"{limit_name}\"}}\n"
+            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"limit_exceeded\",\"message\":{message},\"limit\":\"{limit_name}\"}}\n"
         ),
         _ => format!("{{\"type\":\"error\",\"requestId\":null,\"code\":\"fatal\",\"message\":{message}}}\n"),
     };
