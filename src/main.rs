@@ -7,8 +7,9 @@
 //! At start it raises its soft limit of open descriptors (`ulimit -Sn`) to the hard limit, as
 //! servers holding many connections do: a soft limit of 1 024 is common and would cap the
 //! server far below `limits.max_connections`.
-//! SIGINT or SIGTERM shut it down gracefully: stop accepting, flush the hub, give connections up
-//! to `engine.shutdown_timeout_ms` to receive what was published, close. A second signal exits at
+//! SIGINT or SIGTERM shut it down gracefully ([`Engine::shutdown`]): stop accepting, read and
+//! serve what the connections already sent, deliver what was published, close each connection
+//! with the `shutdown` error, all within `engine.shutdown_timeout_ms`. A second signal exits at
 //! once.
 
 use std::path::PathBuf;

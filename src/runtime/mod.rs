@@ -181,6 +181,9 @@ pub struct EngineStats {
 /// Slack past a shutdown deadline for the shards' coarse timers to act on it.
 const TICK_GRACE: Duration = Duration::from_millis(200);
 
+/// How often a shutdown checks whether the shards have read everything.
+const QUIET_POLL: Duration = Duration::from_millis(2);
+
 /// The stream the engine publishes its counters to: `{"type":"stats","stream":"$stats",
 /// "stats":{...}}`, every `engine.stats_interval_ms` while it has subscribers.
 pub const STATS_STREAM: &str = "$stats";
@@ -680,14 +683,21 @@ impl Engine {
         engine_stats(&self.shared.counters)
     }
 
-    /// Graceful shutdown: stop accepting, deliver what was published before the call to every
-    /// connection (bounded by `engine.shutdown_timeout_ms`), close the connections, stop the
-    /// shards.
+    /// Graceful shutdown: stop accepting; keep reading and serving what the connections already
+    /// sent until each has sent nothing for a moment (100 ms); deliver what was published by
+    /// then to every connection; close each connection once its queue is written, with the
+    /// `shutdown` error (WebSocket: then close 1001). All of it bounded by
+    /// `engine.shutdown_timeout_ms`; then the shards stop.
     pub fn shutdown(mut self) -> Result<(), EngineError> {
         let deadline =
             Instant::now() + Duration::from_millis(self.shared.config.engine.shutdown_timeout_ms);
         for s in self.shared.shards() {
             s.send(ShardMsg::Drain { deadline });
+        }
+        // The shards keep reading until what the connections sent before the shutdown is read
+        // (each goes quiet) or the deadline passes: what the server accepted is served.
+        while Instant::now() < deadline && !self.shared.shards().iter().all(|s| s.is_quiet()) {
+            std::thread::sleep(QUIET_POLL);
         }
         // Every message published before now reaches its connection's shard (or its connection
         // is closed at the deadline, which fails the pending send and ends the flush). The wait

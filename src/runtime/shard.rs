@@ -60,6 +60,10 @@ const LINGER: Duration = Duration::from_secs(2);
 const CLOSE_FLUSH: Duration = Duration::from_secs(5);
 /// [`LINGER`] during a shutdown.
 const SHUTDOWN_LINGER: Duration = Duration::from_millis(100);
+/// While a shutdown drains, a connection that sent nothing for this long has nothing left to
+/// read (what it sent before the shutdown arrived long before: a receive completes within
+/// microseconds of the bytes' arrival on loopback, and well within this on any network).
+const DRAIN_QUIET: Duration = Duration::from_millis(100);
 /// A partial message kept between receives is copied into a buffer of its own size when the
 /// buffer it sits in is larger than twice its length plus this.
 const KEEP_SLACK: usize = 1024;
@@ -98,7 +102,9 @@ pub(crate) enum ShardMsg {
         sub: Arc<str>,
         reason: CloseReason,
     },
-    /// Shutdown, phase 1: keep serving; at `deadline` close every connection.
+    /// Shutdown, phase 1: stop accepting, keep reading and serving; set
+    /// [`ShardHandle::is_quiet`] once no connection has sent anything for [`DRAIN_QUIET`]; at
+    /// `deadline` close every connection.
     Drain { deadline: Instant },
     /// Shutdown, phase 2 (the hub is flushed): close each connection once its queue is written,
     /// exit when none is left.
@@ -134,6 +140,9 @@ pub(crate) struct ShardHandle {
     parker: Parker,
     /// Open connections on this shard (for least-loaded assignment and stats).
     pub(crate) conns: AtomicUsize,
+    /// Set while a shutdown drains, once every connection has gone quiet (see
+    /// [`ShardMsg::Drain`]).
+    quiet: AtomicBool,
 }
 
 impl ShardHandle {
@@ -144,7 +153,15 @@ impl ShardHandle {
             waker: Waker::new()?,
             parker: Parker::default(),
             conns: AtomicUsize::new(0),
+            quiet: AtomicBool::new(false),
         })
+    }
+
+    /// Whether the shard, draining for a shutdown, has read everything its connections sent.
+    pub(crate) fn is_quiet(&self) -> bool {
+        // Acquire pairs with the shard's Release store: what it published before going quiet
+        // (its publishes into the hub) is visible to the caller, which flushes the hub next.
+        self.quiet.load(Ordering::Acquire)
     }
 
     /// Queues a message and wakes the shard if it sleeps.
@@ -1359,6 +1376,16 @@ impl<B: Backend> Shard<B> {
         let (first_message, idle) = (limits.first_message_timeout(), limits.idle_timeout());
         let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
         let now_ms = millis(self.epoch, now);
+        if self.drain_deadline.is_some() && !self.finishing && !self.handle.is_quiet() {
+            let quiet_ms = DRAIN_QUIET.as_millis() as u64;
+            let quiet = self.slots.iter().flatten().all(|c| {
+                c.state != State::Open || now_ms.saturating_sub(c.last_inbound_ms) >= quiet_ms
+            });
+            if quiet {
+                // Release pairs with `is_quiet`'s Acquire.
+                self.handle.quiet.store(true, Ordering::Release);
+            }
+        }
         let mut to_close = Vec::new();
         let mut to_abort = Vec::new();
         let mut limit_errors = 0;
