@@ -146,7 +146,14 @@ fn serve(args: ServeArgs) -> ExitCode {
     raise_nofile();
     let signals = block_signals();
     let mut registry = ProtocolRegistry::with_builtins();
-    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
+    // The plugin's own limits follow the config's, so `limits.max_message_bytes` and
+    // `limits.max_handshake_bytes` hold on WebSocket as on the other listeners.
+    let ws_config = WebSocketConfig::default()
+        .with_serve_page(true)
+        .with_max_message_bytes(config.limits.max_message_bytes)
+        .with_max_frame_bytes(config.limits.max_message_bytes)
+        .with_max_handshake_bytes(config.limits.max_handshake_bytes);
+    let websocket = WebSocketFactory::new(ws_config)
         .map_err(|e| e.to_string())
         .and_then(|f| registry.register(Arc::new(f)).map_err(|e| e.to_string()));
     if let Err(e) = websocket {

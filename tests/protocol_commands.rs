@@ -483,3 +483,41 @@ fn an_error_echoes_at_most_128_bytes_of_client_text() {
     let line = format!(r#"{{"type":"{}"}}"#, "é".repeat(100));
     assert!(err(&line).to_string().contains(&"é".repeat(64)));
 }
+
+/// Names live as long as a subscription, in several copies: a subscription id or device id
+/// longer than MAX_NAME_BYTES is refused by name, in a subscribe and in a publish.
+#[test]
+fn a_name_longer_than_256_bytes_is_refused_by_name() {
+    let long = "d".repeat(257);
+    for (line, field) in [
+        (
+            format!(r#"{{"type":"subscribe","stream":"s","deviceId":"{long}"}}"#),
+            "deviceId",
+        ),
+        (
+            format!(r#"{{"type":"subscribe","stream":"s","subscriptionId":"{long}"}}"#),
+            "subscriptionId",
+        ),
+        (
+            format!(r#"{{"type":"subscribe","stream":"{long}"}}"#),
+            "stream",
+        ),
+        (
+            format!(
+                r#"{{"type":"publish","message":{{"type":"t","stream":"s","deviceId":"{long}"}}}}"#
+            ),
+            "message.deviceId",
+        ),
+    ] {
+        let e = err(&line);
+        assert!(
+            matches!(&e.kind, ErrorKind::InvalidValue { field: f, reason } if *f == field && reason.contains("256")),
+            "{field}: {e}"
+        );
+    }
+    let ok = "d".repeat(256);
+    assert!(parse(&format!(
+        r#"{{"type":"subscribe","stream":"s","deviceId":"{ok}","subscriptionId":"{ok}"}}"#
+    ))
+    .is_ok());
+}

@@ -563,11 +563,18 @@ fn publish_meta(line: &[u8], doc: &json::Doc) -> Result<PublishMeta, ErrorKind> 
     validate_stream(&stream, "message.stream")?;
     let kind = required_str(head(0), "message.type")?;
     let device_id = field(head(2), "message.deviceId")?;
-    if device_id.as_str() == Some("") {
-        return Err(ErrorKind::InvalidValue {
-            field: "message.deviceId",
-            reason: "must not be empty".into(),
-        });
+    if let Some(d) = device_id.as_str() {
+        let reason = match d.len() {
+            0 => "must not be empty",
+            n if n > MAX_NAME_BYTES => "must be at most 256 bytes",
+            _ => "",
+        };
+        if !reason.is_empty() {
+            return Err(ErrorKind::InvalidValue {
+                field: "message.deviceId",
+                reason: reason.into(),
+            });
+        }
     }
     let device_session_uuid = field(head(3), "message.deviceSessionUuid")?;
     Ok(PublishMeta {
@@ -578,12 +585,17 @@ fn publish_meta(line: &[u8], doc: &json::Doc) -> Result<PublishMeta, ErrorKind> 
     })
 }
 
-/// Stream names are topic prefixes: non-empty, at most 256 bytes, without `/` (the separator of
-/// the per-device topic).
+/// The longest stream name, device id or subscription id, in bytes: names are kept for as long
+/// as a subscription lives (several copies: the session's, the hub's topic and id), so a client
+/// cannot make them large.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Stream names are topic prefixes: non-empty, at most [`MAX_NAME_BYTES`], without `/` (the
+/// separator of the per-device topic).
 fn validate_stream(stream: &str, field: &'static str) -> Result<(), ErrorKind> {
     let reason = if stream.is_empty() {
         "must not be empty"
-    } else if stream.len() > 256 {
+    } else if stream.len() > MAX_NAME_BYTES {
         "must be at most 256 bytes"
     } else if stream.contains('/') {
         "must not contain `/`"
@@ -613,13 +625,17 @@ fn required_str(v: Value<'_>, name: &'static str) -> Result<String, ErrorKind> {
     }
 }
 
-/// An optional non-empty string: absent or `null` is `None`.
+/// An optional name: absent or `null` is `None`; a string must be 1 to [`MAX_NAME_BYTES`] bytes.
 fn optional_str(v: Value<'_>, name: &'static str) -> Result<Option<String>, ErrorKind> {
     match v {
         Value::Absent | Value::Null => Ok(None),
         Value::Str(s) if s.is_empty() => Err(ErrorKind::InvalidValue {
             field: name,
             reason: "must not be empty".into(),
+        }),
+        Value::Str(s) if s.len() > MAX_NAME_BYTES => Err(ErrorKind::InvalidValue {
+            field: name,
+            reason: "must be at most 256 bytes".into(),
         }),
         Value::Str(s) => Ok(Some(s.into_owned())),
         other => Err(wrong(name, "a string", &other)),

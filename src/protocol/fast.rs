@@ -76,12 +76,15 @@ pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
 /// What the server reads of the message, from the head the parser took.
 fn meta(line: &[u8], head: &Head) -> Option<PublishMeta> {
     let stream = head.stream?.plain_str(line)?;
-    if stream.is_empty() || stream.len() > 256 || stream.contains('/') {
+    if stream.is_empty() || stream.len() > super::command::MAX_NAME_BYTES || stream.contains('/') {
         return None;
     }
     let kind = head.kind?.plain_str(line)?;
     let device_id = field(line, head.device_id)?;
-    if device_id.as_str() == Some("") {
+    if device_id
+        .as_str()
+        .is_some_and(|d| d.is_empty() || d.len() > super::command::MAX_NAME_BYTES)
+    {
         return None;
     }
     Some(PublishMeta {

@@ -346,10 +346,7 @@ impl Reader<'_> {
         let b = self.b;
         let mut j = self.i + 1;
         let mut escaped = false;
-        loop {
-            let Some(rest) = b.get(j..) else {
-                break;
-            };
+        while let Some(rest) = b.get(j..) {
             let Some(k) = memchr::memchr2(b'"', b'\\', rest) else {
                 break;
             };

@@ -24,7 +24,7 @@ mod session;
 
 pub use command::{
     parse_command, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
-    DEFAULT_MAX_JSON_DEPTH, ERROR_CODES, LIMIT_EXCEEDED, MAX_ECHO_BYTES,
+    DEFAULT_MAX_JSON_DEPTH, ERROR_CODES, LIMIT_EXCEEDED, MAX_ECHO_BYTES, MAX_NAME_BYTES,
 };
 pub use session::{
     device_topic, publish_topics, stream_topic, Action, Session, SessionConfig, SubscriptionInfo,

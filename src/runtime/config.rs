@@ -149,7 +149,7 @@ pub struct Limits {
     /// Subscriptions per connection.
     pub max_subscriptions_per_connection: usize,
     /// Deepest nesting of arrays and objects in an inbound JSON message (the command object is
-    /// depth 1); a deeper message gets a `too_deep` error naming this limit.
+    /// depth 1); a deeper message gets a `limit_exceeded` error naming this limit.
     pub max_json_depth: usize,
     /// Unsent bytes above which deliveries to a connection are back-pressured.
     pub backpressure_bytes: usize,
@@ -180,6 +180,9 @@ impl Default for Limits {
         }
     }
 }
+
+/// The largest config file read, in bytes.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 /// Default `limits.first_message_timeout_ms`: 5 s (NATS closes a client that has not sent its
 /// `CONNECT` after 2 s).
@@ -396,10 +399,22 @@ impl Config {
 
     /// Reads, parses and validates a TOML file.
     pub fn from_file(path: &std::path::Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        use std::io::Read;
+        let read_error = |source| ConfigError::Read {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        let mut text = String::new();
+        // A config is a few KiB; a path naming an endless file (`/dev/zero`) is refused.
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_CONFIG_BYTES + 1).read_to_string(&mut text))
+            .map_err(read_error)?;
+        if text.len() as u64 > MAX_CONFIG_BYTES {
+            return Err(read_error(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("a config file is at most {MAX_CONFIG_BYTES} bytes"),
+            )));
+        }
         Config::from_toml(&text, Some(&path.display().to_string()))
     }
 
@@ -451,11 +466,11 @@ impl Config {
                 "must be between 256 and 1048576",
             ));
         }
-        if l.max_subscriptions_per_connection == 0 {
+        if l.max_subscriptions_per_connection == 0 || l.max_subscriptions_per_connection > 65_536 {
             return Err(invalid(
                 "limits.max_subscriptions_per_connection",
-                0,
-                "must be at least 1",
+                l.max_subscriptions_per_connection,
+                "must be between 1 and 65536",
             ));
         }
         if l.max_json_depth < 2 || l.max_json_depth > 100_000 {
@@ -504,8 +519,39 @@ impl Config {
                 "must be longer than outbox.keepalive_interval_ms",
             ));
         }
-        if self.subscriptions.max_batch == 0 {
-            return Err(invalid("subscriptions.max_batch", 0, "must be at least 1"));
+        for (key, types) in [
+            ("outbox.coalesce_types", &o.coalesce_types),
+            ("outbox.drop_types", &o.drop_types),
+        ] {
+            if let Some(i) = types.iter().position(String::is_empty) {
+                return Err(invalid(
+                    &format!("{key}[{i}]"),
+                    "\"\"",
+                    "a message type must not be empty",
+                ));
+            }
+        }
+        let s = &self.subscriptions;
+        if s.max_batch == 0 || s.max_batch > crate::hub::MAX_BATCH_LIMIT {
+            return Err(invalid(
+                "subscriptions.max_batch",
+                s.max_batch,
+                &format!("must be between 1 and {}", crate::hub::MAX_BATCH_LIMIT),
+            ));
+        }
+        if s.max_queue == 0 || s.max_queue > crate::hub::MAX_QUEUE_LIMIT {
+            return Err(invalid(
+                "subscriptions.max_queue",
+                s.max_queue,
+                &format!("must be between 1 and {}", crate::hub::MAX_QUEUE_LIMIT),
+            ));
+        }
+        if self.engine.shutdown_timeout_ms > 3_600_000 {
+            return Err(invalid(
+                "engine.shutdown_timeout_ms",
+                self.engine.shutdown_timeout_ms,
+                "at most 3600000 (an hour)",
+            ));
         }
         for (i, listener) in self.listeners.iter().enumerate() {
             listener.listen_addr(i)?;
@@ -627,5 +673,46 @@ mod tests {
             err.to_string().contains("engine.hub_batch_delay_us"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_value_out_of_its_range_is_an_error_naming_the_key() {
+        for (text, key) in [
+            (
+                "[outbox]\ncoalesce_types = [\"a\", \"\"]\n",
+                "outbox.coalesce_types[1]",
+            ),
+            ("[outbox]\ndrop_types = [\"\"]\n", "outbox.drop_types[0]"),
+            (
+                "[subscriptions]\nmax_queue = 0\n",
+                "subscriptions.max_queue",
+            ),
+            (
+                "[subscriptions]\nmax_queue = 1048577\n",
+                "subscriptions.max_queue",
+            ),
+            (
+                "[subscriptions]\nmax_batch = 65537\n",
+                "subscriptions.max_batch",
+            ),
+            (
+                "[limits]\nmax_subscriptions_per_connection = 65537\n",
+                "limits.max_subscriptions_per_connection",
+            ),
+            (
+                "[engine]\nshutdown_timeout_ms = 3600001\n",
+                "engine.shutdown_timeout_ms",
+            ),
+            ("[limits]\nmax_json_depth = 1\n", "limits.max_json_depth"),
+            (
+                "[limits]\nmax_json_depth = 100001\n",
+                "limits.max_json_depth",
+            ),
+        ] {
+            let err = Config::from_toml(text, None).unwrap_err();
+            assert!(err.to_string().contains(key), "{text}: {err}");
+        }
+        let c = Config::from_toml("[limits]\nmax_json_depth = 2\n", None).unwrap();
+        assert_eq!(c.limits.max_json_depth, 2);
     }
 }

@@ -168,7 +168,9 @@ impl Header {
 
     /// Total frame length: header plus payload.
     pub fn frame_len(&self) -> usize {
-        HEADER_LEN + self.length as usize
+        // A u32 length fits a usize on the 64-bit targets the engine runs on; saturating keeps a
+        // 32-bit build from wrapping (such a frame then never completes and hits the size limit).
+        HEADER_LEN.saturating_add(usize::try_from(self.length).unwrap_or(usize::MAX))
     }
 
     fn write(&self, out: &mut BytesMut) {

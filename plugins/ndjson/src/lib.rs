@@ -72,6 +72,8 @@ impl StreamProtocol for NdjsonProtocol {
         out: &mut ProtocolOutput,
     ) -> Result<(), ProtocolError> {
         loop {
+            // A caller that handed a shorter buffer than last time restarts the scan.
+            self.scanned = self.scanned.min(input.len());
             let Some(pos) = input[self.scanned..]
                 .iter()
                 .position(|&b| b == b'\n')

@@ -73,6 +73,9 @@ fn find_head_end(input: &[u8], scanned: &mut usize, limit: usize) -> Option<usiz
     None
 }
 
+/// Line-break bytes allowed before the request line (two empty lines, `\r\n\r\n`).
+const MAX_LEADING_EMPTY_BYTES: usize = 4;
+
 /// Parses the opening handshake at the front of `input` and writes the response to `urgent`.
 pub(crate) fn process(
     input: &[u8],
@@ -81,6 +84,16 @@ pub(crate) fn process(
     max_handshake: usize,
     urgent: &mut BytesMut,
 ) -> Outcome {
+    // RFC 9112 lets a server ignore empty lines before the request line; more than a few are
+    // no client's, and each would cost a parse of the whole head.
+    let leading = input
+        .iter()
+        .take_while(|&&b| matches!(b, b'\r' | b'\n'))
+        .count();
+    if leading > MAX_LEADING_EMPTY_BYTES {
+        let reason = "more than two empty lines before the request line";
+        return reject(400, "Bad Request", reason, "", urgent);
+    }
     loop {
         let Some(head_end) = find_head_end(input, scanned, max_handshake) else {
             if input.len() > max_handshake {

@@ -345,3 +345,18 @@ fn an_upgraded_connection_has_no_refusal() {
     assert!(!conn.encode_refusal(408, "late", &mut out));
     assert!(out.is_empty());
 }
+
+/// Empty lines before the request line are allowed (two of them), not a stream of them: each
+/// would cost a parse of the whole head.
+#[test]
+fn handshake_refuses_more_than_two_empty_lines_before_the_request_line() {
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(
+        conn.as_mut(),
+        format!("\r\n\r\n{}", request("/", "")).as_bytes(),
+    );
+    assert_eq!(step.result, Ok(()));
+    assert!(conn.is_ready());
+    let step = reject(WebSocketConfig::default(), &"\n".repeat(8191));
+    assert!(String::from_utf8_lossy(&step.urgent).starts_with("HTTP/1.1 400"));
+}
