@@ -104,3 +104,116 @@ fn the_error_table_lists_exactly_the_codes_the_server_can_send() {
         "docs/protocol.md's table against powerhub::protocol::ERROR_CODES"
     );
 }
+
+/// Every source file of the crate and its transports.
+fn sources() -> Vec<(String, String)> {
+    fn walk(dir: &std::path::Path, out: &mut Vec<(String, String)>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push((
+                    path.display().to_string(),
+                    std::fs::read_to_string(&path).unwrap(),
+                ));
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    walk(&root.join("src"), &mut out);
+    for plugin in std::fs::read_dir(root.join("plugins")).unwrap() {
+        let src = plugin.unwrap().path().join("src");
+        if src.is_dir() {
+            walk(&src, &mut out);
+        }
+    }
+    out
+}
+
+/// The arguments of the call whose `(` is at `open`, split at top-level commas (string
+/// literals and nested brackets skipped).
+fn call_args(text: &str, open: usize) -> Vec<String> {
+    let (mut depth, mut args, mut cur, mut in_str, mut esc) =
+        (0, Vec::new(), String::new(), false, false);
+    for c in text[open..].chars() {
+        if in_str {
+            cur.push(c);
+            match (esc, c) {
+                (true, _) => esc = false,
+                (false, '\\') => esc = true,
+                (false, '"') => in_str = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_str = true;
+                cur.push(c);
+            }
+            '(' | '[' | '{' => {
+                depth += 1;
+                if depth > 1 {
+                    cur.push(c);
+                }
+            }
+            ')' | ']' | '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    args.push(cur.trim().to_owned());
+                    return args;
+                }
+                cur.push(c);
+            }
+            ',' if depth == 1 => args.push(std::mem::take(&mut cur).trim().to_owned()),
+            _ => cur.push(c),
+        }
+    }
+    args
+}
+
+/// So that the table's check covers what is sent: every error is built with a code from
+/// `powerhub_plugin::codes`, never with a string literal.
+#[test]
+fn every_error_the_server_builds_takes_its_code_from_the_one_list() {
+    let mut literal = Vec::new();
+    for (path, text) in sources() {
+        for (at, _) in text
+            .match_indices("error(")
+            .chain(text.match_indices("error_with_limit("))
+        {
+            let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+            let line = text[line_start..at].trim_start();
+            if line.starts_with("//")
+                || !text[..at].ends_with("reply::")
+                    && !text[..at].ends_with("reply::error_with_limit")
+                    && !line.contains("reply::")
+            {
+                continue;
+            }
+            let open = at + text[at..].find('(').unwrap();
+            let args = call_args(&text, open);
+            if args.get(1).is_some_and(|code| code.starts_with('"')) {
+                literal.push(format!(
+                    "{path}: {}",
+                    &text[line_start..open + 40.min(text.len() - open)]
+                ));
+            }
+        }
+        for (at, _) in text.match_indices("\\\"code\\\":\\\"") {
+            let after = &text[at + 11..];
+            if after.starts_with(|c: char| c.is_ascii_lowercase()) {
+                literal.push(format!(
+                    "{path}: {}",
+                    &text[at..at + 40.min(text.len() - at)]
+                ));
+            }
+        }
+    }
+    assert!(
+        literal.is_empty(),
+        "codes written as literals: {literal:#?}"
+    );
+}

@@ -500,3 +500,70 @@ fn the_limit_error_for_a_subscribe_over_max_subscriptions_carries_its_request_id
         assert!(closed(&mut fr));
     });
 }
+
+impl Ws {
+    /// Sends an unsolicited pong frame (a keepalive answer, not a message).
+    fn send_pong(&mut self) {
+        self.s.write_all(&[0x8A, 0x80, 1, 2, 3, 4]).unwrap();
+    }
+}
+
+/// A keepalive pong is not a message: a WebSocket that sends only pongs is still closed at
+/// the first-message deadline.
+#[test]
+fn pongs_alone_do_not_meet_the_first_message_deadline() {
+    on_both_backends(|backend| {
+        let mut c = config(backend);
+        c.limits.first_message_timeout_ms = 300;
+        let server = serve(c);
+        let mut ws = Ws::upgrade(server.websocket);
+        ws.send_pong();
+        let mut sender = ws.s.try_clone().unwrap();
+        let pongs = std::thread::spawn(move || {
+            for _ in 0..40 {
+                std::thread::sleep(Duration::from_millis(25));
+                if sender.write_all(&[0x8A, 0x80, 1, 2, 3, 4]).is_err() {
+                    break;
+                }
+            }
+        });
+        let (texts, code, _) = ws.until_close();
+        assert_limit_error(&texts[0], "first_message_timeout_ms");
+        assert_eq!(code, 1008);
+        let _ = pongs.join();
+    });
+}
+
+/// One frame of many commands cannot queue replies past max_outbox_bytes before the limit is
+/// checked: the connection is closed once its output reaches the limit, not after every reply
+/// of the frame was queued.
+#[test]
+fn one_frame_of_many_commands_is_stopped_at_max_outbox_bytes() {
+    on_both_backends(|backend| {
+        let mut c = config(backend);
+        c.limits.backpressure_bytes = 256 << 10;
+        c.limits.max_outbox_bytes = 1 << 20;
+        c.outbox.high_water_bytes = 256 << 10;
+        let server = serve(c);
+        let mut fr = connect(server.frame);
+        // 200 000 commands that are not JSON objects, each answered by an error.
+        let elements = vec![&b"0"[..]; 200_000];
+        fr.write_all(&frame::encode_json_batch(elements).unwrap())
+            .unwrap();
+        // The limit error goes ahead of what is queued (the client learns of the close at
+        // once); what was queued before it is still written, then the connection closes.
+        let (mut replies, mut limit) = (0, None);
+        while let Some(m) = frame_msg(&mut fr) {
+            if m["code"] == "invalid_json" {
+                replies += 1;
+            } else {
+                limit = Some(m);
+            }
+        }
+        assert_limit_error(&limit.expect("the limit error"), "max_outbox_bytes");
+        assert!(
+            replies < 50_000,
+            "{replies} replies were queued before the limit was checked"
+        );
+    });
+}

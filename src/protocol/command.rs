@@ -3,6 +3,8 @@
 use std::borrow::Cow;
 use std::fmt;
 
+use powerhub_plugin::codes;
+
 use super::json::{self, JsonError, Kind, Token};
 use crate::outbox::Field;
 use bytes::Bytes;
@@ -134,29 +136,11 @@ impl Command {
 }
 
 /// The `code` of every error about a limit; its `limit` field names the config key.
-pub const LIMIT_EXCEEDED: &str = "limit_exceeded";
+pub const LIMIT_EXCEEDED: &str = codes::LIMIT_EXCEEDED;
 
-/// Every `code` an error reply of the server can carry, as docs/protocol.md lists them.
-pub const ERROR_CODES: &[&str] = &[
-    "invalid_utf8",
-    "invalid_json",
-    "lone_surrogate",
-    "duplicate_field",
-    "missing_field",
-    "wrong_type",
-    "invalid_value",
-    "unknown_command",
-    "unknown_subscription",
-    "duplicate_subscription",
-    "subscribe_failed",
-    "publish_failed",
-    LIMIT_EXCEEDED,
-    "slow_consumer",
-    "hub_closed",
-    "shutdown",
-    "bad_frame",
-    "fatal",
-];
+/// Every `code` an error reply of the server can carry, as docs/protocol.md lists them
+/// ([`powerhub_plugin::codes`]).
+pub const ERROR_CODES: &[&str] = codes::ALL;
 
 /// What was wrong with a command (or with the connection's use of one).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -241,21 +225,21 @@ impl ErrorKind {
     /// The stable machine-readable code of the error reply's `code` field.
     pub fn code(&self) -> &'static str {
         match self {
-            ErrorKind::InvalidUtf8 { .. } => "invalid_utf8",
-            ErrorKind::InvalidJson(_) => "invalid_json",
-            ErrorKind::MissingField(_) => "missing_field",
-            ErrorKind::WrongType { .. } => "wrong_type",
-            ErrorKind::InvalidValue { .. } => "invalid_value",
-            ErrorKind::UnknownCommand(_) => "unknown_command",
+            ErrorKind::InvalidUtf8 { .. } => codes::INVALID_UTF8,
+            ErrorKind::InvalidJson(_) => codes::INVALID_JSON,
+            ErrorKind::MissingField(_) => codes::MISSING_FIELD,
+            ErrorKind::WrongType { .. } => codes::WRONG_TYPE,
+            ErrorKind::InvalidValue { .. } => codes::INVALID_VALUE,
+            ErrorKind::UnknownCommand(_) => codes::UNKNOWN_COMMAND,
             // Every limit has one code; the reply's `limit` names which.
             ErrorKind::LineTooLong { .. }
             | ErrorKind::TooManySubscriptions { .. }
             | ErrorKind::TooDeep { .. } => LIMIT_EXCEEDED,
-            ErrorKind::UnknownSubscription(_) => "unknown_subscription",
-            ErrorKind::DuplicateSubscription(_) => "duplicate_subscription",
-            ErrorKind::LoneSurrogate { .. } => "lone_surrogate",
-            ErrorKind::DuplicateField(_) => "duplicate_field",
-            ErrorKind::Fatal(_) => "fatal",
+            ErrorKind::UnknownSubscription(_) => codes::UNKNOWN_SUBSCRIPTION,
+            ErrorKind::DuplicateSubscription(_) => codes::DUPLICATE_SUBSCRIPTION,
+            ErrorKind::LoneSurrogate { .. } => codes::LONE_SURROGATE,
+            ErrorKind::DuplicateField(_) => codes::DUPLICATE_FIELD,
+            ErrorKind::Fatal(_) => codes::FATAL,
         }
     }
 

@@ -288,7 +288,7 @@ impl Session {
         reason: &str,
     ) -> Bytes {
         self.subscriptions.remove(subscription_id);
-        reply::error(request_id, "subscribe_failed", reason)
+        reply::error(request_id, powerhub_plugin::codes::SUBSCRIBE_FAILED, reason)
     }
 
     /// The final error to write before closing a connection whose stream protocol rejected its

@@ -23,6 +23,7 @@
 //! freed (see `Shard::log_close`).
 
 use bytes::Bytes;
+use powerhub_plugin::codes;
 
 use super::session::limit_error;
 use crate::protocol::{reply, RequestId};
@@ -145,9 +146,9 @@ impl Ending {
                     &self.detail,
                 ))
             }
-            Kind::SlowConsumer => "slow_consumer",
-            Kind::HubClosed => "hub_closed",
-            Kind::Shutdown => "shutdown",
+            Kind::SlowConsumer => codes::SLOW_CONSUMER,
+            Kind::HubClosed => codes::HUB_CLOSED,
+            Kind::Shutdown => codes::SHUTDOWN,
         };
         Some(reply::error(self.request_id.as_ref(), code, &self.detail))
     }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use powerhub_plugin::codes;
 use powerhub_plugin::{
     CloseReason, Completion, Frame, SendError, SendOutcome, Sink, SubscriberRef,
 };
@@ -88,20 +89,7 @@ impl Sink for ConnSink {
 /// plus a `limit` field naming the config key:
 /// `{"type":"error","requestId":..,"code":"limit_exceeded","message":..,"limit":"<key>"}`.
 pub(crate) fn limit_error(request_id: Option<&RequestId>, limit: &str, message: &str) -> Bytes {
-    with_limit(reply::error(request_id, LIMIT_EXCEEDED, message), limit)
-}
-
-/// The code of every limit error.
-pub(crate) const LIMIT_EXCEEDED: &str = "limit_exceeded";
-
-/// `error` (one JSON object) with `"limit":<limit>` added as its last field.
-fn with_limit(error: Bytes, limit: &str) -> Bytes {
-    let mut out = Vec::with_capacity(error.len() + limit.len() + 12);
-    out.extend_from_slice(error.strip_suffix(b"}").unwrap_or(&error));
-    out.extend_from_slice(br#","limit":"#);
-    out.extend_from_slice(serde_json::Value::from(limit).to_string().as_bytes());
-    out.push(b'}');
-    out.into()
+    reply::error_with_limit(request_id, codes::LIMIT_EXCEEDED, message, Some(limit))
 }
 
 fn slow_consumer(choice: SlowConsumerChoice) -> SlowConsumer {
@@ -221,7 +209,7 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
                     .outbox
                     .push_control(reply::published(request_id.as_ref(), total), now),
                 Some(e) => conn.outbox.push_control(
-                    reply::error(request_id.as_ref(), "publish_failed", &e.to_string()),
+                    reply::error(request_id.as_ref(), codes::PUBLISH_FAILED, &e.to_string()),
                     now,
                 ),
             }

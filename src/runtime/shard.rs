@@ -51,6 +51,9 @@ use crate::protocol::{Session, SessionConfig};
 /// How often a shard checks its connections' deadlines.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
 
+/// Inbound events a shard's scratch list keeps capacity for between inputs.
+const KEEP_EVENTS: usize = 1024;
+
 /// Output memory freed by closed connections past which a tick returns free memory to the
 /// system.
 const RELEASE_AFTER_FREED: usize = 1 << 20;
@@ -874,9 +877,16 @@ impl<B: Backend> Shard<B> {
         }
         let now = Instant::now();
         let mut close = None;
-        if !self.output.events.is_empty() {
+        // A message meets the first-message deadline; a keepalive pong does not.
+        if self.output.events.iter().any(|e| {
+            matches!(
+                e,
+                Inbound::Text(_) | Inbound::Binary(_) | Inbound::Close { .. }
+            )
+        }) {
             c.greeted = true;
         }
+        let max_outbox = self.shared.config.limits.max_outbox_bytes;
         for event in self.output.events.drain(..) {
             match event {
                 Inbound::Text(line) => {
@@ -885,12 +895,26 @@ impl<B: Backend> Shard<B> {
                         close = Some(ending);
                         break;
                     }
+                    // One input (a frame of many commands) cannot queue replies past the limit
+                    // before the limit is checked.
+                    if c.output_memory() > max_outbox {
+                        self.shared
+                            .counters
+                            .limit_errors
+                            .fetch_add(1, Ordering::Relaxed);
+                        let msg = format!(
+                            "{} bytes of unsent output (with their queue entries) exceed max_outbox_bytes = {max_outbox}",
+                            c.output_memory()
+                        );
+                        close = Some(Ending::limit("max_outbox_bytes", msg));
+                        break;
+                    }
                 }
                 Inbound::Binary(_) => {
                     c.messages_in = c.messages_in.saturating_add(1);
                     let err = crate::protocol::reply::error(
                         None,
-                        "unsupported",
+                        powerhub_plugin::codes::UNSUPPORTED,
                         "binary messages carry no command",
                     );
                     c.outbox.push_control(err, now);
@@ -906,6 +930,10 @@ impl<B: Backend> Shard<B> {
             }
         }
         self.output.events.clear();
+        if self.output.events.capacity() > KEEP_EVENTS {
+            // A frame of many messages: the shard keeps no event list that large.
+            self.output.events = Vec::new();
+        }
         if let Err(e) = result {
             self.shared
                 .counters

@@ -42,6 +42,7 @@ use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
+pub mod codes;
 pub mod frame;
 
 pub use bytes::{Bytes, BytesMut};

@@ -39,6 +39,7 @@
 //! assert_eq!(decoded.json_messages().unwrap(), vec![&br#"{"type":"pong"}"#[..]]);
 //! ```
 
+use powerhub_plugin::codes;
 use powerhub_plugin::frame::{self, FrameCodec, FrameError};
 use powerhub_plugin::{
     BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
@@ -76,8 +77,10 @@ impl FrameProtocol {
 
     fn fail(&mut self, err: ProtocolError, out: &mut ProtocolOutput) -> ProtocolError {
         let (code, limit) = match &err {
-            ProtocolError::TooLarge { limit_name, .. } => ("limit_exceeded", Some(*limit_name)),
-            _ => ("bad_frame", None),
+            ProtocolError::TooLarge { limit_name, .. } => {
+                (codes::LIMIT_EXCEEDED, Some(*limit_name))
+            }
+            _ => (codes::BAD_FRAME, None),
         };
         // The push protocol's error shape, as on every transport.
         let mut json = format!(

@@ -25,6 +25,7 @@
 //! assert_eq!(&wire[..], b"{\"type\":\"pong\"}\n");
 //! ```
 
+use powerhub_plugin::codes;
 use powerhub_plugin::{
     BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
     StreamProtocol,
@@ -133,9 +134,13 @@ fn final_error(err: &ProtocolError, out: &mut BytesMut) {
     let message = json_string(&err.to_string());
     let line = match err {
         ProtocolError::TooLarge { limit_name, .. } => format!(
-            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"limit_exceeded\",\"message\":{message},\"limit\":\"{limit_name}\"}}\n"
+            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"{code}\",\"message\":{message},\"limit\":\"{limit_name}\"}}\n",
+            code = codes::LIMIT_EXCEEDED
         ),
-        _ => format!("{{\"type\":\"error\",\"requestId\":null,\"code\":\"fatal\",\"message\":{message}}}\n"),
+        _ => format!(
+            "{{\"type\":\"error\",\"requestId\":null,\"code\":\"{code}\",\"message\":{message}}}\n",
+            code = codes::FATAL
+        ),
     };
     out.extend_from_slice(line.as_bytes());
 }

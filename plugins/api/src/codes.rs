@@ -1,0 +1,72 @@
+//! The `code` of every error the push protocol's server sends, on every transport.
+//!
+//! An error is `{"type":"error","requestId":..,"code":..,"message":..}`, plus `"limit"` (the
+//! config key) when `code` is [`LIMIT_EXCEEDED`]. Transports and the core build their errors
+//! from these constants, and the protocol reference lists exactly [`ALL`] (a test checks both).
+//!
+//! ```
+//! use powerhub_plugin::codes;
+//! assert!(codes::ALL.contains(&codes::LIMIT_EXCEEDED));
+//! ```
+
+/// The line is not UTF-8.
+pub const INVALID_UTF8: &str = "invalid_utf8";
+/// The line is not a JSON object.
+pub const INVALID_JSON: &str = "invalid_json";
+/// A string escapes half a surrogate pair.
+pub const LONE_SURROGATE: &str = "lone_surrogate";
+/// A field the server reads is given twice.
+pub const DUPLICATE_FIELD: &str = "duplicate_field";
+/// A required field is absent.
+pub const MISSING_FIELD: &str = "missing_field";
+/// A field has the wrong JSON type.
+pub const WRONG_TYPE: &str = "wrong_type";
+/// A field has a value the protocol does not accept.
+pub const INVALID_VALUE: &str = "invalid_value";
+/// `type` names no command.
+pub const UNKNOWN_COMMAND: &str = "unknown_command";
+/// `unsubscribe` names no subscription of the connection.
+pub const UNKNOWN_SUBSCRIPTION: &str = "unknown_subscription";
+/// `subscriptionId` is already used on the connection.
+pub const DUPLICATE_SUBSCRIPTION: &str = "duplicate_subscription";
+/// The hub refused a subscription.
+pub const SUBSCRIBE_FAILED: &str = "subscribe_failed";
+/// The hub refused a publish.
+pub const PUBLISH_FAILED: &str = "publish_failed";
+/// A binary message where the protocol carries commands as text.
+pub const UNSUPPORTED: &str = "unsupported";
+/// A limit or a deadline was reached; the error's `limit` names the config key.
+pub const LIMIT_EXCEEDED: &str = "limit_exceeded";
+/// A subscription fell behind under the `disconnect` slow-consumer policy.
+pub const SLOW_CONSUMER: &str = "slow_consumer";
+/// The hub closed the connection's subscriptions.
+pub const HUB_CLOSED: &str = "hub_closed";
+/// The server shuts down.
+pub const SHUTDOWN: &str = "shutdown";
+/// The binary frame protocol: a frame that cannot be decoded.
+pub const BAD_FRAME: &str = "bad_frame";
+/// NDJSON input that cannot be framed into lines.
+pub const FATAL: &str = "fatal";
+
+/// Every code, in the order the protocol reference lists them.
+pub const ALL: &[&str] = &[
+    INVALID_UTF8,
+    INVALID_JSON,
+    LONE_SURROGATE,
+    DUPLICATE_FIELD,
+    MISSING_FIELD,
+    WRONG_TYPE,
+    INVALID_VALUE,
+    UNKNOWN_COMMAND,
+    UNKNOWN_SUBSCRIPTION,
+    DUPLICATE_SUBSCRIPTION,
+    SUBSCRIBE_FAILED,
+    PUBLISH_FAILED,
+    UNSUPPORTED,
+    LIMIT_EXCEEDED,
+    SLOW_CONSUMER,
+    HUB_CLOSED,
+    SHUTDOWN,
+    BAD_FRAME,
+    FATAL,
+];
