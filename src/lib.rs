@@ -12,6 +12,7 @@ pub mod outbox;
 pub mod protocol;
 pub mod ring;
 pub mod runtime;
+pub mod security;
 pub mod transport;
 
 pub use powerhub_plugin as plugin;

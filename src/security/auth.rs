@@ -1,0 +1,1648 @@
+//! Who a client is: the `[auth]` configuration and the [`Authenticator`] that turns a presented
+//! token into an [`Identity`] or a named [`AuthError`].
+//!
+//! Two kinds of credentials, either or both:
+//!
+//! - **Static tokens** (`[[auth.tokens]]`): an opaque string, the user it stands for and that
+//!   user's [`PermissionsConfig`]. A presented token is hashed (SHA-256) and compared with every
+//!   configured token's digest in constant time, all of them every time.
+//! - **JWTs** (`[auth.jwt]`): one algorithm per server (`HS256` with a shared secret, `RS256` or
+//!   `ES256` with a public key in a PEM file); the claims `sub` (the user, required), `exp` and
+//!   `nbf` (checked against the caller's `now`, with `leeway_secs`), `aud` and `iss` (checked
+//!   when configured; a token naming an audience is refused by a server that names none, as
+//!   RFC 7519 §4.1.3 says), and the user's permissions in a claim (`permissions` by default) of
+//!   the same shape as a static token's.
+//!
+//! Verification is sans-IO: [`Authenticator::verify`] takes `now`, so expiry is tested on a
+//! virtual clock; key files are read when the authenticator is built
+//! ([`Authenticator::from_config`], or [`Authenticator::from_config_with`] with a reader of the
+//! caller's).
+//!
+//! ```
+//! use std::time::{Duration, UNIX_EPOCH};
+//! use powerhub::security::auth::{AuthConfig, AuthError, Authenticator};
+//!
+//! let config: AuthConfig = toml::from_str(r#"
+//!     [[tokens]]
+//!     token = "s3cr3t-token-for-the-dashboard"
+//!     user = "dashboard"
+//!     permissions = { subscribe = { allow = [">", "$stats"] } }
+//!
+//!     [jwt]
+//!     algorithm = "HS256"
+//!     secret = "a shared secret of at least thirty-two bytes"
+//!     audience = "powerhub"
+//! "#).unwrap();
+//! let auth = Authenticator::from_config(&config).unwrap();
+//! let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+//!
+//! let who = auth.verify("s3cr3t-token-for-the-dashboard", now).unwrap();
+//! assert_eq!(who.user, "dashboard");
+//! assert!(who.permissions.subscribe("$stats", None).is_allowed());
+//!
+//! // A JWT, as an identity provider would issue it.
+//! let claims = serde_json::json!({
+//!     "sub": "alice", "aud": "powerhub", "exp": 1_700_000_060,
+//!     "permissions": { "publish": { "allow": ["obs/>"] } },
+//! });
+//! let jwt = jsonwebtoken::encode(
+//!     &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+//!     &claims,
+//!     &jsonwebtoken::EncodingKey::from_secret(b"a shared secret of at least thirty-two bytes"),
+//! ).unwrap();
+//! let alice = auth.verify(&jwt, now).unwrap();
+//! assert_eq!(alice.user, "alice");
+//! assert!(alice.permissions.publish("obs", Some("dev1")).is_allowed());
+//! assert_eq!(alice.expires_at, Some(UNIX_EPOCH + Duration::from_secs(1_700_000_060)));
+//!
+//! let later = UNIX_EPOCH + Duration::from_secs(1_700_000_060);
+//! let err = auth.verify(&jwt, later).unwrap_err();
+//! assert_eq!(err, AuthError::Expired { exp: 1_700_000_060 });
+//! assert_eq!(err.code(), "token_expired");
+//! ```
+
+use std::fmt;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use base64::Engine as _;
+use jsonwebtoken::errors::ErrorKind as JwtErrorKind;
+use jsonwebtoken::{Algorithm, DecodingKey, Validation};
+use rustls::pki_types::pem::{self, PemObject};
+use rustls::pki_types::{CertificateDer, SubjectPublicKeyInfoDer};
+use serde::Deserialize;
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+use super::permissions::{PatternError, Permissions, PermissionsConfig};
+
+/// The longest token [`Authenticator::verify`] reads; a longer one is [`AuthError::Malformed`].
+pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
+
+/// The shortest HS256 secret accepted: the size of the hash output (RFC 7518 §3.2).
+pub const MIN_HS256_SECRET_BYTES: usize = 32;
+
+/// The smallest RSA modulus accepted for RS256, in bits (RFC 7518 §3.3).
+pub const MIN_RSA_BITS: usize = 2048;
+
+/// The `permissions_claim` when none is configured.
+pub const DEFAULT_PERMISSIONS_CLAIM: &str = "permissions";
+
+/// The `[auth]` section. Authentication is on as soon as this section is present; it must then
+/// configure at least one static token or a `[auth.jwt]` section.
+///
+/// `Debug` leaves tokens and secrets out.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// Static tokens (`[[auth.tokens]]`).
+    #[serde(default)]
+    pub tokens: Vec<StaticTokenConfig>,
+    /// JWT verification (`[auth.jwt]`).
+    #[serde(default)]
+    pub jwt: Option<JwtConfig>,
+}
+
+impl fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("tokens", &self.tokens)
+            .field("jwt", &self.jwt)
+            .finish()
+    }
+}
+
+/// One `[[auth.tokens]]` entry. `Debug` leaves the token out.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaticTokenConfig {
+    /// The secret string the client presents. Non-empty; each token at most once.
+    pub token: String,
+    /// The user it authenticates as. Non-empty.
+    pub user: String,
+    /// What that user may do (default: nothing).
+    #[serde(default)]
+    pub permissions: PermissionsConfig,
+}
+
+impl fmt::Debug for StaticTokenConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StaticTokenConfig")
+            .field("token", &"<redacted>")
+            .field("user", &self.user)
+            .field("permissions", &self.permissions)
+            .finish()
+    }
+}
+
+/// A JWT signature algorithm the server can be configured to accept (exactly one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+pub enum JwtAlgorithm {
+    /// HMAC with SHA-256 and a shared secret.
+    #[serde(rename = "HS256")]
+    Hs256,
+    /// RSASSA-PKCS1-v1_5 with SHA-256 and an RSA public key.
+    #[serde(rename = "RS256")]
+    Rs256,
+    /// ECDSA on P-256 with SHA-256 and an EC public key.
+    #[serde(rename = "ES256")]
+    Es256,
+}
+
+impl JwtAlgorithm {
+    /// The name as it appears in the JWT header's `alg` (`HS256`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JwtAlgorithm::Hs256 => "HS256",
+            JwtAlgorithm::Rs256 => "RS256",
+            JwtAlgorithm::Es256 => "ES256",
+        }
+    }
+
+    fn jsonwebtoken(self) -> Algorithm {
+        match self {
+            JwtAlgorithm::Hs256 => Algorithm::HS256,
+            JwtAlgorithm::Rs256 => Algorithm::RS256,
+            JwtAlgorithm::Es256 => Algorithm::ES256,
+        }
+    }
+}
+
+impl fmt::Display for JwtAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The `[auth.jwt]` section. `Debug` leaves the secret out.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JwtConfig {
+    /// The one algorithm accepted; a token whose header names another is refused.
+    pub algorithm: JwtAlgorithm,
+    /// HS256: the shared secret, inline (at least [`MIN_HS256_SECRET_BYTES`] bytes).
+    #[serde(default)]
+    pub secret: Option<String>,
+    /// HS256: a file holding the shared secret (a trailing line break is not part of it).
+    #[serde(default)]
+    pub secret_file: Option<PathBuf>,
+    /// RS256 and ES256: a PEM file with the public key (`PUBLIC KEY`) or a certificate
+    /// (`CERTIFICATE`) carrying it.
+    #[serde(default)]
+    pub public_key_file: Option<PathBuf>,
+    /// When set, a token's `aud` (a string or an array of strings) must contain this value.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// When set, a token's `iss` must be this value.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// The claim holding the user's permissions (default [`DEFAULT_PERMISSIONS_CLAIM`]). A token
+    /// without it authenticates with no permissions.
+    #[serde(default = "default_permissions_claim")]
+    pub permissions_claim: String,
+    /// Seconds of clock skew tolerated on `exp` and `nbf` (default 0).
+    #[serde(default)]
+    pub leeway_secs: u64,
+}
+
+fn default_permissions_claim() -> String {
+    DEFAULT_PERMISSIONS_CLAIM.to_owned()
+}
+
+impl fmt::Debug for JwtConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("JwtConfig")
+            .field("algorithm", &self.algorithm)
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("secret_file", &self.secret_file)
+            .field("public_key_file", &self.public_key_file)
+            .field("audience", &self.audience)
+            .field("issuer", &self.issuer)
+            .field("permissions_claim", &self.permissions_claim)
+            .field("leeway_secs", &self.leeway_secs)
+            .finish()
+    }
+}
+
+/// Why an `[auth]` section could not be turned into an [`Authenticator`]. Each variant names the
+/// key, entry or file at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthConfigError {
+    /// `[auth]` is present but configures neither a token nor a JWT key: nobody could connect.
+    #[error(
+        "[auth] configures no credentials: add [[auth.tokens]] entries or an [auth.jwt] section"
+    )]
+    NoCredentials,
+    /// A static token or its user is empty.
+    #[error("auth.tokens[{index}].{key} must not be empty")]
+    Empty {
+        /// The entry's position in `[[auth.tokens]]`, from 0.
+        index: usize,
+        /// `token` or `user`.
+        key: &'static str,
+    },
+    /// The same token is configured twice.
+    #[error("auth.tokens[{index}].token repeats auth.tokens[{first}].token")]
+    DuplicateToken {
+        /// The repeat.
+        index: usize,
+        /// The first entry with that token.
+        first: usize,
+    },
+    /// A static token's permissions hold an invalid pattern.
+    #[error("auth.tokens[{index}] (user `{user}`): {source}")]
+    Permissions {
+        /// The entry.
+        index: usize,
+        /// Its user.
+        user: String,
+        /// The pattern and what is wrong with it.
+        source: PatternError,
+    },
+    /// The algorithm's key is not configured.
+    #[error("auth.jwt: algorithm {algorithm} needs {needs}")]
+    MissingKey {
+        /// The configured algorithm.
+        algorithm: JwtAlgorithm,
+        /// The key(s) to set.
+        needs: &'static str,
+    },
+    /// A key is configured that the algorithm does not use, or two that exclude each other.
+    #[error("auth.jwt: {key} {why}")]
+    ConflictingKey {
+        /// The key at fault.
+        key: &'static str,
+        /// Why it cannot be set.
+        why: String,
+    },
+    /// The HS256 secret is too short.
+    #[error(
+        "auth.jwt: the HS256 secret has {len} bytes; at least {MIN_HS256_SECRET_BYTES} are needed"
+    )]
+    SecretTooShort {
+        /// Its length.
+        len: usize,
+    },
+    /// A key file could not be read.
+    #[error("auth.jwt: cannot read {}: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: io::Error,
+    },
+    /// A key file holds no usable public key.
+    #[error("auth.jwt: {}: {reason}", path.display())]
+    Key {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (no PEM section, not an RSA key, too short, ...).
+        reason: String,
+    },
+}
+
+/// Who a connection is, once its token verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// The user: a static token's `user`, a JWT's `sub`.
+    pub user: String,
+    /// What the user may do.
+    pub permissions: Arc<Permissions>,
+    /// The instant from which this authenticator refuses the token as expired (its `exp` plus
+    /// the configured leeway): the connection is to be closed then unless it presented a fresh
+    /// token. `None` for static tokens and JWTs without `exp`.
+    pub expires_at: Option<SystemTime>,
+}
+
+impl Identity {
+    /// How long until [`Identity::expires_at`] (zero once passed); `None` if it never expires.
+    pub fn remaining(&self, now: SystemTime) -> Option<Duration> {
+        self.expires_at
+            .map(|at| at.duration_since(now).unwrap_or(Duration::ZERO))
+    }
+}
+
+/// Which part of a JWT was malformed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TokenPart {
+    /// The token as a whole (its shape or length).
+    Token,
+    /// The header (first part).
+    Header,
+    /// The claims (second part).
+    Payload,
+    /// The signature (third part).
+    Signature,
+}
+
+impl fmt::Display for TokenPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TokenPart::Token => "token",
+            TokenPart::Header => "header",
+            TokenPart::Payload => "payload",
+            TokenPart::Signature => "signature",
+        })
+    }
+}
+
+/// Why a presented token was refused. Each variant has a short, stable [`AuthError::code`] for
+/// the protocol's error reply; the message never repeats the token.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// No static token matches, and the token is not a JWT this server verifies.
+    #[error("unknown token")]
+    UnknownToken,
+    /// The JWT's signature does not verify with the configured key.
+    #[error("the token's signature does not verify")]
+    BadSignature,
+    /// `now` is at or past the JWT's `exp` (plus leeway).
+    #[error("the token expired at {exp} (unix time)")]
+    Expired {
+        /// The token's `exp`, in seconds since the epoch.
+        exp: u64,
+    },
+    /// `now` is before the JWT's `nbf` (less leeway).
+    #[error("the token is not valid before {nbf} (unix time)")]
+    NotYetValid {
+        /// The token's `nbf`, in seconds since the epoch.
+        nbf: u64,
+    },
+    /// The JWT's `aud` does not name this server's audience, or names one when this server
+    /// expects none.
+    #[error("{}", match expected {
+        Some(a) => format!("the token's audience does not include `{a}`"),
+        None => "the token names an audience and this server is configured with none".to_owned(),
+    })]
+    WrongAudience {
+        /// The configured audience.
+        expected: Option<String>,
+    },
+    /// The JWT's `iss` is absent or not the configured issuer.
+    #[error("the token's issuer is not `{expected}`")]
+    WrongIssuer {
+        /// The configured issuer.
+        expected: String,
+    },
+    /// The token is not a well-formed JWT: not three base64url parts, a part that does not
+    /// decode, a header or payload that is not a JSON object, or a claim of the wrong type.
+    #[error("malformed token {part}: {reason}")]
+    Malformed {
+        /// The part at fault.
+        part: TokenPart,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The JWT's header says `alg: none` (an unsigned token).
+    #[error("unsigned tokens (alg `none`) are refused")]
+    AlgNone,
+    /// The JWT's header names an algorithm other than the configured one.
+    #[error("algorithm `{alg}` is not allowed; this server accepts {expected}")]
+    AlgorithmNotAllowed {
+        /// The header's `alg` (at most 32 characters of it).
+        alg: String,
+        /// The configured algorithm.
+        expected: JwtAlgorithm,
+    },
+    /// The JWT has no `sub` claim (or an empty one): there is no user.
+    #[error("the token has no `sub` claim")]
+    MissingSub,
+    /// The JWT's permissions claim is not a permission set, or holds an invalid pattern.
+    #[error("the token's `{claim}` claim: {reason}")]
+    InvalidPermissions {
+        /// The claim's name.
+        claim: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl AuthError {
+    /// Every code [`AuthError::code`] can return.
+    pub const CODES: &'static [&'static str] = &[
+        "unknown_token",
+        "bad_signature",
+        "token_expired",
+        "token_not_yet_valid",
+        "wrong_audience",
+        "wrong_issuer",
+        "malformed_token",
+        "alg_none",
+        "algorithm_not_allowed",
+        "missing_sub",
+        "invalid_permissions",
+    ];
+
+    /// The machine-readable code for the protocol's error reply (`{"type":"error",
+    /// "code":"token_expired",...}`): one per variant, from [`AuthError::CODES`].
+    pub fn code(&self) -> &'static str {
+        match self {
+            AuthError::UnknownToken => "unknown_token",
+            AuthError::BadSignature => "bad_signature",
+            AuthError::Expired { .. } => "token_expired",
+            AuthError::NotYetValid { .. } => "token_not_yet_valid",
+            AuthError::WrongAudience { .. } => "wrong_audience",
+            AuthError::WrongIssuer { .. } => "wrong_issuer",
+            AuthError::Malformed { .. } => "malformed_token",
+            AuthError::AlgNone => "alg_none",
+            AuthError::AlgorithmNotAllowed { .. } => "algorithm_not_allowed",
+            AuthError::MissingSub => "missing_sub",
+            AuthError::InvalidPermissions { .. } => "invalid_permissions",
+        }
+    }
+}
+
+fn malformed(part: TokenPart, reason: impl Into<String>) -> AuthError {
+    AuthError::Malformed {
+        part,
+        reason: reason.into(),
+    }
+}
+
+struct StaticEntry {
+    digest: [u8; 32],
+    user: String,
+    permissions: Arc<Permissions>,
+}
+
+struct JwtVerifier {
+    algorithm: JwtAlgorithm,
+    key: DecodingKey,
+    validation: Validation,
+    audience: Option<String>,
+    issuer: Option<String>,
+    permissions_claim: String,
+    leeway_secs: u64,
+}
+
+/// Verifies presented tokens against an `[auth]` configuration. Immutable once built: to reload
+/// keys (SIGHUP), build a new one and swap it in; identities already issued keep their
+/// permissions.
+pub struct Authenticator {
+    tokens: Vec<StaticEntry>,
+    jwt: Option<JwtVerifier>,
+}
+
+impl fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("static_tokens", &self.tokens.len())
+            .field("jwt", &self.jwt.as_ref().map(|j| j.algorithm))
+            .finish()
+    }
+}
+
+fn digest(token: &[u8]) -> [u8; 32] {
+    Sha256::digest(token).into()
+}
+
+impl Authenticator {
+    /// Builds the authenticator, reading key files from the file system.
+    ///
+    /// # Errors
+    ///
+    /// See [`AuthConfigError`]: no credentials, an empty or repeated token, an invalid
+    /// permission pattern, a missing, conflicting, unreadable or unusable key.
+    pub fn from_config(config: &AuthConfig) -> Result<Authenticator, AuthConfigError> {
+        Self::from_config_with(config, |p| std::fs::read(p))
+    }
+
+    /// Builds the authenticator, reading key files through `read` (tests hand in keys from
+    /// memory; a reload can read through its own cache).
+    ///
+    /// # Errors
+    ///
+    /// As [`Authenticator::from_config`].
+    pub fn from_config_with(
+        config: &AuthConfig,
+        mut read: impl FnMut(&Path) -> io::Result<Vec<u8>>,
+    ) -> Result<Authenticator, AuthConfigError> {
+        if config.tokens.is_empty() && config.jwt.is_none() {
+            return Err(AuthConfigError::NoCredentials);
+        }
+        let mut tokens: Vec<StaticEntry> = Vec::with_capacity(config.tokens.len());
+        for (index, t) in config.tokens.iter().enumerate() {
+            if t.token.is_empty() {
+                return Err(AuthConfigError::Empty {
+                    index,
+                    key: "token",
+                });
+            }
+            if t.user.is_empty() {
+                return Err(AuthConfigError::Empty { index, key: "user" });
+            }
+            let d = digest(t.token.as_bytes());
+            if let Some(first) = tokens.iter().position(|e| e.digest == d) {
+                return Err(AuthConfigError::DuplicateToken { index, first });
+            }
+            let permissions = Permissions::compile(&t.permissions).map_err(|source| {
+                AuthConfigError::Permissions {
+                    index,
+                    user: t.user.clone(),
+                    source,
+                }
+            })?;
+            tokens.push(StaticEntry {
+                digest: d,
+                user: t.user.clone(),
+                permissions: Arc::new(permissions),
+            });
+        }
+        let jwt = config
+            .jwt
+            .as_ref()
+            .map(|j| JwtVerifier::new(j, &mut read))
+            .transpose()?;
+        Ok(Authenticator { tokens, jwt })
+    }
+
+    /// Verifies `token` at `now`: a static token, else a JWT (three `.`-separated parts) when a
+    /// `[auth.jwt]` section is configured.
+    ///
+    /// # Errors
+    ///
+    /// The reason for the refusal, one [`AuthError`] variant per reason.
+    pub fn verify(&self, token: &str, now: SystemTime) -> Result<Identity, AuthError> {
+        if token.len() > MAX_TOKEN_BYTES {
+            return Err(malformed(
+                TokenPart::Token,
+                format!("longer than {MAX_TOKEN_BYTES} bytes"),
+            ));
+        }
+        if let Some(entry) = self.find_static(token) {
+            return Ok(Identity {
+                user: entry.user.clone(),
+                permissions: Arc::clone(&entry.permissions),
+                expires_at: None,
+            });
+        }
+        let Some(jwt) = &self.jwt else {
+            return Err(AuthError::UnknownToken);
+        };
+        if token.split('.').count() != 3 {
+            return Err(if self.tokens.is_empty() {
+                malformed(
+                    TokenPart::Token,
+                    "not a JWT (three base64url parts separated by `.`)",
+                )
+            } else {
+                AuthError::UnknownToken
+            });
+        }
+        jwt.verify(token, now)
+    }
+
+    /// The static entry whose token is `token`. Every entry is compared, in constant time, so
+    /// the time taken does not tell which entry (or how much of one) matched.
+    fn find_static(&self, token: &str) -> Option<&StaticEntry> {
+        if self.tokens.is_empty() {
+            return None;
+        }
+        let d = digest(token.as_bytes());
+        let mut found = subtle::Choice::from(0);
+        let mut index = 0u64;
+        for (i, e) in self.tokens.iter().enumerate() {
+            let eq = e.digest.ct_eq(&d);
+            index = u64::conditional_select(&index, &(i as u64), eq);
+            found |= eq;
+        }
+        bool::from(found).then(|| &self.tokens[index as usize])
+    }
+}
+
+impl JwtVerifier {
+    fn new(
+        config: &JwtConfig,
+        read: &mut impl FnMut(&Path) -> io::Result<Vec<u8>>,
+    ) -> Result<JwtVerifier, AuthConfigError> {
+        let algorithm = config.algorithm;
+        let mut read_file = |path: &Path| {
+            read(path).map_err(|source| AuthConfigError::Read {
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let key = match algorithm {
+            JwtAlgorithm::Hs256 => {
+                if config.public_key_file.is_some() {
+                    return Err(AuthConfigError::ConflictingKey {
+                        key: "public_key_file",
+                        why: "is for RS256 and ES256; HS256 uses `secret` or `secret_file`".into(),
+                    });
+                }
+                let secret = match (&config.secret, &config.secret_file) {
+                    (Some(_), Some(_)) => {
+                        return Err(AuthConfigError::ConflictingKey {
+                            key: "secret",
+                            why: "and `secret_file` are both set; give one".into(),
+                        })
+                    }
+                    (Some(s), None) => s.as_bytes().to_vec(),
+                    (None, Some(path)) => {
+                        let mut s = read_file(path)?;
+                        for end in [b'\n', b'\r'] {
+                            if s.last() == Some(&end) {
+                                s.pop();
+                            }
+                        }
+                        s
+                    }
+                    (None, None) => {
+                        return Err(AuthConfigError::MissingKey {
+                            algorithm,
+                            needs: "`secret` or `secret_file`",
+                        })
+                    }
+                };
+                if secret.len() < MIN_HS256_SECRET_BYTES {
+                    return Err(AuthConfigError::SecretTooShort { len: secret.len() });
+                }
+                DecodingKey::from_secret(&secret)
+            }
+            JwtAlgorithm::Rs256 | JwtAlgorithm::Es256 => {
+                for (set, key) in [
+                    (config.secret.is_some(), "secret"),
+                    (config.secret_file.is_some(), "secret_file"),
+                ] {
+                    if set {
+                        return Err(AuthConfigError::ConflictingKey {
+                            key,
+                            why: format!("is for HS256; {algorithm} uses `public_key_file`"),
+                        });
+                    }
+                }
+                let Some(path) = &config.public_key_file else {
+                    return Err(AuthConfigError::MissingKey {
+                        algorithm,
+                        needs: "`public_key_file`",
+                    });
+                };
+                let pem = read_file(path)?;
+                public_key(algorithm, &pem).map_err(|reason| AuthConfigError::Key {
+                    path: path.clone(),
+                    reason,
+                })?
+            }
+        };
+        let mut validation = Validation::new(algorithm.jsonwebtoken());
+        // Only the signature is left to jsonwebtoken: it would read the system clock for `exp`
+        // and `nbf`, and each claim check here names its own error.
+        validation.validate_exp = false;
+        validation.validate_nbf = false;
+        validation.validate_aud = false;
+        validation.required_spec_claims.clear();
+        Ok(JwtVerifier {
+            algorithm,
+            key,
+            validation,
+            audience: config.audience.clone(),
+            issuer: config.issuer.clone(),
+            permissions_claim: config.permissions_claim.clone(),
+            leeway_secs: config.leeway_secs,
+        })
+    }
+
+    fn verify(&self, token: &str, now: SystemTime) -> Result<Identity, AuthError> {
+        let mut parts = token.split('.');
+        let (Some(header), Some(_payload), Some(signature)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(malformed(TokenPart::Token, "not three parts"));
+        };
+        let header = json_object(header, TokenPart::Header)?;
+        let alg = match header.get("alg") {
+            Some(Value::String(a)) => a,
+            Some(_) => return Err(malformed(TokenPart::Header, "`alg` is not a string")),
+            None => return Err(malformed(TokenPart::Header, "no `alg`")),
+        };
+        if alg.eq_ignore_ascii_case("none") {
+            return Err(AuthError::AlgNone);
+        }
+        if alg != self.algorithm.as_str() {
+            return Err(AuthError::AlgorithmNotAllowed {
+                alg: alg.chars().take(32).collect(),
+                expected: self.algorithm,
+            });
+        }
+        if base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(signature)
+            .is_err()
+        {
+            return Err(malformed(TokenPart::Signature, "not base64url"));
+        }
+        let claims: Map<String, Value> =
+            match jsonwebtoken::decode(token, &self.key, &self.validation) {
+                Ok(data) => data.claims,
+                Err(e) => return Err(self.decode_error(e.into_kind())),
+            };
+        self.identity(claims, now)
+    }
+
+    /// Maps what jsonwebtoken refused. The header and signature encodings were checked before,
+    /// so a base64 or JSON error here is the payload's.
+    fn decode_error(&self, kind: JwtErrorKind) -> AuthError {
+        match kind {
+            JwtErrorKind::InvalidSignature => AuthError::BadSignature,
+            JwtErrorKind::Base64(_) => malformed(TokenPart::Payload, "not base64url"),
+            JwtErrorKind::Json(e) => malformed(
+                TokenPart::Payload,
+                format!("not a JSON object of claims ({e})"),
+            ),
+            JwtErrorKind::Utf8(_) => malformed(TokenPart::Payload, "not UTF-8"),
+            JwtErrorKind::InvalidToken => malformed(TokenPart::Token, "not three parts"),
+            JwtErrorKind::InvalidAlgorithm => AuthError::AlgorithmNotAllowed {
+                alg: String::new(),
+                expected: self.algorithm,
+            },
+            // The key was checked when the configuration was loaded; whatever else goes wrong
+            // in the cryptography is a signature that does not verify.
+            _ => AuthError::BadSignature,
+        }
+    }
+
+    fn identity(&self, claims: Map<String, Value>, now: SystemTime) -> Result<Identity, AuthError> {
+        let now_secs = now
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        let exp = numeric_date(&claims, "exp")?;
+        let nbf = numeric_date(&claims, "nbf")?;
+        if let Some(exp) = exp {
+            if now_secs >= exp.saturating_add(self.leeway_secs) {
+                return Err(AuthError::Expired { exp });
+            }
+        }
+        if let Some(nbf) = nbf {
+            if now_secs.saturating_add(self.leeway_secs) < nbf {
+                return Err(AuthError::NotYetValid { nbf });
+            }
+        }
+        self.check_audience(claims.get("aud"))?;
+        let iss = match claims.get("iss") {
+            None => None,
+            Some(Value::String(iss)) => Some(iss.as_str()),
+            Some(_) => return Err(malformed(TokenPart::Payload, "`iss` is not a string")),
+        };
+        if let Some(expected) = &self.issuer {
+            if iss != Some(expected.as_str()) {
+                return Err(AuthError::WrongIssuer {
+                    expected: expected.clone(),
+                });
+            }
+        }
+        let user = match claims.get("sub") {
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(Value::String(_)) | None => return Err(AuthError::MissingSub),
+            Some(_) => return Err(malformed(TokenPart::Payload, "`sub` is not a string")),
+        };
+        let permissions = match claims.get(&self.permissions_claim) {
+            None => Permissions::none(),
+            Some(v) => {
+                let invalid = |reason: String| AuthError::InvalidPermissions {
+                    claim: self.permissions_claim.clone(),
+                    reason,
+                };
+                let config = PermissionsConfig::deserialize(v)
+                    .map_err(|e| invalid(format!("not a permission set ({e})")))?;
+                Permissions::compile(&config).map_err(|e| invalid(e.to_string()))?
+            }
+        };
+        Ok(Identity {
+            user,
+            permissions: Arc::new(permissions),
+            expires_at: exp
+                .map(|e| UNIX_EPOCH + Duration::from_secs(e.saturating_add(self.leeway_secs))),
+        })
+    }
+
+    fn check_audience(&self, aud: Option<&Value>) -> Result<(), AuthError> {
+        let wrong = || AuthError::WrongAudience {
+            expected: self.audience.clone(),
+        };
+        let names: Vec<&str> = match aud {
+            None => Vec::new(),
+            Some(Value::String(s)) => vec![s.as_str()],
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| v.as_str())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    malformed(
+                        TokenPart::Payload,
+                        "`aud` holds something other than strings",
+                    )
+                })?,
+            Some(_) => {
+                return Err(malformed(
+                    TokenPart::Payload,
+                    "`aud` is neither a string nor an array of strings",
+                ))
+            }
+        };
+        match &self.audience {
+            Some(expected) if names.contains(&expected.as_str()) => Ok(()),
+            Some(_) => Err(wrong()),
+            None if names.is_empty() => Ok(()),
+            None => Err(wrong()),
+        }
+    }
+}
+
+/// A base64url JSON object (the header).
+fn json_object(part: &str, which: TokenPart) -> Result<Map<String, Value>, AuthError> {
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(part)
+        .map_err(|_| malformed(which, "not base64url"))?;
+    serde_json::from_slice(&bytes).map_err(|_| malformed(which, "not a JSON object"))
+}
+
+/// A NumericDate claim (RFC 7519 §2): a non-negative number of seconds, fractions dropped.
+/// Anything else (a string, a negative number) is malformed, never "absent".
+fn numeric_date(claims: &Map<String, Value>, name: &str) -> Result<Option<u64>, AuthError> {
+    let Some(v) = claims.get(name) else {
+        return Ok(None);
+    };
+    let bad = || malformed(TokenPart::Payload, format!("`{name}` is not a NumericDate"));
+    let Value::Number(n) = v else {
+        return Err(bad());
+    };
+    if let Some(secs) = n.as_u64() {
+        return Ok(Some(secs));
+    }
+    match n.as_f64() {
+        // `as` saturates: a date past u64::MAX seconds is "never".
+        Some(f) if f.is_finite() && f >= 0.0 => Ok(Some(f as u64)),
+        _ => Err(bad()),
+    }
+}
+
+/// The public key of a PEM file (`PUBLIC KEY`, or a `CERTIFICATE`'s), checked against the
+/// algorithm and turned into jsonwebtoken's key.
+fn public_key(algorithm: JwtAlgorithm, pem_bytes: &[u8]) -> Result<DecodingKey, String> {
+    let spki: Vec<u8> = match SubjectPublicKeyInfoDer::from_pem_slice(pem_bytes) {
+        Ok(der) => der.as_ref().to_vec(),
+        Err(pem::Error::NoItemsFound) => match CertificateDer::from_pem_slice(pem_bytes) {
+            Ok(cert) => {
+                use x509_cert::der::{Decode as _, Encode as _};
+                let cert = x509_cert::Certificate::from_der(cert.as_ref())
+                    .map_err(|e| format!("the CERTIFICATE does not parse: {e}"))?;
+                cert.tbs_certificate
+                    .subject_public_key_info
+                    .to_der()
+                    .map_err(|e| format!("the certificate's public key does not encode: {e}"))?
+            }
+            Err(pem::Error::NoItemsFound) => {
+                return Err("no PUBLIC KEY or CERTIFICATE section in the PEM file".into())
+            }
+            Err(e) => return Err(format!("not a valid PEM file: {e}")),
+        },
+        Err(e) => return Err(format!("not a valid PEM file: {e}")),
+    };
+    match algorithm {
+        JwtAlgorithm::Rs256 => {
+            use rsa::pkcs8::DecodePublicKey as _;
+            use rsa::traits::PublicKeyParts as _;
+            let key = rsa::RsaPublicKey::from_public_key_der(&spki)
+                .map_err(|e| format!("not an RSA public key, as RS256 needs ({e})"))?;
+            let bits = key.n().bits();
+            if bits < MIN_RSA_BITS {
+                return Err(format!(
+                    "the RSA key has {bits} bits; RS256 needs at least {MIN_RSA_BITS}"
+                ));
+            }
+            Ok(DecodingKey::from_rsa_raw_components(
+                &key.n().to_bytes_be(),
+                &key.e().to_bytes_be(),
+            ))
+        }
+        JwtAlgorithm::Es256 => {
+            use p256::elliptic_curve::sec1::ToEncodedPoint as _;
+            use p256::pkcs8::DecodePublicKey as _;
+            let key = p256::PublicKey::from_public_key_der(&spki)
+                .map_err(|e| format!("not a P-256 public key, as ES256 needs ({e})"))?;
+            Ok(DecodingKey::from_ec_der(
+                key.to_encoded_point(false).as_bytes(),
+            ))
+        }
+        JwtAlgorithm::Hs256 => unreachable!("HS256 has no public key"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jsonwebtoken::{EncodingKey, Header};
+    use serde_json::json;
+
+    const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
+    const T0: u64 = 1_700_000_000;
+    const RSA_PRIVATE: &str = include_str!("../../tests/keys/rsa-2048.pem");
+    const RSA_PUBLIC: &str = include_str!("../../tests/keys/rsa-2048.pub.pem");
+    const RSA_OTHER_PUBLIC: &str = include_str!("../../tests/keys/rsa-2048-other.pub.pem");
+    const RSA_SHORT_PUBLIC: &str = include_str!("../../tests/keys/rsa-1024.pub.pem");
+
+    fn at(secs: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(secs)
+    }
+
+    fn b64(bytes: &[u8]) -> String {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    }
+
+    fn hs_config() -> JwtConfig {
+        JwtConfig {
+            algorithm: JwtAlgorithm::Hs256,
+            secret: Some(SECRET.into()),
+            secret_file: None,
+            public_key_file: None,
+            audience: None,
+            issuer: None,
+            permissions_claim: DEFAULT_PERMISSIONS_CLAIM.into(),
+            leeway_secs: 0,
+        }
+    }
+
+    fn with_jwt(jwt: JwtConfig) -> Authenticator {
+        with_jwt_files(jwt, &[])
+    }
+
+    fn with_jwt_files(jwt: JwtConfig, files: &[(&str, &str)]) -> Authenticator {
+        let config = AuthConfig {
+            tokens: Vec::new(),
+            jwt: Some(jwt),
+        };
+        Authenticator::from_config_with(&config, |p| read_from(files, p)).expect("valid config")
+    }
+
+    fn read_from(files: &[(&str, &str)], path: &Path) -> io::Result<Vec<u8>> {
+        files
+            .iter()
+            .find(|(name, _)| Path::new(name) == path)
+            .map(|(_, text)| text.as_bytes().to_vec())
+            .ok_or_else(|| io::Error::from(io::ErrorKind::NotFound))
+    }
+
+    fn hs_token(claims: &Value) -> String {
+        jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            claims,
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap()
+    }
+
+    /// A token whose header and payload are exactly the given text, correctly signed: the
+    /// refusal then comes from the content, not the signature.
+    fn hs_signed_raw(header_b64: &str, payload_b64: &str) -> String {
+        let message = format!("{header_b64}.{payload_b64}");
+        let sig = jsonwebtoken::crypto::sign(
+            message.as_bytes(),
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+            Algorithm::HS256,
+        )
+        .unwrap();
+        format!("{message}.{sig}")
+    }
+
+    fn hs_header() -> String {
+        b64(br#"{"alg":"HS256","typ":"JWT"}"#)
+    }
+
+    fn good_claims() -> Value {
+        json!({"sub": "alice", "exp": T0 + 60})
+    }
+
+    // ---- static tokens ----
+
+    fn static_config() -> AuthConfig {
+        toml::from_str(
+            r#"
+            [[tokens]]
+            token = "token-one"
+            user = "one"
+            permissions = { publish = { allow = ["obs/>"] } }
+
+            [[tokens]]
+            token = "token-two"
+            user = "two"
+            "#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn static_tokens_authenticate_their_user_and_nothing_else() {
+        let auth = Authenticator::from_config(&static_config()).unwrap();
+        let one = auth.verify("token-one", at(T0)).unwrap();
+        assert_eq!(one.user, "one");
+        assert_eq!(one.expires_at, None);
+        assert!(one.permissions.publish("obs", Some("d")).is_allowed());
+        let two = auth.verify("token-two", at(T0)).unwrap();
+        assert_eq!(two.user, "two");
+        assert!(!two.permissions.publish("obs", Some("d")).is_allowed());
+        for wrong in ["token-three", "token-on", "token-one ", "", "a.b.c"] {
+            let err = auth.verify(wrong, at(T0)).unwrap_err();
+            assert_eq!(err, AuthError::UnknownToken, "{wrong:?}");
+            assert_eq!(err.code(), "unknown_token");
+        }
+    }
+
+    #[test]
+    fn static_token_configuration_errors_name_the_entry() {
+        let mut c = static_config();
+        c.tokens[1].token = "token-one".into();
+        assert!(matches!(
+            Authenticator::from_config(&c),
+            Err(AuthConfigError::DuplicateToken { index: 1, first: 0 })
+        ));
+        let mut c = static_config();
+        c.tokens[0].user = String::new();
+        let err = Authenticator::from_config(&c).unwrap_err();
+        assert_eq!(err.to_string(), "auth.tokens[0].user must not be empty");
+        let mut c = static_config();
+        c.tokens[1].permissions.subscribe.deny = vec!["a/>/b".into()];
+        let err = Authenticator::from_config(&c).unwrap_err();
+        assert!(matches!(err, AuthConfigError::Permissions { index: 1, .. }));
+        assert!(err.to_string().contains("`a/>/b`"), "{err}");
+        assert!(matches!(
+            Authenticator::from_config(&AuthConfig::default()),
+            Err(AuthConfigError::NoCredentials)
+        ));
+    }
+
+    #[test]
+    fn config_parses_refuses_unknown_keys_and_hides_secrets_from_debug() {
+        let c: AuthConfig = toml::from_str(
+            r#"
+            [jwt]
+            algorithm = "RS256"
+            public_key_file = "/etc/powerhub/jwt.pub.pem"
+            audience = "powerhub"
+            issuer = "https://id.example"
+            permissions_claim = "https://powerhub.example/permissions"
+            leeway_secs = 5
+            "#,
+        )
+        .unwrap();
+        let j = c.jwt.as_ref().unwrap();
+        assert_eq!(j.algorithm, JwtAlgorithm::Rs256);
+        assert_eq!(j.leeway_secs, 5);
+        let d: AuthConfig = toml::from_str("[jwt]\nalgorithm = \"HS256\"\nsecret = \"x\"").unwrap();
+        assert_eq!(
+            d.jwt.as_ref().unwrap().permissions_claim,
+            DEFAULT_PERMISSIONS_CLAIM
+        );
+        assert!(toml::from_str::<AuthConfig>("[jwt]\nalgorithm = \"HS512\"").is_err());
+        assert!(toml::from_str::<AuthConfig>("[jwt]\nalgorithm = \"HS256\"\nkey = \"x\"").is_err());
+        assert!(toml::from_str::<AuthConfig>("enabled = true").is_err());
+        let debug = format!("{:?}", static_config());
+        assert!(!debug.contains("token-one"), "{debug}");
+        let debug = format!("{:?}", d);
+        assert!(!debug.contains("secret: Some(\"x\")"), "{debug}");
+    }
+
+    #[test]
+    fn static_tokens_come_before_jwts() {
+        let mut config = static_config();
+        config.jwt = Some(hs_config());
+        let auth = Authenticator::from_config(&config).unwrap();
+        assert_eq!(auth.verify("token-one", at(T0)).unwrap().user, "one");
+        assert_eq!(
+            auth.verify(&hs_token(&good_claims()), at(T0)).unwrap().user,
+            "alice"
+        );
+        // Not JWT-shaped, with static tokens configured: an unknown static token.
+        assert_eq!(
+            auth.verify("nope", at(T0)).unwrap_err(),
+            AuthError::UnknownToken
+        );
+        // Without static tokens, the same is a malformed JWT.
+        let auth = with_jwt(hs_config());
+        assert_eq!(
+            auth.verify("nope", at(T0)).unwrap_err().code(),
+            "malformed_token"
+        );
+    }
+
+    // ---- JWT refusals, one test per reason ----
+
+    #[test]
+    fn hs256_token_verifies_with_permissions_and_expiry() {
+        let auth = with_jwt(hs_config());
+        let token = hs_token(&json!({
+            "sub": "alice", "exp": T0 + 60,
+            "permissions": {"subscribe": {"allow": ["obs"]}},
+        }));
+        let id = auth.verify(&token, at(T0)).unwrap();
+        assert_eq!(id.user, "alice");
+        assert_eq!(id.expires_at, Some(at(T0 + 60)));
+        assert_eq!(id.remaining(at(T0 + 10)), Some(Duration::from_secs(50)));
+        assert_eq!(id.remaining(at(T0 + 100)), Some(Duration::ZERO));
+        assert!(id.permissions.subscribe("obs", None).is_allowed());
+        assert!(!id.permissions.subscribe("other", None).is_allowed());
+        // No permissions claim: authenticated, permitted nothing; no exp: never expires.
+        let id = auth
+            .verify(&hs_token(&json!({"sub": "bob"})), at(T0))
+            .unwrap();
+        assert_eq!(*id.permissions, Permissions::none());
+        assert_eq!(id.expires_at, None);
+    }
+
+    #[test]
+    fn bad_signature_is_refused() {
+        let auth = with_jwt(hs_config());
+        let token = hs_token(&good_claims());
+        // Another payload under the original signature.
+        let (_, rest) = token.split_once('.').unwrap();
+        let (_, sig) = rest.split_once('.').unwrap();
+        let forged = format!(
+            "{}.{}.{sig}",
+            hs_header(),
+            b64(br#"{"sub":"mallory","exp":1700000060}"#)
+        );
+        assert_eq!(auth.verify(&forged, at(T0)), Err(AuthError::BadSignature));
+        // Signed with another secret.
+        let other = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &good_claims(),
+            &EncodingKey::from_secret(b"another secret, also thirty-two bytes long"),
+        )
+        .unwrap();
+        let err = auth.verify(&other, at(T0)).unwrap_err();
+        assert_eq!(err, AuthError::BadSignature);
+        assert_eq!(err.code(), "bad_signature");
+    }
+
+    #[test]
+    fn expired_token_is_refused_from_exp_on_with_leeway() {
+        let auth = with_jwt(hs_config());
+        let token = hs_token(&good_claims());
+        assert!(auth.verify(&token, at(T0 + 59)).is_ok());
+        let err = auth.verify(&token, at(T0 + 60)).unwrap_err();
+        assert_eq!(err, AuthError::Expired { exp: T0 + 60 });
+        assert_eq!(err.code(), "token_expired");
+        let auth = with_jwt(JwtConfig {
+            leeway_secs: 5,
+            ..hs_config()
+        });
+        let id = auth.verify(&token, at(T0 + 64)).unwrap();
+        assert_eq!(id.expires_at, Some(at(T0 + 65)));
+        assert!(auth.verify(&token, at(T0 + 65)).is_err());
+    }
+
+    #[test]
+    fn not_yet_valid_token_is_refused_until_nbf() {
+        let auth = with_jwt(hs_config());
+        let token = hs_token(&json!({"sub": "alice", "nbf": T0 + 10}));
+        let err = auth.verify(&token, at(T0 + 9)).unwrap_err();
+        assert_eq!(err, AuthError::NotYetValid { nbf: T0 + 10 });
+        assert_eq!(err.code(), "token_not_yet_valid");
+        assert!(auth.verify(&token, at(T0 + 10)).is_ok());
+        let auth = with_jwt(JwtConfig {
+            leeway_secs: 3,
+            ..hs_config()
+        });
+        assert!(auth.verify(&token, at(T0 + 7)).is_ok());
+        assert!(auth.verify(&token, at(T0 + 6)).is_err());
+    }
+
+    #[test]
+    fn wrong_audience_is_refused() {
+        let auth = with_jwt(JwtConfig {
+            audience: Some("powerhub".into()),
+            ..hs_config()
+        });
+        for aud in [json!("powerhub"), json!(["other", "powerhub"])] {
+            let t = hs_token(&json!({"sub": "a", "aud": aud}));
+            assert!(auth.verify(&t, at(T0)).is_ok(), "{aud}");
+        }
+        for aud in [
+            Some(json!("other")),
+            Some(json!(["x", "y"])),
+            Some(json!([])),
+            None,
+        ] {
+            let mut claims = json!({"sub": "a"});
+            if let Some(aud) = &aud {
+                claims["aud"] = aud.clone();
+            }
+            let err = auth.verify(&hs_token(&claims), at(T0)).unwrap_err();
+            assert_eq!(
+                err,
+                AuthError::WrongAudience {
+                    expected: Some("powerhub".into())
+                },
+                "{aud:?}"
+            );
+            assert_eq!(err.code(), "wrong_audience");
+        }
+        // A server configured with no audience refuses a token that names one.
+        let auth = with_jwt(hs_config());
+        let t = hs_token(&json!({"sub": "a", "aud": "someone-else"}));
+        assert_eq!(
+            auth.verify(&t, at(T0)).unwrap_err(),
+            AuthError::WrongAudience { expected: None }
+        );
+        let t = hs_token(&json!({"sub": "a", "aud": 7}));
+        assert_eq!(
+            auth.verify(&t, at(T0)).unwrap_err().code(),
+            "malformed_token"
+        );
+    }
+
+    #[test]
+    fn wrong_issuer_is_refused() {
+        let auth = with_jwt(JwtConfig {
+            issuer: Some("https://id.example".into()),
+            ..hs_config()
+        });
+        let ok = hs_token(&json!({"sub": "a", "iss": "https://id.example"}));
+        assert!(auth.verify(&ok, at(T0)).is_ok());
+        for claims in [
+            json!({"sub": "a", "iss": "https://evil.example"}),
+            json!({"sub": "a"}),
+        ] {
+            let err = auth.verify(&hs_token(&claims), at(T0)).unwrap_err();
+            assert_eq!(
+                err,
+                AuthError::WrongIssuer {
+                    expected: "https://id.example".into()
+                }
+            );
+            assert_eq!(err.code(), "wrong_issuer");
+        }
+    }
+
+    #[test]
+    fn malformed_tokens_are_refused_naming_the_part() {
+        let auth = with_jwt(hs_config());
+        let part = |t: &str| match auth.verify(t, at(T0)) {
+            Err(AuthError::Malformed { part, .. }) => part,
+            other => panic!("{t}: {other:?}"),
+        };
+        let payload = b64(br#"{"sub":"a"}"#);
+        assert_eq!(part("only.two"), TokenPart::Token);
+        assert_eq!(part("a.b.c.d"), TokenPart::Token);
+        assert_eq!(part(&"x".repeat(MAX_TOKEN_BYTES + 1)), TokenPart::Token);
+        // Header: not base64url, not JSON, no alg.
+        assert_eq!(part(&format!("!!!.{payload}.c2ln")), TokenPart::Header);
+        assert_eq!(
+            part(&format!("{}.{payload}.c2ln", b64(b"not json"))),
+            TokenPart::Header
+        );
+        assert_eq!(
+            part(&format!("{}.{payload}.c2ln", b64(b"{}"))),
+            TokenPart::Header
+        );
+        assert_eq!(
+            part(&format!("{}.{payload}.c2ln", b64(br#"{"alg":5}"#))),
+            TokenPart::Header
+        );
+        // Signature: not base64url.
+        assert_eq!(
+            part(&format!("{}.{payload}.@@@", hs_header())),
+            TokenPart::Signature
+        );
+        // Payload, correctly signed: not base64url, not JSON, not an object, a string `exp`.
+        assert_eq!(
+            part(&hs_signed_raw(&hs_header(), "%%%")),
+            TokenPart::Payload
+        );
+        assert_eq!(
+            part(&hs_signed_raw(&hs_header(), &b64(b"{not json"))),
+            TokenPart::Payload
+        );
+        assert_eq!(
+            part(&hs_signed_raw(&hs_header(), &b64(b"[1,2]"))),
+            TokenPart::Payload
+        );
+        for claims in [
+            json!({"sub": "a", "exp": "1700000060"}),
+            json!({"sub": "a", "nbf": -1}),
+            json!({"sub": 42}),
+            json!({"sub": "a", "iss": ["x"]}),
+        ] {
+            assert_eq!(part(&hs_token(&claims)), TokenPart::Payload, "{claims}");
+        }
+        let err = auth.verify("only.two", at(T0)).unwrap_err();
+        assert_eq!(err.code(), "malformed_token");
+    }
+
+    #[test]
+    fn alg_none_and_other_algorithms_are_refused() {
+        let auth = with_jwt(hs_config());
+        let payload = b64(serde_json::to_string(&good_claims()).unwrap().as_bytes());
+        for header in [
+            r#"{"alg":"none"}"#,
+            r#"{"alg":"None","typ":"JWT"}"#,
+            r#"{"alg":"NONE"}"#,
+        ] {
+            for sig in ["", "c2ln"] {
+                let t = format!("{}.{payload}.{sig}", b64(header.as_bytes()));
+                let err = auth.verify(&t, at(T0)).unwrap_err();
+                assert_eq!(err, AuthError::AlgNone, "{header} {sig:?}");
+                assert_eq!(err.code(), "alg_none");
+            }
+        }
+        // HS512 (a real HMAC token with the right secret) and RS256 are not the configured HS256.
+        let hs512 = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS512),
+            &good_claims(),
+            &EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap();
+        let err = auth.verify(&hs512, at(T0)).unwrap_err();
+        assert_eq!(
+            err,
+            AuthError::AlgorithmNotAllowed {
+                alg: "HS512".into(),
+                expected: JwtAlgorithm::Hs256
+            }
+        );
+        assert_eq!(err.code(), "algorithm_not_allowed");
+        // The classic confusion: an RS256 server handed an HS256 token "signed" with the PEM.
+        let auth = with_jwt_files(rs_config(), &[("rsa.pub.pem", RSA_PUBLIC)]);
+        let confused = jsonwebtoken::encode(
+            &Header::new(Algorithm::HS256),
+            &good_claims(),
+            &EncodingKey::from_secret(RSA_PUBLIC.as_bytes()),
+        )
+        .unwrap();
+        assert_eq!(
+            auth.verify(&confused, at(T0)).unwrap_err().code(),
+            "algorithm_not_allowed"
+        );
+    }
+
+    #[test]
+    fn missing_sub_is_refused() {
+        let auth = with_jwt(hs_config());
+        for claims in [json!({"exp": T0 + 60}), json!({"sub": ""})] {
+            let err = auth.verify(&hs_token(&claims), at(T0)).unwrap_err();
+            assert_eq!(err, AuthError::MissingSub);
+            assert_eq!(err.code(), "missing_sub");
+        }
+    }
+
+    #[test]
+    fn invalid_permissions_claim_is_refused() {
+        let auth = with_jwt(JwtConfig {
+            permissions_claim: "perms".into(),
+            ..hs_config()
+        });
+        for perms in [
+            json!("everything"),
+            json!({"read": {}}),
+            json!({"publish": {"allow": ["x*"]}}),
+        ] {
+            let t = hs_token(&json!({"sub": "a", "perms": perms}));
+            let err = auth.verify(&t, at(T0)).unwrap_err();
+            assert!(
+                matches!(&err, AuthError::InvalidPermissions { claim, .. } if claim == "perms"),
+                "{err:?}"
+            );
+            assert_eq!(err.code(), "invalid_permissions");
+        }
+        // The default claim name is ignored when another is configured.
+        let t = hs_token(&json!({"sub": "a", "permissions": "whatever"}));
+        assert!(auth.verify(&t, at(T0)).is_ok());
+    }
+
+    #[test]
+    fn authenticator_and_identity_can_be_shared_between_shards() {
+        fn shared<T: Send + Sync>() {}
+        shared::<Authenticator>();
+        shared::<Identity>();
+        shared::<AuthConfig>();
+    }
+
+    #[test]
+    fn every_code_is_listed_and_distinct() {
+        let mut codes = AuthError::CODES.to_vec();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), AuthError::CODES.len());
+        for e in [
+            AuthError::UnknownToken,
+            AuthError::BadSignature,
+            AuthError::Expired { exp: 0 },
+            AuthError::NotYetValid { nbf: 0 },
+            AuthError::WrongAudience { expected: None },
+            AuthError::WrongIssuer {
+                expected: String::new(),
+            },
+            malformed(TokenPart::Token, ""),
+            AuthError::AlgNone,
+            AuthError::AlgorithmNotAllowed {
+                alg: String::new(),
+                expected: JwtAlgorithm::Hs256,
+            },
+            AuthError::MissingSub,
+            AuthError::InvalidPermissions {
+                claim: String::new(),
+                reason: String::new(),
+            },
+        ] {
+            assert!(AuthError::CODES.contains(&e.code()), "{e:?}");
+        }
+    }
+
+    // ---- keys: HS256 secrets, RS256 and ES256 public keys ----
+
+    fn rs_config() -> JwtConfig {
+        JwtConfig {
+            algorithm: JwtAlgorithm::Rs256,
+            secret: None,
+            public_key_file: Some("rsa.pub.pem".into()),
+            ..hs_config()
+        }
+    }
+
+    fn es_config() -> JwtConfig {
+        JwtConfig {
+            algorithm: JwtAlgorithm::Es256,
+            secret: None,
+            public_key_file: Some("ec.pub.pem".into()),
+            ..hs_config()
+        }
+    }
+
+    fn rs_encoding_key() -> EncodingKey {
+        use rustls::pki_types::PrivatePkcs1KeyDer;
+        let der = PrivatePkcs1KeyDer::from_pem_slice(RSA_PRIVATE.as_bytes()).unwrap();
+        EncodingKey::from_rsa_der(der.secret_pkcs1_der())
+    }
+
+    #[test]
+    fn rs256_verifies_with_the_public_key_and_refuses_another() {
+        let token = jsonwebtoken::encode(
+            &Header::new(Algorithm::RS256),
+            &json!({"sub": "rsa-user", "exp": T0 + 60}),
+            &rs_encoding_key(),
+        )
+        .unwrap();
+        let auth = with_jwt_files(rs_config(), &[("rsa.pub.pem", RSA_PUBLIC)]);
+        assert_eq!(auth.verify(&token, at(T0)).unwrap().user, "rsa-user");
+        assert_eq!(
+            auth.verify(&token, at(T0 + 60)).unwrap_err(),
+            AuthError::Expired { exp: T0 + 60 }
+        );
+        let other = with_jwt_files(rs_config(), &[("rsa.pub.pem", RSA_OTHER_PUBLIC)]);
+        assert_eq!(other.verify(&token, at(T0)), Err(AuthError::BadSignature));
+    }
+
+    #[test]
+    fn es256_verifies_with_the_public_key_and_refuses_another() {
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let token = jsonwebtoken::encode(
+            &Header::new(Algorithm::ES256),
+            &json!({"sub": "ec-user"}),
+            &EncodingKey::from_ec_der(&key.serialize_der()),
+        )
+        .unwrap();
+        let public = key.public_key_pem();
+        let auth = with_jwt_files(es_config(), &[("ec.pub.pem", &public)]);
+        assert_eq!(auth.verify(&token, at(T0)).unwrap().user, "ec-user");
+        // The key inside a certificate works as well.
+        let cert = rcgen::CertificateParams::new(vec!["issuer.example".to_owned()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap()
+            .pem();
+        let auth = with_jwt_files(es_config(), &[("ec.pub.pem", &cert)]);
+        assert!(auth.verify(&token, at(T0)).is_ok());
+        let other = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let auth = with_jwt_files(es_config(), &[("ec.pub.pem", &other.public_key_pem())]);
+        assert_eq!(auth.verify(&token, at(T0)), Err(AuthError::BadSignature));
+        // An ES256 signature of the wrong length is a bad signature, not a crash.
+        let (message, sig) = token.rsplit_once('.').unwrap();
+        let sig = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(sig)
+            .unwrap();
+        let short = format!("{message}.{}", b64(&sig[..sig.len() - 3]));
+        assert_eq!(
+            with_jwt_files(es_config(), &[("ec.pub.pem", &public)]).verify(&short, at(T0)),
+            Err(AuthError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn key_configuration_errors_name_the_key_or_file() {
+        let build = |jwt: JwtConfig, files: &[(&str, &str)]| {
+            Authenticator::from_config_with(
+                &AuthConfig {
+                    tokens: Vec::new(),
+                    jwt: Some(jwt),
+                },
+                |p| read_from(files, p),
+            )
+            .unwrap_err()
+        };
+        let err = build(
+            JwtConfig {
+                secret: None,
+                ..hs_config()
+            },
+            &[],
+        );
+        assert!(matches!(
+            err,
+            AuthConfigError::MissingKey {
+                algorithm: JwtAlgorithm::Hs256,
+                ..
+            }
+        ));
+        let err = build(
+            JwtConfig {
+                secret: Some("short".into()),
+                ..hs_config()
+            },
+            &[],
+        );
+        assert!(matches!(err, AuthConfigError::SecretTooShort { len: 5 }));
+        let err = build(
+            JwtConfig {
+                secret_file: Some("s".into()),
+                ..hs_config()
+            },
+            &[],
+        );
+        assert!(matches!(
+            err,
+            AuthConfigError::ConflictingKey { key: "secret", .. }
+        ));
+        let err = build(
+            JwtConfig {
+                public_key_file: Some("k".into()),
+                ..hs_config()
+            },
+            &[],
+        );
+        assert!(matches!(
+            err,
+            AuthConfigError::ConflictingKey {
+                key: "public_key_file",
+                ..
+            }
+        ));
+        let err = build(
+            JwtConfig {
+                secret: Some(SECRET.into()),
+                ..rs_config()
+            },
+            &[],
+        );
+        assert!(matches!(
+            err,
+            AuthConfigError::ConflictingKey { key: "secret", .. }
+        ));
+        let err = build(
+            JwtConfig {
+                public_key_file: None,
+                ..rs_config()
+            },
+            &[],
+        );
+        assert!(matches!(
+            err,
+            AuthConfigError::MissingKey {
+                algorithm: JwtAlgorithm::Rs256,
+                ..
+            }
+        ));
+        let err = build(rs_config(), &[]);
+        assert!(
+            matches!(&err, AuthConfigError::Read { path, .. } if path == Path::new("rsa.pub.pem"))
+        );
+        assert!(err.to_string().contains("rsa.pub.pem"), "{err}");
+        let key_reason = |jwt, files: &[(&str, &str)]| match build(jwt, files) {
+            AuthConfigError::Key { reason, .. } => reason,
+            other => panic!("{other:?}"),
+        };
+        let r = key_reason(rs_config(), &[("rsa.pub.pem", "not a pem at all")]);
+        assert!(r.contains("no PUBLIC KEY or CERTIFICATE"), "{r}");
+        let r = key_reason(rs_config(), &[("rsa.pub.pem", RSA_SHORT_PUBLIC)]);
+        assert!(r.contains("1024 bits"), "{r}");
+        let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+        let r = key_reason(rs_config(), &[("rsa.pub.pem", &ec.public_key_pem())]);
+        assert!(r.contains("not an RSA public key"), "{r}");
+        let r = key_reason(es_config(), &[("ec.pub.pem", RSA_PUBLIC)]);
+        assert!(r.contains("not a P-256 public key"), "{r}");
+        // An HS256 secret from a file, its trailing line break dropped.
+        let secret_file = format!("{SECRET}\n");
+        let auth = with_jwt_files(
+            JwtConfig {
+                secret: None,
+                secret_file: Some("secret".into()),
+                ..hs_config()
+            },
+            &[("secret", &secret_file)],
+        );
+        assert!(auth.verify(&hs_token(&good_claims()), at(T0)).is_ok());
+    }
+}
