@@ -521,3 +521,27 @@ fn a_name_longer_than_256_bytes_is_refused_by_name() {
     ))
     .is_ok());
 }
+
+/// An error echoes only an id the client sent: one the reader stopped inside (`01`) is not
+/// echoed; `id` and `requestId` together are one field given twice.
+#[test]
+fn an_error_echoes_only_an_id_that_was_read_whole() {
+    for line in [
+        r#"{"type":"ping","id":01}"#,
+        r#"{"type":"ping","id":12abc}"#,
+        r#"{"type":"ping","id":007}"#,
+    ] {
+        let e = err(line);
+        assert_eq!(e.request_id, None, "{line}: {e}");
+        assert!(matches!(e.kind, ErrorKind::InvalidJson(_)), "{line}");
+    }
+    // Read whole, then an error after it: echoed.
+    assert_eq!(
+        err(r#"{"type":"ping","id":12,"x":tru}"#).request_id,
+        Some(RequestId::Int(12))
+    );
+    let e = err(r#"{"type":"ping","id":1,"requestId":2}"#);
+    assert_eq!(e.kind, ErrorKind::DuplicateField("id"));
+    let e = err(r#"{"type":"publish","id":1,"requestId":2,"message":{"type":"t","stream":"s"}}"#);
+    assert_eq!(e.kind, ErrorKind::DuplicateField("id"));
+}

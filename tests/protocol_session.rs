@@ -381,3 +381,23 @@ fn publish_hands_the_hub_the_verbatim_message_as_json() {
     let bad = r#"{"type":"publish","message":{"type":"t","stream":"s","n":[1,}}"#;
     assert!(!matches!(line(&mut s, bad), Action::Publish { .. }));
 }
+
+/// `$` streams belong to the server: a client may read `$stats`, never publish to it (a forged
+/// stats message would reach every stats reader).
+#[test]
+fn a_client_never_publishes_to_a_dollar_stream() {
+    let mut s = Session::new(1, SessionConfig::default());
+    let r = reply(line(
+        &mut s,
+        r#"{"type":"publish","id":2,"message":{"type":"stats","stream":"$stats","stats":{"subscribers":999999}}}"#,
+    ));
+    assert!(
+        r.contains(r#""code":"invalid_value""#) && r.contains(r#""requestId":2"#),
+        "{r}"
+    );
+    assert!(r.contains("belong to the server"), "{r}");
+    assert!(matches!(
+        line(&mut s, r#"{"type":"subscribe","id":3,"stream":"$stats"}"#),
+        Action::Subscribe { .. }
+    ));
+}

@@ -565,6 +565,35 @@ impl Outbox {
         }
     }
 
+    /// Drops every message not yet encoded for the wire, for a connection that closes over a
+    /// limit: its final error then follows only what was already encoded (at most one offer of
+    /// the socket's write), and nothing follows the error. Returns how many were dropped.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Instant;
+    /// use powerhub::outbox::{Outbox, OutboxConfig, PayloadFactory};
+    ///
+    /// let now = Instant::now();
+    /// let mut outbox = Outbox::new(OutboxConfig::default(), Arc::new(PayloadFactory), now).unwrap();
+    /// outbox.push_control(r#"{"type":"pong"}"#.into(), now);
+    /// assert_eq!(outbox.discard_queued(), 1);
+    /// assert_eq!(outbox.stats().queued, 0);
+    /// ```
+    pub fn discard_queued(&mut self) -> usize {
+        let dropped = self
+            .queue
+            .iter()
+            .filter(|i| !matches!(i, Item::Removed))
+            .count();
+        self.head_seq += self.queue.len() as u64;
+        self.queue = VecDeque::new();
+        self.drops = None;
+        self.stats.queued = 0;
+        self.stats.queued_bytes = 0;
+        dropped
+    }
+
     /// The memory the outbox holds for unsent output, in bytes: the messages and encoded bytes
     /// waiting, plus the queues' bookkeeping (a queue entry per message, whatever its size). A
     /// client that sends many small commands and never reads holds far more than the replies'

@@ -439,6 +439,16 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
         Err(e) => Err(e),
     };
     if let Err(e) = read {
+        // An id read before the error is echoed only if the reader got past it: in `"id":01`
+        // the reader stops inside the number, and `0` is not what the client sent.
+        let error_at = match e {
+            JsonError::Syntax { at, .. }
+            | JsonError::TooDeep { at, .. }
+            | JsonError::LoneSurrogate { at } => at,
+            JsonError::Duplicate { .. } => usize::MAX,
+        };
+        let id_end = doc.top[1].or(doc.top[2]).map_or(0, |t| t.end);
+        let id = if error_at > id_end { id } else { Ok(None) };
         let kind = match e {
             JsonError::Syntax { at, what } => {
                 ErrorKind::InvalidJson(format!("expected {what} at byte {at}"))
@@ -450,6 +460,10 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
         return Err(CommandError::new(id.unwrap_or(None), kind));
     }
     let id = id?;
+    if doc.top[1].is_some() && doc.top[2].is_some() {
+        // `requestId` is another name for `id`: both given is one field given twice.
+        return Err(CommandError::new(id, ErrorKind::DuplicateField("id")));
+    }
     let top = |k: usize| value(line, doc.top[k]);
     let fail = |kind| Err(CommandError::new(id.clone(), kind));
     let kind = match top(0) {

@@ -60,6 +60,10 @@ pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
     if env.kind?.plain_str(line)? != "publish" {
         return None;
     }
+    if env.id.is_some() && env.request_id.is_some() {
+        // Both names of the id: the full parser refuses it.
+        return None;
+    }
     let id = match request_id(line, env.id)? {
         Some(id) => Some(id),
         None => request_id(line, env.request_id)?,

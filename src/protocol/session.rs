@@ -257,6 +257,14 @@ impl Session {
                     ack,
                 })
             }
+            Command::Publish { meta, id, .. } if meta.stream.starts_with('$') => {
+                // `$stats` and any other `$` stream: what a reader sees there is the server's.
+                let kind = ErrorKind::InvalidValue {
+                    field: "message.stream",
+                    reason: "streams whose name starts with `$` belong to the server".into(),
+                };
+                Err(CommandError::new(id, kind))
+            }
             Command::Publish { id, message, meta } => Ok(Action::Publish {
                 request_id: id,
                 topics: publish_topics(&meta),

@@ -133,7 +133,9 @@ impl Ending {
     /// connection (a limit, a deadline, a slow consumer, a protocol error), not for all of them
     /// at shutdown.
     pub(crate) fn is_notable(&self) -> bool {
-        matches!(self.kind, Some(k) if k != Kind::Shutdown) || self.reason == "protocol_error"
+        matches!(self.kind, Some(k) if k != Kind::Shutdown)
+            || self.reason == "protocol_error"
+            || self.reason.starts_with("max_")
     }
 
     /// The push protocol's error to send, if any.

@@ -939,14 +939,19 @@ impl<B: Backend> Shard<B> {
                 .counters
                 .protocol_errors
                 .fetch_add(1, Ordering::Relaxed);
-            if matches!(e, ProtocolError::TooLarge { .. }) {
-                self.shared
-                    .counters
-                    .limit_errors
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-            // The protocol said it (its final error or close frame is in the urgent bytes).
-            close = Some(Ending::unsaid("protocol_error", e.to_string()));
+            // The protocol said it (its final error or close frame is in the urgent bytes); the
+            // log names the limit when one was exceeded.
+            let reason = match e {
+                ProtocolError::TooLarge { limit_name, .. } => {
+                    self.shared
+                        .counters
+                        .limit_errors
+                        .fetch_add(1, Ordering::Relaxed);
+                    limit_name
+                }
+                _ => "protocol_error",
+            };
+            close = Some(Ending::unsaid(reason, e.to_string()));
         }
         self.mark_dirty(token);
         if let Some(ending) = close {
@@ -1232,6 +1237,11 @@ impl<B: Backend> Shard<B> {
         if let Some(error) = ending.error() {
             if c.proto.is_ready() {
                 if ending.is_in_order() {
+                    c.outbox.push_control(error, Instant::now());
+                } else if !c.outbox.is_reaped() {
+                    // The final error: after what is already encoded for the wire, and with
+                    // nothing after it (what was queued behind is dropped with the connection).
+                    c.outbox.discard_queued();
                     c.outbox.push_control(error, Instant::now());
                 } else {
                     c.push_urgent_text(&error);

@@ -181,7 +181,21 @@ fn well_formed(fed: &Fed, conn: &WebSocket) {
     assert!(closes <= 1, "more than one close frame");
     for (i, f) in frames.iter().enumerate() {
         assert!(f.fin, "a fragmented server frame");
-        assert!(f.payload.len() <= 125, "a control frame over 125 bytes");
+        match f.opcode {
+            // Over a limit, the push protocol's error (one text message) precedes the close.
+            0x1 => {
+                assert!(
+                    matches!(fed.result, Err(ProtocolError::TooLarge { .. })),
+                    "a text message in urgent without a limit error"
+                );
+                assert_eq!(i + 2, frames.len(), "the error is right before the close");
+                let error: serde_json::Value =
+                    serde_json::from_slice(&f.payload).expect("the error is JSON");
+                assert_eq!(error["code"], "limit_exceeded");
+                continue;
+            }
+            _ => assert!(f.payload.len() <= 125, "a control frame over 125 bytes"),
+        }
         match f.opcode {
             OP_PONG => {}
             OP_CLOSE => {

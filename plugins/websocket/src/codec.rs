@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use bytes::{Buf, BytesMut};
+use powerhub_plugin::codes;
 use powerhub_plugin::{Inbound, ProtocolError, ProtocolLimits, ProtocolOutput, StreamProtocol};
 
 use crate::config::WebSocketConfig;
@@ -345,14 +346,8 @@ impl WebSocket {
             short => (u64::from(short), 0),
         };
         let len = usize::try_from(len).unwrap_or(usize::MAX);
-        if len > self.max_frame {
-            return Err(Fault::too_large(
-                "frame",
-                "max_frame_bytes",
-                len,
-                self.max_frame,
-            ));
-        }
+        // The message's limit first: a frame too large for any message names the limit an
+        // operator sets (`limits.max_message_bytes`), not the frame's.
         if !control {
             let size = self.message.len().saturating_add(len);
             if size > self.max_message {
@@ -363,6 +358,14 @@ impl WebSocket {
                     self.max_message,
                 ));
             }
+        }
+        if len > self.max_frame {
+            return Err(Fault::too_large(
+                "frame",
+                "max_frame_bytes",
+                len,
+                self.max_frame,
+            ));
         }
         let header_len = 2 + ext + 4;
         let Some(&[k0, k1, k2, k3]) = input.get(2 + ext..header_len) else {
@@ -514,6 +517,18 @@ impl WebSocket {
     /// Reports `fault`: a close frame with its code (unless one was sent), then the error.
     fn fail(&mut self, fault: Fault, out: &mut ProtocolOutput) -> ProtocolError {
         if matches!(self.state, State::Open) {
+            if let ProtocolError::TooLarge { limit_name, .. } = &fault.error {
+                // Over a limit: the push protocol's error first, as on every transport, then
+                // the close (1009).
+                // The message is the error's text: sizes and option names, no quote or
+                // backslash to escape.
+                let error = format!(
+                    "{{\"type\":\"error\",\"requestId\":null,\"code\":\"{}\",\"message\":\"{}\",\"limit\":\"{limit_name}\"}}",
+                    codes::LIMIT_EXCEEDED,
+                    fault.error.to_string().replace(['"', '\\'], "'"),
+                );
+                put_frame(OP_TEXT, error.as_bytes(), &mut out.urgent);
+            }
             put_close(fault.code, &fault.error.to_string(), &mut out.urgent);
         }
         self.release_message();

@@ -73,6 +73,21 @@ fn find_head_end(input: &[u8], scanned: &mut usize, limit: usize) -> Option<usiz
     None
 }
 
+/// The most bytes of a client's request a refusal quotes.
+const MAX_ECHO_BYTES: usize = 128;
+
+/// `text` cut to at most `max` bytes at a character boundary, with `…` when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 /// Line-break bytes allowed before the request line (two empty lines, `\r\n\r\n`).
 const MAX_LEADING_EMPTY_BYTES: usize = 4;
 
@@ -93,6 +108,14 @@ pub(crate) fn process(
     if leading > MAX_LEADING_EMPTY_BYTES {
         let reason = "more than two empty lines before the request line";
         return reject(400, "Bad Request", reason, "", urgent);
+    }
+    // An HTTP request line starts with a method token: a TLS ClientHello (0x16) or any other
+    // binary protocol is refused at once rather than at the first-message deadline.
+    if let Some(&first) = input.get(leading) {
+        if !first.is_ascii_alphabetic() {
+            let reason = "not an HTTP request (a TLS client on a plaintext port?)";
+            return reject(400, "Bad Request", reason, "", urgent);
+        }
     }
     loop {
         let Some(head_end) = find_head_end(input, scanned, max_handshake) else {
@@ -142,6 +165,8 @@ fn reject(
     extra_headers: &str,
     urgent: &mut BytesMut,
 ) -> Outcome {
+    // The reason may quote the request (a path, a method): never more than 128 bytes of it.
+    let reason = &cut(reason, MAX_ECHO_BYTES);
     write_response(urgent, status, status_text, extra_headers, reason);
     Outcome::Rejected(Rejection::Invalid(format!(
         "{status} {status_text}: {reason}"

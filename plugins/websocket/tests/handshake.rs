@@ -360,3 +360,19 @@ fn handshake_refuses_more_than_two_empty_lines_before_the_request_line() {
     let step = reject(WebSocketConfig::default(), &"\n".repeat(8191));
     assert!(String::from_utf8_lossy(&step.urgent).starts_with("HTTP/1.1 400"));
 }
+
+/// A refusal quotes at most 128 bytes of the request, and a request that is not HTTP (a TLS
+/// ClientHello) is refused at once.
+#[test]
+fn handshake_refusals_quote_little_and_refuse_non_http_at_once() {
+    let path = format!("/{}", "A".repeat(7000));
+    let step = reject(WebSocketConfig::default(), &request(&path, ""));
+    let text = String::from_utf8_lossy(&step.urgent).into_owned();
+    assert!(text.starts_with("HTTP/1.1 404"), "{text:.80}");
+    assert!(text.len() < 600, "{} bytes", text.len());
+    let step = reject(
+        WebSocketConfig::default(),
+        "\u{16}\u{3}\u{1}\u{2}\u{0}\u{1}",
+    );
+    assert!(String::from_utf8_lossy(&step.urgent).starts_with("HTTP/1.1 400"));
+}

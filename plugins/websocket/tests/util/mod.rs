@@ -127,9 +127,26 @@ pub fn server_frames(mut wire: &[u8]) -> Vec<(bool, u8, Vec<u8>)> {
     frames
 }
 
-/// The close code and reason of the single close frame in `urgent`.
+/// The close code and reason of the close frame in `urgent`: the only frame, or, for a close
+/// over a limit (1009), the one after the push protocol's error naming the limit.
 pub fn close_of(urgent: &[u8]) -> (u16, String) {
-    let frames = server_frames(urgent);
+    let mut frames = server_frames(urgent);
+    if frames.len() == 2 {
+        let (_, opcode, error) = frames.remove(0);
+        assert_eq!(opcode, 0x1, "the error before the close is a text message");
+        let error = String::from_utf8(error).expect("UTF-8 error");
+        assert!(
+            error.starts_with(r#"{"type":"error","requestId":null,"code":"limit_exceeded","#)
+                && error.contains(r#""limit":"max_"#),
+            "{error}"
+        );
+        let (_, _, close) = &frames[0];
+        assert_eq!(
+            u16::from_be_bytes([close[0], close[1]]),
+            1009,
+            "only a close over a limit follows an error"
+        );
+    }
     assert_eq!(frames.len(), 1, "expected one close frame, got {frames:?}");
     let (_, opcode, payload) = &frames[0];
     assert_eq!(*opcode, 0x8, "expected a close frame");
