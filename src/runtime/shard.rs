@@ -1241,7 +1241,9 @@ impl<B: Backend> Shard<B> {
                 } else if !c.outbox.is_reaped() {
                     // The final error: after what is already encoded for the wire, and with
                     // nothing after it (what was queued behind is dropped with the connection).
+                    let before = c.output_memory();
                     c.outbox.discard_queued();
+                    self.freed_output += before.saturating_sub(c.output_memory());
                     c.outbox.push_control(error, Instant::now());
                 } else {
                     c.push_urgent_text(&error);

@@ -105,13 +105,22 @@ pub(crate) fn process(
         .iter()
         .take_while(|&&b| matches!(b, b'\r' | b'\n'))
         .count();
-    if leading > MAX_LEADING_EMPTY_BYTES {
+    // Only empty lines the parser would skip count (every `\r` followed by `\n`), judged on
+    // bytes that have arrived, so that the answer is the same however the input is split:
+    // anything else is the parser's to refuse.
+    let proper = |run: &[u8]| {
+        run.iter()
+            .enumerate()
+            .all(|(i, &b)| b == b'\n' || input.get(i + 1) == Some(&b'\n'))
+    };
+    let window = &input[..leading.min(MAX_LEADING_EMPTY_BYTES + 1)];
+    if leading > MAX_LEADING_EMPTY_BYTES && proper(window) {
         let reason = "more than two empty lines before the request line";
         return reject(400, "Bad Request", reason, "", urgent);
     }
     // An HTTP request line starts with a method token: a TLS ClientHello (0x16) or any other
     // binary protocol is refused at once rather than at the first-message deadline.
-    if let Some(&first) = input.get(leading) {
+    if let Some(&first) = input.get(leading).filter(|_| proper(&input[..leading])) {
         if !first.is_ascii_alphabetic() {
             let reason = "not an HTTP request (a TLS client on a plaintext port?)";
             return reject(400, "Bad Request", reason, "", urgent);
