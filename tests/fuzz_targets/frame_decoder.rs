@@ -55,8 +55,12 @@ fn one_frame(bytes: &[u8]) {
                 return;
             };
             assert_eq!(messages.len(), decoded.count() as usize);
-            for m in &messages {
-                assert!(is_json(m), "a frame element is not JSON: {m:?}");
+            // Elements are split, not validated (the command parser judges each one); a
+            // payload that is JSON splits into elements that are each JSON.
+            if is_json(decoded.payload()) {
+                for m in &messages {
+                    assert!(is_json(m), "a frame element is not JSON: {m:?}");
+                }
             }
             // The elements encode into a frame whose elements are the same bytes.
             let again = frame::encode_json_batch(messages.iter().copied()).expect("encodes");
@@ -104,13 +108,15 @@ fn split_frames(stream: &[u8], max_payload: usize, rng: &mut Rng) {
     assert_eq!(whole, chunked, "split_frame: whole and in chunks");
 }
 
-/// The `frame` transport: split-independent, every text event is one JSON text, and a refusal
+/// The `frame` transport: split-independent, every text event is one array element, and a refusal
 /// leaves a final error frame.
 fn transport(stream: &[u8], max_payload: usize, mode: u8) {
     let whole = feed_whole(&mut FrameProtocol::new(max_payload), stream);
     for event in &whole.events {
         match event {
-            Inbound::Text(t) => assert!(is_json(t), "a text event is not JSON"),
+            // An element of a json frame, split but not validated: the command parser answers
+            // one that is not a command with a named error (tests/hostile_input.rs).
+            Inbound::Text(t) => assert!(!t.is_empty(), "an empty text event"),
             Inbound::Binary(b) => assert!(b.len() <= max_payload),
             other => panic!("the frame transport decoded {other:?}"),
         }
