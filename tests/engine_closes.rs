@@ -11,56 +11,11 @@ mod engine_support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::time::Duration;
 
 use engine_support::*;
 use powerhub::plugin::frame;
-use powerhub::runtime::{BackendChoice, Config, ListenAddr, ListenerConfig, ProtocolRegistry};
-use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
 use serde_json::Value;
-
-/// An engine with an NDJSON, a frame and a WebSocket listener on free loopback ports.
-struct Servers {
-    engine: powerhub::runtime::Engine,
-    ndjson: SocketAddr,
-    frame: SocketAddr,
-    websocket: SocketAddr,
-}
-
-fn config(backend: BackendChoice) -> Config {
-    let mut c = base_config(backend);
-    c.listeners = vec![
-        ListenerConfig::tcp("ndjson", "127.0.0.1:0"),
-        ListenerConfig::tcp("frame", "127.0.0.1:0"),
-        ListenerConfig::tcp("websocket", "127.0.0.1:0"),
-    ];
-    c
-}
-
-fn serve(config: Config) -> Servers {
-    let mut registry = ProtocolRegistry::with_builtins();
-    let websocket = WebSocketFactory::new(WebSocketConfig::default()).unwrap();
-    registry.register(Arc::new(websocket)).unwrap();
-    let engine = powerhub::runtime::Engine::start(config, &registry).expect("engine starts");
-    let addr = |protocol: &str| {
-        let l = engine
-            .listeners()
-            .iter()
-            .find(|l| l.protocol == protocol)
-            .unwrap();
-        match &l.addr {
-            ListenAddr::Tcp(a) => *a,
-            other => panic!("{other}"),
-        }
-    };
-    Servers {
-        ndjson: addr("ndjson"),
-        frame: addr("frame"),
-        websocket: addr("websocket"),
-        engine,
-    }
-}
 
 fn connect(addr: SocketAddr) -> TcpStream {
     let s = TcpStream::connect(addr).unwrap();

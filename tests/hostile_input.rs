@@ -9,12 +9,10 @@ mod engine_support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 
-use engine_support::{base_config, on_both_backends, start_with, Client, WAIT};
-use powerhub::runtime::{BackendChoice, ListenAddr, ListenerConfig, ProtocolRegistry};
+use engine_support::{config, on_both_backends, serve, Client, Servers, WAIT};
+use powerhub::runtime::BackendChoice;
 use powerhub_plugin::frame;
-use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
 use serde_json::Value;
 
 /// Lines that once crashed, aliased or were wrongly refused, each with the error code the server
@@ -52,44 +50,10 @@ fn cases() -> Vec<(String, Option<&'static str>)> {
     ]
 }
 
-struct Servers {
-    _server: engine_support::Server,
-    ndjson: SocketAddr,
-    frame: SocketAddr,
-    websocket: SocketAddr,
-}
-
 fn start(backend: BackendChoice) -> Servers {
-    let mut config = base_config(backend);
-    config.limits.max_message_bytes = 4 << 20;
-    config
-        .listeners
-        .push(ListenerConfig::tcp("frame", "127.0.0.1:0"));
-    config
-        .listeners
-        .push(ListenerConfig::tcp("websocket", "127.0.0.1:0"));
-    let mut registry = ProtocolRegistry::with_builtins();
-    let websocket = WebSocketFactory::new(WebSocketConfig::default()).expect("websocket config");
-    let _ = registry.register(Arc::new(websocket));
-    let server = start_with(config, &registry);
-    let addr = |proto: &str| {
-        let l = server
-            .engine
-            .listeners()
-            .iter()
-            .find(|l| l.protocol == proto)
-            .unwrap_or_else(|| panic!("no {proto} listener"));
-        match &l.addr {
-            ListenAddr::Tcp(a) => *a,
-            other => panic!("{other}"),
-        }
-    };
-    Servers {
-        ndjson: addr("ndjson"),
-        frame: addr("frame"),
-        websocket: addr("websocket"),
-        _server: server,
-    }
+    let mut c = config(backend);
+    c.limits.max_message_bytes = 4 << 20;
+    serve(c)
 }
 
 /// Checks the server's answer to one case: the named error with the case's id, or a pong.

@@ -531,20 +531,9 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
 }
 
 /// At most this many bytes of a client's text are echoed in an error.
-pub const MAX_ECHO_BYTES: usize = 128;
+pub const MAX_ECHO_BYTES: usize = codes::MAX_ECHO_BYTES;
 
-/// `text`, cut to [`MAX_ECHO_BYTES`] at a character boundary, with `…` when cut: an error
-/// never echoes unbounded client text.
-pub(crate) fn echo(text: &str) -> String {
-    if text.len() <= MAX_ECHO_BYTES {
-        return text.to_owned();
-    }
-    let mut end = MAX_ECHO_BYTES;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
+pub(crate) use codes::echo;
 
 /// A copy of a published message that is one line whatever framing it arrived in: a raw `\n` or
 /// `\r` can only be whitespace in valid JSON (strings escape them), so it becomes a space, and an

@@ -341,6 +341,20 @@ impl Conn {
         self.outbox.memory_bytes() + self.urgent.unsent()
     }
 
+    /// The ending of a connection whose unsent output passed `max_outbox` bytes (counted as a
+    /// limit error), if it did.
+    fn over_outbox(&self, max_outbox: usize, counters: &Counters) -> Option<Ending> {
+        let held = self.output_memory();
+        if held <= max_outbox {
+            return None;
+        }
+        counters.limit_errors.fetch_add(1, Ordering::Relaxed);
+        let msg = format!(
+            "{held} bytes of unsent output (with their queue entries) exceed max_outbox_bytes = {max_outbox}"
+        );
+        Some(Ending::limit("max_outbox_bytes", msg))
+    }
+
     /// Frees what an idle connection keeps for its next write or read (queue capacities,
     /// framing scratch, an empty input buffer), once no send started for a whole [`TICK`]:
     /// a busy connection keeps them, an idle one costs only its state.
@@ -897,16 +911,8 @@ impl<B: Backend> Shard<B> {
                     }
                     // One input (a frame of many commands) cannot queue replies past the limit
                     // before the limit is checked.
-                    if c.output_memory() > max_outbox {
-                        self.shared
-                            .counters
-                            .limit_errors
-                            .fetch_add(1, Ordering::Relaxed);
-                        let msg = format!(
-                            "{} bytes of unsent output (with their queue entries) exceed max_outbox_bytes = {max_outbox}",
-                            c.output_memory()
-                        );
-                        close = Some(Ending::limit("max_outbox_bytes", msg));
+                    if let Some(ending) = c.over_outbox(max_outbox, &self.shared.counters) {
+                        close = Some(ending);
                         break;
                     }
                 }
@@ -1012,16 +1018,10 @@ impl<B: Backend> Shard<B> {
             let Some(c) = slot_mut(&mut self.slots, token) else {
                 continue;
             };
-            if c.state == State::Open && c.output_memory() > max_outbox {
-                self.shared
-                    .counters
-                    .limit_errors
-                    .fetch_add(1, Ordering::Relaxed);
-                let msg = format!(
-                    "{} bytes of unsent output (with their queue entries) exceed max_outbox_bytes = {max_outbox}",
-                    c.output_memory()
-                );
-                self.close_with(token, Ending::limit("max_outbox_bytes", msg));
+            if c.state == State::Open {
+                if let Some(ending) = c.over_outbox(max_outbox, &self.shared.counters) {
+                    self.close_with(token, ending);
+                }
             }
             self.start_send(token);
         }

@@ -208,3 +208,49 @@ pub fn in_order_readers(
         })
         .collect()
 }
+
+/// An engine with an NDJSON, a frame and a WebSocket listener on free loopback ports.
+pub struct Servers {
+    pub engine: Engine,
+    pub ndjson: SocketAddr,
+    pub frame: SocketAddr,
+    pub websocket: SocketAddr,
+}
+
+/// `base_config(backend)` with the three listeners [`serve`] expects.
+pub fn config(backend: BackendChoice) -> Config {
+    let mut c = base_config(backend);
+    c.listeners = vec![
+        ListenerConfig::tcp("ndjson", "127.0.0.1:0"),
+        ListenerConfig::tcp("frame", "127.0.0.1:0"),
+        ListenerConfig::tcp("websocket", "127.0.0.1:0"),
+    ];
+    c
+}
+
+/// Starts `config` (from [`config`]) with the built-in protocols and the WebSocket plugin.
+pub fn serve(config: Config) -> Servers {
+    let mut registry = ProtocolRegistry::with_builtins();
+    let websocket =
+        powerhub_websocket::WebSocketFactory::new(powerhub_websocket::WebSocketConfig::default())
+            .unwrap();
+    registry.register(Arc::new(websocket)).unwrap();
+    let engine = Engine::start(config, &registry).expect("engine starts");
+    let addr = |protocol: &str| {
+        let l = engine
+            .listeners()
+            .iter()
+            .find(|l| l.protocol == protocol)
+            .unwrap_or_else(|| panic!("no {protocol} listener"));
+        match &l.addr {
+            ListenAddr::Tcp(a) => *a,
+            other => panic!("{other}"),
+        }
+    };
+    Servers {
+        ndjson: addr("ndjson"),
+        frame: addr("frame"),
+        websocket: addr("websocket"),
+        engine,
+    }
+}

@@ -70,3 +70,25 @@ pub const ALL: &[&str] = &[
     BAD_FRAME,
     FATAL,
 ];
+
+/// At most this many bytes of a client's text are quoted in an error (or an HTTP refusal).
+pub const MAX_ECHO_BYTES: usize = 128;
+
+/// `text`, cut to [`MAX_ECHO_BYTES`] at a character boundary, with `…` when cut: an error never
+/// echoes unbounded client text.
+///
+/// ```
+/// use powerhub_plugin::codes::echo;
+/// assert_eq!(echo("short"), "short");
+/// assert_eq!(echo(&"é".repeat(100)), format!("{}…", "é".repeat(64)));
+/// ```
+pub fn echo(text: &str) -> String {
+    if text.len() <= MAX_ECHO_BYTES {
+        return text.to_owned();
+    }
+    let mut end = MAX_ECHO_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}

@@ -73,21 +73,6 @@ fn find_head_end(input: &[u8], scanned: &mut usize, limit: usize) -> Option<usiz
     None
 }
 
-/// The most bytes of a client's request a refusal quotes.
-const MAX_ECHO_BYTES: usize = 128;
-
-/// `text` cut to at most `max` bytes at a character boundary, with `…` when cut.
-fn cut(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
-
 /// Line-break bytes allowed before the request line (two empty lines, `\r\n\r\n`).
 const MAX_LEADING_EMPTY_BYTES: usize = 4;
 
@@ -175,7 +160,7 @@ fn reject(
     urgent: &mut BytesMut,
 ) -> Outcome {
     // The reason may quote the request (a path, a method): never more than 128 bytes of it.
-    let reason = &cut(reason, MAX_ECHO_BYTES);
+    let reason = &powerhub_plugin::codes::echo(reason);
     write_response(urgent, status, status_text, extra_headers, reason);
     Outcome::Rejected(Rejection::Invalid(format!(
         "{status} {status_text}: {reason}"
