@@ -14,7 +14,7 @@
 mod imp {
     pub(crate) mod sync {
         pub(crate) mod atomic {
-            pub(crate) use std::sync::atomic::{fence, AtomicU64, Ordering};
+            pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
         }
     }
 
@@ -78,7 +78,7 @@ mod imp {
 mod imp {
     pub(crate) mod sync {
         pub(crate) mod atomic {
-            pub(crate) use ::loom::sync::atomic::{fence, AtomicU64, Ordering};
+            pub(crate) use ::loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
         }
     }
 

@@ -850,3 +850,60 @@ fn shared_chunk_without_final_newline_still_ends_its_line() {
         "{\"type\":\"a\"}\n{\"type\":\"b\"}\n{\"type\":\"c\"}\n"
     );
 }
+
+// ---- a write commits a bounded amount ------------------------------------------------------
+
+/// 4 000 × 1 KiB screenshots of one slot pushed to a healthy connection whose socket then
+/// takes only part of the write: the frames the socket did not start go back under the rules,
+/// so what the reader gets beyond the bytes the socket took is at most `ENCODE_AHEAD` (plus one
+/// frame), and then one frame for the slot: the newest.
+#[test]
+fn a_partial_write_leaves_at_most_encode_ahead_bytes_out_of_the_rules_reach() {
+    use powerhub::outbox::ENCODE_AHEAD;
+    let mut c = Conn::new(ndjson_config());
+    let frames: Vec<String> = (0..4000).map(|n| shot(Some("d"), S1, n, 1000)).collect();
+    for f in &frames {
+        c.event("s1", f);
+    }
+    let frame_len = frames[0].len() + 1;
+    // The socket takes 10 000 bytes of the first write, then nothing until it drains.
+    let (offered, taken) = c.write(10_000);
+    assert!(taken < offered, "the write is partial");
+    assert!(
+        offered <= ENCODE_AHEAD + frame_len,
+        "one write carried {offered} bytes, more than ENCODE_AHEAD = {ENCODE_AHEAD} plus a frame"
+    );
+    assert!(c.outbox.is_paused());
+    c.drain();
+    let got = c.lines();
+    let beyond_taken = (offered - taken).div_ceil(frame_len);
+    // What the socket took (whole or in part), what was committed after it, and the slot's one
+    // pending frame: the newest.
+    assert!(
+        got.len() <= taken.div_ceil(frame_len) + beyond_taken + 1,
+        "{} frames reached the reader",
+        got.len()
+    );
+    assert_eq!(
+        got.last().unwrap(),
+        &frames[3999],
+        "the slot's newest frame comes last"
+    );
+    assert!(c.outbox.stats().coalesced >= 3000);
+}
+
+/// The same holds for a reader that never drains: the outbox holds one pending frame for the
+/// slot, whatever was pushed.
+#[test]
+fn a_stalled_slot_holds_one_pending_frame_however_many_are_pushed() {
+    let mut c = Conn::new(ndjson_config());
+    c.event("s1", &shot(Some("d"), S1, 0, 1000));
+    let (offered, taken) = c.write(100);
+    assert!(taken < offered);
+    for n in 1..10_000 {
+        c.event("s1", &shot(Some("d"), S1, n, 1000));
+    }
+    let stats = c.outbox.stats();
+    assert_eq!(stats.queued, 1, "one pending frame for the slot: {stats:?}");
+    assert!(stats.queued_bytes < 2000, "{stats:?}");
+}

@@ -56,8 +56,8 @@ fn notice(device: &str) -> String {
     )
 }
 
-/// Six devices, reader stalled from the first write on (the socket takes nothing and never
-/// becomes writable): the unsent bytes stay above 8 MiB, so each (subscription, device, session)
+/// Six devices, reader stalled from the first write on (the socket takes nothing of a 9 MiB
+/// reply and never becomes writable): the unsent bytes stay above 8 MiB, so each (subscription, device, session)
 /// gets exactly one notification for the whole stall; no screenshot is retained; hierarchies keep
 /// one per slot; keepalive keeps running and the connection is reaped at the liveness timeout.
 #[test]
@@ -68,6 +68,11 @@ fn stalled_above_threshold_emits_one_notification_per_device_and_holds_no_screen
     let mut c = Conn::with(ndjson_config(), factory.clone(), ndjson());
     let devices = ["d1", "d2", "d3", "d4", "d5", "d6"];
     let mut reaped_at = None;
+    // A reply of 9 MiB, the first thing the connection writes: a write commits one message at
+    // least, so the stall holds more than the threshold unsent.
+    let big = format!(r#"{{"type":"pong","pad":"{}"}}"#, "p".repeat(9 << 20));
+    let now = c.now;
+    c.outbox.push_control(Bytes::from(big), now);
     for tick in 0..(60 * HZ) {
         c.now = c.t0 + at(tick);
         if reaped_at.is_none() {
@@ -119,21 +124,23 @@ fn stalled_above_threshold_emits_one_notification_per_device_and_holds_no_screen
         devices.len() as u64,
         "one notification per (subscription, device, session)"
     );
-    // Four screenshots fitted under 8 MiB in the first write; every other one was dropped.
-    assert_eq!(st.frames_dropped, (45 * HZ + 1) * devices.len() as u64 - 4);
+    // The first write carried the reply only; every screenshot was dropped.
+    assert_eq!(st.frames_dropped, (45 * HZ + 1) * devices.len() as u64);
     assert_eq!(st.pings, 2);
     assert_eq!(st.queued, 0, "reaping frees the queue");
     assert_eq!(st.unsent_bytes, 0);
-    // Serialized: the first write's frames only (4 screenshots, the 2 notifications are not
-    // factory-made, 6 hierarchies after d1..d6 screenshots); none of the retained frames.
-    assert_eq!(factory.calls.load(Ordering::SeqCst), 4 + 6);
+    // Serialized: nothing (the notifications are not factory-made, and the retained
+    // hierarchies were never written).
+    assert_eq!(factory.calls.load(Ordering::SeqCst), 0);
     assert!(c.read.is_empty());
 }
 
 /// One device, reader stalled below the threshold (the first write took 64 KiB of a 2 MiB frame)
 /// but alive (it answers pings): no notification is allowed, one screenshot and one hierarchy
 /// are retained, and after a minute the drain delivers the rest of the first frame, then the
-/// latest screenshot and hierarchy, then the keepalive pings, and nothing else.
+/// latest screenshot and hierarchy, then the keepalive pings, and nothing else. (The first write
+/// carries the first screenshot only: a write commits at most `ENCODE_AHEAD` bytes or one
+/// message, so the first hierarchy stayed under the rules and was replaced too.)
 #[test]
 fn stalled_below_threshold_retains_the_latest_screenshot_per_slot_and_drops_nothing() {
     let png = Bytes::from(vec![b'B'; FRAME]);
@@ -167,25 +174,29 @@ fn stalled_below_threshold_retains_the_latest_screenshot_per_slot_and_drops_noth
     let st = c.outbox.stats();
     assert_eq!(st.notifications, 0);
     assert_eq!(st.frames_dropped, 0);
-    assert_eq!(st.coalesced, 2 * (last - 1));
+    assert_eq!(st.coalesced, 2 * (last - 1) + 1);
     let calls_before = factory.calls.load(Ordering::SeqCst);
     assert_eq!(
-        calls_before, 2,
-        "only the first write's two frames were serialized"
+        calls_before, 1,
+        "only the first write's frame was serialized"
     );
 
     c.drain();
     let read = c.take();
     let got: Vec<&str> = read.lines().collect();
-    assert_eq!(got.len(), 2 + 2 + 3);
+    assert_eq!(got.len(), 1 + 2 + 3);
     let head = |line: &str| line[..line.find(",\"png\"").unwrap()].to_owned();
     assert_eq!(
         head(got[0]),
         r#"{"type":"screenshot_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":0"#
     );
+    // The first hierarchy's slot was queued before the second screenshot's: the latest
+    // hierarchy keeps that place.
     assert_eq!(
         head(got[1]),
-        r#"{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":0"#
+        format!(
+            r#"{{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":{last}"#
+        )
     );
     assert_eq!(
         head(got[2]),
@@ -193,14 +204,8 @@ fn stalled_below_threshold_retains_the_latest_screenshot_per_slot_and_drops_noth
             r#"{{"type":"screenshot_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":{last}"#
         )
     );
-    assert_eq!(
-        head(got[3]),
-        format!(
-            r#"{{"type":"hierarchy_update","deviceId":"d1","deviceSessionUuid":"s1","captureSequence":{last}"#
-        )
-    );
-    assert_eq!(&got[4..], [r#"{"type":"ping"}"#; 3]);
-    assert_eq!(factory.calls.load(Ordering::SeqCst), 4);
+    assert_eq!(&got[3..], [r#"{"type":"ping"}"#; 3]);
+    assert_eq!(factory.calls.load(Ordering::SeqCst), 3);
     assert!(!read.contains("frames_dropped"));
     let _ = notice("d1");
 }

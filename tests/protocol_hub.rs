@@ -113,6 +113,7 @@ impl Server {
                 subscription_id,
                 hub_id,
                 ack,
+                ..
             } => {
                 assert!(self.hub.unsubscribe(&hub_id));
                 c.outbox.unsubscribe(&subscription_id, ack, now);

@@ -83,6 +83,7 @@ fn unknown_subscription_id_is_an_error_and_the_connection_stays_usable() {
     let Action::Unsubscribe {
         subscription_id,
         hub_id,
+        topic,
         ack,
     } = line(
         &mut s,
@@ -92,6 +93,11 @@ fn unknown_subscription_id_is_an_error_and_the_connection_stays_usable() {
         panic!()
     };
     assert_eq!((&*subscription_id, hub_id.as_str()), ("x", "c1/x"));
+    assert_eq!(
+        topic,
+        stream_topic("obs"),
+        "the unsubscribe names its topic"
+    );
     assert_eq!(
         &ack[..],
         br#"{"type":"unsubscribed","requestId":"u2","subscriptionId":"x"}"#
@@ -262,6 +268,7 @@ fn run_line(topics: &mut Topics, clients: &mut [Client], who: usize, text: &str,
             subscription_id,
             hub_id,
             ack,
+            ..
         } => {
             for subs in topics.subs.values_mut() {
                 subs.retain(|(_, _, h)| *h != hub_id);

@@ -22,11 +22,39 @@ use super::options::{
     BytesAcknowledged, Codec, Driver, HubOptions, PublishOptions, SubscribeOptions,
     RETAINED_PER_TOPIC,
 };
-use super::queue::{CursorPop, Entry, Offer, Queue, TopicLog};
+pub(crate) use super::queue::Entry;
+use super::queue::{CursorPop, Offer, Queue, TopicLog};
 use super::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
 use super::Message;
 
 pub(crate) type Handler = Arc<dyn Fn(&Delivery<'_>) + Send + Sync>;
+
+/// A fan-out that is not the hub's own: a shard's interest in a topic, on behalf of the
+/// subscriptions of its connections (see `runtime::fanout`).
+///
+/// A publication to the topic is handed to each of its taps on the publishing thread, while the
+/// topics read lock is held: [`Tap::offer`] must be cheap and never block (it queues the entry
+/// and, at most once per batch, wakes the tap's owner). The hub queues nothing for a tap, applies
+/// no slow-consumer policy to it and encodes nothing for it: the owner does all of that on its
+/// own thread.
+pub(crate) trait Tap: Send + Sync {
+    /// A publication to the topic, in the publisher's order.
+    fn offer(&self, entry: &Arc<Entry>);
+    /// How many subscriptions the tap serves (what a publish counts as delivered to).
+    fn subscribers(&self) -> usize;
+    /// The tap's subscriptions, for [`Stats::list`] and [`Presence`]: their hub ids and
+    /// transport contexts.
+    fn members(&self, out: &mut Vec<TapMember>);
+    /// The hub closed: no publication follows. The owner ends the tap's subscriptions.
+    fn hub_closed(&self);
+}
+
+/// One subscription behind a [`Tap`], as stats and presence list it.
+#[derive(Clone)]
+pub(crate) struct TapMember {
+    pub(crate) id: Arc<str>,
+    pub(crate) transport: Arc<dyn std::any::Any + Send + Sync>,
+}
 
 thread_local! {
     /// Whether this thread is inside a drain (holding the drain lock): a handler, sink or hook
@@ -212,11 +240,13 @@ struct Topic {
     all: Arc<Vec<Arc<Sub>>>,
     /// How many cursor subscribers have each `max_queue`: the log keeps the largest.
     caps: BTreeMap<usize, usize>,
+    /// Fan-outs of other owners (one per interested shard): handed every publication.
+    taps: Vec<Arc<dyn Tap>>,
 }
 
 impl Topic {
     fn is_empty(&self) -> bool {
-        self.subs.is_empty() && self.cursors.is_empty()
+        self.subs.is_empty() && self.cursors.is_empty() && self.taps.is_empty()
     }
 
     fn log_id(&self) -> u64 {
@@ -606,6 +636,7 @@ impl Inner {
             message,
         });
         let mut queued = 0;
+        let mut tapped = 0;
         let mut disconnect = Vec::new();
         {
             let topics = self.topics.read();
@@ -613,7 +644,7 @@ impl Inner {
                 if opts.retain {
                     retain(t, &entry);
                 }
-                self.fan_out(t, &entry, &mut queued, &mut disconnect);
+                self.fan_out(t, &entry, &mut queued, &mut tapped, &mut disconnect);
                 // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
                 // the topics write lock, which excludes this read-locked section.
                 if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
@@ -627,7 +658,7 @@ impl Inner {
                 }
                 let t = topics.entry(Arc::from(topic)).or_default();
                 retain(t, &entry);
-                self.fan_out(t, &entry, &mut queued, &mut disconnect);
+                self.fan_out(t, &entry, &mut queued, &mut tapped, &mut disconnect);
             }
         }
         for s in disconnect {
@@ -636,7 +667,70 @@ impl Inner {
         if queued > 0 {
             self.wake();
         }
-        Ok(queued)
+        Ok(queued + tapped)
+    }
+
+    // ---- taps -------------------------------------------------------------------------------
+
+    /// Hands every later publication to `topic` to `tap` too (see [`Tap`]). Taps see no retained
+    /// replay. `false` once the hub is closed.
+    pub(crate) fn attach_tap(&self, topic: &str, tap: Arc<dyn Tap>) -> bool {
+        let mut topics = self.topics.write();
+        if self.is_closed() {
+            return false;
+        }
+        let key = match topics.get_key_value(topic) {
+            Some((key, _)) => Arc::clone(key),
+            None => Arc::from(topic),
+        };
+        topics.entry(key).or_default().taps.push(tap);
+        true
+    }
+
+    /// Stops handing `topic`'s publications to `tap`. Once this returns, no publisher calls
+    /// the tap again (publishers hand over under the topics read lock, which this excludes).
+    pub(crate) fn detach_tap(&self, topic: &str, tap: &Arc<dyn Tap>) {
+        let mut topics = self.topics.write();
+        if let Some(t) = topics.get_mut(topic) {
+            t.taps.retain(|x| !Arc::ptr_eq(x, tap));
+            if t.is_empty() {
+                topics.remove(topic);
+            }
+        }
+        drop(topics);
+        self.notify_flush();
+    }
+
+    /// Counts what the owner of a tap delivered and encoded (its fan-out's share of
+    /// [`Stats::delivered`] and [`Stats::encoded`]).
+    pub(crate) fn count_tapped(&self, delivered: u64, encoded: u64) {
+        if delivered > 0 {
+            self.counters
+                .delivered
+                .fetch_add(delivered, Ordering::Relaxed);
+        }
+        if encoded > 0 {
+            self.counters.encoded.fetch_add(encoded, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a subscription its tap's owner closed as a slow consumer ([`Stats::disconnected`]).
+    pub(crate) fn count_tap_disconnect(&self) {
+        self.counters.disconnected.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The members of every tap, topic by topic.
+    fn tap_members(&self) -> Vec<(Arc<str>, TapMember)> {
+        let topics = self.topics.read();
+        let mut out = Vec::new();
+        let mut scratch = Vec::new();
+        for (name, t) in topics.iter() {
+            for tap in &t.taps {
+                tap.members(&mut scratch);
+                out.extend(scratch.drain(..).map(|m| (Arc::clone(name), m)));
+            }
+        }
+        out
     }
 
     /// Queues `entry` for every subscriber of `t`: one append for all the cursors, an offer to
@@ -646,6 +740,7 @@ impl Inner {
         t: &Topic,
         entry: &Arc<Entry>,
         queued: &mut usize,
+        tap_counted: &mut usize,
         disconnect: &mut Vec<Arc<Sub>>,
     ) {
         if !t.cursors.is_empty() {
@@ -655,6 +750,10 @@ impl Inner {
         }
         for sub in &t.subs {
             self.offer(sub, entry, queued, disconnect);
+        }
+        for tap in &t.taps {
+            tap.offer(entry);
+            *tap_counted += tap.subscribers();
         }
     }
 
@@ -1292,6 +1391,11 @@ impl Inner {
                 self.close_adapter(sub, CloseReason::HubClosed);
             }
         }
+        for t in topics.values() {
+            for tap in &t.taps {
+                tap.hub_closed();
+            }
+        }
         // The retained logs go with the topics.
         drop(topics);
         *self.ready.lock() = Ready::default();
@@ -1334,6 +1438,20 @@ impl Inner {
                 }
             })
             .collect();
+        let mut list = list;
+        list.extend(
+            self.tap_members()
+                .into_iter()
+                .map(|(topic, m)| SubscriberStats {
+                    id: m.id.to_string(),
+                    topic: topic.to_string(),
+                    queued: 0,
+                    dropped: 0,
+                    bytes_sent: 0,
+                    in_flight: false,
+                    priority: 0,
+                }),
+        );
         Stats {
             subscribers: list.len(),
             topics: self.topics.read().len(),
@@ -1350,14 +1468,26 @@ impl Inner {
     pub(crate) fn presence(&self, topic: Option<&str>) -> Vec<Presence> {
         let mut subs: Vec<Arc<Sub>> = self.ids.lock().values().cloned().collect();
         subs.sort_by_key(|s| s.order);
-        subs.iter()
+        let mut out: Vec<Presence> = subs
+            .iter()
             .filter(|s| topic.is_none_or(|t| s.sref.topic() == t))
             .map(|s| Presence {
                 id: s.sref.id().to_owned(),
                 topic: s.sref.topic().to_owned(),
                 transport: s.sref.transport_any().cloned(),
             })
-            .collect()
+            .collect();
+        out.extend(
+            self.tap_members()
+                .into_iter()
+                .filter(|(t, _)| topic.is_none_or(|want| &**t == want))
+                .map(|(t, m)| Presence {
+                    id: m.id.to_string(),
+                    topic: t.to_string(),
+                    transport: Some(m.transport),
+                }),
+        );
+        out
     }
 }
 

@@ -58,6 +58,7 @@
 //! [`SendOutcome::Pending`]: powerhub_plugin::SendOutcome::Pending
 
 mod core;
+pub(crate) use self::core::{Entry, Tap, TapMember};
 mod error;
 mod message;
 mod options;
@@ -138,6 +139,26 @@ impl std::fmt::Debug for Hub {
 }
 
 impl Hub {
+    /// See [`core::Inner::attach_tap`].
+    pub(crate) fn attach_tap(&self, topic: &str, tap: Arc<dyn core::Tap>) -> bool {
+        self.owner.inner.attach_tap(topic, tap)
+    }
+
+    /// See [`core::Inner::detach_tap`].
+    pub(crate) fn detach_tap(&self, topic: &str, tap: &Arc<dyn core::Tap>) {
+        self.owner.inner.detach_tap(topic, tap)
+    }
+
+    /// See [`core::Inner::count_tapped`].
+    pub(crate) fn count_tapped(&self, delivered: u64, encoded: u64) {
+        self.owner.inner.count_tapped(delivered, encoded)
+    }
+
+    /// See [`core::Inner::count_tap_disconnect`].
+    pub(crate) fn count_tap_disconnect(&self) {
+        self.owner.inner.count_tap_disconnect()
+    }
+
     /// A hub sending through `sink` (any [`Sink`], including an `Arc<dyn Sink>`).
     ///
     /// Fails with an error naming the option when `options` are invalid.

@@ -102,6 +102,12 @@ pub use event::{
 /// The push protocol's JSON keepalive ping, sent when the stream protocol has no ping of its own.
 pub const PING_JSON: &[u8] = br#"{"type":"ping"}"#;
 
+/// How many encoded bytes a healthy outbox keeps ahead of the socket: a transmit encodes queued
+/// messages until this many bytes are unsent (at least one message). So when the socket takes
+/// only part of a write, at most this much (or one message, the larger) beyond what it took is
+/// out of the reach of the coalescing and dropping rules.
+pub const ENCODE_AHEAD: usize = 64 << 10;
+
 /// Messages shorter than this are copied into one contiguous buffer with their framing; longer
 /// ones are written as their own `Bytes` (no copy).
 const COPY_BELOW: usize = 512;
@@ -191,6 +197,9 @@ struct DropState {
 enum Item {
     /// A lossless control message (JSON, no newline).
     Control(Bytes),
+    /// Lossless bytes already in the connection's wire form (a hub frame on a frame-protocol
+    /// connection): written as they are.
+    Wire(Bytes),
     /// A keepalive ping.
     Ping,
     /// A message for a subscription, classified.
@@ -225,7 +234,7 @@ impl Body {
 impl Item {
     fn len(&self) -> usize {
         match self {
-            Item::Control(b) => b.len(),
+            Item::Control(b) | Item::Wire(b) => b.len(),
             Item::Ping => PING_JSON.len(),
             Item::Message { body, .. } => body.len(),
             Item::Shared { lines, .. } => lines.len(),
@@ -345,6 +354,18 @@ impl Outbox {
         }
         self.observe_send();
         self.push_back(Item::Control(json));
+    }
+
+    /// Queues bytes already framed for the wire (lossless FIFO, like a control message), written
+    /// as they are: the same `Bytes`, never copied. For a shared frame whose encoding is the
+    /// connection's wire form (the hub's binary frame on a frame-protocol connection).
+    pub fn push_wire(&mut self, bytes: Bytes, now: Instant) {
+        let _ = now;
+        if self.reaped || bytes.is_empty() {
+            return;
+        }
+        self.observe_send();
+        self.push_back(Item::Wire(bytes));
     }
 
     /// Removes the pending coalescible frames and the notification state of subscription `sub`,
@@ -786,7 +807,12 @@ impl Outbox {
     /// Encodes the whole FIFO onto the wire (healthy only).
     fn encode_queue(&mut self, framer: &mut dyn StreamProtocol, now: Instant) {
         self.clear_slots();
-        while let Some(item) = self.queue.pop_front() {
+        // A write commits a bounded amount: past `ENCODE_AHEAD` unsent bytes, what is queued
+        // stays queued, where a pause (a partial write) still applies the rules to it.
+        while self.wire_len < ENCODE_AHEAD {
+            let Some(item) = self.queue.pop_front() else {
+                break;
+            };
             self.head_seq += 1;
             if !matches!(item, Item::Removed) {
                 self.stats.queued -= 1;
@@ -794,6 +820,7 @@ impl Outbox {
             }
             match item {
                 Item::Control(json) => self.encode_json(framer, json),
+                Item::Wire(bytes) => self.append_bytes(bytes),
                 Item::Ping => {
                     let before = self.scratch.len();
                     if framer.encode_ping(&mut self.scratch) {

@@ -75,6 +75,8 @@ pub enum Action {
         subscription_id: Arc<str>,
         /// The hub subscriber id.
         hub_id: String,
+        /// The hub topic.
+        topic: String,
         /// The `unsubscribed` acknowledgement.
         ack: Bytes,
     },
@@ -254,6 +256,7 @@ impl Session {
                 Ok(Action::Unsubscribe {
                     subscription_id: sub_id,
                     hub_id: info.hub_id,
+                    topic: info.topic,
                     ack,
                 })
             }

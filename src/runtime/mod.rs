@@ -50,6 +50,7 @@ use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 mod alloc;
 mod close;
 mod config;
+mod fanout;
 mod parker;
 mod registry;
 mod session;

@@ -1,29 +1,31 @@
-//! A shard: one worker thread that owns its connections, their timers and one IO backend.
+//! A shard: one worker thread that owns its connections, their subscriptions, their timers and
+//! one IO backend.
 //!
-//! Nothing on a shard's write path takes a lock. Other threads (the thread driving the hub handing
-//! frames to a connection's sink, the acceptor handing over a new socket, the engine asking for a
-//! shutdown) reach a shard through its lock-free [`SegQueue`] of [`ShardMsg`]s and a wake-up
-//! eventfd. A turn of the shard loop:
+//! Nothing on a shard's write path takes a lock. Other threads reach a shard through lock-free
+//! queues and a wake-up eventfd: the acceptor hands over new sockets and the engine its shutdown
+//! phases as [`ShardMsg`]s, and publishers list the topics that have new entries for the shard's
+//! subscriptions (see [`super::fanout`]). A turn of the shard loop:
 //!
-//! 0. on shard 0, when the engine owns its hub: runs the hub's turn if one is due (what the
-//!    previous turn read is then one batch; deliveries to this shard land in its own queue),
-//! 1. drains the queue (new connections, deliveries into the connections' outboxes,
-//!    subscription closes, shutdown phases),
-//! 2. starts one send per connection that has bytes to write and none in flight, carrying
+//! 0. on shard 0, when the engine owns its hub: runs the hub's turn if one is due (the hub's
+//!    own subscribers, those of library users; push subscriptions are not among them),
+//! 1. fans out every listed topic (unless the turn gap holds it back): each batch is encoded
+//!    once per wire format and the same `Bytes` goes into every local subscriber's [`Outbox`],
+//! 2. drains the message queue (new connections, shutdown phases),
+//! 3. starts one send per connection that has bytes to write and none in flight, carrying
 //!    everything ready for it: the protocol's urgent bytes and what the connection's
-//!    [`Outbox`] offers (one `sendmsg` gather list, at most 1024 chunks; a hub frame is a chunk
-//!    by reference, never copied, on NDJSON connections),
-//! 3. waits in the backend, which first submits everything queued in the turn (under io_uring:
+//!    [`Outbox`] offers (one `sendmsg` gather list, at most 1024 chunks; a shared frame is a
+//!    chunk by reference, never copied, on NDJSON and frame-protocol connections),
+//! 4. waits in the backend, which first submits everything queued in the turn (under io_uring:
 //!    one `io_uring_enter` for every connection's sends),
-//! 4. handles completions: received bytes go through the connection's [`StreamProtocol`] and
+//! 5. handles completions: received bytes go through the connection's [`StreamProtocol`] and
 //!    the push session; a send's byte count goes to the outbox (`on_written`), and a partial
 //!    send pauses the connection until a writability poll reports the drain (`on_writable`),
-//! 5. runs the coarse timers every [`TICK`]: handshake and idle deadlines, the outbox's
+//! 6. runs the coarse timers every [`TICK`]: handshake and idle deadlines, the outbox's
 //!    keepalive and liveness, closing and shutdown deadlines.
 //!
 //! A connection lives in a boxed slot; it is freed only when no receive, send or poll on it is
-//! in flight (the backend contract's buffer rule), and its slot's generation changes, so a late
-//! message for it never reaches the slot's next tenant.
+//! in flight (the backend contract's buffer rule), and its slot's generation changes, so a
+//! subscription left in a topic's list never reaches the slot's next tenant.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -33,18 +35,18 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use crossbeam_queue::SegQueue;
-use powerhub_plugin::{
-    CloseReason, Completion, Inbound, ProtocolError, ProtocolOutput, SendError, Sink,
-    StreamProtocol,
-};
+use powerhub_plugin::{Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
 
 use super::close::Ending;
+use super::config::SlowConsumerChoice;
 use super::config::SMALL_SEND_BYTES;
+use super::fanout::{Fanout, LocalSub};
 use super::parker::Parker;
-use super::session::{self, After, ConnSink};
+use super::session::{self, After};
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::writeq::{WriteQueue, MAX_IOV};
 use super::Shared;
+use crate::hub::Entry;
 use crate::outbox::{Outbox, TimeoutAction};
 use crate::protocol::{Session, SessionConfig};
 
@@ -89,22 +91,6 @@ pub(crate) enum ShardMsg {
         listener: usize,
         over_limit: bool,
     },
-    /// A hub frame for a subscription of a connection. `done` is set when the sink answered
-    /// `Pending`: the shard completes it once the connection's unsent bytes fall to the high
-    /// water mark (or fails it when the connection closes).
-    Deliver {
-        conn: ConnKey,
-        sub: Arc<str>,
-        frame: Bytes,
-        done: Option<Completion>,
-        shared: Arc<ConnShared>,
-    },
-    /// The hub closed a subscription (slow consumer under `disconnect`, hub closed).
-    SubClosed {
-        conn: ConnKey,
-        sub: Arc<str>,
-        reason: CloseReason,
-    },
     /// Shutdown, phase 1: stop accepting, keep reading and serving; set
     /// [`ShardHandle::is_quiet`] once no connection has sent anything for [`DRAIN_QUIET`]; at
     /// `deadline` close every connection.
@@ -146,6 +132,8 @@ pub(crate) struct ShardHandle {
     /// Set while a shutdown drains, once every connection has gone quiet (see
     /// [`ShardMsg::Drain`]).
     quiet: AtomicBool,
+    /// Slots of the shard's topics that have entries to fan out (see [`super::fanout`]).
+    topics: SegQueue<u32>,
 }
 
 impl ShardHandle {
@@ -157,6 +145,7 @@ impl ShardHandle {
             parker: Parker::default(),
             conns: AtomicUsize::new(0),
             quiet: AtomicBool::new(false),
+            topics: SegQueue::new(),
         })
     }
 
@@ -170,6 +159,12 @@ impl ShardHandle {
     /// Queues a message and wakes the shard if it sleeps.
     pub(crate) fn send(&self, msg: ShardMsg) {
         self.queue.push(msg);
+        self.wake();
+    }
+
+    /// Lists topic `slot` as having entries to fan out, and wakes the shard if it sleeps.
+    pub(crate) fn list_topic(&self, slot: u32) {
+        self.topics.push(slot);
         self.wake();
     }
 
@@ -197,21 +192,6 @@ pub(crate) struct Counters {
     pub(crate) subscriptions: AtomicUsize,
     pub(crate) send_syscalls: AtomicU64,
     pub(crate) unsent: AtomicUsize,
-}
-
-/// Connection state shared with the sinks of its subscriptions (on the hub-driving thread).
-#[derive(Debug)]
-pub(crate) struct ConnShared {
-    pub(crate) key: ConnKey,
-    /// The outbox's backlog (unsent plus queued bytes) as of the shard's last update (`Relaxed`:
-    /// advisory, read by the sink for back-pressure).
-    pub(crate) backlog: AtomicUsize,
-    /// Bytes of frames a sink queued for the shard that the shard has not taken yet (added by
-    /// the sink, subtracted by the shard): with `backlog`, it bounds what a slow shard lets
-    /// pile up in its queue.
-    pub(crate) in_queue: AtomicUsize,
-    /// Set when the connection is closing; sends then fail.
-    pub(crate) closed: AtomicBool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,7 +243,7 @@ impl SendState {
     }
 }
 
-/// One connection, owned by its shard (its [`ConnKey`] is `shared.key`).
+/// One connection, owned by its shard.
 pub(crate) struct Conn {
     pub(crate) proto: Box<dyn StreamProtocol>,
     /// The protocol's wire form is the hub's binary frame (see [`frames_as_hub_frames`]).
@@ -277,7 +257,10 @@ pub(crate) struct Conn {
     /// The push-stream outbox: replies, deliveries, keepalive, coalescing while paused.
     pub(crate) outbox: Outbox,
     pub(crate) session: Session,
-    pub(crate) sink: Arc<dyn Sink>,
+    /// The connection's slot and generation.
+    pub(crate) key: ConnKey,
+    /// The backlog last added to the engine's `unsent` counter (see `sync_backlog`).
+    reported_backlog: usize,
     /// The send in flight (`Some` exactly while one is).
     send: Option<Box<SendState>>,
     /// A send started since the last [`TICK`]: the connection is not idle.
@@ -289,11 +272,6 @@ pub(crate) struct Conn {
     /// A writability poll is in flight (after a partial send: the connection is paused).
     poll_inflight: bool,
     state: State,
-    pub(crate) shared: Arc<ConnShared>,
-    /// Sends the hub was told are pending (`Pending`), completed once the backlog is back under
-    /// the mark; boxed (8 bytes, not a vector's 24), as a connection rarely has any.
-    #[allow(clippy::box_collection)]
-    waiting: Option<Box<Vec<Completion>>>,
     /// When the connection was accepted and when input last arrived, in milliseconds since the
     /// shard's epoch (see [`Shard::millis`]).
     accepted_ms: u64,
@@ -315,7 +293,7 @@ pub(crate) struct Conn {
 impl std::fmt::Debug for Conn {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Conn")
-            .field("key", &self.shared.key)
+            .field("key", &self.key)
             .field("state", &self.state)
             .finish_non_exhaustive()
     }
@@ -355,6 +333,26 @@ impl Conn {
         Some(Ending::limit("max_outbox_bytes", msg))
     }
 
+    /// Under `subscriptions.slow_consumer = "disconnect"`: the ending of a subscribed connection
+    /// whose socket refused part of a write and that holds more than `limits.backpressure_bytes`
+    /// (a healthy reader, whose socket takes every write, is never behind however much one
+    /// fan-out queued for it).
+    fn behind(&self, shared: &Shared) -> Option<Ending> {
+        let limit = shared.config.limits.backpressure_bytes;
+        if shared.config.subscriptions.slow_consumer != SlowConsumerChoice::Disconnect
+            || !self.outbox.is_paused()
+            || self.session.subscriptions().next().is_none()
+        {
+            return None;
+        }
+        let backlog = self.backlog();
+        (backlog > limit).then(|| {
+            Ending::slow_consumer(format!(
+                "{backlog} bytes wait for a connection whose socket is full, more than backpressure_bytes = {limit} under subscriptions.slow_consumer = \"disconnect\""
+            ))
+        })
+    }
+
     /// Frees what an idle connection keeps for its next write or read (queue capacities,
     /// framing scratch, an empty input buffer), once no send started for a whole [`TICK`]:
     /// a busy connection keeps them, an idle one costs only its state.
@@ -366,14 +364,11 @@ impl Conn {
         if self.inbuf.is_empty() && self.inbuf.capacity() > 0 {
             self.inbuf = BytesMut::new();
         }
-        if self.waiting.as_ref().is_some_and(|w| w.is_empty()) {
-            self.waiting = None;
-        }
     }
 
-    fn sync_backlog(&self, counters: &Counters) -> usize {
+    fn sync_backlog(&mut self, counters: &Counters) -> usize {
         let now = self.backlog();
-        let before = self.shared.backlog.swap(now, Ordering::Relaxed);
+        let before = std::mem::replace(&mut self.reported_backlog, now);
         if now >= before {
             counters.unsent.fetch_add(now - before, Ordering::Relaxed);
         } else {
@@ -418,7 +413,7 @@ fn millis(epoch: Instant, t: Instant) -> u64 {
 /// The live connection `key` names, if it is still the slot's tenant.
 fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
     let c = slots.get_mut(key.index as usize)?.as_deref_mut()?;
-    (c.shared.key.generation == key.generation).then_some(c)
+    (c.key.generation == key.generation).then_some(c)
 }
 
 /// The connection in slot `token`, if the slot is occupied.
@@ -457,8 +452,14 @@ pub(crate) struct Shard<B: Backend> {
     /// Sends started since the last wait, and their bytes (see `engine.turn_gap_us`).
     pass_sends: usize,
     pass_bytes: usize,
-    /// The hub's next turn waits until then (see `engine.turn_gap_us`).
+    /// The next fan-out (and hub turn) waits until then (see `engine.turn_gap_us`).
     quiet_until: Option<Instant>,
+    /// The subscriptions of this shard's connections, by topic.
+    fanout: Fanout,
+    /// Scratch: the entries taken from one topic.
+    taken: Vec<Arc<Entry>>,
+    /// Scratch: subscriptions the hub's close ended, whose connections close after the fan-out.
+    ended: Vec<(ConnKey, Arc<str>)>,
 }
 
 impl<B: Backend> Shard<B> {
@@ -489,6 +490,9 @@ impl<B: Backend> Shard<B> {
             pass_sends: 0,
             pass_bytes: 0,
             quiet_until: None,
+            fanout: Fanout::default(),
+            taken: Vec::new(),
+            ended: Vec::new(),
         }
     }
 
@@ -510,20 +514,19 @@ impl<B: Backend> Shard<B> {
         let drives_hub = self.shared.drives_hub && self.handle.index == 0;
         let gap = self.shared.config.engine.turn_gap();
         loop {
-            if drives_hub {
-                let now = Instant::now();
-                // In the gap after a pass of small sends (`wants_gap`), publications gather.
-                if self.quiet_until.is_none_or(|q| now >= q) {
-                    self.quiet_until = None;
-                    // Deliveries to this shard's connections land in its own queue, drained
-                    // next.
+            let now = Instant::now();
+            // In the gap after a pass of small sends (`wants_gap`), publications gather.
+            if self.quiet_until.is_none_or(|q| now >= q) {
+                self.quiet_until = None;
+                if drives_hub {
                     self.shared.hub.turn(now);
                 }
+                self.fan_out_listed(now);
             }
             self.drain_queue();
             self.flush_writes();
-            if drives_hub && wants_gap(self.pass_sends, self.pass_bytes, gap) {
-                // Many small segments: the next turn waits `gap` after these sends end (so
+            if wants_gap(self.pass_sends, self.pass_bytes, gap) {
+                // Many small segments: the next fan-out waits `gap` after these sends end (so
                 // they run now: io_uring runs sends at submission), and what is published
                 // meanwhile goes out in fewer, larger ones.
                 self.backend.submit();
@@ -539,7 +542,15 @@ impl<B: Backend> Shard<B> {
             self.handle.parker.park_begin();
             if !self.handle.queue.is_empty() {
                 timeout = Duration::ZERO;
-            } else if drives_hub {
+            } else {
+                // After `park_begin`: a publisher that listed a topic before either shows here
+                // or sees the shard parked and wakes it (see [`Parker`]).
+                if !self.handle.topics.is_empty() {
+                    let at = self.quiet_until.unwrap_or(now);
+                    timeout = timeout.min(at.saturating_duration_since(now));
+                }
+            }
+            if drives_hub && !timeout.is_zero() {
                 // After `park_begin`: a publish that set the hub's work flag before it either
                 // shows here or sees the shard parked and wakes it (see [`Parker`]).
                 if let Some(at) = self.shared.hub.poll_timeout() {
@@ -566,9 +577,6 @@ impl<B: Backend> Shard<B> {
     }
 
     fn drain_queue(&mut self) {
-        // One clock read and one shared-counter update per drain, not per delivery.
-        let now = Instant::now();
-        let mut frames = 0;
         while let Some(msg) = self.handle.queue.pop() {
             match msg {
                 ShardMsg::NewConn {
@@ -576,32 +584,14 @@ impl<B: Backend> Shard<B> {
                     listener,
                     over_limit,
                 } => self.add_conn(fd, listener, over_limit),
-                ShardMsg::Deliver {
-                    conn,
-                    sub,
-                    frame,
-                    done,
-                    shared,
-                } => {
-                    shared.in_queue.fetch_sub(frame.len(), Ordering::Relaxed);
-                    frames += u64::from(self.deliver(conn, &sub, frame, done, now));
-                }
-                ShardMsg::SubClosed { conn, sub, reason } => {
-                    if let Some(c) = conn_in(&mut self.slots, conn) {
-                        let token = conn.index;
-                        let after = session::on_sub_closed(c, &self.shared, &sub, reason);
-                        self.mark_dirty(token);
-                        if let After::Close(ending) = after {
-                            self.close_with(token, ending);
-                        }
-                    }
-                }
                 ShardMsg::Drain { deadline } => {
                     self.close_listeners();
                     self.drain_deadline = Some(deadline);
                 }
                 ShardMsg::Finish => {
                     self.close_listeners();
+                    // Everything published before the shutdown reaches its subscribers first.
+                    self.fan_out_listed(Instant::now());
                     self.finishing = true;
                     let tokens: Vec<Token> = self.live_tokens();
                     for t in tokens {
@@ -609,12 +599,6 @@ impl<B: Backend> Shard<B> {
                     }
                 }
             }
-        }
-        if frames > 0 {
-            self.shared
-                .counters
-                .frames_out
-                .fetch_add(frames, Ordering::Relaxed);
         }
     }
 
@@ -683,17 +667,6 @@ impl<B: Backend> Shard<B> {
             self.release_count(over_limit);
             return;
         }
-        let conn_shared = Arc::new(ConnShared {
-            key,
-            backlog: AtomicUsize::new(0),
-            in_queue: AtomicUsize::new(0),
-            closed: AtomicBool::new(false),
-        });
-        let sink: Arc<dyn Sink> = Arc::new(ConnSink {
-            shard: Arc::clone(&self.handle),
-            conn: Arc::clone(&conn_shared),
-            backpressure: shared.config.limits.backpressure_bytes,
-        });
         let limits = &shared.config.limits;
         let session_config = SessionConfig {
             max_line_bytes: limits.max_message_bytes,
@@ -708,15 +681,14 @@ impl<B: Backend> Shard<B> {
             urgent: WriteQueue::default(),
             outbox,
             session: Session::new(conn_id, session_config),
-            sink,
+            key,
+            reported_backlog: 0,
             send: None,
             sent_recently: false,
             recv_inflight: false,
             peer_eof: false,
             poll_inflight: false,
             state: State::Open,
-            shared: conn_shared,
-            waiting: None,
             accepted_ms: millis(self.epoch, now),
             last_inbound_ms: millis(self.epoch, now),
             counted: !over_limit,
@@ -855,6 +827,11 @@ impl<B: Backend> Shard<B> {
                 }
                 c.last_inbound_ms = millis(self.epoch, Instant::now());
                 self.after_input(token);
+                if let Some(c) = slot_mut(&mut self.slots, token) {
+                    // Input is quiet from when it was handled: handling a large receive can take
+                    // longer than a shutdown's quiet period.
+                    c.last_inbound_ms = millis(self.epoch, Instant::now());
+                }
                 if self.slots[token as usize]
                     .as_ref()
                     .is_some_and(|c| matches!(c.state, State::Open | State::Closing(_)))
@@ -877,6 +854,14 @@ impl<B: Backend> Shard<B> {
             c.inbuf.clear();
             return;
         }
+        if c.session.subscriptions().next().is_some() {
+            // What was published before this input reaches the connection's outbox before the
+            // replies to it: a reply never overtakes a delivery published before its command.
+            self.fan_out_listed(Instant::now());
+        }
+        let Some(c) = self.slots[token as usize].as_deref_mut() else {
+            return;
+        };
         self.output.clear();
         let result = c.proto.decode(&mut c.inbuf, &mut self.output);
         if c.inbuf.is_empty() {
@@ -901,14 +886,44 @@ impl<B: Backend> Shard<B> {
             c.greeted = true;
         }
         let max_outbox = self.shared.config.limits.max_outbox_bytes;
-        for event in self.output.events.drain(..) {
+        let mut events = std::mem::take(&mut self.output.events);
+        for event in events.drain(..) {
+            let Some(c) = self.slots[token as usize].as_deref_mut() else {
+                break;
+            };
             match event {
                 Inbound::Text(line) => {
                     c.messages_in = c.messages_in.saturating_add(1);
-                    if let After::Close(ending) = session::on_text(c, &self.shared, line, now) {
-                        close = Some(ending);
-                        break;
+                    match session::on_text(c, &self.shared, line, now) {
+                        After::Continue => {}
+                        After::Close(ending) => {
+                            close = Some(ending);
+                            break;
+                        }
+                        After::Subscribe {
+                            subscription_id,
+                            hub_id,
+                            topic,
+                            reply,
+                            request_id,
+                        } => self.subscribe(
+                            token,
+                            subscription_id,
+                            hub_id,
+                            &topic,
+                            reply,
+                            request_id,
+                            now,
+                        ),
+                        After::Unsubscribe {
+                            subscription_id,
+                            topic,
+                            ack,
+                        } => self.unsubscribe(token, subscription_id, &topic, ack, now),
                     }
+                    let Some(c) = self.slots[token as usize].as_deref_mut() else {
+                        break;
+                    };
                     // One input (a frame of many commands) cannot queue replies past the limit
                     // before the limit is checked.
                     if let Some(ending) = c.over_outbox(max_outbox, &self.shared.counters) {
@@ -935,10 +950,10 @@ impl<B: Backend> Shard<B> {
                 _ => {}
             }
         }
-        self.output.events.clear();
-        if self.output.events.capacity() > KEEP_EVENTS {
+        events.clear();
+        if events.capacity() <= KEEP_EVENTS {
             // A frame of many messages: the shard keeps no event list that large.
-            self.output.events = Vec::new();
+            self.output.events = events;
         }
         if let Err(e) = result {
             self.shared
@@ -965,47 +980,211 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    /// Queues a hub frame on its connection; `false` when the connection or the subscription
-    /// is gone (the frame is dropped and the send completed).
-    fn deliver(
+    /// Adds a push subscription of connection `token` to the shard's fan-out of `topic`, then
+    /// queues its `subscribed` reply (before any delivery to it).
+    #[allow(clippy::too_many_arguments)]
+    fn subscribe(
         &mut self,
-        key: ConnKey,
-        sub: &str,
-        frame: Bytes,
-        done: Option<Completion>,
+        token: Token,
+        subscription_id: Arc<str>,
+        hub_id: Arc<str>,
+        topic: &str,
+        reply: Bytes,
+        request_id: Option<crate::protocol::RequestId>,
         now: Instant,
-    ) -> bool {
-        let backpressure = self.shared.config.limits.backpressure_bytes;
-        let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) else {
-            if let Some(done) = done {
-                done.complete(Err(SendError::Closed));
-            }
-            return false;
+    ) {
+        // What the topic holds was published before this subscription: it goes to the
+        // subscriptions there were.
+        if let Some(slot) = self.fanout.slot_of(topic) {
+            self.fan_out_slot(slot, now);
+        }
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
         };
-        if c.session.subscription(sub).is_none() {
-            // Unsubscribed while this frame was on its way: nothing follows the acknowledgement.
-            if let Some(done) = done {
-                done.complete(Ok(()));
-            }
-            return false;
-        }
-        c.deliveries = c.deliveries.saturating_add(1);
-        if c.hub_frames {
-            // One hub frame per subscriber batch: lossless and in order with the replies.
-            c.outbox.push_control(frame, now);
+        let sub = LocalSub {
+            conn: c.key,
+            id: Arc::clone(&subscription_id),
+            hub_id,
+            hub_frames: c.hub_frames,
+        };
+        let transport: Arc<dyn std::any::Any + Send + Sync> =
+            Arc::new(Arc::clone(&subscription_id));
+        if self
+            .fanout
+            .subscribe(&self.shared.hub, &self.handle, topic, sub, transport)
+        {
+            self.shared
+                .counters
+                .subscriptions
+                .fetch_add(1, Ordering::Relaxed);
+            c.outbox.push_control(reply, now);
         } else {
-            c.outbox.push_shared(sub, frame, now);
+            let err = c.session.subscribe_failed(
+                &subscription_id,
+                request_id.as_ref(),
+                &crate::hub::HubError::Closed.to_string(),
+            );
+            c.outbox.push_control(err, now);
         }
-        let backlog = c.sync_backlog(&self.shared.counters);
-        if let Some(done) = done {
-            if backlog <= backpressure {
-                done.complete(Ok(()));
+        self.mark_dirty(token);
+    }
+
+    /// Removes a push subscription after delivering what its topic holds (published before the
+    /// unsubscribe), then lets the outbox drop its pending coalescible frames and queue `ack`.
+    fn unsubscribe(
+        &mut self,
+        token: Token,
+        subscription_id: Arc<str>,
+        topic: &str,
+        ack: Bytes,
+        now: Instant,
+    ) {
+        if let Some(slot) = self.fanout.slot_of(topic) {
+            self.fan_out_slot(slot, now);
+        }
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        if self
+            .fanout
+            .unsubscribe(&self.shared.hub, topic, c.key, &subscription_id)
+        {
+            self.shared
+                .counters
+                .subscriptions
+                .fetch_sub(1, Ordering::Relaxed);
+        }
+        c.outbox.unsubscribe(&subscription_id, ack, now);
+        self.mark_dirty(token);
+    }
+
+    /// Fans out every topic listed since the last call.
+    fn fan_out_listed(&mut self, now: Instant) {
+        while let Some(slot) = self.handle.topics.pop() {
+            self.fan_out_slot(slot, now);
+        }
+    }
+
+    /// Fans out what topic `slot` holds: batches of `subscriptions.max_batch`, each encoded once
+    /// per wire format, the same `Bytes` into every local subscriber's outbox.
+    fn fan_out_slot(&mut self, slot: u32, now: Instant) {
+        let mut taken = std::mem::take(&mut self.taken);
+        let Some(t) = self.fanout.take(slot, &mut taken) else {
+            self.taken = taken;
+            return;
+        };
+        let Some(topic) = self.fanout.topic(slot) else {
+            self.taken = taken;
+            return;
+        };
+        let max_batch = self.shared.config.subscriptions.max_batch.max(1);
+        let (mut deliveries, mut messages, mut encoded) = (0u64, 0u64, 0u64);
+        let wants_lines = topic.subs.len() > topic.hub_frame_subs;
+        let wants_frames = topic.hub_frame_subs > 0;
+        for batch in taken.chunks(max_batch) {
+            // Push messages are JSON; a binary message published into the hub has no NDJSON
+            // or JSON-frame form and is left out (the hub's own subscribers can take it).
+            let texts = || {
+                batch
+                    .iter()
+                    .filter(|e| e.message.is_json())
+                    .map(|e| &e.message.bytes()[..])
+            };
+            let count = texts().count();
+            if count == 0 {
+                continue;
+            }
+            let lines = wants_lines.then(|| powerhub_plugin::frame::encode_ndjson_batch(texts()));
+            let frame = if wants_frames {
+                match powerhub_plugin::frame::encode_json_batch(texts()) {
+                    Ok(f) => Some(f),
+                    Err(e) => {
+                        tracing::warn!(topic = &*topic.name, error = %e, "cannot frame a batch");
+                        None
+                    }
+                }
             } else {
-                c.waiting.get_or_insert_default().push(done);
+                None
+            };
+            encoded += u64::from(lines.is_some()) + u64::from(frame.is_some());
+            for sub in &topic.subs {
+                let Some(c) = conn_in(&mut self.slots, sub.conn) else {
+                    continue;
+                };
+                if c.state != State::Open {
+                    continue;
+                }
+                if sub.hub_frames {
+                    let Some(frame) = &frame else { continue };
+                    // One frame per batch: lossless and in order with the replies, written as
+                    // it is (the frame protocol's wire form is the hub frame).
+                    c.outbox.push_wire(frame.clone(), now);
+                } else if let Some(lines) = &lines {
+                    c.outbox.push_shared(&sub.id, lines.clone(), now);
+                }
+                c.deliveries = c.deliveries.saturating_add(1);
+                deliveries += 1;
+                messages += count as u64;
+                self.dirty.push(sub.conn.index);
             }
         }
-        self.mark_dirty(key.index);
-        true
+        if t.closed {
+            for sub in &topic.subs {
+                self.ended.push((sub.conn, Arc::clone(&sub.id)));
+            }
+        }
+        taken.clear();
+        self.taken = taken;
+        if deliveries > 0 {
+            self.shared
+                .counters
+                .frames_out
+                .fetch_add(deliveries, Ordering::Relaxed);
+            self.shared.hub.count_tapped(messages, encoded);
+        }
+        if t.closed {
+            self.fanout.remove_topic(&self.shared.hub, slot);
+        }
+        self.end_subscriptions();
+    }
+
+    /// Closes the connections whose subscriptions a fan-out ended (see `fan_out_slot`).
+    fn end_subscriptions(&mut self) {
+        if self.ended.is_empty() {
+            return;
+        }
+        let ended = std::mem::take(&mut self.ended);
+        for (key, sub) in &ended {
+            let Some(c) = conn_in(&mut self.slots, *key) else {
+                continue;
+            };
+            if c.state != State::Open {
+                continue;
+            }
+            let ending = session::sub_ended(c, &self.shared, sub);
+            self.close_with(key.index, ending);
+        }
+        self.ended = ended;
+        self.ended.clear();
+    }
+
+    /// Removes every push subscription of a closing connection from the shard's fan-out.
+    fn release_subs(&mut self, token: Token) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        let key = c.key;
+        for (id, info) in c.session.close() {
+            if self
+                .fanout
+                .unsubscribe(&self.shared.hub, &info.topic, key, &id)
+            {
+                self.shared
+                    .counters
+                    .subscriptions
+                    .fetch_sub(1, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Starts one send per dirty connection that has bytes to send and none in flight.
@@ -1020,6 +1199,9 @@ impl<B: Backend> Shard<B> {
             };
             if c.state == State::Open {
                 if let Some(ending) = c.over_outbox(max_outbox, &self.shared.counters) {
+                    self.close_with(token, ending);
+                } else if let Some(ending) = c.behind(&self.shared) {
+                    self.shared.hub.count_tap_disconnect();
                     self.close_with(token, ending);
                 }
             }
@@ -1150,7 +1332,6 @@ impl<B: Backend> Shard<B> {
     }
 
     fn on_send(&mut self, token: Token, result: io::Result<usize>) {
-        let backpressure = self.shared.config.limits.backpressure_bytes;
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
@@ -1196,11 +1377,7 @@ impl<B: Backend> Shard<B> {
         if send_outbox > 0 {
             c.outbox.on_written(outbox_taken, now);
         }
-        if c.sync_backlog(&self.shared.counters) <= backpressure {
-            for done in c.waiting.take().into_iter().flat_map(|w| *w) {
-                done.complete(Ok(()));
-            }
-        }
+        c.sync_backlog(&self.shared.counters);
         if n < send_urgent + send_outbox {
             // The socket did not take everything: paused until it drains.
             c.poll_inflight = true;
@@ -1313,18 +1490,9 @@ impl<B: Backend> Shard<B> {
         self.arm_recv(token);
     }
 
-    /// Unsubscribes the connection's hub subscriptions and fails its pending sends.
+    /// Ends the connection's push subscriptions (nothing more is delivered to it).
     fn release_session(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
-            return;
-        };
-        if c.shared.closed.swap(true, Ordering::Relaxed) {
-            return;
-        }
-        session::release(c, &self.shared);
-        for done in c.waiting.take().into_iter().flat_map(|w| *w) {
-            done.complete(Err(SendError::Closed));
-        }
+        self.release_subs(token);
     }
 
     /// Closes at once: no more writes.
@@ -1360,10 +1528,9 @@ impl<B: Backend> Shard<B> {
         self.free.push(token);
         self.handle.conns.fetch_sub(1, Ordering::Relaxed);
         let counters = &self.shared.counters;
-        counters.unsent.fetch_sub(
-            c.shared.backlog.swap(0, Ordering::Relaxed),
-            Ordering::Relaxed,
-        );
+        counters
+            .unsent
+            .fetch_sub(c.reported_backlog, Ordering::Relaxed);
         counters.closed.fetch_add(1, Ordering::Relaxed);
         if c.counted {
             counters.open.fetch_sub(1, Ordering::Relaxed);

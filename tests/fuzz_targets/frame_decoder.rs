@@ -141,8 +141,15 @@ fn transport(stream: &[u8], max_payload: usize, mode: u8) {
     let chunked = feed_chunked(&mut FrameProtocol::new(max_payload), stream, &mut rng);
     assert_same(&whole, &chunked, "frame transport: whole and in chunks");
 
-    // Outbound: a text message is framed so that it decodes back to itself.
-    if let Some(Inbound::Text(t)) = whole.events.first() {
+    // Outbound: a JSON text message is framed so that it decodes back to itself. (An element is
+    // split, not validated, and `encode_text` passes a complete hub frame through as it is: the
+    // server hands it JSON messages or hub frames only, so an element of other bytes, one that
+    // starts with a frame's magic for one, is no outbound case.)
+    if let Some(Inbound::Text(t)) = whole
+        .events
+        .first()
+        .filter(|e| matches!(e, Inbound::Text(t) if serde_json::from_slice::<serde::de::IgnoredAny>(t).is_ok()))
+    {
         let mut out = BytesMut::new();
         FrameProtocol::new(max_payload).encode_text(t, &mut out);
         let back = frame::decode(&out).expect("an encoded text decodes");

@@ -324,6 +324,7 @@ impl Conn {
                 subscription_id,
                 hub_id,
                 ack,
+                ..
             } => {
                 hub.unsubscribe(&hub_id);
                 self.controls.push(ack.clone());

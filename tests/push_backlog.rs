@@ -1,0 +1,260 @@
+//! The push-stream spec at any depth of backlog, on real sockets and both IO backends: a push
+//! subscription's only queue is its connection's outbox, so what holds for a connection a few
+//! bytes behind holds for one megabytes behind (past `limits.backpressure_bytes`, which no longer
+//! hands anything to another queue), and a burst loses nothing for readers that keep reading.
+//!
+//! The stalled readers read nothing until the server's socket is full (`unsent_bytes` above
+//! zero: the outbox is paused), which 16 messages of 900 KiB (more than the kernel's send and
+//! receive buffers hold on loopback) make sure of.
+
+mod engine_support;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use engine_support::*;
+use powerhub::hub::{Message, PublishOptions};
+use powerhub::runtime::{BackendChoice, Config};
+
+/// A 900 KiB lossless message: 16 of them are more than the kernel's buffers hold.
+const BIG: usize = 900 << 10;
+const BACKLOG: u64 = 16;
+
+fn config(backend: BackendChoice) -> Config {
+    let mut config = base_config(backend);
+    // Small, so that the old hand-over point is passed many times over.
+    config.limits.backpressure_bytes = 64 << 10;
+    config
+}
+
+/// A client subscribed to `stream` that reads nothing until the test says so.
+fn stalled_client(server: &Server, stream: &str) -> Client {
+    let mut c = Client::connect(server.addr);
+    c.subscribe(stream);
+    c
+}
+
+fn publish_json(server: &Server, stream: &str, json: String) {
+    let n = server
+        .engine
+        .hub()
+        .publish(
+            stream,
+            Message::json(json).unwrap(),
+            PublishOptions::default(),
+        )
+        .unwrap();
+    assert!(n >= 1, "the publish reached its subscriber");
+}
+
+/// Publishes `count` big lossless messages (`seq` from `first`) and waits until the server's
+/// socket to the stalled reader is full.
+fn backlog(server: &Server, stream: &str, first: u64, count: u64) {
+    for seq in first..first + count {
+        publish(&server.engine, stream, seq, BIG);
+    }
+    eventually("the stalled reader's socket is full", || {
+        server.engine.stats().unsent_bytes > 0
+    });
+}
+
+fn telemetry(stream: &str, n: u64) -> String {
+    format!(r#"{{"type":"telemetry","stream":"{stream}","n":{n}}}"#)
+}
+
+fn screenshot(stream: &str, n: u64, pad: usize) -> String {
+    format!(
+        r#"{{"type":"screenshot_update","stream":"{stream}","deviceId":"d1","captureSequence":{n},"png":"{}"}}"#,
+        "x".repeat(pad)
+    )
+}
+
+/// Reads the stalled client's messages (keepalive pings left out) until `until` says stop.
+fn read_until(
+    c: &mut Client,
+    mut until: impl FnMut(&serde_json::Value) -> bool,
+) -> Vec<serde_json::Value> {
+    let mut got = Vec::new();
+    loop {
+        let v = c.msg();
+        let stop = until(&v);
+        got.push(v);
+        if stop {
+            return got;
+        }
+    }
+}
+
+#[test]
+fn lossless_messages_are_delivered_in_order_behind_any_backlog() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        let mut c = stalled_client(&server, "deep");
+        backlog(&server, "deep", 0, BACKLOG);
+        for n in 0..6001 {
+            publish_json(&server, "deep", telemetry("deep", n));
+        }
+        let got = read_until(&mut c, |v| v["type"] == "telemetry" && v["n"] == 6000);
+        let big: Vec<u64> = got
+            .iter()
+            .filter(|v| v["type"] == "tick")
+            .map(|v| v["seq"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            big,
+            (0..BACKLOG).collect::<Vec<_>>(),
+            "every 900 KiB message, in order"
+        );
+        let small: Vec<u64> = got
+            .iter()
+            .filter(|v| v["type"] == "telemetry")
+            .map(|v| v["n"].as_u64().unwrap())
+            .collect();
+        assert_eq!(small.len(), 6001, "no telemetry message was lost");
+        assert!(small.windows(2).all(|w| w[0] + 1 == w[1]), "in order");
+        assert_eq!(server.engine.hub().stats().dropped, 0);
+    });
+}
+
+#[test]
+fn a_reply_never_overtakes_messages_published_before_its_command() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        let mut c = stalled_client(&server, "order");
+        backlog(&server, "order", 0, BACKLOG);
+        for n in 0..4 {
+            publish_json(&server, "order", telemetry("order", n));
+        }
+        c.send(r#"{"type":"ping","id":77}"#);
+        let got = read_until(&mut c, |v| v["type"] == "pong");
+        let before_pong: Vec<u64> = got
+            .iter()
+            .filter(|v| v["type"] == "telemetry")
+            .map(|v| v["n"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            before_pong,
+            vec![0, 1, 2, 3],
+            "the pong came after all four"
+        );
+        assert_eq!(got.last().unwrap()["requestId"], 77);
+    });
+}
+
+#[test]
+fn a_screenshot_waiting_behind_a_backlog_is_replaced_by_the_next_for_its_slot() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        let mut c = stalled_client(&server, "shots");
+        backlog(&server, "shots", 0, BACKLOG);
+        publish_json(&server, "shots", screenshot("shots", 1, 100));
+        publish_json(&server, "shots", screenshot("shots", 2, 100));
+        publish_json(&server, "shots", telemetry("shots", 0));
+        let got = read_until(&mut c, |v| v["type"] == "telemetry");
+        let shots: Vec<u64> = got
+            .iter()
+            .filter(|v| v["type"] == "screenshot_update")
+            .map(|v| v["captureSequence"].as_u64().unwrap())
+            .collect();
+        assert_eq!(shots, vec![2], "one frame for the slot, the newest");
+    });
+}
+
+#[test]
+fn an_unsubscribe_keeps_the_messages_published_before_it() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        let mut c = stalled_client(&server, "unsub");
+        backlog(&server, "unsub", 0, BACKLOG);
+        publish_json(&server, "unsub", telemetry("unsub", 0));
+        publish_json(&server, "unsub", telemetry("unsub", 1));
+        c.send(r#"{"type":"unsubscribe","id":"u","subscriptionId":"unsub-1"}"#);
+        let got = read_until(&mut c, |v| v["type"] == "unsubscribed");
+        let kept: Vec<u64> = got
+            .iter()
+            .filter(|v| v["type"] == "telemetry")
+            .map(|v| v["n"].as_u64().unwrap())
+            .collect();
+        assert_eq!(
+            kept,
+            vec![0, 1],
+            "both lossless messages came before the acknowledgement"
+        );
+        assert_eq!(
+            got.iter().filter(|v| v["type"] == "tick").count(),
+            BACKLOG as usize,
+            "and the backlog before them"
+        );
+    });
+}
+
+/// 10 000 × 256 KiB screenshots of one slot (2.5 GiB) to a reader that never reads: the server
+/// holds one pending frame for the slot (plus what it already encoded), not the stream.
+#[test]
+fn screenshots_of_one_slot_to_a_stalled_reader_cost_bounded_memory() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        let mut c = stalled_client(&server, "flood");
+        let pad = 256 << 10;
+        let mut peak = 0;
+        for n in 0..10_000 {
+            publish_json(&server, "flood", screenshot("flood", n, pad));
+            if n % 500 == 0 {
+                peak = peak.max(server.engine.stats().unsent_bytes);
+            }
+        }
+        publish_json(&server, "flood", telemetry("flood", 0));
+        peak = peak.max(server.engine.stats().unsent_bytes);
+        // The kernel's buffers and one write of at most ENCODE_AHEAD (one frame here) are
+        // unsent; the queue holds one frame for the slot.
+        assert!(
+            peak <= 4 * pad,
+            "the server held {peak} unsent bytes for one slot"
+        );
+        let got = read_until(&mut c, |v| v["type"] == "telemetry");
+        let shots: Vec<u64> = got
+            .iter()
+            .filter(|v| v["type"] == "screenshot_update")
+            .map(|v| v["captureSequence"].as_u64().unwrap())
+            .collect();
+        assert!(
+            shots.len() < 100,
+            "{} stale frames were delivered",
+            shots.len()
+        );
+        assert_eq!(shots.last(), Some(&9999), "the newest frame is delivered");
+    });
+}
+
+/// One publisher's single write of 20 000 messages: readers that keep reading get every one, in
+/// order (there is no count-bounded queue between the publish and their outboxes).
+#[test]
+fn readers_that_keep_reading_lose_nothing_when_one_write_carries_20000_messages() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        const READERS: usize = 4;
+        const MESSAGES: u64 = 20_000;
+        let received = Arc::new(AtomicU64::new(0));
+        let readers = in_order_readers(
+            server.addr,
+            "burst",
+            READERS,
+            MESSAGES,
+            &received,
+            "a reader lost or reordered a message of the burst",
+        );
+        let mut publisher = Client::connect(server.addr);
+        let mut burst = String::new();
+        for seq in 0..MESSAGES {
+            burst.push_str(r#"{"type":"publish","message":"#);
+            burst.push_str(&message("burst", seq, 16));
+            burst.push_str("}\n");
+        }
+        publisher.send_raw(burst.as_bytes());
+        for r in readers {
+            r.join().unwrap();
+        }
+        assert_eq!(received.load(Ordering::Relaxed), MESSAGES * READERS as u64);
+        assert_eq!(server.engine.hub().stats().dropped, 0);
+    });
+}
