@@ -85,6 +85,14 @@ fn read_until(
     }
 }
 
+/// The `field` of every message of type `kind` in `got`, in order.
+fn numbers(got: &[serde_json::Value], kind: &str, field: &str) -> Vec<u64> {
+    got.iter()
+        .filter(|v| v["type"] == kind)
+        .map(|v| v[field].as_u64().expect("a number"))
+        .collect()
+}
+
 #[test]
 fn lossless_messages_are_delivered_in_order_behind_any_backlog() {
     on_both_backends(|backend| {
@@ -95,21 +103,13 @@ fn lossless_messages_are_delivered_in_order_behind_any_backlog() {
             publish_json(&server, "deep", telemetry("deep", n));
         }
         let got = read_until(&mut c, |v| v["type"] == "telemetry" && v["n"] == 6000);
-        let big: Vec<u64> = got
-            .iter()
-            .filter(|v| v["type"] == "tick")
-            .map(|v| v["seq"].as_u64().unwrap())
-            .collect();
+        let big = numbers(&got, "tick", "seq");
         assert_eq!(
             big,
             (0..BACKLOG).collect::<Vec<_>>(),
             "every 900 KiB message, in order"
         );
-        let small: Vec<u64> = got
-            .iter()
-            .filter(|v| v["type"] == "telemetry")
-            .map(|v| v["n"].as_u64().unwrap())
-            .collect();
+        let small = numbers(&got, "telemetry", "n");
         assert_eq!(small.len(), 6001, "no telemetry message was lost");
         assert!(small.windows(2).all(|w| w[0] + 1 == w[1]), "in order");
         assert_eq!(server.engine.hub().stats().dropped, 0);
@@ -127,11 +127,7 @@ fn a_reply_never_overtakes_messages_published_before_its_command() {
         }
         c.send(r#"{"type":"ping","id":77}"#);
         let got = read_until(&mut c, |v| v["type"] == "pong");
-        let before_pong: Vec<u64> = got
-            .iter()
-            .filter(|v| v["type"] == "telemetry")
-            .map(|v| v["n"].as_u64().unwrap())
-            .collect();
+        let before_pong = numbers(&got, "telemetry", "n");
         assert_eq!(
             before_pong,
             vec![0, 1, 2, 3],
@@ -151,11 +147,7 @@ fn a_screenshot_waiting_behind_a_backlog_is_replaced_by_the_next_for_its_slot() 
         publish_json(&server, "shots", screenshot("shots", 2, 100));
         publish_json(&server, "shots", telemetry("shots", 0));
         let got = read_until(&mut c, |v| v["type"] == "telemetry");
-        let shots: Vec<u64> = got
-            .iter()
-            .filter(|v| v["type"] == "screenshot_update")
-            .map(|v| v["captureSequence"].as_u64().unwrap())
-            .collect();
+        let shots = numbers(&got, "screenshot_update", "captureSequence");
         assert_eq!(shots, vec![2], "one frame for the slot, the newest");
     });
 }
@@ -170,11 +162,7 @@ fn an_unsubscribe_keeps_the_messages_published_before_it() {
         publish_json(&server, "unsub", telemetry("unsub", 1));
         c.send(r#"{"type":"unsubscribe","id":"u","subscriptionId":"unsub-1"}"#);
         let got = read_until(&mut c, |v| v["type"] == "unsubscribed");
-        let kept: Vec<u64> = got
-            .iter()
-            .filter(|v| v["type"] == "telemetry")
-            .map(|v| v["n"].as_u64().unwrap())
-            .collect();
+        let kept = numbers(&got, "telemetry", "n");
         assert_eq!(
             kept,
             vec![0, 1],
@@ -212,11 +200,7 @@ fn screenshots_of_one_slot_to_a_stalled_reader_cost_bounded_memory() {
             "the server held {peak} unsent bytes for one slot"
         );
         let got = read_until(&mut c, |v| v["type"] == "telemetry");
-        let shots: Vec<u64> = got
-            .iter()
-            .filter(|v| v["type"] == "screenshot_update")
-            .map(|v| v["captureSequence"].as_u64().unwrap())
-            .collect();
+        let shots = numbers(&got, "screenshot_update", "captureSequence");
         assert!(
             shots.len() < 100,
             "{} stale frames were delivered",

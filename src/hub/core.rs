@@ -1422,7 +1422,7 @@ impl Inner {
         let subs = self.ordered_subs();
         // Evictions a cursor queue has not committed yet count as dropped already.
         let mut uncommitted = 0;
-        let list: Vec<SubscriberStats> = subs
+        let mut list: Vec<SubscriberStats> = subs
             .iter()
             .map(|s| {
                 let overflow = s.queue.overflow() as u64;
@@ -1438,7 +1438,6 @@ impl Inner {
                 }
             })
             .collect();
-        let mut list = list;
         list.extend(
             self.tap_members()
                 .into_iter()

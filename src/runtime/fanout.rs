@@ -38,7 +38,8 @@ use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
 
 use super::shard::{ConnKey, ShardHandle};
-use crate::hub::{Entry, Hub, Tap, TapMember};
+use super::Shared;
+use crate::hub::{Entry, Tap, TapMember};
 use crate::loom::sync::atomic::{AtomicBool, Ordering};
 
 /// Whether a topic is listed with its shard (see the [module documentation](self)).
@@ -123,21 +124,30 @@ pub(crate) struct LocalTopic {
     pub(crate) hub_frame_subs: usize,
 }
 
-/// What a shard takes from a listed topic.
-pub(crate) struct Taken {
-    /// The hub closed: end the topic's subscriptions.
-    pub(crate) closed: bool,
-}
-
 /// A shard's topics: the subscriptions of its connections by topic (shard thread only).
-#[derive(Default)]
 pub(crate) struct Fanout {
     topics: Vec<Option<LocalTopic>>,
     index: HashMap<Arc<str>, u32>,
     free: Vec<u32>,
+    /// The engine (its hub, and its count of push subscriptions, `EngineStats::subscriptions`,
+    /// kept here where subscriptions are added and removed).
+    shared: Arc<Shared>,
+    /// The shard whose table this is (the taps list topics with it).
+    shard: Arc<ShardHandle>,
 }
 
 impl Fanout {
+    /// The empty table of `shard`.
+    pub(crate) fn new(shared: Arc<Shared>, shard: Arc<ShardHandle>) -> Fanout {
+        Fanout {
+            topics: Vec::new(),
+            index: HashMap::new(),
+            free: Vec::new(),
+            shared,
+            shard,
+        }
+    }
+
     /// The slot of `topic`, if a local connection subscribes to it.
     pub(crate) fn slot_of(&self, topic: &str) -> Option<u32> {
         self.index.get(topic).copied()
@@ -152,8 +162,6 @@ impl Fanout {
     /// `false` when the hub is closed.
     pub(crate) fn subscribe(
         &mut self,
-        hub: &Hub,
-        shard: &Arc<ShardHandle>,
         topic: &str,
         sub: LocalSub,
         transport: Arc<dyn std::any::Any + Send + Sync>,
@@ -167,7 +175,7 @@ impl Fanout {
                 });
                 let tap = Arc::new(TopicTap {
                     slot,
-                    shard: Arc::clone(shard),
+                    shard: Arc::clone(&self.shard),
                     inbox: SegQueue::new(),
                     dirty: DirtyFlag::default(),
                     count: AtomicUsize::new(0),
@@ -175,7 +183,7 @@ impl Fanout {
                     closed: std::sync::atomic::AtomicBool::new(false),
                 });
                 let as_tap: Arc<dyn Tap> = Arc::clone(&tap) as Arc<dyn Tap>;
-                if !hub.attach_tap(topic, as_tap) {
+                if !self.shared.hub.attach_tap(topic, as_tap) {
                     self.free.push(slot);
                     return false;
                 }
@@ -200,12 +208,16 @@ impl Fanout {
         t.tap.count.fetch_add(1, StdOrdering::Relaxed);
         t.hub_frame_subs += usize::from(sub.hub_frames);
         t.subs.push(sub);
+        self.shared
+            .counters
+            .subscriptions
+            .fetch_add(1, StdOrdering::Relaxed);
         true
     }
 
     /// Removes subscription `id` of connection `conn` from `topic` (detaching the tap after the
     /// topic's last one); `false` if it was not there.
-    pub(crate) fn unsubscribe(&mut self, hub: &Hub, topic: &str, conn: ConnKey, id: &str) -> bool {
+    pub(crate) fn unsubscribe(&mut self, topic: &str, conn: ConnKey, id: &str) -> bool {
         let Some(slot) = self.slot_of(topic) else {
             return false;
         };
@@ -218,39 +230,47 @@ impl Fanout {
         let sub = t.subs.swap_remove(at);
         t.hub_frame_subs -= usize::from(sub.hub_frames);
         t.tap.count.fetch_sub(1, StdOrdering::Relaxed);
+        self.shared
+            .counters
+            .subscriptions
+            .fetch_sub(1, StdOrdering::Relaxed);
         t.tap
             .members
             .lock()
             .retain(|m| !Arc::ptr_eq(&m.id, &sub.hub_id));
         if t.subs.is_empty() {
-            self.remove_topic(hub, slot);
+            self.remove_topic(slot);
         }
         true
     }
 
-    /// Detaches and forgets the topic in `slot` (its inbox is dropped).
-    pub(crate) fn remove_topic(&mut self, hub: &Hub, slot: u32) {
+    /// Detaches and forgets the topic in `slot` with its subscriptions (its inbox is dropped).
+    pub(crate) fn remove_topic(&mut self, slot: u32) {
         let Some(t) = self.topics.get_mut(slot as usize).and_then(Option::take) else {
             return;
         };
+        self.shared
+            .counters
+            .subscriptions
+            .fetch_sub(t.subs.len(), StdOrdering::Relaxed);
         let tap: Arc<dyn Tap> = t.tap;
-        hub.detach_tap(&t.name, &tap);
+        self.shared.hub.detach_tap(&t.name, &tap);
         self.index.remove(&t.name);
         self.free.push(slot);
     }
 
-    /// Takes the listing of the topic in `slot` and appends what its inbox holds to `out`.
-    pub(crate) fn take(&mut self, slot: u32, out: &mut Vec<Arc<Entry>>) -> Option<Taken> {
+    /// Takes the listing of the topic in `slot` and appends what its inbox holds to `out`;
+    /// `Some(true)` once the hub is closed (end the topic's subscriptions), `None` for a slot
+    /// that holds no topic.
+    pub(crate) fn take(&self, slot: u32, out: &mut Vec<Arc<Entry>>) -> Option<bool> {
         let t = self.topics.get(slot as usize)?.as_ref()?;
         // Before the drain: see the module documentation.
         t.tap.dirty.take();
         while let Some(e) = t.tap.inbox.pop() {
             out.push(e);
         }
-        Some(Taken {
-            // Acquire pairs with `hub_closed`'s Release.
-            closed: t.tap.closed.load(StdOrdering::Acquire),
-        })
+        // Acquire pairs with `hub_closed`'s Release.
+        Some(t.tap.closed.load(StdOrdering::Acquire))
     }
 }
 

@@ -10,10 +10,12 @@
 //!   environment forces epoll. The contract both implement is written in `sys/mod.rs`.
 //! - Shards: reached from other threads through a lock-free queue and an eventfd wake-up; the
 //!   write path takes no lock. Connections are assigned to shards round-robin, for life.
-//! - The engine's own hub has no thread: shard 0 runs its turns between IO waits
-//!   ([`Driver::Manual`] with an `on_work` hook that wakes shard 0
-//!   when it sleeps), so with one shard a publish read from a socket reaches the subscribers'
-//!   sockets on the same thread, in the same loop turn, with no hand-off.
+//! - Fan-out runs on the shards: each holds the push subscriptions of its own connections and
+//!   hands each topic batch, encoded once per wire format, to their outboxes (`fanout.rs`). A
+//!   publish from any thread only queues the entry for each interested shard.
+//! - The engine's own hub, for library subscribers of [`Engine::hub`], has no thread: shard 0
+//!   runs its turns between IO waits ([`Driver::Manual`] with an `on_work` hook that wakes
+//!   shard 0 when it sleeps).
 //! - Plugins: listeners name a [`ProtocolFactory`] registered in
 //!   a [`ProtocolRegistry`].
 //!
@@ -379,8 +381,8 @@ fn bind(
     }
 }
 
-/// The sink of the engine's own hub: every push subscription names its connection's sink, so
-/// this one only answers subscriptions made without a sink.
+/// The sink of the engine's own hub: push subscriptions are not hub subscribers, so this one
+/// only answers library subscriptions made without a sink of their own.
 #[derive(Debug)]
 struct NoSink;
 
@@ -394,10 +396,8 @@ impl Sink for NoSink {
     fn close(&self, _sub: &SubscriberRef, _reason: CloseReason) {}
 }
 
-/// The engine's own hub reports its errors here. A send to a connection that is closing fails
-/// with [`SendError::Closed`] for each of its subscriptions that had one in flight: that is the
-/// close, which the connection's one close line logs, so it is not logged again per
-/// subscription.
+/// The engine's own hub reports its errors here. A send that failed as [`SendError::Closed`]
+/// is its subscriber's close, not logged again.
 fn report_hub_error(err: &HubError, sub: Option<&SubscriberRef>) {
     match err {
         HubError::SendFailed {
@@ -700,9 +700,9 @@ impl Engine {
         while Instant::now() < deadline && !self.shared.shards().iter().all(|s| s.is_quiet()) {
             std::thread::sleep(QUIET_POLL);
         }
-        // Every message published before now reaches its connection's shard (or its connection
-        // is closed at the deadline, which fails the pending send and ends the flush). The wait
-        // is bounded too: a hub given by the caller may have other sinks that never complete.
+        // The hub's own subscribers get what was published before now (push subscriptions get
+        // it at `Finish`, which fans out first). The wait is bounded: a hub given by the caller
+        // may have sinks that never complete.
         let (tx, rx) = std::sync::mpsc::channel();
         let hub = self.shared.hub.clone();
         let flusher = std::thread::Builder::new()

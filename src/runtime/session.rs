@@ -137,18 +137,13 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
     After::Continue
 }
 
-/// Forgets subscription `sub`, which the hub's close ended, and returns the connection's ending.
-pub(crate) fn sub_ended(conn: &mut Conn, shared: &Shared, sub: &str) -> Ending {
-    if conn.session.subscription(sub).is_some() {
-        // Forget it in the session; no acknowledgement is sent.
-        let _ = conn.session.handle_command(Command::Unsubscribe {
-            id: None,
-            subscription_id: sub.to_owned(),
-        });
-        shared
-            .counters
-            .subscriptions
-            .fetch_sub(1, Ordering::Relaxed);
-    }
+/// Forgets subscription `sub`, which the hub's close ended (the shard's fan-out dropped it
+/// already), and returns the connection's ending.
+pub(crate) fn sub_ended(conn: &mut Conn, sub: &str) -> Ending {
+    // No acknowledgement is sent.
+    let _ = conn.session.handle_command(Command::Unsubscribe {
+        id: None,
+        subscription_id: sub.to_owned(),
+    });
     Ending::hub_closed(format!("the hub closed subscription {sub}"))
 }

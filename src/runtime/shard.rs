@@ -458,8 +458,6 @@ pub(crate) struct Shard<B: Backend> {
     fanout: Fanout,
     /// Scratch: the entries taken from one topic.
     taken: Vec<Arc<Entry>>,
-    /// Scratch: subscriptions the hub's close ended, whose connections close after the fan-out.
-    ended: Vec<(ConnKey, Arc<str>)>,
 }
 
 impl<B: Backend> Shard<B> {
@@ -469,6 +467,7 @@ impl<B: Backend> Shard<B> {
         backend: B,
         listeners: Vec<Option<OwnedFd>>,
     ) -> Self {
+        let fanout = Fanout::new(Arc::clone(&shared), Arc::clone(&handle));
         Shard {
             handle,
             shared,
@@ -490,9 +489,8 @@ impl<B: Backend> Shard<B> {
             pass_sends: 0,
             pass_bytes: 0,
             quiet_until: None,
-            fanout: Fanout::default(),
+            fanout,
             taken: Vec::new(),
-            ended: Vec::new(),
         }
     }
 
@@ -995,9 +993,7 @@ impl<B: Backend> Shard<B> {
     ) {
         // What the topic holds was published before this subscription: it goes to the
         // subscriptions there were.
-        if let Some(slot) = self.fanout.slot_of(topic) {
-            self.fan_out_slot(slot, now);
-        }
+        self.fan_out_topic(topic, now);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
@@ -1009,14 +1005,7 @@ impl<B: Backend> Shard<B> {
         };
         let transport: Arc<dyn std::any::Any + Send + Sync> =
             Arc::new(Arc::clone(&subscription_id));
-        if self
-            .fanout
-            .subscribe(&self.shared.hub, &self.handle, topic, sub, transport)
-        {
-            self.shared
-                .counters
-                .subscriptions
-                .fetch_add(1, Ordering::Relaxed);
+        if self.fanout.subscribe(topic, sub, transport) {
             c.outbox.push_control(reply, now);
         } else {
             let err = c.session.subscribe_failed(
@@ -1039,23 +1028,20 @@ impl<B: Backend> Shard<B> {
         ack: Bytes,
         now: Instant,
     ) {
-        if let Some(slot) = self.fanout.slot_of(topic) {
-            self.fan_out_slot(slot, now);
-        }
+        self.fan_out_topic(topic, now);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        if self
-            .fanout
-            .unsubscribe(&self.shared.hub, topic, c.key, &subscription_id)
-        {
-            self.shared
-                .counters
-                .subscriptions
-                .fetch_sub(1, Ordering::Relaxed);
-        }
+        self.fanout.unsubscribe(topic, c.key, &subscription_id);
         c.outbox.unsubscribe(&subscription_id, ack, now);
         self.mark_dirty(token);
+    }
+
+    /// Fans out what `topic` holds, if a local connection subscribes to it.
+    fn fan_out_topic(&mut self, topic: &str, now: Instant) {
+        if let Some(slot) = self.fanout.slot_of(topic) {
+            self.fan_out_slot(slot, now);
+        }
     }
 
     /// Fans out every topic listed since the last call.
@@ -1069,11 +1055,9 @@ impl<B: Backend> Shard<B> {
     /// per wire format, the same `Bytes` into every local subscriber's outbox.
     fn fan_out_slot(&mut self, slot: u32, now: Instant) {
         let mut taken = std::mem::take(&mut self.taken);
-        let Some(t) = self.fanout.take(slot, &mut taken) else {
-            self.taken = taken;
-            return;
-        };
-        let Some(topic) = self.fanout.topic(slot) else {
+        let (Some(closed), Some(topic)) =
+            (self.fanout.take(slot, &mut taken), self.fanout.topic(slot))
+        else {
             self.taken = taken;
             return;
         };
@@ -1128,11 +1112,16 @@ impl<B: Backend> Shard<B> {
                 self.dirty.push(sub.conn.index);
             }
         }
-        if t.closed {
-            for sub in &topic.subs {
-                self.ended.push((sub.conn, Arc::clone(&sub.id)));
-            }
-        }
+        // The hub closed: each subscription's connection is told and closed (rare: a local vector).
+        let ended: Vec<(ConnKey, Arc<str>)> = if closed {
+            topic
+                .subs
+                .iter()
+                .map(|s| (s.conn, Arc::clone(&s.id)))
+                .collect()
+        } else {
+            Vec::new()
+        };
         taken.clear();
         self.taken = taken;
         if deliveries > 0 {
@@ -1142,47 +1131,13 @@ impl<B: Backend> Shard<B> {
                 .fetch_add(deliveries, Ordering::Relaxed);
             self.shared.hub.count_tapped(messages, encoded);
         }
-        if t.closed {
-            self.fanout.remove_topic(&self.shared.hub, slot);
+        if closed {
+            self.fanout.remove_topic(slot);
         }
-        self.end_subscriptions();
-    }
-
-    /// Closes the connections whose subscriptions a fan-out ended (see `fan_out_slot`).
-    fn end_subscriptions(&mut self) {
-        if self.ended.is_empty() {
-            return;
-        }
-        let ended = std::mem::take(&mut self.ended);
-        for (key, sub) in &ended {
-            let Some(c) = conn_in(&mut self.slots, *key) else {
-                continue;
-            };
-            if c.state != State::Open {
-                continue;
-            }
-            let ending = session::sub_ended(c, &self.shared, sub);
-            self.close_with(key.index, ending);
-        }
-        self.ended = ended;
-        self.ended.clear();
-    }
-
-    /// Removes every push subscription of a closing connection from the shard's fan-out.
-    fn release_subs(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
-            return;
-        };
-        let key = c.key;
-        for (id, info) in c.session.close() {
-            if self
-                .fanout
-                .unsubscribe(&self.shared.hub, &info.topic, key, &id)
-            {
-                self.shared
-                    .counters
-                    .subscriptions
-                    .fetch_sub(1, Ordering::Relaxed);
+        for (key, sub) in ended {
+            if let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) {
+                let ending = session::sub_ended(c, &sub);
+                self.close_with(key.index, ending);
             }
         }
     }
@@ -1492,7 +1447,12 @@ impl<B: Backend> Shard<B> {
 
     /// Ends the connection's push subscriptions (nothing more is delivered to it).
     fn release_session(&mut self, token: Token) {
-        self.release_subs(token);
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        for (id, info) in c.session.close() {
+            self.fanout.unsubscribe(&info.topic, c.key, &id);
+        }
     }
 
     /// Closes at once: no more writes.
