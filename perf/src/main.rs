@@ -47,7 +47,7 @@ enum Budget {
 #[command(name = "powerhub-perf", version)]
 struct Args {
     /// Scenarios to run (default: all): fanout, latency, slow-consumer, screens,
-    /// idle-connections, in-process.
+    /// idle-connections, scaling, in-process.
     scenarios: Vec<String>,
     /// A smoke run that finishes in under two minutes; exits non-zero if any system fails to
     /// deliver a message it should.

@@ -9,7 +9,34 @@ use std::time::{Duration, Instant};
 
 /// CPU seconds (user + system) the process has used so far.
 pub(crate) fn cpu_seconds(pid: u32) -> io::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU time (user + system) of each thread of `pid` whose name (`comm`, at most 15 bytes)
+/// starts with `prefix`, in seconds, by thread id.
+pub(crate) fn thread_cpu_seconds(pid: u32, prefix: &str) -> io::Result<Vec<(u32, f64)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let dir = entry?.path();
+        let Some(tid) = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let name = std::fs::read_to_string(dir.join("comm"))?;
+        if name.starts_with(prefix) {
+            out.push((tid, stat_cpu_seconds(&dir.join("stat").to_string_lossy())?));
+        }
+    }
+    out.sort_by_key(|&(tid, _)| tid);
+    Ok(out)
+}
+
+/// The CPU time of the process or thread whose `stat` file is at `path`.
+fn stat_cpu_seconds(path: &str) -> io::Result<f64> {
+    let stat = std::fs::read_to_string(path)?;
     // The command name (field 2) is in parentheses and may contain spaces: split after it.
     let rest = stat
         .rsplit_once(')')

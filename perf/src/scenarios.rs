@@ -20,12 +20,13 @@ use crate::systems::powerhub::Flavor;
 use crate::systems::{Policy, SystemKind, Target};
 
 /// The scenario names, in run order.
-pub(crate) const NAMES: [&str; 6] = [
+pub(crate) const NAMES: [&str; 7] = [
     "fanout",
     "latency",
     "slow-consumer",
     "screens",
     "idle-connections",
+    "scaling",
     "in-process",
 ];
 
@@ -370,6 +371,7 @@ pub(crate) fn run(ctx: &Ctx, name: &str) -> io::Result<Scenario> {
         "slow-consumer" => slow_consumer(ctx),
         "screens" => screens(ctx),
         "idle-connections" => idle(ctx),
+        "scaling" => scaling(ctx),
         "in-process" => inproc::run(ctx),
         other => Err(io::Error::other(format!("unknown scenario {other:?}"))),
     }
@@ -381,6 +383,104 @@ fn new_scenario(name: &str, unit: &str) -> Scenario {
         unit: unit.to_owned(),
         ..Scenario::default()
     }
+}
+
+/// Fan-out against the shard count: a powerhub server of its own at 1, 2, 4 … shards up to the
+/// machine's CPU count, unpinned, N = 1000 (100 with `--quick`) at 64 B. Each row's note gives
+/// the speed-up over one shard and each shard thread's CPU seconds over the run (from
+/// `/proc/PID/task`), with the spread of their shares: how evenly the fan-out is spread.
+fn scaling(ctx: &Ctx) -> io::Result<Scenario> {
+    use crate::systems::powerhub::{Flavor, Launcher};
+    let mut sc = new_scenario("scaling", "deliveries/s");
+    let Some(base) = &ctx.launcher else {
+        sc.failures
+            .push("scaling: no powerhub binary to start".to_owned());
+        return Ok(sc);
+    };
+    let cpus = crate::procfs::cpus();
+    let counts: Vec<usize> = (0..usize::BITS)
+        .map(|i| 1usize << i)
+        .take_while(|&k| k <= cpus)
+        .collect();
+    let (n, size) = (if ctx.quick { 100 } else { 1000 }, 64);
+    ctx.pb.inc_length(counts.len() as u64);
+    let mut one_shard = None;
+    for &k in &counts {
+        let launcher = Launcher {
+            bin: base.bin.clone(),
+            shards: k,
+            pin: None,
+            dir: base.dir.clone(),
+        };
+        let case = format!("N={n} {size}B {k} shards");
+        let target = match launcher.start(SystemKind::Powerhub, Flavor::Throughput) {
+            Ok(t) => t,
+            Err(e) => {
+                sc.failures.push(format!("scaling {case}: not run: {e}"));
+                continue;
+            }
+        };
+        let before = crate::procfs::thread_cpu_seconds(target.pid, "powerhub-shard")?;
+        let out = match ctx.run(
+            &target,
+            &case,
+            ctx.fanout_spec(n, size, ctx.warmup, ctx.measure),
+        ) {
+            Ok(out) => out,
+            Err(e) => {
+                sc.failures.push(format!("scaling {case}: {e}"));
+                continue;
+            }
+        };
+        let after = crate::procfs::thread_cpu_seconds(target.pid, "powerhub-shard")?;
+        check(&mut sc, &case, &out);
+        let shard_cpu: Vec<f64> = after
+            .iter()
+            .map(|&(tid, t)| {
+                t - before
+                    .iter()
+                    .find(|&&(b, _)| b == tid)
+                    .map_or(0.0, |&(_, v)| v)
+            })
+            .collect();
+        let total: f64 = shard_cpu.iter().sum();
+        let (lo, hi) = shard_cpu
+            .iter()
+            .fold((f64::INFINITY, 0.0f64), |(lo, hi), &c| {
+                (lo.min(c), hi.max(c))
+            });
+        let speedup = match one_shard {
+            None => {
+                one_shard = Some(out.throughput());
+                1.0
+            }
+            Some(base) => out.throughput() / base,
+        };
+        let mut r = row(&case, &target, "", &out, true);
+        let spread = if total > 0.0 && lo.is_finite() && lo > 0.0 {
+            format!(
+                "largest share {:.0} % above the smallest",
+                (hi / lo - 1.0) * 100.0
+            )
+        } else {
+            "no shard CPU measured".to_owned()
+        };
+        let runs = std::mem::take(&mut r.note);
+        r.note = format!(
+            "{runs}{}{speedup:.2}× one shard; shard CPU s: {}; {spread}",
+            if runs.is_empty() { "" } else { "; " },
+            shard_cpu
+                .iter()
+                .map(|c| format!("{c:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        sc.rows.push(r);
+    }
+    sc.notes.push(format!(
+        "A server of its own per row, unpinned, sharing the machine's {cpus} CPUs with the load generator; shard CPU is each shard thread's user + system time over the case (warm-up and runs)."
+    ));
+    Ok(sc)
 }
 
 fn fanout(ctx: &Ctx) -> io::Result<Scenario> {
