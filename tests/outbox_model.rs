@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use outbox_support::{ndjson, Conn, Marked};
-use powerhub::outbox::{Framing, OutboxConfig, PayloadFactory, PushEvent, TimeoutAction};
+use powerhub::outbox::{
+    Framing, OutboxConfig, PayloadFactory, PushEvent, TimeoutAction, ENCODE_AHEAD,
+};
 use powerhub::plugin::StreamProtocol;
 use proptest::prelude::*;
 
@@ -192,7 +194,36 @@ impl Model {
         if self.paused {
             self.admit(item);
         } else {
-            self.queue.push(item);
+            self.enqueue(item);
+        }
+    }
+
+    /// Bytes waiting in the FIFO (a message's JSON, a chunk's lines with their newlines).
+    fn queued_bytes(&self) -> usize {
+        self.queue
+            .iter()
+            .map(|it| match it {
+                Item::Control(json) | Item::Msg { json, .. } => json.len(),
+                Item::Ping => r#"{"type":"ping"}"#.len(),
+                Item::Chunk { lines, .. } => lines.iter().map(|(_, j)| j.len() + 1).sum(),
+            })
+            .sum()
+    }
+
+    /// Queues in order; a healthy connection whose backlog (unsent plus queued) passes the
+    /// high-water mark pauses, as a socket's `write()` past it returns false.
+    fn enqueue(&mut self, item: Item) {
+        self.queue.push(item);
+        if !self.paused && self.wire.len() + self.queued_bytes() > self.hw {
+            self.pause();
+        }
+    }
+
+    /// Pauses: what is queued is re-admitted under the paused rules.
+    fn pause(&mut self) {
+        self.paused = true;
+        for item in std::mem::take(&mut self.queue) {
+            self.admit(item);
         }
     }
 
@@ -254,7 +285,7 @@ impl Model {
             return;
         }
         self.observe();
-        self.queue.push(Item::Control(json));
+        self.enqueue(Item::Control(json));
     }
 
     fn unsubscribe(&mut self, sub: u8, ack: String) {
@@ -270,8 +301,15 @@ impl Model {
         if self.awaiting || self.reaped {
             return;
         }
+        if self.paused && self.wire.is_empty() {
+            // Paused by the backlog, and everything unsent is taken.
+            self.paused = false;
+        }
         if !self.paused {
-            for item in std::mem::take(&mut self.queue) {
+            // A transmit encodes until ENCODE_AHEAD bytes are unsent (at least one message).
+            let mut rest = std::mem::take(&mut self.queue).into_iter();
+            while self.wire.len() < ENCODE_AHEAD {
+                let Some(item) = rest.next() else { break };
                 let json = match item {
                     Item::Control(json) => json,
                     Item::Ping => {
@@ -311,6 +349,7 @@ impl Model {
                 let framed = self.frame(&json);
                 self.wire.extend(framed);
             }
+            self.queue = rest.collect();
         }
         if self.wire.is_empty() {
             return;
@@ -329,10 +368,7 @@ impl Model {
                 self.notified.clear();
             }
             if !self.paused {
-                self.paused = true;
-                for item in std::mem::take(&mut self.queue) {
-                    self.admit(item);
-                }
+                self.pause();
             }
         }
     }
@@ -351,7 +387,7 @@ impl Model {
         }
         if self.now >= self.next_ping {
             self.next_ping = self.now + 15_000;
-            self.queue.push(Item::Ping);
+            self.enqueue(Item::Ping);
         }
         false
     }
@@ -451,7 +487,7 @@ fn run<P: StreamProtocol>(
                 if m.paused {
                     m.admit(item);
                 } else {
-                    m.queue.push(item);
+                    m.enqueue(item);
                 }
             }
             Op::Control => {

@@ -13,7 +13,13 @@
 //!   offered) pauses the connection. The untaken bytes stay *unsent* ([`Outbox::unsent_bytes`],
 //!   the spec's `socket.writableLength`); nothing else is written until the socket is writable
 //!   again ([`Outbox::on_writable`], the drain event) and the unsent bytes are fully taken. While
-//!   paused, messages wait in a FIFO where the coalescing and dropping rules apply.
+//!   paused, messages wait in a FIFO where the coalescing and dropping rules apply. A push that
+//!   takes a healthy outbox's backlog (unsent plus queued bytes) past
+//!   [`OutboxConfig::high_water_bytes`] pauses it too, as a socket's `write()` past its
+//!   high-water mark returns false: messages pushed faster than any socket takes them (a burst
+//!   of large frames fanned out in one turn) are under the rules before they are encoded. A
+//!   transmit encodes at most [`ENCODE_AHEAD`] bytes ahead of the socket (or one message), so
+//!   a partial write leaves the rest under the rules too.
 //!
 //! # Rules while paused
 //!
@@ -312,7 +318,7 @@ impl Outbox {
         if self.paused {
             self.admit_paused(item);
         } else {
-            self.push_back(item);
+            self.enqueue(item);
         }
     }
 
@@ -341,7 +347,7 @@ impl Outbox {
         if self.paused {
             self.admit_paused(item);
         } else {
-            self.push_back(item);
+            self.enqueue(item);
         }
     }
 
@@ -353,7 +359,7 @@ impl Outbox {
             return;
         }
         self.observe_send();
-        self.push_back(Item::Control(json));
+        self.enqueue(Item::Control(json));
     }
 
     /// Queues bytes already framed for the wire (lossless FIFO, like a control message), written
@@ -365,7 +371,7 @@ impl Outbox {
             return;
         }
         self.observe_send();
-        self.push_back(Item::Wire(bytes));
+        self.enqueue(Item::Wire(bytes));
     }
 
     /// Removes the pending coalescible frames and the notification state of subscription `sub`,
@@ -432,6 +438,11 @@ impl Outbox {
         if self.reaped || self.awaiting_writable || max_segments == 0 {
             self.offered = 0;
             return 0;
+        }
+        if self.paused && self.wire_len == 0 {
+            // Paused by the backlog (not by the socket) and everything unsent is taken: what
+            // waits under the rules is written now.
+            self.paused = false;
         }
         if !self.paused {
             self.encode_queue(framer, now);
@@ -541,7 +552,7 @@ impl Outbox {
         if now >= self.next_ping {
             self.next_ping = now + self.config.keepalive_interval;
             self.stats.pings += 1;
-            self.push_back(Item::Ping);
+            self.enqueue(Item::Ping);
             return TimeoutAction::SendPing;
         }
         TimeoutAction::Nothing
@@ -553,7 +564,9 @@ impl Outbox {
         self.wire_len
     }
 
-    /// Whether a partial write paused the connection and it has not drained yet.
+    /// Whether the paused rules apply: a partial write paused the connection, or its backlog
+    /// passed [`OutboxConfig::high_water_bytes`], and the socket has not taken every unsent
+    /// byte since.
     pub fn is_paused(&self) -> bool {
         self.paused
     }
@@ -565,9 +578,7 @@ impl Outbox {
 
     /// Whether [`poll_transmit`](Self::poll_transmit) would offer bytes now.
     pub fn has_transmit(&self) -> bool {
-        !self.reaped
-            && !self.awaiting_writable
-            && (self.wire_len > 0 || (!self.paused && !self.queue.is_empty()))
+        !self.reaped && !self.awaiting_writable && (self.wire_len > 0 || !self.queue.is_empty())
     }
 
     /// Frees the memory the outbox keeps for reuse while it holds nothing: the FIFO's and the
@@ -707,6 +718,17 @@ impl Outbox {
         }
         self.queue.push_back(item);
         self.head_seq + self.queue.len() as u64 - 1
+    }
+
+    /// Queues `item` in order. A healthy outbox whose backlog (unsent plus queued bytes) passes
+    /// the high-water mark pauses, as a socket's `write()` returning false would: what is
+    /// queued is then under the rules (a stream of large frames of one slot keeps one, however
+    /// fast it is pushed), until the socket has taken every unsent byte.
+    fn enqueue(&mut self, item: Item) {
+        self.push_back(item);
+        if !self.paused && self.wire_len + self.stats.queued_bytes > self.config.high_water_bytes {
+            self.pause();
+        }
     }
 
     /// A push observes the unsent bytes: at or below the threshold re-arms notifications.

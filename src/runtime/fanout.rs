@@ -209,7 +209,7 @@ impl Fanout {
         t.hub_frame_subs += usize::from(sub.hub_frames);
         t.subs.push(sub);
         self.shared
-            .counters
+            .counters_of(self.shard.index)
             .subscriptions
             .fetch_add(1, StdOrdering::Relaxed);
         true
@@ -231,7 +231,7 @@ impl Fanout {
         t.hub_frame_subs -= usize::from(sub.hub_frames);
         t.tap.count.fetch_sub(1, StdOrdering::Relaxed);
         self.shared
-            .counters
+            .counters_of(self.shard.index)
             .subscriptions
             .fetch_sub(1, StdOrdering::Relaxed);
         t.tap
@@ -250,7 +250,7 @@ impl Fanout {
             return;
         };
         self.shared
-            .counters
+            .counters_of(self.shard.index)
             .subscriptions
             .fetch_sub(t.subs.len(), StdOrdering::Relaxed);
         let tap: Arc<dyn Tap> = t.tap;

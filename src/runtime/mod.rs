@@ -36,7 +36,9 @@ use std::fmt;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use crossbeam_utils::CachePadded;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -194,27 +196,10 @@ pub const STATS_STREAM: &str = "$stats";
 /// Most subscribers listed in one stats message.
 const STATS_LIST_MAX: usize = 100;
 
-fn engine_stats(c: &Counters) -> EngineStats {
-    EngineStats {
-        open_connections: c.open.load(Ordering::Relaxed),
-        accepted: c.accepted.load(Ordering::Relaxed),
-        closed: c.closed.load(Ordering::Relaxed),
-        rejected: c.rejected.load(Ordering::Relaxed),
-        limit_errors: c.limit_errors.load(Ordering::Relaxed),
-        protocol_errors: c.protocol_errors.load(Ordering::Relaxed),
-        subscriptions: c.subscriptions.load(Ordering::Relaxed),
-        bytes_in: c.bytes_in.load(Ordering::Relaxed),
-        bytes_out: c.bytes_out.load(Ordering::Relaxed),
-        frames_out: c.frames_out.load(Ordering::Relaxed),
-        sends: c.send_syscalls.load(Ordering::Relaxed),
-        unsent_bytes: c.unsent.load(Ordering::Relaxed),
-    }
-}
-
 /// The stats message: the hub's counters (and its first subscribers) and the engine's.
 fn stats_json(shared: &Shared, backend: BackendKind) -> String {
     let h = shared.hub.stats();
-    let e = engine_stats(&shared.counters);
+    let e = shared.engine_stats();
     let list: Vec<serde_json::Value> = h
         .list
         .iter()
@@ -250,7 +235,11 @@ pub(crate) struct Shared {
     pub(crate) config: Config,
     pub(crate) listeners: Vec<ListenerSpec>,
     shards: OnceLock<Vec<Arc<ShardHandle>>>,
-    pub(crate) counters: Counters,
+    /// Each shard's counters (see [`Counters`]), by shard index.
+    counters: Box<[CachePadded<Counters>]>,
+    /// Open connections (what `limits.max_connections` bounds): added by the accepting shard,
+    /// subtracted by the owning one. `Relaxed`: a count.
+    pub(crate) open: AtomicUsize,
     pub(crate) hub: Hub,
     /// Shard 0 runs the hub's turns (the engine's own hub, [`Driver::Manual`]).
     pub(crate) drives_hub: bool,
@@ -271,6 +260,34 @@ impl fmt::Debug for Shared {
 }
 
 impl Shared {
+    /// Shard `index`'s counters (written by that shard only).
+    pub(crate) fn counters_of(&self, index: usize) -> &Counters {
+        &self.counters[index]
+    }
+
+    /// A snapshot of the counters, summed over the shards.
+    fn engine_stats(&self) -> EngineStats {
+        let sum = |f: &dyn Fn(&Counters) -> u64| self.counters.iter().map(|c| f(c)).sum::<u64>();
+        let sum_usize = |f: &dyn Fn(&Counters) -> usize| {
+            // Each shard's share is its own adds less its own subtractions.
+            self.counters.iter().map(|c| f(c)).sum::<usize>()
+        };
+        EngineStats {
+            open_connections: self.open.load(Ordering::Relaxed),
+            accepted: sum(&|c| c.accepted.load(Ordering::Relaxed)),
+            closed: sum(&|c| c.closed.load(Ordering::Relaxed)),
+            rejected: sum(&|c| c.rejected.load(Ordering::Relaxed)),
+            limit_errors: sum(&|c| c.limit_errors.load(Ordering::Relaxed)),
+            protocol_errors: sum(&|c| c.protocol_errors.load(Ordering::Relaxed)),
+            subscriptions: sum_usize(&|c| c.subscriptions.load(Ordering::Relaxed)),
+            bytes_in: sum(&|c| c.bytes_in.load(Ordering::Relaxed)),
+            bytes_out: sum(&|c| c.bytes_out.load(Ordering::Relaxed)),
+            frames_out: sum(&|c| c.frames_out.load(Ordering::Relaxed)),
+            sends: sum(&|c| c.send_syscalls.load(Ordering::Relaxed)),
+            unsent_bytes: sum_usize(&|c| c.unsent.load(Ordering::Relaxed)),
+        }
+    }
+
     pub(crate) fn shards(&self) -> &[Arc<ShardHandle>] {
         self.shards.get().map_or(&[], Vec::as_slice)
     }
@@ -561,7 +578,10 @@ impl Engine {
             config,
             listeners: specs,
             shards: OnceLock::new(),
-            counters: Counters::default(),
+            counters: (0..handles.len())
+                .map(|_| CachePadded::new(Counters::default()))
+                .collect(),
+            open: AtomicUsize::new(0),
             hub,
             drives_hub: owns_hub,
             outbox_ndjson: Arc::new(outbox_ndjson),
@@ -681,7 +701,7 @@ impl Engine {
 
     /// A snapshot of the counters.
     pub fn stats(&self) -> EngineStats {
-        engine_stats(&self.shared.counters)
+        self.shared.engine_stats()
     }
 
     /// Graceful shutdown: stop accepting; keep reading and serving what the connections already

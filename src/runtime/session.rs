@@ -65,7 +65,10 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
     };
     let limit = shared.config.limits.max_subscriptions_per_connection;
     if matches!(cmd, Command::Subscribe { .. }) && conn.session.subscriptions().count() >= limit {
-        shared.counters.limit_errors.fetch_add(1, Ordering::Relaxed);
+        shared
+            .counters_of(conn.key.shard as usize)
+            .limit_errors
+            .fetch_add(1, Ordering::Relaxed);
         let msg = format!("a connection may hold at most max_subscriptions_per_connection = {limit} subscriptions");
         // In order after the replies already queued (the shard queues it), then the close.
         return After::Close(

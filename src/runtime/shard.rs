@@ -177,10 +177,12 @@ impl ShardHandle {
     }
 }
 
-/// Engine-wide counters, updated with `Relaxed` increments (they order nothing).
+/// One shard's counters, updated with `Relaxed` increments (they order nothing) by that shard
+/// only and summed when read ([`Shared::counters`]); each shard's set is cache-padded, so no two
+/// shards write one cache line. (The count of open connections, which admission reads, is
+/// engine-wide: [`Shared::open`].)
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) open: AtomicUsize,
     pub(crate) accepted: AtomicU64,
     pub(crate) closed: AtomicU64,
     pub(crate) rejected: AtomicU64,
@@ -340,7 +342,7 @@ impl Conn {
     fn behind(&self, shared: &Shared) -> Option<Ending> {
         let limit = shared.config.limits.backpressure_bytes;
         if shared.config.subscriptions.slow_consumer != SlowConsumerChoice::Disconnect
-            || !self.outbox.is_paused()
+            || !self.outbox.wants_writable()
             || self.session.subscriptions().next().is_none()
         {
             return None;
@@ -711,7 +713,7 @@ impl<B: Backend> Shard<B> {
 
     fn release_count(&self, over_limit: bool) {
         if !over_limit {
-            self.shared.counters.open.fetch_sub(1, Ordering::Relaxed);
+            self.shared.open.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -753,17 +755,17 @@ impl<B: Backend> Shard<B> {
         if self.listeners.get(listener).is_none_or(Option::is_none) {
             return;
         }
-        let counters = &self.shared.counters;
+        let counters = self.shared.counters_of(self.handle.index);
         counters.accepted.fetch_add(1, Ordering::Relaxed);
         let max = self.shared.config.limits.max_connections;
-        if counters.open.load(Ordering::Relaxed) >= max {
+        if self.shared.open.load(Ordering::Relaxed) >= max {
             counters.rejected.fetch_add(1, Ordering::Relaxed);
             counters.limit_errors.fetch_add(1, Ordering::Relaxed);
             // Said to the client and logged when it closes.
             self.add_conn(fd, listener, true);
             return;
         }
-        counters.open.fetch_add(1, Ordering::Relaxed);
+        self.shared.open.fetch_add(1, Ordering::Relaxed);
         if matches!(
             self.shared.listeners[listener].addr,
             super::config::ListenAddr::Tcp(_)
@@ -810,7 +812,7 @@ impl<B: Backend> Shard<B> {
             }
             (_, Ok((n, buf))) => {
                 self.shared
-                    .counters
+                    .counters_of(self.handle.index)
                     .bytes_in
                     .fetch_add(n as u64, Ordering::Relaxed);
                 c.bytes_in += n as u64;
@@ -924,7 +926,9 @@ impl<B: Backend> Shard<B> {
                     };
                     // One input (a frame of many commands) cannot queue replies past the limit
                     // before the limit is checked.
-                    if let Some(ending) = c.over_outbox(max_outbox, &self.shared.counters) {
+                    if let Some(ending) =
+                        c.over_outbox(max_outbox, self.shared.counters_of(self.handle.index))
+                    {
                         close = Some(ending);
                         break;
                     }
@@ -955,7 +959,7 @@ impl<B: Backend> Shard<B> {
         }
         if let Err(e) = result {
             self.shared
-                .counters
+                .counters_of(self.handle.index)
                 .protocol_errors
                 .fetch_add(1, Ordering::Relaxed);
             // The protocol said it (its final error or close frame is in the urgent bytes); the
@@ -963,7 +967,7 @@ impl<B: Backend> Shard<B> {
             let reason = match e {
                 ProtocolError::TooLarge { limit_name, .. } => {
                     self.shared
-                        .counters
+                        .counters_of(self.handle.index)
                         .limit_errors
                         .fetch_add(1, Ordering::Relaxed);
                     limit_name
@@ -1126,7 +1130,7 @@ impl<B: Backend> Shard<B> {
         self.taken = taken;
         if deliveries > 0 {
             self.shared
-                .counters
+                .counters_of(self.handle.index)
                 .frames_out
                 .fetch_add(deliveries, Ordering::Relaxed);
             self.shared.hub.count_tapped(messages, encoded);
@@ -1153,7 +1157,9 @@ impl<B: Backend> Shard<B> {
                 continue;
             };
             if c.state == State::Open {
-                if let Some(ending) = c.over_outbox(max_outbox, &self.shared.counters) {
+                if let Some(ending) =
+                    c.over_outbox(max_outbox, self.shared.counters_of(self.handle.index))
+                {
                     self.close_with(token, ending);
                 } else if let Some(ending) = c.behind(&self.shared) {
                     self.shared.hub.count_tap_disconnect();
@@ -1261,7 +1267,7 @@ impl<B: Backend> Shard<B> {
         c.send = Some(s);
         c.sent_recently = true;
         self.shared
-            .counters
+            .counters_of(self.handle.index)
             .send_syscalls
             .fetch_add(1, Ordering::Relaxed);
         // SAFETY: `msg`, its iovecs and the chunks they point to live in the boxed send state,
@@ -1318,7 +1324,7 @@ impl<B: Backend> Shard<B> {
             }
         };
         self.shared
-            .counters
+            .counters_of(self.handle.index)
             .bytes_out
             .fetch_add(n as u64, Ordering::Relaxed);
         let (urgent_taken, outbox_taken) = if urgent_first {
@@ -1332,7 +1338,7 @@ impl<B: Backend> Shard<B> {
         if send_outbox > 0 {
             c.outbox.on_written(outbox_taken, now);
         }
-        c.sync_backlog(&self.shared.counters);
+        c.sync_backlog(self.shared.counters_of(self.handle.index));
         if n < send_urgent + send_outbox {
             // The socket did not take everything: paused until it drains.
             c.poll_inflight = true;
@@ -1487,13 +1493,13 @@ impl<B: Backend> Shard<B> {
         self.generations[idx] = self.generations[idx].wrapping_add(1);
         self.free.push(token);
         self.handle.conns.fetch_sub(1, Ordering::Relaxed);
-        let counters = &self.shared.counters;
+        let counters = self.shared.counters_of(self.handle.index);
         counters
             .unsent
             .fetch_sub(c.reported_backlog, Ordering::Relaxed);
         counters.closed.fetch_add(1, Ordering::Relaxed);
         if c.counted {
-            counters.open.fetch_sub(1, Ordering::Relaxed);
+            self.shared.open.fetch_sub(1, Ordering::Relaxed);
         }
         self.log_close(&c);
     }
@@ -1623,7 +1629,7 @@ impl<B: Backend> Shard<B> {
         }
         if limit_errors > 0 {
             self.shared
-                .counters
+                .counters_of(self.handle.index)
                 .limit_errors
                 .fetch_add(limit_errors, Ordering::Relaxed);
         }
