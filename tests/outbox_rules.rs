@@ -907,3 +907,35 @@ fn a_stalled_slot_holds_one_pending_frame_however_many_are_pushed() {
     assert_eq!(stats.queued, 1, "one pending frame for the slot: {stats:?}");
     assert!(stats.queued_bytes < 2000, "{stats:?}");
 }
+
+/// A socket's `write()` returns false once its buffer passes the high-water mark: so does the
+/// outbox's backlog. Frames pushed faster than any write takes them (here 40 screenshots of one
+/// slot with no transmit in between, 4 KiB each against a 16 KiB mark) coalesce before they are
+/// encoded: the reader gets the first ones, up to the mark, and then the newest.
+#[test]
+fn a_backlog_past_the_high_water_mark_pauses_a_healthy_connection() {
+    let config = OutboxConfig {
+        high_water_bytes: 16 << 10,
+        ..ndjson_config()
+    };
+    let mut c = Conn::new(config);
+    let frames: Vec<String> = (0..40).map(|n| shot(Some("d"), S1, n, 4096)).collect();
+    for f in &frames {
+        c.event("s1", f);
+    }
+    assert!(c.outbox.is_paused(), "the backlog passed the mark");
+    let st = c.outbox.stats();
+    assert!(st.coalesced > 30, "{st:?}");
+    c.flush();
+    let got = c.lines();
+    assert!(got.len() <= 5, "{} frames reached the reader", got.len());
+    assert_eq!(
+        got.last().unwrap(),
+        &frames[39],
+        "the newest frame comes last"
+    );
+    assert!(
+        !c.outbox.is_paused(),
+        "healthy again once everything is written"
+    );
+}
