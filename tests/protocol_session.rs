@@ -8,7 +8,7 @@ use std::time::Instant;
 use bytes::BytesMut;
 use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory};
 use powerhub::plugin::ProtocolError;
-use powerhub::protocol::{device_topic, stream_topic, Action, Session, SessionConfig};
+use powerhub::protocol::{device_topic, stream_topic, Action, RequestId, Session, SessionConfig};
 
 /// The `ndjson` plugin's framer, as the server uses it.
 fn ndjson() -> powerhub_ndjson::NdjsonProtocol {
@@ -132,9 +132,17 @@ fn duplicate_subscription_id_and_subscription_limit_are_errors() {
         line(&mut s, r#"{"type":"subscribe","stream":"a-1"}"#),
         Action::Subscribe { .. }
     ));
+    // Past the limit the session asks for the close that docs/protocol.md states: the limit
+    // error, answering the command, then the end of the connection.
     assert_eq!(
-        reply(line(&mut s, r#"{"type":"subscribe","id":2,"stream":"a"}"#)),
-        r#"{"type":"error","requestId":2,"code":"limit_exceeded","message":"too many subscriptions: the limit max_subscriptions_per_connection = 2 is reached","limit":"max_subscriptions_per_connection"}"#
+        line(&mut s, r#"{"type":"subscribe","id":2,"stream":"a"}"#),
+        Action::CloseOnLimit {
+            request_id: Some(RequestId::Int(2)),
+            limit: "max_subscriptions_per_connection",
+            message:
+                "too many subscriptions: the limit max_subscriptions_per_connection = 2 is reached"
+                    .into(),
+        }
     );
 }
 

@@ -99,6 +99,17 @@ pub enum Action {
     Reply(Bytes),
     /// An inbound `pong`: call [`Outbox::on_pong`](crate::outbox::Outbox::on_pong).
     Pong,
+    /// The command passed a limit whose rule is to close (a `subscribe` beyond
+    /// [`SessionConfig::max_subscriptions`]): push the limit error (code `limit_exceeded`,
+    /// `limit` naming the key, answering `request_id`) after what is queued, then close.
+    CloseOnLimit {
+        /// The command's correlation id, for the error.
+        request_id: Option<RequestId>,
+        /// The config key of the limit.
+        limit: &'static str,
+        /// The error's message.
+        message: String,
+    },
 }
 
 /// The hub topic of every device of `stream`: the stream name itself.
@@ -208,7 +219,11 @@ impl Session {
                     let kind = ErrorKind::TooManySubscriptions {
                         limit: self.config.max_subscriptions,
                     };
-                    return Err(CommandError::new(id, kind));
+                    return Ok(Action::CloseOnLimit {
+                        request_id: id,
+                        limit: "max_subscriptions_per_connection",
+                        message: kind.to_string(),
+                    });
                 }
                 let sub_id: Arc<str> = match subscription_id {
                     Some(s) if self.subscriptions.contains_key(s.as_str()) => {

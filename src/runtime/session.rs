@@ -63,20 +63,6 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
             return After::Continue;
         }
     };
-    let limit = shared.config.limits.max_subscriptions_per_connection;
-    if matches!(cmd, Command::Subscribe { .. }) && conn.session.subscriptions().count() >= limit {
-        shared
-            .counters_of(conn.key.shard as usize)
-            .limit_errors
-            .fetch_add(1, Ordering::Relaxed);
-        let msg = format!("a connection may hold at most max_subscriptions_per_connection = {limit} subscriptions");
-        // In order after the replies already queued (the shard queues it), then the close.
-        return After::Close(
-            Ending::limit("max_subscriptions_per_connection", msg)
-                .answering(cmd.request_id())
-                .in_order(),
-        );
-    }
     let request_id = cmd.request_id().cloned();
     match conn.session.handle_command(cmd) {
         Action::Subscribe {
@@ -136,6 +122,22 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
         }
         Action::Reply(bytes) => conn.outbox.push_control(bytes, now),
         Action::Pong => conn.outbox.on_pong(now),
+        Action::CloseOnLimit {
+            request_id,
+            limit,
+            message,
+        } => {
+            shared
+                .counters_of(conn.key.shard as usize)
+                .limit_errors
+                .fetch_add(1, Ordering::Relaxed);
+            // In order after the replies already queued (the shard queues it), then the close.
+            return After::Close(
+                Ending::limit(limit, message)
+                    .answering(request_id.as_ref())
+                    .in_order(),
+            );
+        }
     }
     After::Continue
 }
