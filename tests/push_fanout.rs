@@ -1,0 +1,95 @@
+//! The engine's fan-out to push subscriptions, through the real dispatch on real sockets: every
+//! subscriber of a topic reads the published bytes, identical; the shard encodes a topic batch
+//! once for all its subscribers (`stats().encoded`); an unsubscribed subscription receives
+//! nothing more. (That a healthy NDJSON connection writes the shared encode itself, the same
+//! buffer, is the outbox's: see its documentation example.)
+
+mod engine_support;
+
+use engine_support::*;
+
+fn one_shard(backend: powerhub::runtime::BackendChoice) -> Server {
+    let mut config = base_config(backend);
+    config.engine.shards = 1;
+    start(config)
+}
+
+#[test]
+fn push_subscribers_of_a_topic_read_one_shared_encode_per_batch() {
+    on_both_backends(|backend| {
+        let server = one_shard(backend);
+        let mut subs: Vec<Client> = (0..3).map(|_| Client::connect(server.addr)).collect();
+        subs[0].send(r#"{"type":"subscribe","id":"a","stream":"obs"}"#);
+        subs[1].send(r#"{"type":"subscribe","id":"b","stream":"obs"}"#);
+        subs[2].send(r#"{"type":"subscribe","id":"c","stream":"obs","deviceId":"d1"}"#);
+        let replies: Vec<String> = subs.iter_mut().map(|c| c.line().unwrap()).collect();
+        assert_eq!(
+            replies,
+            [
+                r#"{"type":"subscribed","requestId":"a","subscriptionId":"obs-1","stream":"obs"}"#,
+                r#"{"type":"subscribed","requestId":"b","subscriptionId":"obs-1","stream":"obs"}"#,
+                r#"{"type":"subscribed","requestId":"c","subscriptionId":"obs-1","stream":"obs","deviceId":"d1"}"#,
+            ]
+        );
+        let encoded_before = server.engine.hub().stats().encoded;
+        let m1 = r#"{"type":"screenshot_update","stream":"obs","deviceId":"d1","deviceSessionUuid":null,"captureSequence":1, "png":"AAAA"}"#;
+        let m2 = r#"{"type":"device_lifecycle","stream":"obs","deviceId":"d2","state":"online"}"#;
+        let mut publisher = Client::connect(server.addr);
+        // One write: both publishes are read, and fanned out, as one batch per topic.
+        publisher.send_raw(
+            format!(
+                "{{\"type\":\"publish\",\"id\":1,\"message\":{m1}}}\n{{\"type\":\"publish\",\"id\":2,\"message\":{m2}}}\n"
+            )
+            .as_bytes(),
+        );
+        assert_eq!(
+            publisher.line().unwrap(),
+            r#"{"type":"published","requestId":1,"delivered":3}"#
+        );
+        assert_eq!(
+            publisher.line().unwrap(),
+            r#"{"type":"published","requestId":2,"delivered":2}"#
+        );
+        for c in &mut subs[..2] {
+            assert_eq!(c.line().unwrap(), m1, "the published bytes, as written");
+            assert_eq!(c.line().unwrap(), m2);
+        }
+        assert_eq!(subs[2].line().unwrap(), m1);
+        assert_eq!(
+            server.engine.hub().stats().encoded - encoded_before,
+            2,
+            "one encode for topic obs (two subscribers), one for obs/d1"
+        );
+    });
+}
+
+#[test]
+fn unsubscribed_push_subscription_receives_nothing_more() {
+    on_both_backends(|backend| {
+        let server = one_shard(backend);
+        let mut c = Client::connect(server.addr);
+        c.send(r#"{"type":"subscribe","id":"a","stream":"obs","subscriptionId":"x"}"#);
+        assert_eq!(
+            c.line().unwrap(),
+            r#"{"type":"subscribed","requestId":"a","subscriptionId":"x","stream":"obs"}"#
+        );
+        c.send(r#"{"type":"unsubscribe","id":"u","subscriptionId":"x"}"#);
+        assert_eq!(
+            c.line().unwrap(),
+            r#"{"type":"unsubscribed","requestId":"u","subscriptionId":"x"}"#
+        );
+        let mut publisher = Client::connect(server.addr);
+        publisher.send(r#"{"type":"publish","id":"p","message":{"type":"t","stream":"obs"}}"#);
+        assert_eq!(
+            publisher.line().unwrap(),
+            r#"{"type":"published","requestId":"p","delivered":0}"#
+        );
+        // A ping answered after the publish: nothing of it came before the pong.
+        c.send(r#"{"type":"ping","id":"after"}"#);
+        assert_eq!(
+            c.msg()["type"],
+            "pong",
+            "the unsubscribed connection got nothing of the publish"
+        );
+    });
+}
