@@ -10,7 +10,9 @@
 //! SIGINT or SIGTERM shut it down gracefully ([`Engine::shutdown`]): stop accepting, read and
 //! serve what the connections already sent, deliver what was published, close each connection
 //! with the `shutdown` error, all within `engine.shutdown_timeout_ms`. A second signal exits at
-//! once.
+//! once. SIGHUP re-reads the config file's `[auth]` section and its key files
+//! ([`Engine::reload_auth`]): connections accepted from then on use them, open ones keep theirs;
+//! a config that cannot be used is logged and the running one stays.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -109,7 +111,7 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     Ok(config)
 }
 
-/// Blocks SIGINT and SIGTERM in this thread (and in every thread started after), so that they
+/// Blocks SIGINT, SIGTERM and SIGHUP in this thread (and in every thread started after), so that they
 /// are only received by `sigwait`.
 fn block_signals() -> libc::sigset_t {
     // SAFETY: `set` is a local sigset initialised by `sigemptyset` before use; the calls only
@@ -119,6 +121,7 @@ fn block_signals() -> libc::sigset_t {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGINT);
         libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
         libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
         set
     }
@@ -172,11 +175,21 @@ fn serve(args: ServeArgs) -> ExitCode {
     }
     println!("backend {}", engine.backend());
     println!("ready");
-    let sig = wait_signal(&signals);
+    let sig = loop {
+        match wait_signal(&signals) {
+            libc::SIGHUP => reload(&engine, args.config.as_deref()),
+            sig => break sig,
+        }
+    };
     tracing::info!(signal = sig, "shutting down gracefully");
     // A second signal exits at once.
     std::thread::spawn(move || {
-        let sig = wait_signal(&signals);
+        let sig = loop {
+            match wait_signal(&signals) {
+                libc::SIGHUP => continue,
+                sig => break sig,
+            }
+        };
         eprintln!("powerhub: signal {sig} during shutdown; exiting now");
         std::process::exit(130);
     });
@@ -188,6 +201,28 @@ fn serve(args: ServeArgs) -> ExitCode {
         Err(e) => {
             eprintln!("powerhub: shutdown: {e}");
             ExitCode::from(1)
+        }
+    }
+}
+
+/// SIGHUP: the config file's `[auth]` section (and its key files) again, for the connections
+/// accepted from now on.
+fn reload(engine: &Engine, path: Option<&std::path::Path>) {
+    let Some(path) = path else {
+        tracing::info!("SIGHUP: no config file to reload (the embedded default has no [auth])");
+        return;
+    };
+    let result = Config::from_file(path)
+        .map_err(|e| e.to_string())
+        .and_then(|c| {
+            engine
+                .reload_auth(c.auth.as_ref())
+                .map_err(|e| e.to_string())
+        });
+    match result {
+        Ok(()) => tracing::info!(config = %path.display(), "SIGHUP: reloaded [auth] and its keys"),
+        Err(e) => {
+            tracing::error!(config = %path.display(), error = %e, "SIGHUP: reload refused; the running [auth] stays")
         }
     }
 }

@@ -7,6 +7,8 @@ use powerhub_plugin::codes;
 
 use super::json::{self, JsonError, Kind, Token};
 use crate::outbox::Field;
+use crate::security::auth::AuthError;
+use crate::security::permissions::PermissionDenied;
 use bytes::Bytes;
 
 /// The correlation id a client puts in a command's `id` (or `requestId`): a string or a number.
@@ -120,6 +122,24 @@ pub enum Command {
         /// The correlation id.
         id: Option<RequestId>,
     },
+    /// `{"type":"auth","id":..,"token":"…"}`: authenticate the connection (or refresh its
+    /// token) with a static token or a JWT.
+    Auth {
+        /// The correlation id.
+        id: Option<RequestId>,
+        /// The token as presented. `Debug` shows its length only.
+        token: Credential,
+    },
+}
+
+/// A presented credential: a string whose `Debug` never shows it (commands are logged).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credential(pub String);
+
+impl fmt::Debug for Credential {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Credential({} bytes)", self.0.len())
+    }
 }
 
 impl Command {
@@ -130,7 +150,8 @@ impl Command {
             | Command::Unsubscribe { id, .. }
             | Command::Publish { id, .. }
             | Command::Ping { id }
-            | Command::Pong { id } => id.as_ref(),
+            | Command::Pong { id }
+            | Command::Auth { id, .. } => id.as_ref(),
         }
     }
 }
@@ -219,6 +240,26 @@ pub enum ErrorKind {
     /// A line could not even be framed (longer than the framing limit): the connection closes.
     #[error("{0}; closing the connection")]
     Fatal(String),
+    /// Authentication is on and the connection has not authenticated yet.
+    #[error("authenticate first: send {{\"type\":\"auth\",\"token\":\"…\"}} (only auth, ping and pong are accepted until then)")]
+    AuthRequired,
+    /// The token was refused.
+    #[error("{0}")]
+    Auth(#[from] AuthError),
+    /// A fresh token on an authenticated connection names another user.
+    #[error("the token is for user `{presented}`, the connection is authenticated as `{current}`; a connection keeps its user")]
+    UserMismatch {
+        /// The connection's user.
+        current: String,
+        /// The fresh token's user.
+        presented: String,
+    },
+    /// The user may not publish or subscribe there.
+    #[error("{0}")]
+    PermissionDenied(#[from] PermissionDenied),
+    /// A published message has the `type` of one of the server's own messages.
+    #[error("`message.type` {0:?} is the type of a server message (refused so that no publisher can pass for the server; see [auth] allow_reply_types)")]
+    ReservedType(&'static str),
 }
 
 impl ErrorKind {
@@ -240,6 +281,11 @@ impl ErrorKind {
             ErrorKind::LoneSurrogate { .. } => codes::LONE_SURROGATE,
             ErrorKind::DuplicateField(_) => codes::DUPLICATE_FIELD,
             ErrorKind::Fatal(_) => codes::FATAL,
+            ErrorKind::AuthRequired => codes::AUTH_REQUIRED,
+            ErrorKind::Auth(e) => e.code(),
+            ErrorKind::UserMismatch { .. } => codes::USER_MISMATCH,
+            ErrorKind::PermissionDenied(_) => codes::PERMISSION_DENIED,
+            ErrorKind::ReservedType(_) => codes::RESERVED_TYPE,
         }
     }
 
@@ -526,6 +572,13 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
         }
         "ping" => Ok(Command::Ping { id }),
         "pong" => Ok(Command::Pong { id }),
+        "auth" => match required_str(top(json::TOKEN), "token") {
+            Ok(token) => Ok(Command::Auth {
+                id,
+                token: Credential(token),
+            }),
+            Err(k) => fail(k),
+        },
         other => fail(ErrorKind::UnknownCommand(echo(other))),
     }
 }
@@ -701,7 +754,22 @@ mod tests {
             ErrorKind::LoneSurrogate { offset: 0 },
             ErrorKind::DuplicateField("f"),
             ErrorKind::Fatal(String::new()),
+            ErrorKind::AuthRequired,
+            ErrorKind::UserMismatch {
+                current: String::new(),
+                presented: String::new(),
+            },
+            ErrorKind::PermissionDenied(
+                crate::security::permissions::Permissions::none()
+                    .check(crate::security::permissions::Action::Publish, "s", None)
+                    .unwrap_err(),
+            ),
+            ErrorKind::ReservedType("error"),
         ];
+        let auth_kinds = crate::security::auth::AuthError::CODES.iter().map(|code| {
+            assert!(ERROR_CODES.contains(code), "{code}");
+        });
+        assert_eq!(auth_kinds.count(), 11);
         for kind in kinds {
             // An exhaustive match: a new kind must be added above.
             match kind {
@@ -718,7 +786,12 @@ mod tests {
                 | ErrorKind::TooDeep { .. }
                 | ErrorKind::LoneSurrogate { .. }
                 | ErrorKind::DuplicateField(_)
-                | ErrorKind::Fatal(_) => {}
+                | ErrorKind::Fatal(_)
+                | ErrorKind::AuthRequired
+                | ErrorKind::Auth(_)
+                | ErrorKind::UserMismatch { .. }
+                | ErrorKind::PermissionDenied(_)
+                | ErrorKind::ReservedType(_) => {}
             }
             assert!(ERROR_CODES.contains(&kind.code()), "{kind:?}");
             assert_eq!(kind.limit().is_some(), kind.code() == super::LIMIT_EXCEEDED);

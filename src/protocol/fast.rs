@@ -41,6 +41,7 @@ pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
             b"stream" => &mut env.stream,
             b"deviceId" => &mut env.device_id,
             b"subscriptionId" => &mut env.subscription_id,
+            b"token" => &mut env.token,
             _ => return p.value(1).map(drop),
         };
         if key == b"message" {
@@ -141,6 +142,7 @@ struct Envelope {
     stream: Option<Token>,
     device_id: Option<Token>,
     subscription_id: Option<Token>,
+    token: Option<Token>,
     head: Head,
 }
 

@@ -18,7 +18,7 @@
 use std::borrow::Cow;
 
 /// The top-level members the server reads, in [`Doc::top`]'s order.
-pub(crate) const TOP: [&str; 7] = [
+pub(crate) const TOP: [&str; 8] = [
     "type",
     "id",
     "requestId",
@@ -26,9 +26,12 @@ pub(crate) const TOP: [&str; 7] = [
     "deviceId",
     "subscriptionId",
     "message",
+    "token",
 ];
 /// Index of `message` in [`TOP`].
 pub(crate) const MESSAGE: usize = 6;
+/// Index of `token` in [`TOP`].
+pub(crate) const TOKEN: usize = 7;
 /// The members of `message` the server reads, in [`Doc::head`]'s order.
 /// (`id` and `requestId` mark a message the outbox never coalesces.)
 pub(crate) const HEAD: [&str; 6] = [
@@ -113,7 +116,7 @@ impl Token {
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Doc {
     /// The members of the command object, in [`TOP`]'s order.
-    pub(crate) top: [Option<Token>; 7],
+    pub(crate) top: [Option<Token>; 8],
     /// The members of `message`, when it is an object, in [`HEAD`]'s order.
     pub(crate) head: [Option<Token>; 6],
 }
@@ -154,7 +157,7 @@ pub(crate) fn read(line: &[u8], max_depth: usize) -> (Doc, Result<(), JsonError>
         i: 0,
         stack: Vec::new(),
         doc: Doc::default(),
-        seen: [false; 7],
+        seen: [false; 8],
         seen_head: [false; 6],
         max_depth: max_depth.max(1),
     };
@@ -167,7 +170,7 @@ struct Reader<'a> {
     i: usize,
     stack: Vec<Open>,
     doc: Doc,
-    seen: [bool; 7],
+    seen: [bool; 8],
     seen_head: [bool; 6],
     max_depth: usize,
 }

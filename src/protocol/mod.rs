@@ -23,9 +23,10 @@ pub(crate) mod scan;
 mod session;
 
 pub use command::{
-    parse_command, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
-    DEFAULT_MAX_JSON_DEPTH, ERROR_CODES, LIMIT_EXCEEDED, MAX_ECHO_BYTES, MAX_NAME_BYTES,
+    parse_command, Command, CommandError, CommandParser, Credential, ErrorKind, PublishMeta,
+    RequestId, DEFAULT_MAX_JSON_DEPTH, ERROR_CODES, LIMIT_EXCEEDED, MAX_ECHO_BYTES, MAX_NAME_BYTES,
 };
 pub use session::{
-    device_topic, publish_topics, stream_topic, Action, Session, SessionConfig, SubscriptionInfo,
+    device_topic, publish_topics, stream_topic, Action, AuthPolicy, Session, SessionConfig,
+    SubscriptionInfo, RESERVED_MESSAGE_TYPES,
 };

@@ -74,6 +74,29 @@ pub fn pong(request_id: Option<&RequestId>) -> Bytes {
     out.into()
 }
 
+/// `{"type":"authenticated"[,"requestId":..],"user":..,"expiresAt":<unix seconds or null>}`: the
+/// answer to an `auth` command (or to a token given in the WebSocket handshake). `expiresAt` is
+/// when the connection will be closed with `token_expired` unless a fresh token arrives.
+///
+/// ```
+/// use powerhub::protocol::{reply, RequestId};
+/// let r = reply::authenticated(Some(&RequestId::Int(1)), "alice", Some(1_700_000_060));
+/// assert_eq!(&r[..], br#"{"type":"authenticated","requestId":1,"user":"alice","expiresAt":1700000060}"#);
+/// let r = reply::authenticated(None, "dashboard", None);
+/// assert_eq!(&r[..], br#"{"type":"authenticated","user":"dashboard","expiresAt":null}"#);
+/// ```
+pub fn authenticated(request_id: Option<&RequestId>, user: &str, expires_at: Option<u64>) -> Bytes {
+    let mut out = start("authenticated", request_id);
+    str_field(&mut out, "user", user);
+    out.extend_from_slice(br#","expiresAt":"#);
+    match expires_at {
+        Some(t) => out.extend_from_slice(t.to_string().as_bytes()),
+        None => out.extend_from_slice(b"null"),
+    }
+    out.push(b'}');
+    out.into()
+}
+
 /// `{"type":"ping"}`: the server's keepalive ([`crate::outbox::PING_JSON`]).
 pub fn ping() -> Bytes {
     Bytes::from_static(crate::outbox::PING_JSON)

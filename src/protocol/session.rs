@@ -1,6 +1,7 @@
 //! A sans-IO push session: turns a connection's inbound lines into actions for the runtime.
 
 use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
@@ -9,6 +10,44 @@ use super::command::{
 };
 use super::reply;
 use crate::hub::Message;
+use crate::security::auth::{Authenticator, Identity};
+use crate::security::permissions::{self, Decision, PermissionDenied, Permissions, PublishCache};
+
+/// The `type`s of the server's own messages. While authentication is on, a published message of
+/// one of these types is refused (`reserved_type`) unless `[auth] allow_reply_types` is set, so
+/// that a subscriber can trust that an `error` or a `frames_dropped` came from the server.
+pub const RESERVED_MESSAGE_TYPES: &[&str] = &[
+    "error",
+    "subscribed",
+    "unsubscribed",
+    "published",
+    "pong",
+    "ping",
+    "frames_dropped",
+    "authenticated",
+];
+
+/// How a session authenticates its connection: the verifier of tokens and the rule for
+/// published messages typed like server replies. Shared by every connection of a server.
+#[derive(Debug, Clone)]
+pub struct AuthPolicy {
+    /// Verifies presented tokens.
+    pub authenticator: Arc<Authenticator>,
+    /// `[auth] allow_reply_types`: a published message may have a [`RESERVED_MESSAGE_TYPES`]
+    /// type.
+    pub allow_reply_types: bool,
+}
+
+/// The authentication state of a session whose server requires it (boxed in the session:
+/// connections of a server without authentication pay 8 bytes for it).
+#[derive(Debug)]
+struct AuthState {
+    policy: AuthPolicy,
+    /// Who the connection is, once a token verified.
+    identity: Option<Identity>,
+    /// The publish decisions of the identity's permissions (cleared with a fresh token).
+    cache: PublishCache,
+}
 
 /// Limits of one push session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,6 +149,18 @@ pub enum Action {
         /// The error's message.
         message: String,
     },
+    /// A connection that has not authenticated presented a token that was refused: push the
+    /// error (code `code`, answering `request_id`) after what is queued, then close (WebSocket:
+    /// 1008). A refused *fresh* token on an authenticated connection is an [`Action::Reply`]
+    /// instead: the connection keeps its identity until that expires.
+    CloseOnAuth {
+        /// The command's correlation id, for the error.
+        request_id: Option<RequestId>,
+        /// The error code ([`AuthError::code`](crate::security::auth::AuthError::code)).
+        code: &'static str,
+        /// The error's message.
+        message: String,
+    },
 }
 
 /// The hub topic of every device of `stream`: the stream name itself.
@@ -158,23 +209,105 @@ pub struct Session {
     /// far smaller than a hash map's first allocation, and a scan of it is as fast.
     subscriptions: SubList,
     next_id: u64,
+    /// `None` while the server requires no authentication: every subscription and every
+    /// publish but to `$` streams is permitted ([`Permissions::unrestricted`]).
+    auth: Option<Box<AuthState>>,
 }
 
 impl Session {
     /// A session for connection `connection_id` (unique within the server; it makes hub ids
-    /// unique).
+    /// unique), on a server without authentication.
     pub fn new(connection_id: u64, config: SessionConfig) -> Self {
         Session {
             config,
             connection_id,
             subscriptions: SubList::default(),
             next_id: 1,
+            auth: None,
+        }
+    }
+
+    /// The same session on a server that requires authentication: until a token verifies,
+    /// only `auth`, `ping` and `pong` are accepted (anything else gets `auth_required`); then
+    /// every subscribe and publish is checked against the user's permissions.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::SystemTime;
+    /// use powerhub::protocol::{Action, AuthPolicy, Session, SessionConfig};
+    /// use powerhub::security::auth::{AuthConfig, Authenticator};
+    ///
+    /// let config: AuthConfig = toml::from_str(r#"
+    ///     [[tokens]]
+    ///     token = "reader-token"
+    ///     user = "reader"
+    ///     permissions = { subscribe = { allow = ["obs/*"] } }
+    /// "#).unwrap();
+    /// let policy = AuthPolicy {
+    ///     authenticator: Arc::new(Authenticator::from_config(&config).unwrap()),
+    ///     allow_reply_types: false,
+    /// };
+    /// let mut s = Session::new(1, SessionConfig::default()).with_auth(policy);
+    /// let now = SystemTime::now();
+    /// let mut run = |s: &mut Session, line: &str| s.handle_line_at(&mut line.as_bytes().to_vec(), now);
+    ///
+    /// let Action::Reply(r) = run(&mut s, r#"{"type":"subscribe","id":1,"stream":"obs","deviceId":"d1"}"#) else { panic!() };
+    /// assert!(std::str::from_utf8(&r).unwrap().contains(r#""code":"auth_required""#));
+    ///
+    /// let Action::Reply(r) = run(&mut s, r#"{"type":"auth","id":2,"token":"reader-token"}"#) else { panic!() };
+    /// assert_eq!(&r[..], br#"{"type":"authenticated","requestId":2,"user":"reader","expiresAt":null}"#);
+    ///
+    /// assert!(matches!(run(&mut s, r#"{"type":"subscribe","id":3,"stream":"obs","deviceId":"d1"}"#), Action::Subscribe { .. }));
+    /// let Action::Reply(r) = run(&mut s, r#"{"type":"subscribe","id":4,"stream":"other"}"#) else { panic!() };
+    /// assert!(std::str::from_utf8(&r).unwrap().contains(r#""code":"permission_denied""#));
+    /// ```
+    #[must_use]
+    pub fn with_auth(mut self, policy: AuthPolicy) -> Self {
+        self.auth = Some(Box::new(AuthState {
+            policy,
+            identity: None,
+            cache: PublishCache::new(),
+        }));
+        self
+    }
+
+    /// Whether the server requires authentication and the connection has not authenticated.
+    pub fn awaiting_auth(&self) -> bool {
+        self.auth.as_ref().is_some_and(|a| a.identity.is_none())
+    }
+
+    /// The authenticated user, if any.
+    pub fn user(&self) -> Option<&str> {
+        self.auth
+            .as_ref()
+            .and_then(|a| a.identity.as_ref())
+            .map(|i| i.user.as_str())
+    }
+
+    /// When the connection's token expires (it is to be closed then with `token_expired`,
+    /// unless a fresh token arrived): `None` without authentication, before it, and for tokens
+    /// that never expire.
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        self.auth.as_ref()?.identity.as_ref()?.expires_at
+    }
+
+    /// Handles a token presented outside a command (in the WebSocket handshake), as an `auth`
+    /// command without an id.
+    pub fn authenticate(&mut self, token: &str, now: SystemTime) -> Action {
+        match self.auth_command(None, token, now) {
+            Ok(action) => action,
+            Err(e) => Action::Reply(e.to_reply()),
         }
     }
 
     /// Handles one inbound line (without newline). Never fails: bad input becomes an
     /// [`Action::Reply`] with an error naming the problem and the request id.
     pub fn handle_line(&mut self, line: &mut [u8]) -> Action {
+        self.handle_line_at(line, SystemTime::now())
+    }
+
+    /// [`Session::handle_line`] at wall-clock time `now` (token expiry is judged against it).
+    pub fn handle_line_at(&mut self, line: &mut [u8], now: SystemTime) -> Action {
         if line.len() > self.config.max_line_bytes {
             let id = super::command::best_effort_id(line);
             let kind = ErrorKind::LineTooLong {
@@ -184,7 +317,7 @@ impl Session {
             return Action::Reply(CommandError::new(id, kind).to_reply());
         }
         match self.parser().parse(line) {
-            Ok(cmd) => self.handle_command(cmd),
+            Ok(cmd) => self.handle_command_at(cmd, now),
             Err(e) => Action::Reply(e.to_reply()),
         }
     }
@@ -201,13 +334,124 @@ impl Session {
 
     /// Handles one parsed command.
     pub fn handle_command(&mut self, cmd: Command) -> Action {
-        match self.try_command(cmd) {
+        self.handle_command_at(cmd, SystemTime::now())
+    }
+
+    /// [`Session::handle_command`] at wall-clock time `now` (token expiry is judged against it).
+    pub fn handle_command_at(&mut self, cmd: Command, now: SystemTime) -> Action {
+        match self.try_command(cmd, now) {
             Ok(action) => action,
             Err(e) => Action::Reply(e.to_reply()),
         }
     }
 
-    fn try_command(&mut self, cmd: Command) -> Result<Action, CommandError> {
+    /// Verifies `token` and makes it the connection's identity.
+    fn auth_command(
+        &mut self,
+        id: Option<RequestId>,
+        token: &str,
+        now: SystemTime,
+    ) -> Result<Action, CommandError> {
+        let Some(auth) = self.auth.as_deref_mut() else {
+            // Authentication is off: every connection may do everything already; a client that
+            // always authenticates still works.
+            return Ok(Action::Reply(reply::authenticated(
+                id.as_ref(),
+                "anonymous",
+                None,
+            )));
+        };
+        match auth.policy.authenticator.verify(token, now) {
+            Ok(identity) => {
+                if let Some(current) = &auth.identity {
+                    if current.user != identity.user {
+                        let kind = ErrorKind::UserMismatch {
+                            current: echo(&current.user),
+                            presented: echo(&identity.user),
+                        };
+                        return Err(CommandError::new(id, kind));
+                    }
+                }
+                let expires = identity
+                    .expires_at
+                    .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
+                let reply = reply::authenticated(id.as_ref(), &identity.user, expires);
+                auth.identity = Some(identity);
+                auth.cache.clear();
+                Ok(Action::Reply(reply))
+            }
+            // A fresh token that fails leaves the connection as it was (until its token
+            // expires); a first one that fails ends it, as NATS and Centrifugo do.
+            Err(e) if auth.identity.is_some() => Err(CommandError::new(id, e.into())),
+            Err(e) => Ok(Action::CloseOnAuth {
+                request_id: id,
+                code: e.code(),
+                message: e.to_string(),
+            }),
+        }
+    }
+
+    /// The permissions commands are checked against, or `Err(auth_required)` before the
+    /// connection authenticated.
+    fn permissions(&self, id: &Option<RequestId>) -> Result<Option<&Permissions>, CommandError> {
+        match self.auth.as_deref() {
+            None => Ok(None),
+            Some(AuthState {
+                identity: Some(identity),
+                ..
+            }) => Ok(Some(&identity.permissions)),
+            Some(_) => Err(CommandError::new(id.clone(), ErrorKind::AuthRequired)),
+        }
+    }
+
+    fn check_publish(
+        &mut self,
+        id: &Option<RequestId>,
+        meta: &PublishMeta,
+    ) -> Result<(), CommandError> {
+        let system_stream = || {
+            // `$stats` and any other `$` stream: what a reader sees there is the server's.
+            let kind = ErrorKind::InvalidValue {
+                field: "message.stream",
+                reason: "streams whose name starts with `$` belong to the server".into(),
+            };
+            CommandError::new(id.clone(), kind)
+        };
+        let Some(auth) = self.auth.as_deref_mut() else {
+            return match meta.stream.starts_with('$') {
+                true => Err(system_stream()),
+                false => Ok(()),
+            };
+        };
+        let Some(identity) = &auth.identity else {
+            return Err(CommandError::new(id.clone(), ErrorKind::AuthRequired));
+        };
+        let device = meta.device_id.as_str();
+        match auth
+            .cache
+            .decide(&identity.permissions, &meta.stream, device)
+        {
+            Decision::Allowed => {}
+            Decision::SystemStream => return Err(system_stream()),
+            decision => {
+                let denied = PermissionDenied {
+                    action: permissions::Action::Publish,
+                    stream: echo(&meta.stream),
+                    device: device.map(echo),
+                    decision,
+                };
+                return Err(CommandError::new(id.clone(), denied.into()));
+            }
+        }
+        if !auth.policy.allow_reply_types {
+            if let Some(t) = RESERVED_MESSAGE_TYPES.iter().find(|&&t| t == meta.kind) {
+                return Err(CommandError::new(id.clone(), ErrorKind::ReservedType(t)));
+            }
+        }
+        Ok(())
+    }
+
+    fn try_command(&mut self, cmd: Command, now: SystemTime) -> Result<Action, CommandError> {
         match cmd {
             Command::Subscribe {
                 id,
@@ -215,6 +459,15 @@ impl Session {
                 device_id,
                 subscription_id,
             } => {
+                if let Some(perms) = self.permissions(&id)? {
+                    perms
+                        .check(
+                            permissions::Action::Subscribe,
+                            &stream,
+                            device_id.as_deref(),
+                        )
+                        .map_err(|denied| CommandError::new(id.clone(), denied.into()))?;
+                }
                 if self.subscriptions.len() >= self.config.max_subscriptions {
                     let kind = ErrorKind::TooManySubscriptions {
                         limit: self.config.max_subscriptions,
@@ -259,6 +512,7 @@ impl Session {
                 id,
                 subscription_id,
             } => {
+                self.permissions(&id)?;
                 let Some((sub_id, info)) =
                     self.subscriptions.remove_entry(subscription_id.as_str())
                 else {
@@ -275,23 +529,19 @@ impl Session {
                     ack,
                 })
             }
-            Command::Publish { meta, id, .. } if meta.stream.starts_with('$') => {
-                // `$stats` and any other `$` stream: what a reader sees there is the server's.
-                let kind = ErrorKind::InvalidValue {
-                    field: "message.stream",
-                    reason: "streams whose name starts with `$` belong to the server".into(),
-                };
-                Err(CommandError::new(id, kind))
+            Command::Publish { id, message, meta } => {
+                self.check_publish(&id, &meta)?;
+                Ok(Action::Publish {
+                    request_id: id,
+                    topics: publish_topics(&meta),
+                    // The whole command line, message included, was validated by the parser.
+                    message: Message::json_validated(message),
+                    meta,
+                })
             }
-            Command::Publish { id, message, meta } => Ok(Action::Publish {
-                request_id: id,
-                topics: publish_topics(&meta),
-                // The whole command line, message included, was validated by the parser.
-                message: Message::json_validated(message),
-                meta,
-            }),
             Command::Ping { id } => Ok(Action::Reply(reply::pong(id.as_ref()))),
             Command::Pong { .. } => Ok(Action::Pong),
+            Command::Auth { id, token } => self.auth_command(id, &token.0, now),
         }
     }
 

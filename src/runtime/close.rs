@@ -7,6 +7,7 @@
 //! | a limit (`max_connections`, `max_subscriptions_per_connection`, `max_outbox_bytes`) | `limit_exceeded` (the key) | 1008 | HTTP 503 |
 //! | a deadline (`first_message_timeout_ms`, `idle_timeout_ms`, `liveness_timeout_ms`) | `limit_exceeded` (the key) | 1008 | HTTP 408 |
 //! | a subscription fell behind under `slow_consumer = "disconnect"` | `slow_consumer` | 1008 | HTTP 503 |
+//! | a refused first token, or the connection's token expired | the auth code (`bad_signature`, `token_expired`, ...) | 1008 | HTTP 503 |
 //! | the hub closed the connection's subscriptions | `hub_closed` | 1001 | HTTP 503 |
 //! | the server shuts down | `shutdown` | 1001 | HTTP 503 |
 //!
@@ -41,6 +42,8 @@ enum Kind {
     Timeout,
     /// A subscription fell behind under `disconnect`.
     SlowConsumer,
+    /// Authentication: code the ending's reason (an auth error code).
+    Auth,
     /// The hub closed the subscriptions.
     HubClosed,
     /// The server shuts down.
@@ -96,6 +99,11 @@ impl Ending {
         Ending::new("slow_consumer", Some(Kind::SlowConsumer), message)
     }
 
+    /// A refused first token or an expired one: an error with the auth error `code`.
+    pub(crate) fn auth(code: &'static str, message: String) -> Ending {
+        Ending::new(code, Some(Kind::Auth), message)
+    }
+
     /// The hub closed the connection's subscriptions.
     pub(crate) fn hub_closed(message: String) -> Ending {
         Ending::new("hub_closed", Some(Kind::HubClosed), message)
@@ -149,6 +157,7 @@ impl Ending {
                 ))
             }
             Kind::SlowConsumer => codes::SLOW_CONSUMER,
+            Kind::Auth => self.reason,
             Kind::HubClosed => codes::HUB_CLOSED,
             Kind::Shutdown => codes::SHUTDOWN,
         };
@@ -163,7 +172,7 @@ impl Ending {
     /// The WebSocket close code that follows the error.
     pub(crate) fn websocket_code(&self) -> Option<u16> {
         Some(match self.kind? {
-            Kind::Limit | Kind::Timeout | Kind::SlowConsumer => POLICY,
+            Kind::Limit | Kind::Timeout | Kind::SlowConsumer | Kind::Auth => POLICY,
             Kind::HubClosed | Kind::Shutdown => GOING_AWAY,
         })
     }

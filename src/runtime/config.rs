@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::security::auth::AuthConfig;
+
 /// The embedded default configuration file (`powerhub serve --print-default-config`).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
 
@@ -282,6 +284,13 @@ pub struct ListenerConfig {
     /// A Unix socket path.
     #[serde(default)]
     pub path: Option<PathBuf>,
+    /// The browser origins a WebSocket listener accepts (`scheme://host[:port]`, `null` for
+    /// sandboxed and `file:` pages, or `"*"` for any). Requests without an `Origin` header
+    /// (programs, not browsers) are accepted. When not set: any origin while authentication is
+    /// off; the listener's own host (the request's `Host`) once an `[auth]` section is
+    /// configured. Ignored by protocols without origins.
+    #[serde(default)]
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 /// Where a listener listens, validated.
@@ -309,6 +318,7 @@ impl ListenerConfig {
             protocol: protocol.into(),
             address: Some(address.into()),
             path: None,
+            allowed_origins: None,
         }
     }
 
@@ -318,6 +328,7 @@ impl ListenerConfig {
             protocol: protocol.into(),
             address: None,
             path: Some(path.into()),
+            allowed_origins: None,
         }
     }
 
@@ -377,6 +388,10 @@ pub struct Config {
     /// `[[listener]]` tables.
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
+    /// `[auth]`: authentication is on exactly when this section is present (see
+    /// `docs/security.md`).
+    #[serde(default)]
+    pub auth: Option<AuthConfig>,
 }
 
 impl Config {

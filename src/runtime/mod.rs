@@ -43,13 +43,16 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use parking_lot::RwLock;
 use powerhub_plugin::{
-    CloseReason, Completion, Frame, ProtocolFactory, ProtocolLimits, SendError, SendOutcome, Sink,
-    SubscriberRef,
+    CloseReason, Completion, Frame, ListenerOptions, OriginPolicy, ProtocolFactory, ProtocolLimits,
+    SendError, SendOutcome, Sink, SubscriberRef,
 };
 
 use crate::hub::{Driver, Hub, HubError, HubOptions};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
+use crate::protocol::AuthPolicy;
+use crate::security::auth::{AuthConfig, AuthConfigError, Authenticator};
 
 mod alloc;
 mod close;
@@ -134,6 +137,18 @@ pub enum EngineError {
     /// The `[outbox]` settings were refused.
     #[error("invalid configuration value in [outbox]: {0}")]
     Outbox(String),
+    /// The `[auth]` section cannot be used (no credentials, a bad pattern, an unreadable or
+    /// unusable key).
+    #[error("invalid [auth] section: {0}")]
+    Auth(#[from] AuthConfigError),
+    /// A listener's settings cannot apply to its protocol (an invalid `allowed_origins` entry).
+    #[error("listener[{index}]: {message}")]
+    Listener {
+        /// The listener's position in the config.
+        index: usize,
+        /// What was wrong, naming the setting.
+        message: String,
+    },
     /// A shard could not be started.
     #[error("cannot start shard {index}: {source}")]
     Shard {
@@ -142,6 +157,14 @@ pub enum EngineError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+/// The authentication policy of an `[auth]` section (key files read now).
+fn auth_policy(config: &AuthConfig) -> Result<AuthPolicy, AuthConfigError> {
+    Ok(AuthPolicy {
+        authenticator: Arc::new(Authenticator::from_config(config)?),
+        allow_reply_types: config.allow_reply_types,
+    })
 }
 
 /// A bound listener.
@@ -249,6 +272,10 @@ pub(crate) struct Shared {
     pub(crate) outbox_protocol: Arc<OutboxConfig>,
     pub(crate) message_factory: Arc<dyn MessageFactory>,
     pub(crate) next_conn_id: AtomicU64,
+    /// How connections authenticate: `None` while the config has no `[auth]` section. Read
+    /// once per accepted connection; replaced by [`Engine::reload_auth`] (open connections
+    /// keep the policy they started with, and their identities).
+    pub(crate) auth: RwLock<Option<AuthPolicy>>,
 }
 
 impl fmt::Debug for Shared {
@@ -553,10 +580,22 @@ impl Engine {
         let mut fds = Vec::new();
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
+        let auth = config.auth.as_ref().map(auth_policy).transpose()?;
         for (index, l) in config.listeners.iter().enumerate() {
             let factory = registry
                 .get(&l.protocol)
                 .map_err(|source| EngineError::Protocol { index, source })?;
+            let origins = match &l.allowed_origins {
+                Some(list) if list.iter().any(|o| o == "*") => OriginPolicy::Any,
+                Some(list) => OriginPolicy::Listed(list.clone()),
+                None if auth.is_some() => OriginPolicy::SameHost,
+                None => OriginPolicy::Protocol,
+            };
+            let options = ListenerOptions::default().with_origins(origins);
+            let factory = factory
+                .for_listener(&options)
+                .map_err(|message| EngineError::Listener { index, message })?
+                .unwrap_or(factory);
             let addr = l.listen_addr(index)?;
             let (fd, local) = bind(index, &l.protocol, &addr)?;
             if let ListenAddr::Unix(p) = &local {
@@ -588,6 +627,7 @@ impl Engine {
             outbox_protocol: Arc::new(outbox_protocol),
             message_factory: factory,
             next_conn_id: AtomicU64::new(1),
+            auth: RwLock::new(auth),
         });
         let _ = shared.shards.set(handles.clone());
         let (tx, rx) = std::sync::mpsc::channel();
@@ -702,6 +742,31 @@ impl Engine {
     /// A snapshot of the counters.
     pub fn stats(&self) -> EngineStats {
         self.shared.engine_stats()
+    }
+
+    /// Replaces the authentication of connections accepted from now on with one built from
+    /// `auth` (its key files read again): what `powerhub serve` does on SIGHUP. Connections
+    /// already open keep their identity and the policy they started with; a connection that
+    /// authenticates later is verified by the new keys. Authentication cannot be turned on or
+    /// off by a reload (the listeners' origin policies depend on it).
+    ///
+    /// # Errors
+    ///
+    /// The new section cannot be used ([`EngineError::Auth`]; the old policy stays), or it
+    /// turns authentication on or off ([`EngineError::Config`], naming `auth`).
+    pub fn reload_auth(&self, auth: Option<&AuthConfig>) -> Result<(), EngineError> {
+        let mut current = self.shared.auth.write();
+        if current.is_some() != auth.is_some() {
+            return Err(EngineError::Config(ConfigError::Invalid {
+                key: "auth".into(),
+                value: if auth.is_some() { "present" } else { "absent" }.into(),
+                reason: "a reload cannot turn authentication on or off; restart the server".into(),
+            }));
+        }
+        if let Some(config) = auth {
+            *current = Some(auth_policy(config)?);
+        }
+        Ok(())
     }
 
     /// Graceful shutdown: stop accepting; keep reading and serving what the connections already

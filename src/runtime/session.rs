@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
 use powerhub_plugin::codes;
@@ -64,7 +64,25 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
         }
     };
     let request_id = cmd.request_id().cloned();
-    match conn.session.handle_command(cmd) {
+    let action = conn.session.handle_command_at(cmd, SystemTime::now());
+    perform(conn, shared, action, request_id, now)
+}
+
+/// Handles a credential the protocol's handshake carried, as an `auth` command without an id.
+pub(crate) fn on_credential(conn: &mut Conn, shared: &Shared, token: &str, now: Instant) -> After {
+    let action = conn.session.authenticate(token, SystemTime::now());
+    perform(conn, shared, action, None, now)
+}
+
+/// Does what the session asked for one command (`request_id` is the command's).
+fn perform(
+    conn: &mut Conn,
+    shared: &Shared,
+    action: Action,
+    request_id: Option<RequestId>,
+    now: Instant,
+) -> After {
+    match action {
         Action::Subscribe {
             subscription_id,
             hub_id,
@@ -122,6 +140,17 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
         }
         Action::Reply(bytes) => conn.outbox.push_control(bytes, now),
         Action::Pong => conn.outbox.on_pong(now),
+        Action::CloseOnAuth {
+            request_id,
+            code,
+            message,
+        } => {
+            return After::Close(
+                Ending::auth(code, message)
+                    .answering(request_id.as_ref())
+                    .in_order(),
+            );
+        }
         Action::CloseOnLimit {
             request_id,
             limit,

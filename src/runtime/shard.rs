@@ -31,11 +31,11 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use crossbeam_queue::SegQueue;
-use powerhub_plugin::{Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
+use powerhub_plugin::{codes, Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
 
 use super::close::Ending;
 use super::config::SlowConsumerChoice;
@@ -680,7 +680,10 @@ impl<B: Backend> Shard<B> {
             inbuf: BytesMut::new(),
             urgent: WriteQueue::default(),
             outbox,
-            session: Session::new(conn_id, session_config),
+            session: match &*shared.auth.read() {
+                Some(policy) => Session::new(conn_id, session_config).with_auth(policy.clone()),
+                None => Session::new(conn_id, session_config),
+            },
             key,
             reported_backlog: 0,
             send: None,
@@ -876,15 +879,14 @@ impl<B: Backend> Shard<B> {
         }
         let now = Instant::now();
         let mut close = None;
-        // A message meets the first-message deadline; a keepalive pong does not.
-        if self.output.events.iter().any(|e| {
+        // A message meets the first-message deadline (once the connection authenticated, where
+        // the server requires it); a keepalive pong does not.
+        let greeting = self.output.events.iter().any(|e| {
             matches!(
                 e,
                 Inbound::Text(_) | Inbound::Binary(_) | Inbound::Close { .. }
             )
-        }) {
-            c.greeted = true;
-        }
+        });
         let max_outbox = self.shared.config.limits.max_outbox_bytes;
         let mut events = std::mem::take(&mut self.output.events);
         for event in events.drain(..) {
@@ -943,6 +945,14 @@ impl<B: Backend> Shard<B> {
                     c.outbox.push_control(err, now);
                 }
                 Inbound::Pong => c.outbox.on_pong(now),
+                Inbound::Credential(credential) => {
+                    if let After::Close(ending) =
+                        session::on_credential(c, &self.shared, &credential, now)
+                    {
+                        close = Some(ending);
+                        break;
+                    }
+                }
                 Inbound::Close { code, reason } => {
                     // The protocol queued its answer (a WebSocket close reply).
                     let detail = format!("close code {code}: {reason}");
@@ -953,6 +963,11 @@ impl<B: Backend> Shard<B> {
             }
         }
         events.clear();
+        if let Some(c) = self.slots[token as usize].as_deref_mut() {
+            if greeting && !c.session.awaiting_auth() {
+                c.greeted = true;
+            }
+        }
         if events.capacity() <= KEEP_EVENTS {
             // A frame of many messages: the shard keeps no event list that large.
             self.output.events = events;
@@ -1549,6 +1564,7 @@ impl<B: Backend> Shard<B> {
         let (first_message, idle) = (limits.first_message_timeout(), limits.idle_timeout());
         let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
         let now_ms = millis(self.epoch, now);
+        let wall = SystemTime::now();
         if self.drain_deadline.is_some() && !self.finishing && !self.handle.is_quiet() {
             let quiet_ms = DRAIN_QUIET.as_millis() as u64;
             let quiet = self.slots.iter().flatten().all(|c| {
@@ -1586,12 +1602,21 @@ impl<B: Backend> Shard<B> {
                 {
                     limit_errors += 1;
                     let ms = limits.first_message_timeout_ms;
-                    let msg = if c.proto.is_ready() {
+                    let msg = if c.session.awaiting_auth() && c.proto.is_ready() {
+                        format!("not authenticated within first_message_timeout_ms = {ms}")
+                    } else if c.proto.is_ready() {
                         format!("no complete message within first_message_timeout_ms = {ms}")
                     } else {
                         format!("the opening handshake did not complete within first_message_timeout_ms = {ms}")
                     };
                     to_close.push((token, Ending::timeout("first_message_timeout_ms", msg)));
+                }
+                State::Open if c.session.expires_at().is_some_and(|at| wall >= at) => {
+                    let msg = format!(
+                        "the token of user `{}` expired; send a fresh one before it does",
+                        c.session.user().unwrap_or_default()
+                    );
+                    to_close.push((token, Ending::auth(codes::TOKEN_EXPIRED, msg).in_order()));
                 }
                 State::Open
                     if idle.is_some_and(|idle| {

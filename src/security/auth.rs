@@ -78,6 +78,7 @@ use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use super::permissions::{PatternError, Permissions, PermissionsConfig};
+use powerhub_plugin::codes;
 
 /// The longest token [`Authenticator::verify`] reads; a longer one is [`AuthError::Malformed`].
 pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
@@ -104,6 +105,14 @@ pub struct AuthConfig {
     /// JWT verification (`[auth.jwt]`).
     #[serde(default)]
     pub jwt: Option<JwtConfig>,
+    /// Whether a published message may have the `type` of one of the server's own messages
+    /// (`error`, `pong`, `subscribed`, `frames_dropped`, ... : see
+    /// [`RESERVED_MESSAGE_TYPES`](crate::protocol::RESERVED_MESSAGE_TYPES)). Default `false`:
+    /// such a publish is refused with `reserved_type`, so that what a subscriber reads with a
+    /// server reply's type came from the server. (While authentication is off every publisher
+    /// is trusted, and such messages are forwarded like any other.)
+    #[serde(default)]
+    pub allow_reply_types: bool,
 }
 
 impl fmt::Debug for AuthConfig {
@@ -111,6 +120,7 @@ impl fmt::Debug for AuthConfig {
         f.debug_struct("AuthConfig")
             .field("tokens", &self.tokens)
             .field("jwt", &self.jwt)
+            .field("allow_reply_types", &self.allow_reply_types)
             .finish()
     }
 }
@@ -425,34 +435,34 @@ pub enum AuthError {
 impl AuthError {
     /// Every code [`AuthError::code`] can return.
     pub const CODES: &'static [&'static str] = &[
-        "unknown_token",
-        "bad_signature",
-        "token_expired",
-        "token_not_yet_valid",
-        "wrong_audience",
-        "wrong_issuer",
-        "malformed_token",
-        "alg_none",
-        "algorithm_not_allowed",
-        "missing_sub",
-        "invalid_permissions",
+        codes::UNKNOWN_TOKEN,
+        codes::BAD_SIGNATURE,
+        codes::TOKEN_EXPIRED,
+        codes::TOKEN_NOT_YET_VALID,
+        codes::WRONG_AUDIENCE,
+        codes::WRONG_ISSUER,
+        codes::MALFORMED_TOKEN,
+        codes::ALG_NONE,
+        codes::ALGORITHM_NOT_ALLOWED,
+        codes::MISSING_SUB,
+        codes::INVALID_PERMISSIONS,
     ];
 
     /// The machine-readable code for the protocol's error reply (`{"type":"error",
     /// "code":"token_expired",...}`): one per variant, from [`AuthError::CODES`].
     pub fn code(&self) -> &'static str {
         match self {
-            AuthError::UnknownToken => "unknown_token",
-            AuthError::BadSignature => "bad_signature",
-            AuthError::Expired { .. } => "token_expired",
-            AuthError::NotYetValid { .. } => "token_not_yet_valid",
-            AuthError::WrongAudience { .. } => "wrong_audience",
-            AuthError::WrongIssuer { .. } => "wrong_issuer",
-            AuthError::Malformed { .. } => "malformed_token",
-            AuthError::AlgNone => "alg_none",
-            AuthError::AlgorithmNotAllowed { .. } => "algorithm_not_allowed",
-            AuthError::MissingSub => "missing_sub",
-            AuthError::InvalidPermissions { .. } => "invalid_permissions",
+            AuthError::UnknownToken => codes::UNKNOWN_TOKEN,
+            AuthError::BadSignature => codes::BAD_SIGNATURE,
+            AuthError::Expired { .. } => codes::TOKEN_EXPIRED,
+            AuthError::NotYetValid { .. } => codes::TOKEN_NOT_YET_VALID,
+            AuthError::WrongAudience { .. } => codes::WRONG_AUDIENCE,
+            AuthError::WrongIssuer { .. } => codes::WRONG_ISSUER,
+            AuthError::Malformed { .. } => codes::MALFORMED_TOKEN,
+            AuthError::AlgNone => codes::ALG_NONE,
+            AuthError::AlgorithmNotAllowed { .. } => codes::ALGORITHM_NOT_ALLOWED,
+            AuthError::MissingSub => codes::MISSING_SUB,
+            AuthError::InvalidPermissions { .. } => codes::INVALID_PERMISSIONS,
         }
     }
 }
@@ -973,8 +983,8 @@ mod tests {
 
     fn with_jwt_files(jwt: JwtConfig, files: &[(&str, &str)]) -> Authenticator {
         let config = AuthConfig {
-            tokens: Vec::new(),
             jwt: Some(jwt),
+            ..AuthConfig::default()
         };
         Authenticator::from_config_with(&config, |p| read_from(files, p)).expect("valid config")
     }
@@ -1536,8 +1546,8 @@ mod tests {
         let build = |jwt: JwtConfig, files: &[(&str, &str)]| {
             Authenticator::from_config_with(
                 &AuthConfig {
-                    tokens: Vec::new(),
                     jwt: Some(jwt),
+                    ..AuthConfig::default()
                 },
                 |p| read_from(files, p),
             )

@@ -1,9 +1,9 @@
-//! Who may connect, and what they may do: the building blocks of authentication, per-stream
-//! permissions and TLS.
+//! Who may connect, and what they may do: authentication, per-stream permissions and TLS.
 //!
-//! **Not enforced yet**: `powerhub serve` reads no `[auth]` section and no TLS keys, and every
-//! connection may still do everything. These modules are the sans-IO pieces the server will be
-//! wired to (see `docs/security.md`):
+//! `powerhub serve` enforces [`auth`] and [`permissions`] once its config has an `[auth]`
+//! section: the push [`Session`](crate::protocol::Session) verifies the `auth` command (or the
+//! WebSocket handshake's token) and checks every subscribe and publish. [`tls`] is **not wired
+//! yet**: no listener speaks TLS. See `docs/security.md`. The modules are sans-IO:
 //!
 //! - [`auth`]: the `[auth]` configuration, and the [`auth::Authenticator`] that verifies a static
 //!   token or a JWT at a given `now` into an [`auth::Identity`], or refuses it with a named

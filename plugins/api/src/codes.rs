@@ -47,6 +47,38 @@ pub const SHUTDOWN: &str = "shutdown";
 pub const BAD_FRAME: &str = "bad_frame";
 /// NDJSON input that cannot be framed into lines.
 pub const FATAL: &str = "fatal";
+/// Authentication is on and the connection has not authenticated: only `auth`, `ping` and
+/// `pong` are accepted until it does.
+pub const AUTH_REQUIRED: &str = "auth_required";
+/// A publish or subscribe the connection's user may not make; the error names the stream.
+pub const PERMISSION_DENIED: &str = "permission_denied";
+/// A published message whose `type` is one of the server's reply types (`error`, `pong`, ...),
+/// refused so that no client can pass for the server.
+pub const RESERVED_TYPE: &str = "reserved_type";
+/// A fresh token on an authenticated connection names another user.
+pub const USER_MISMATCH: &str = "user_mismatch";
+/// No static token matches, and the token is not a JWT this server verifies.
+pub const UNKNOWN_TOKEN: &str = "unknown_token";
+/// A JWT whose signature does not verify.
+pub const BAD_SIGNATURE: &str = "bad_signature";
+/// A token past its `exp`; also the close of a connection whose token expired.
+pub const TOKEN_EXPIRED: &str = "token_expired";
+/// A JWT before its `nbf`.
+pub const TOKEN_NOT_YET_VALID: &str = "token_not_yet_valid";
+/// A JWT for another audience.
+pub const WRONG_AUDIENCE: &str = "wrong_audience";
+/// A JWT from another issuer.
+pub const WRONG_ISSUER: &str = "wrong_issuer";
+/// A token that is not a well-formed JWT (parts, base64url, JSON, claim types, length).
+pub const MALFORMED_TOKEN: &str = "malformed_token";
+/// A JWT whose header says `alg: none`.
+pub const ALG_NONE: &str = "alg_none";
+/// A JWT signed with another algorithm than the server's.
+pub const ALGORITHM_NOT_ALLOWED: &str = "algorithm_not_allowed";
+/// A JWT without a `sub`.
+pub const MISSING_SUB: &str = "missing_sub";
+/// A JWT whose permissions claim is not a permission set.
+pub const INVALID_PERMISSIONS: &str = "invalid_permissions";
 
 /// Every code, in the order the protocol reference lists them.
 pub const ALL: &[&str] = &[
@@ -69,6 +101,21 @@ pub const ALL: &[&str] = &[
     SHUTDOWN,
     BAD_FRAME,
     FATAL,
+    AUTH_REQUIRED,
+    PERMISSION_DENIED,
+    RESERVED_TYPE,
+    USER_MISMATCH,
+    UNKNOWN_TOKEN,
+    BAD_SIGNATURE,
+    TOKEN_EXPIRED,
+    TOKEN_NOT_YET_VALID,
+    WRONG_AUDIENCE,
+    WRONG_ISSUER,
+    MALFORMED_TOKEN,
+    ALG_NONE,
+    ALGORITHM_NOT_ALLOWED,
+    MISSING_SUB,
+    INVALID_PERMISSIONS,
 ];
 
 /// At most this many bytes of a client's text are quoted in an error (or an HTTP refusal).

@@ -307,6 +307,11 @@ pub enum Inbound {
     Binary(Bytes),
     /// A transport-level pong: refreshes liveness like the push protocol's `pong` command.
     Pong,
+    /// A credential the client presented in the protocol's own handshake (WebSocket: an
+    /// `Authorization: Bearer …` header, or a `token` query parameter, which browsers can
+    /// send): the runtime verifies it as the push protocol's `auth` command without an id. At
+    /// most one per connection, before any message.
+    Credential(String),
     /// The peer asked to close. The plugin has already queued its reply in
     /// [`ProtocolOutput::urgent`] where the protocol has one.
     Close {
@@ -432,6 +437,52 @@ pub trait ProtocolFactory: Send + Sync + fmt::Debug + 'static {
 
     /// A fresh protocol state machine for one connection.
     fn new_connection(&self, limits: &ProtocolLimits) -> Box<dyn StreamProtocol>;
+
+    /// The factory one listener uses, given that listener's settings from the server's config:
+    /// `Ok(None)` (the default) when the settings change nothing for this protocol, so the
+    /// listener uses this factory; an error names the setting that cannot apply.
+    fn for_listener(
+        &self,
+        options: &ListenerOptions,
+    ) -> Result<Option<Arc<dyn ProtocolFactory>>, String> {
+        let _ = options;
+        Ok(None)
+    }
+}
+
+/// Which browser origins a listener accepts (the `Origin` of a WebSocket upgrade); protocols
+/// without origins ignore it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OriginPolicy {
+    /// The protocol's own configuration decides (the default).
+    #[default]
+    Protocol,
+    /// Any origin, and requests without one.
+    Any,
+    /// Exactly these origins (`scheme://host[:port]`, or `null`), and requests without one
+    /// (programs, not browsers).
+    Listed(Vec<String>),
+    /// Origins on the host the request was sent to (its `Host` header), and requests without
+    /// one.
+    SameHost,
+}
+
+/// One listener's settings that a protocol factory may need (see
+/// [`ProtocolFactory::for_listener`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ListenerOptions {
+    /// The origins the listener accepts.
+    pub origins: OriginPolicy,
+}
+
+impl ListenerOptions {
+    /// Options with this origin policy.
+    pub fn with_origins(mut self, origins: OriginPolicy) -> Self {
+        self.origins = origins;
+        self
+    }
 }
 
 #[cfg(test)]

@@ -193,9 +193,15 @@ impl WebSocket {
             &mut out.urgent,
         ) {
             Outcome::NeedMore => Ok(false),
-            Outcome::Upgraded { consumed } => {
+            Outcome::Upgraded {
+                consumed,
+                credential,
+            } => {
                 input.advance(consumed);
                 self.state = State::Open;
+                if let Some(token) = credential {
+                    out.events.push(Inbound::Credential(token));
+                }
                 Ok(true)
             }
             Outcome::PageServed => {

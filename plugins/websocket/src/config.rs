@@ -30,10 +30,21 @@ use serde::Deserialize;
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct WebSocketConfig {
-    /// Origins (`scheme://host[:port]`, compared without regard to ASCII case) whose browsers
-    /// may connect. Empty accepts any origin, and requests without an `Origin` header. When not
-    /// empty, a request whose `Origin` is missing or not listed is rejected with 403.
+    /// Origins (`scheme://host[:port]`, compared without regard to ASCII case, or `null`, the
+    /// origin of sandboxed frames and `file:` pages) whose browsers may connect. Empty, with
+    /// [`same_host_origin`](Self::same_host_origin) off, accepts any origin, and requests
+    /// without an `Origin` header. Otherwise a request whose `Origin` is not listed (nor the
+    /// request's own host, with `same_host_origin`) is rejected with 403, and so is one without
+    /// `Origin` unless [`allow_missing_origin`](Self::allow_missing_origin) is on. `null` is
+    /// accepted only when listed.
     pub allowed_origins: Vec<String>,
+    /// Accept an `Origin` whose `host[:port]` is the request's `Host` header (a page served by
+    /// this listener's own address), whatever its scheme. Default `false`.
+    pub same_host_origin: bool,
+    /// Accept requests without an `Origin` header while origins are restricted. Browsers always
+    /// send one on a WebSocket upgrade, so a request without it comes from a program (which
+    /// the origin check cannot hold back anyway: it can send any `Origin`). Default `false`.
+    pub allow_missing_origin: bool,
     /// The request path (without query) that accepts upgrades and serves the page. Default `/`.
     pub path: String,
     /// Largest opening handshake (request line and headers), in bytes; larger gets 431.
@@ -58,6 +69,8 @@ impl Default for WebSocketConfig {
     fn default() -> Self {
         WebSocketConfig {
             allowed_origins: Vec::new(),
+            same_host_origin: false,
+            allow_missing_origin: false,
             path: "/".to_owned(),
             max_handshake_bytes: 8 << 10,
             handshake_timeout: Duration::from_secs(10),
@@ -105,6 +118,25 @@ impl WebSocketConfig {
     pub fn with_path(mut self, path: impl Into<String>) -> Self {
         self.path = path.into();
         self
+    }
+
+    /// The same configuration also accepting origins on the request's own host (see
+    /// [`same_host_origin`](Self::same_host_origin)).
+    pub fn with_same_host_origin(mut self, on: bool) -> Self {
+        self.same_host_origin = on;
+        self
+    }
+
+    /// The same configuration accepting requests without `Origin` while origins are restricted
+    /// (see [`allow_missing_origin`](Self::allow_missing_origin)).
+    pub fn with_allow_missing_origin(mut self, on: bool) -> Self {
+        self.allow_missing_origin = on;
+        self
+    }
+
+    /// Whether the `Origin` header is checked at all.
+    pub fn restricts_origins(&self) -> bool {
+        !self.allowed_origins.is_empty() || self.same_host_origin
     }
 
     /// The same configuration accepting only the given origins (empty: any).
@@ -198,8 +230,11 @@ fn check_origin(origin: &str) -> Result<(), ConfigError> {
         origin: origin.to_owned(),
         reason,
     };
+    if origin == "null" {
+        return Ok(());
+    }
     let Some((scheme, rest)) = origin.split_once("://") else {
-        return Err(error("expected `scheme://host[:port]`"));
+        return Err(error("expected `scheme://host[:port]` or `null`"));
     };
     if scheme.is_empty()
         || !scheme

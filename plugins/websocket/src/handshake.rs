@@ -35,8 +35,12 @@ pub fn accept_key(key: &[u8]) -> String {
 pub(crate) enum Outcome {
     /// The request is not complete yet.
     NeedMore,
-    /// The upgrade is accepted: its 101 response was written; `consumed` request bytes.
-    Upgraded { consumed: usize },
+    /// The upgrade is accepted: its 101 response was written; `consumed` request bytes; the
+    /// credential the request carried (see [`credential`]).
+    Upgraded {
+        consumed: usize,
+        credential: Option<String>,
+    },
     /// The page (or its headers, for `HEAD`) was written; the connection closes after it.
     PageServed,
     /// The request is refused: the HTTP error response was written.
@@ -268,7 +272,7 @@ fn respond(
             return reject(400, "Bad Request", reason, "", urgent);
         }
     };
-    if !config.allowed_origins.is_empty() {
+    if config.restricts_origins() {
         let mut origins = values(req, "origin");
         let allowed = match (origins.next(), origins.next()) {
             (Some(origin), None) => {
@@ -277,13 +281,23 @@ fn respond(
                     .allowed_origins
                     .iter()
                     .any(|a| a.as_bytes().eq_ignore_ascii_case(origin))
+                    || (config.same_host_origin && is_same_host(req, origin))
             }
+            (None, _) => config.allow_missing_origin,
             _ => false,
         };
         if !allowed {
             let origin = values(req, "origin").next().map(String::from_utf8_lossy);
             let reason = match origin {
-                Some(origin) => format!("origin {origin:?} is not in allowed_origins"),
+                Some(origin) => format!(
+                    "origin {:?} is not allowed on this listener (allowed_origins{})",
+                    powerhub_plugin::codes::echo(&origin),
+                    if config.same_host_origin {
+                        ", or the listener's own host"
+                    } else {
+                        ""
+                    }
+                ),
                 None => "the Origin header is missing and allowed_origins is set".to_owned(),
             };
             return reject(403, "Forbidden", &reason, "", urgent);
@@ -293,7 +307,73 @@ fn respond(
     urgent.put_slice(b"Connection: Upgrade\r\nSec-WebSocket-Accept: ");
     urgent.put_slice(accept_key(key).as_bytes());
     urgent.put_slice(b"\r\n\r\n");
-    Outcome::Upgraded { consumed }
+    Outcome::Upgraded {
+        consumed,
+        credential: credential(req, target),
+    }
+}
+
+/// The credential an upgrade request carries: the token of an `Authorization: Bearer` header
+/// (RFC 6750 §2.1), else the percent-decoded value of the first `token` query parameter (§2.3;
+/// a browser's WebSocket API cannot set headers). A header that is not one `Bearer` value, or a
+/// value that is not UTF-8, is passed on as it is, for the server to refuse by name.
+fn credential(req: &httparse::Request<'_, '_>, target: &str) -> Option<String> {
+    if let Some(value) = values(req, "authorization").next() {
+        let value = String::from_utf8_lossy(value.trim_ascii());
+        return Some(match value.split_once(' ') {
+            Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
+                token.trim().to_owned()
+            }
+            _ => value.into_owned(),
+        });
+    }
+    let (_, query) = target.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("token="))
+        .map(percent_decode)
+}
+
+/// `%XX` escapes decoded and `+` read as a space (form encoding, as `URLSearchParams` writes
+/// it); an invalid escape is kept as it is.
+fn percent_decode(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match b[i] {
+            b'%' if i + 2 < b.len() => match (hex(b[i + 1]), hex(b[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Whether `origin` (`scheme://host[:port]`) names the host the request was sent to (its `Host`
+/// header, compared without regard to ASCII case).
+fn is_same_host(req: &httparse::Request<'_, '_>, origin: &[u8]) -> bool {
+    let Some(authority) = origin
+        .windows(3)
+        .position(|w| w == b"://")
+        .map(|i| &origin[i + 3..])
+    else {
+        return false;
+    };
+    let mut hosts = values(req, "host");
+    match (hosts.next(), hosts.next()) {
+        (Some(host), None) => host.trim_ascii().eq_ignore_ascii_case(authority),
+        _ => false,
+    }
 }
 
 fn is_valid_key(key: &[u8]) -> bool {

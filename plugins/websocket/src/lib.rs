@@ -49,7 +49,9 @@
 
 use std::sync::Arc;
 
-use powerhub_plugin::{ProtocolFactory, ProtocolLimits, StreamProtocol};
+use powerhub_plugin::{
+    ListenerOptions, OriginPolicy, ProtocolFactory, ProtocolLimits, StreamProtocol,
+};
 
 mod codec;
 mod config;
@@ -116,5 +118,44 @@ impl ProtocolFactory for WebSocketFactory {
 
     fn new_connection(&self, limits: &ProtocolLimits) -> Box<dyn StreamProtocol> {
         Box::new(self.connection(limits))
+    }
+
+    /// A listener's origin policy, applied over this factory's configuration:
+    /// [`OriginPolicy::Listed`] and [`OriginPolicy::SameHost`] accept requests without an
+    /// `Origin` (programs; browsers always send one).
+    ///
+    /// ```
+    /// use powerhub_plugin::{ListenerOptions, OriginPolicy, ProtocolFactory};
+    /// use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
+    ///
+    /// let factory = WebSocketFactory::new(WebSocketConfig::default())?;
+    /// let options = ListenerOptions::default().with_origins(OriginPolicy::SameHost);
+    /// assert!(factory.for_listener(&options).unwrap().is_some());
+    /// let bad = ListenerOptions::default().with_origins(OriginPolicy::Listed(vec!["evil".into()]));
+    /// assert!(factory.for_listener(&bad).unwrap_err().contains("allowed_origins"));
+    /// # Ok::<(), powerhub_websocket::ConfigError>(())
+    /// ```
+    fn for_listener(
+        &self,
+        options: &ListenerOptions,
+    ) -> Result<Option<Arc<dyn ProtocolFactory>>, String> {
+        let base = (*self.config).clone();
+        let config = match &options.origins {
+            OriginPolicy::Protocol => return Ok(None),
+            OriginPolicy::Any => base
+                .with_allowed_origins(Vec::<String>::new())
+                .with_same_host_origin(false),
+            OriginPolicy::Listed(origins) => base
+                .with_allowed_origins(origins.iter().cloned())
+                .with_same_host_origin(false)
+                .with_allow_missing_origin(true),
+            OriginPolicy::SameHost => base
+                .with_allowed_origins(Vec::<String>::new())
+                .with_same_host_origin(true)
+                .with_allow_missing_origin(true),
+            _ => return Err("an origin policy this protocol does not know".to_owned()),
+        };
+        let factory = WebSocketFactory::new(config).map_err(|e| e.to_string())?;
+        Ok(Some(Arc::new(factory)))
     }
 }

@@ -376,3 +376,84 @@ fn handshake_refusals_quote_little_and_refuse_non_http_at_once() {
     );
     assert!(String::from_utf8_lossy(&step.urgent).starts_with("HTTP/1.1 400"));
 }
+
+#[test]
+fn a_bearer_token_in_the_upgrade_is_the_first_event() {
+    let mut bytes = request("/", "Authorization: Bearer abc.def.ghi\r\n").into_bytes();
+    bytes.extend(data(0x1, b"{\"type\":\"ping\"}"));
+    let step = feed(connection(WebSocketConfig::default()).as_mut(), &bytes);
+    assert_eq!(step.result, Ok(()));
+    assert_eq!(status_of(&step.urgent), 101);
+    assert_eq!(
+        step.events,
+        vec![
+            Inbound::Credential("abc.def.ghi".into()),
+            Inbound::Text(powerhub_plugin::Bytes::from_static(b"{\"type\":\"ping\"}")),
+        ]
+    );
+}
+
+#[test]
+fn a_token_query_parameter_is_percent_decoded_and_the_path_still_matches() {
+    for (target, token) in [
+        ("/?token=t%2B1%3D+x", "t+1= x"),
+        ("/?a=1&token=abc&token=ignored", "abc"),
+        ("/?token=%zz", "%zz"),
+    ] {
+        let step = feed(
+            connection(WebSocketConfig::default()).as_mut(),
+            request(target, "").as_bytes(),
+        );
+        assert_eq!(status_of(&step.urgent), 101, "{target}");
+        assert_eq!(
+            step.events,
+            vec![Inbound::Credential(token.into())],
+            "{target}"
+        );
+    }
+    // An Authorization header wins over the query; a scheme other than Bearer is passed on
+    // whole, for the server to refuse.
+    let step = feed(
+        connection(WebSocketConfig::default()).as_mut(),
+        request("/?token=q", "Authorization: Basic dXNlcjpwdw==\r\n").as_bytes(),
+    );
+    assert_eq!(
+        step.events,
+        vec![Inbound::Credential("Basic dXNlcjpwdw==".into())]
+    );
+    // No credential, no event.
+    let step = feed(
+        connection(WebSocketConfig::default()).as_mut(),
+        request("/?v=2", "").as_bytes(),
+    );
+    assert!(step.events.is_empty(), "{:?}", step.events);
+}
+
+#[test]
+fn same_host_origins_and_null_are_decided_explicitly() {
+    let same_host = WebSocketConfig::default()
+        .with_same_host_origin(true)
+        .with_allow_missing_origin(true);
+    // `request` sends Host: localhost:8080.
+    for (origin, status) in [
+        ("http://localhost:8080", 101),
+        ("https://LOCALHOST:8080", 101),
+        ("http://localhost:8081", 403),
+        ("http://evil.example", 403),
+        ("null", 403),
+    ] {
+        let step = feed(
+            connection(same_host.clone()).as_mut(),
+            request("/", &format!("Origin: {origin}\r\n")).as_bytes(),
+        );
+        assert_eq!(status_of(&step.urgent), status, "Origin: {origin}");
+    }
+    let step = feed(connection(same_host).as_mut(), request("/", "").as_bytes());
+    assert_eq!(status_of(&step.urgent), 101, "no Origin: a program");
+    let listed = WebSocketConfig::default().with_allowed_origins(["null"]);
+    let step = feed(
+        connection(listed).as_mut(),
+        request("/", "Origin: null\r\n").as_bytes(),
+    );
+    assert_eq!(status_of(&step.urgent), 101, "null, listed");
+}

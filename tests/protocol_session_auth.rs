@@ -1,0 +1,173 @@
+//! The sans-IO push session with authentication on, on a virtual clock: what a connection may do
+//! before and after its token, when the token expires, how a fresh token is judged.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use powerhub::protocol::{Action, AuthPolicy, Session, SessionConfig};
+use powerhub::security::auth::{AuthConfig, Authenticator};
+use serde_json::{json, Value};
+
+const SECRET: &str = "a shared secret of at least thirty-two bytes";
+
+fn at(secs: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(secs)
+}
+
+fn session(allow_reply_types: bool) -> Session {
+    let config: AuthConfig = toml::from_str(&format!(
+        r#"
+        [[tokens]]
+        token = "static-token"
+        user = "svc"
+        permissions = {{ publish = {{ allow = ["obs", "obs/>"] }}, subscribe = {{ allow = [">"] }} }}
+        [jwt]
+        algorithm = "HS256"
+        secret = "{SECRET}"
+        leeway_secs = 5
+        "#
+    ))
+    .unwrap();
+    Session::new(1, SessionConfig::default()).with_auth(AuthPolicy {
+        authenticator: Arc::new(Authenticator::from_config(&config).unwrap()),
+        allow_reply_types,
+    })
+}
+
+fn jwt(sub: &str, exp: u64) -> String {
+    jsonwebtoken::encode(
+        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256),
+        &json!({"sub": sub, "exp": exp, "permissions": {"subscribe": {"allow": ["obs"]}}}),
+        &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+    )
+    .unwrap()
+}
+
+fn run(s: &mut Session, line: &str, now: SystemTime) -> Action {
+    s.handle_line_at(&mut line.as_bytes().to_vec(), now)
+}
+
+fn reply(action: Action) -> Value {
+    match action {
+        Action::Reply(b) => serde_json::from_slice(&b).unwrap(),
+        other => panic!("expected a reply, got {other:?}"),
+    }
+}
+
+fn auth_line(token: &str) -> String {
+    json!({"type":"auth","id":7,"token":token}).to_string()
+}
+
+#[test]
+fn the_expiry_is_the_tokens_exp_plus_the_leeway_on_the_callers_clock() {
+    let mut s = session(false);
+    assert!(s.awaiting_auth());
+    assert_eq!(s.expires_at(), None);
+    let v = reply(run(&mut s, &auth_line(&jwt("alice", 1_000)), at(900)));
+    assert_eq!(
+        v,
+        json!({"type":"authenticated","requestId":7,"user":"alice","expiresAt":1_005})
+    );
+    assert!(!s.awaiting_auth());
+    assert_eq!(s.user(), Some("alice"));
+    assert_eq!(s.expires_at(), Some(at(1_005)));
+    // A fresh token moves it; a static token never expires.
+    reply(run(&mut s, &auth_line(&jwt("alice", 2_000)), at(1_000)));
+    assert_eq!(s.expires_at(), Some(at(2_005)));
+    // A first token already past its expiry (with the leeway) closes the connection.
+    let mut s = session(false);
+    match run(&mut s, &auth_line(&jwt("alice", 1_000)), at(1_005)) {
+        Action::CloseOnAuth {
+            code, request_id, ..
+        } => {
+            assert_eq!(code, "token_expired");
+            assert_eq!(request_id, Some(powerhub::protocol::RequestId::Int(7)));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(s.awaiting_auth());
+}
+
+#[test]
+fn a_refused_fresh_token_keeps_the_identity_in_force() {
+    let mut s = session(false);
+    reply(run(&mut s, &auth_line(&jwt("alice", 1_000)), at(900)));
+    let v = reply(run(&mut s, &auth_line(&jwt("alice", 950)), at(960)));
+    assert_eq!(v["code"], "token_expired");
+    assert_eq!(s.expires_at(), Some(at(1_005)));
+    let v = reply(run(&mut s, &auth_line("static-token"), at(960)));
+    assert_eq!(v["code"], "user_mismatch");
+    assert!(v["message"].as_str().unwrap().contains("`svc`"));
+    assert_eq!(s.user(), Some("alice"));
+}
+
+#[test]
+fn each_user_gets_the_permissions_of_its_token() {
+    let mut s = session(false);
+    reply(run(&mut s, &auth_line("static-token"), at(0)));
+    let publish = r#"{"type":"publish","id":1,"message":{"type":"t","stream":"obs"}}"#;
+    assert!(matches!(
+        run(&mut s, publish, at(0)),
+        Action::Publish { .. }
+    ));
+    // The JWT's claim grants subscribe to `obs` only.
+    let mut s = session(false);
+    reply(run(&mut s, &auth_line(&jwt("bob", 100)), at(0)));
+    let v = reply(run(&mut s, publish, at(1)));
+    assert_eq!(v["code"], "permission_denied", "{v}");
+}
+
+#[test]
+fn reserved_types_are_refused_unless_allowed() {
+    let publish = r#"{"type":"publish","id":1,"message":{"type":"frames_dropped","stream":"obs"}}"#;
+    let mut s = session(false);
+    reply(run(&mut s, &auth_line("static-token"), at(0)));
+    assert_eq!(reply(run(&mut s, publish, at(0)))["code"], "reserved_type");
+    let mut s = session(true);
+    reply(run(&mut s, &auth_line("static-token"), at(0)));
+    assert!(matches!(
+        run(&mut s, publish, at(0)),
+        Action::Publish { .. }
+    ));
+}
+
+#[test]
+fn a_handshake_token_is_an_auth_command_without_an_id() {
+    let mut s = session(false);
+    let v = reply(s.authenticate("static-token", at(0)));
+    assert_eq!(
+        v,
+        json!({"type":"authenticated","user":"svc","expiresAt":null})
+    );
+    let mut s = session(false);
+    match s.authenticate("nope", at(0)) {
+        Action::CloseOnAuth {
+            code, request_id, ..
+        } => {
+            assert_eq!(code, "unknown_token");
+            assert_eq!(request_id, None);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn the_auth_command_is_parsed_strictly() {
+    let mut s = session(false);
+    let v = reply(run(&mut s, r#"{"type":"auth","id":1}"#, at(0)));
+    assert_eq!(v["code"], "missing_field");
+    let v = reply(run(&mut s, r#"{"type":"auth","id":1,"token":7}"#, at(0)));
+    assert_eq!(v["code"], "wrong_type");
+    let v = reply(run(
+        &mut s,
+        r#"{"type":"auth","id":1,"token":"a","token":"b"}"#,
+        at(0),
+    ));
+    assert_eq!(v["code"], "duplicate_field");
+    // The token never appears in a command's Debug output (commands are logged).
+    let cmd = powerhub::protocol::parse_command(
+        &mut br#"{"type":"auth","token":"sekrit-value"}"#.to_vec(),
+    )
+    .unwrap();
+    assert!(!format!("{cmd:?}").contains("sekrit"), "{cmd:?}");
+}
