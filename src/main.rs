@@ -11,8 +11,9 @@
 //! serve what the connections already sent, deliver what was published, close each connection
 //! with the `shutdown` error, all within `engine.shutdown_timeout_ms`. A second signal exits at
 //! once. SIGHUP re-reads the config file's `[auth]` section and its key files
-//! ([`Engine::reload_auth`]): connections accepted from then on use them, open ones keep theirs;
-//! a config that cannot be used is logged and the running one stays.
+//! ([`Engine::reload_auth`]) and the TLS listeners' certificate files ([`Engine::reload_tls`]):
+//! connections accepted from then on use them, open ones keep theirs; files that cannot be used
+//! are logged and the running ones stay.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -209,7 +210,9 @@ fn serve(args: ServeArgs) -> ExitCode {
 /// accepted from now on.
 fn reload(engine: &Engine, path: Option<&std::path::Path>) {
     let Some(path) = path else {
-        tracing::info!("SIGHUP: no config file to reload (the embedded default has no [auth])");
+        tracing::info!(
+            "SIGHUP: no config file to reload (the embedded default has no [auth] and no TLS)"
+        );
         return;
     };
     let result = Config::from_file(path)
@@ -223,6 +226,12 @@ fn reload(engine: &Engine, path: Option<&std::path::Path>) {
         Ok(()) => tracing::info!(config = %path.display(), "SIGHUP: reloaded [auth] and its keys"),
         Err(e) => {
             tracing::error!(config = %path.display(), error = %e, "SIGHUP: reload refused; the running [auth] stays")
+        }
+    }
+    match engine.reload_tls() {
+        Ok(()) => tracing::info!("SIGHUP: reloaded the TLS listeners' certificates and keys"),
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: TLS reload refused; the running certificates stay")
         }
     }
 }

@@ -8,6 +8,7 @@
 //! | a deadline (`first_message_timeout_ms`, `idle_timeout_ms`, `liveness_timeout_ms`) | `limit_exceeded` (the key) | 1008 | HTTP 408 |
 //! | a subscription fell behind under `slow_consumer = "disconnect"` | `slow_consumer` | 1008 | HTTP 503 |
 //! | a refused first token, or the connection's token expired | the auth code (`bad_signature`, `token_expired`, ...) | 1008 | HTTP 503 |
+//! | a TLS handshake on a listener without TLS | `tls_not_enabled` | 1008 | HTTP 503 |
 //! | the hub closed the connection's subscriptions | `hub_closed` | 1001 | HTTP 503 |
 //! | the server shuts down | `shutdown` | 1001 | HTTP 503 |
 //!
@@ -42,8 +43,8 @@ enum Kind {
     Timeout,
     /// A subscription fell behind under `disconnect`.
     SlowConsumer,
-    /// Authentication: code the ending's reason (an auth error code).
-    Auth,
+    /// A refusal whose code is the ending's reason (an auth error code, `tls_not_enabled`).
+    Refused,
     /// The hub closed the subscriptions.
     HubClosed,
     /// The server shuts down.
@@ -101,7 +102,12 @@ impl Ending {
 
     /// A refused first token or an expired one: an error with the auth error `code`.
     pub(crate) fn auth(code: &'static str, message: String) -> Ending {
-        Ending::new(code, Some(Kind::Auth), message)
+        Ending::refused(code, message)
+    }
+
+    /// The connection is refused: an error with `code`, then the close (WebSocket 1008).
+    pub(crate) fn refused(code: &'static str, message: String) -> Ending {
+        Ending::new(code, Some(Kind::Refused), message)
     }
 
     /// The hub closed the connection's subscriptions.
@@ -157,7 +163,7 @@ impl Ending {
                 ))
             }
             Kind::SlowConsumer => codes::SLOW_CONSUMER,
-            Kind::Auth => self.reason,
+            Kind::Refused => self.reason,
             Kind::HubClosed => codes::HUB_CLOSED,
             Kind::Shutdown => codes::SHUTDOWN,
         };
@@ -172,7 +178,7 @@ impl Ending {
     /// The WebSocket close code that follows the error.
     pub(crate) fn websocket_code(&self) -> Option<u16> {
         Some(match self.kind? {
-            Kind::Limit | Kind::Timeout | Kind::SlowConsumer | Kind::Auth => POLICY,
+            Kind::Limit | Kind::Timeout | Kind::SlowConsumer | Kind::Refused => POLICY,
             Kind::HubClosed | Kind::Shutdown => GOING_AWAY,
         })
     }

@@ -291,6 +291,17 @@ pub struct ListenerConfig {
     /// configured. Ignored by protocols without origins.
     #[serde(default)]
     pub allowed_origins: Option<Vec<String>>,
+    /// TLS on a TCP listener: its certificate chain (PEM, end-entity certificate first). With
+    /// [`tls_key`](Self::tls_key).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM: PKCS #8, PKCS #1 or SEC1).
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS: the CA certificates (PEM) that issue the clients' certificates; a client
+    /// without one issued by them is refused in the handshake.
+    #[serde(default)]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// Where a listener listens, validated.
@@ -319,6 +330,9 @@ impl ListenerConfig {
             address: Some(address.into()),
             path: None,
             allowed_origins: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
     }
 
@@ -329,7 +343,17 @@ impl ListenerConfig {
             address: None,
             path: Some(path.into()),
             allowed_origins: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
         }
+    }
+
+    /// The same listener with TLS from these PEM files.
+    pub fn with_tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
+        self.tls_cert = Some(cert.into());
+        self.tls_key = Some(key.into());
+        self
     }
 
     /// The validated address; `index` is the listener's position, for the error's key.

@@ -53,6 +53,7 @@ use crate::hub::{Driver, Hub, HubError, HubOptions};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 use crate::protocol::AuthPolicy;
 use crate::security::auth::{AuthConfig, AuthConfigError, Authenticator};
+use crate::security::tls::{server_config, TlsError, TlsFiles};
 
 mod alloc;
 mod close;
@@ -63,6 +64,7 @@ mod registry;
 mod session;
 mod shard;
 mod sys;
+mod tls;
 mod writeq;
 
 pub use config::{
@@ -141,6 +143,15 @@ pub enum EngineError {
     /// unusable key).
     #[error("invalid [auth] section: {0}")]
     Auth(#[from] AuthConfigError),
+    /// A listener's TLS files cannot be used (missing, unreadable, not PEM, a key that is not
+    /// the certificate's); the error names the key and the file.
+    #[error("listener[{index}]: {source}")]
+    Tls {
+        /// The listener's position in the config.
+        index: usize,
+        /// What was wrong.
+        source: TlsError,
+    },
     /// A listener's settings cannot apply to its protocol (an invalid `allowed_origins` entry).
     #[error("listener[{index}]: {message}")]
     Listener {
@@ -157,6 +168,22 @@ pub enum EngineError {
         /// The OS error.
         source: io::Error,
     },
+}
+
+/// A listener's TLS files and the configuration built from them (read now), if it has TLS.
+fn listener_tls(
+    l: &ListenerConfig,
+) -> Result<Option<(TlsFiles, Arc<rustls::ServerConfig>)>, TlsError> {
+    let Some(files) = TlsFiles::from_listener_keys(
+        l.tls_cert.as_deref(),
+        l.tls_key.as_deref(),
+        l.tls_client_ca.as_deref(),
+    )?
+    else {
+        return Ok(None);
+    };
+    let config = server_config(&files)?;
+    Ok(Some((files, config)))
 }
 
 /// The authentication policy of an `[auth]` section (key files read now).
@@ -326,6 +353,8 @@ pub(crate) struct ListenerSpec {
     pub(crate) factory: Arc<dyn ProtocolFactory>,
     pub(crate) protocol_limits: ProtocolLimits,
     pub(crate) addr: ListenAddr,
+    /// TLS: the files (for a reload) and the configuration new connections start with.
+    pub(crate) tls: Option<(TlsFiles, RwLock<Arc<rustls::ServerConfig>>)>,
 }
 
 /// The running engine: shards, listeners and the hub they serve.
@@ -597,6 +626,16 @@ impl Engine {
                 .map_err(|message| EngineError::Listener { index, message })?
                 .unwrap_or(factory);
             let addr = l.listen_addr(index)?;
+            let tls = listener_tls(l)
+                .map_err(|source| EngineError::Tls { index, source })?
+                .map(|(files, config)| (files, RwLock::new(config)));
+            if tls.is_some() && matches!(addr, ListenAddr::Unix(_)) {
+                return Err(EngineError::Config(ConfigError::Invalid {
+                    key: format!("listener[{index}].tls_cert"),
+                    value: format!("{:?}", l.tls_cert),
+                    reason: "TLS is for TCP listeners; a Unix socket listener has none".into(),
+                }));
+            }
             let (fd, local) = bind(index, &l.protocol, &addr)?;
             if let ListenAddr::Unix(p) = &local {
                 unix_paths.push(p.clone());
@@ -610,6 +649,7 @@ impl Engine {
                 factory,
                 protocol_limits: protocol_limits.clone(),
                 addr: local,
+                tls,
             });
             fds.push(Some(fd));
         }
@@ -742,6 +782,31 @@ impl Engine {
     /// A snapshot of the counters.
     pub fn stats(&self) -> EngineStats {
         self.shared.engine_stats()
+    }
+
+    /// Reads every TLS listener's certificate, key and client CA files again, for the
+    /// connections accepted from now on (what `powerhub serve` does on SIGHUP); open
+    /// connections keep the session they negotiated. All or nothing: if one listener's files
+    /// cannot be used, no listener changes.
+    ///
+    /// # Errors
+    ///
+    /// The first listener whose files cannot be used ([`EngineError::Tls`]).
+    pub fn reload_tls(&self) -> Result<(), EngineError> {
+        let mut fresh = Vec::new();
+        for (index, spec) in self.shared.listeners.iter().enumerate() {
+            if let Some((files, _)) = &spec.tls {
+                let config =
+                    server_config(files).map_err(|source| EngineError::Tls { index, source })?;
+                fresh.push((index, config));
+            }
+        }
+        for (index, config) in fresh {
+            if let Some((_, current)) = &self.shared.listeners[index].tls {
+                *current.write() = config;
+            }
+        }
+        Ok(())
     }
 
     /// Replaces the authentication of connections accepted from now on with one built from

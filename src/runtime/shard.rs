@@ -44,6 +44,7 @@ use super::fanout::{Fanout, LocalSub};
 use super::parker::Parker;
 use super::session::{self, After};
 use super::sys::{self, syscall, Backend, Event, Token};
+use super::tls::TlsLayer;
 use super::writeq::{WriteQueue, MAX_IOV};
 use super::Shared;
 use crate::hub::Entry;
@@ -224,6 +225,8 @@ struct SendState {
     urgent_first: bool,
     urgent: usize,
     outbox: usize,
+    /// Bytes of TLS ciphertext the send carries (then it carries nothing else).
+    tls: usize,
 }
 
 /// Most spare [`SendState`]s a shard keeps.
@@ -241,6 +244,7 @@ impl SendState {
             urgent_first: true,
             urgent: 0,
             outbox: 0,
+            tls: 0,
         })
     }
 }
@@ -258,6 +262,9 @@ pub(crate) struct Conn {
     urgent: WriteQueue,
     /// The push-stream outbox: replies, deliveries, keepalive, coalescing while paused.
     pub(crate) outbox: Outbox,
+    /// TLS, on a listener with `tls_cert`: the record layer between the plaintext above and
+    /// the socket (see [`super::tls`]).
+    tls: Option<Box<TlsLayer>>,
     pub(crate) session: Session,
     /// The connection's slot and generation.
     pub(crate) key: ConnKey,
@@ -312,7 +319,10 @@ impl Conn {
     /// Bytes the connection holds for the peer: the outbox's unsent and queued bytes.
     fn backlog(&self) -> usize {
         let stats = self.outbox.stats();
-        stats.unsent_bytes + stats.queued_bytes + self.urgent.unsent()
+        stats.unsent_bytes
+            + stats.queued_bytes
+            + self.urgent.unsent()
+            + self.tls.as_ref().map_or(0, |t| t.pending.len())
     }
 
     /// The memory the connection's unsent output holds (what `limits.max_outbox_bytes` bounds):
@@ -378,6 +388,33 @@ impl Conn {
         }
         now
     }
+}
+
+/// Whether the first bytes of a connection are a TLS handshake record (content type 22,
+/// protocol major version 3): no push protocol's first message starts so.
+fn looks_like_tls(data: &[u8]) -> bool {
+    data.len() >= 3 && data[0] == 0x16 && data[1] == 0x03 && data[2] <= 0x04
+}
+
+/// How many of `n` written bytes of a send were urgent bytes and how many the outbox's.
+fn split_written_parts(
+    urgent_first: bool,
+    urgent: usize,
+    outbox: usize,
+    n: usize,
+) -> (usize, usize) {
+    if urgent_first {
+        let u = n.min(urgent);
+        (u, n - u)
+    } else {
+        let o = n.min(outbox);
+        (n - o, o)
+    }
+}
+
+/// [`split_written_parts`] of a gathered send.
+fn split_written(s: &SendState, n: usize) -> (usize, usize) {
+    split_written_parts(s.urgent_first, s.urgent, s.outbox, n)
 }
 
 /// Whether a protocol frames a JSON message as the message plus `\n`: then the hub's NDJSON
@@ -648,6 +685,17 @@ impl<B: Backend> Shard<B> {
                 return;
             }
         };
+        let tls = match &spec.tls {
+            None => None,
+            Some((_, config)) => match TlsLayer::new(Arc::clone(&config.read())) {
+                Ok(layer) => Some(Box::new(layer)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot start a TLS session");
+                    self.release_count(over_limit);
+                    return;
+                }
+            },
+        };
         let index = match self.free.pop() {
             Some(i) => i,
             None => {
@@ -680,6 +728,7 @@ impl<B: Backend> Shard<B> {
             inbuf: BytesMut::new(),
             urgent: WriteQueue::default(),
             outbox,
+            tls,
             session: match &*shared.auth.read() {
                 Some(policy) => Session::new(conn_id, session_config).with_auth(policy.clone()),
                 None => Session::new(conn_id, session_config),
@@ -821,7 +870,34 @@ impl<B: Backend> Shard<B> {
                 c.bytes_in += n as u64;
                 debug_assert!(buf.is_some(), "a receive with bytes lends a buffer");
                 let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
-                if c.inbuf.is_empty() {
+                if let Some(tls) = c.tls.as_deref_mut() {
+                    let handshaking = tls.is_handshaking();
+                    let received = tls.receive(data, &mut c.inbuf);
+                    if let Err(e) = received {
+                        // The alert rustls queued goes out; nothing more does.
+                        tls.take_ciphertext();
+                        tls.failed = true;
+                        let ending = Ending::unsaid(e.code(), e.to_string());
+                        self.close_with(token, ending);
+                        self.mark_dirty(token);
+                        return;
+                    }
+                    if tls.has_output() || (handshaking && !tls.is_handshaking()) {
+                        // A handshake message to answer, or the handshake just completed.
+                        self.dirty.push(token);
+                    }
+                } else if c.bytes_in == n as u64 && looks_like_tls(data) {
+                    // A TLS client on a listener without TLS: said at once, in plaintext (the
+                    // client reads a broken record and stops), rather than waiting out the
+                    // first-message deadline on bytes that are no line.
+                    let msg = "this listener does not speak TLS (a TLS handshake arrived); \
+                               connect without TLS, or to a listener with tls_cert";
+                    self.close_with(
+                        token,
+                        Ending::refused(codes::TLS_NOT_ENABLED, msg.to_owned()),
+                    );
+                    return;
+                } else if c.inbuf.is_empty() {
                     // An allocation of just what arrived: the lines decoded from it share it,
                     // and it is freed with the last of them.
                     c.inbuf = BytesMut::from(data);
@@ -1199,10 +1275,24 @@ impl<B: Backend> Shard<B> {
         {
             return;
         }
+        if c.tls.is_some() {
+            self.start_send_tls(token);
+            return;
+        }
+        let Some(s) = self.gather(token) else {
+            self.nothing_to_send(token);
+            return;
+        };
+        self.submit_send(token, s);
+    }
+
+    /// The plaintext of the connection's next write, as a send: urgent bytes first at a message
+    /// boundary (nothing of the outbox's half-written), else after what the outbox offers. The
+    /// outbox is offered what is left of the gather list, so everything it offers is in it.
+    /// `None` when there is nothing to write.
+    fn gather(&mut self, token: Token) -> Option<Box<SendState>> {
+        let c = slot_mut(&mut self.slots, token)?;
         let now = Instant::now();
-        // Urgent bytes go first at a message boundary (nothing of the outbox's half-written),
-        // else after what the outbox offers. The outbox is offered what is left of the gather
-        // list, so everything it offers is passed to the kernel.
         let at_boundary = c.outbox.unsent_bytes() == 0;
         let mut urgent_chunks = std::mem::take(&mut self.scratch2);
         c.urgent.prepare(&mut urgent_chunks);
@@ -1240,35 +1330,107 @@ impl<B: Backend> Shard<B> {
             } else {
                 urgent_chunks[..urgent_passed].iter().map(Bytes::len).sum()
             };
+            s.tls = 0;
             send = Some(s);
         }
         outbox_chunks.clear();
         urgent_chunks.clear();
         self.scratch = outbox_chunks;
         self.scratch2 = urgent_chunks;
-        let Some(mut s) = send else {
-            if matches!(c.state, State::Closing(_))
-                && c.urgent.is_empty()
-                && !c.outbox.has_transmit()
-                && c.outbox.unsent_bytes() == 0
-            {
-                // Everything is written: the protocol's close message goes last.
-                if let Some(code) = c.ending.as_deref_mut().and_then(|e| e.close_code.take()) {
-                    let reason = c.ending.as_deref().map_or("", |e| e.detail.as_str());
-                    let mut buf = BytesMut::new();
-                    c.proto.encode_close(code, reason, &mut buf);
-                    if !buf.is_empty() {
-                        c.urgent.push(buf.freeze());
-                        self.start_send(token);
-                        return;
-                    }
+        send
+    }
+
+    /// Nothing is left to write: a closing connection's protocol close message goes last (then
+    /// TLS's `close_notify`), then the close.
+    fn nothing_to_send(&mut self, token: Token) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        let written = c.urgent.is_empty()
+            && !c.outbox.has_transmit()
+            && c.outbox.unsent_bytes() == 0
+            && c.tls.as_ref().is_none_or(|t| !t.has_output());
+        let failed = c.tls.as_ref().is_some_and(|t| t.failed);
+        if !matches!(c.state, State::Closing(_)) || !(written || failed) {
+            return;
+        }
+        if !failed {
+            if let Some(code) = c.ending.as_deref_mut().and_then(|e| e.close_code.take()) {
+                let reason = c.ending.as_deref().map_or("", |e| e.detail.as_str());
+                let mut buf = BytesMut::new();
+                c.proto.encode_close(code, reason, &mut buf);
+                if !buf.is_empty() {
+                    c.urgent.push(buf.freeze());
+                    self.start_send(token);
+                    return;
                 }
-                self.finish_close(token);
             }
+            if let Some(tls) = c.tls.as_deref_mut() {
+                if tls.close_notify() {
+                    self.start_send(token);
+                    return;
+                }
+            }
+        }
+        self.finish_close(token);
+    }
+
+    /// A TLS connection's next write: the ciphertext still pending, else what [`Shard::gather`]
+    /// offers, encrypted (as much as rustls takes: the rest stays under the outbox's rules).
+    fn start_send_tls(&mut self, token: Token) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        let Some(tls) = c.tls.as_deref() else {
+            return;
+        };
+        if tls.pending.is_empty() && !tls.failed && !tls.is_handshaking() {
+            if let Some(plain) = self.gather(token) {
+                let now = Instant::now();
+                let Some(c) = slot_mut(&mut self.slots, token) else {
+                    return;
+                };
+                let Some(tls) = c.tls.as_deref_mut() else {
+                    return;
+                };
+                let taken = tls.encrypt(&plain.chunks);
+                let (urgent_taken, outbox_taken) = split_written(&plain, taken);
+                c.urgent.advance(urgent_taken);
+                if plain.outbox > 0 {
+                    c.outbox.on_written(outbox_taken, now);
+                }
+                self.recycle_send(plain);
+            }
+        }
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        c.sync_backlog(self.shared.counters_of(self.handle.index));
+        let Some(tls) = c.tls.as_deref_mut() else {
+            return;
+        };
+        tls.take_ciphertext();
+        if tls.pending.is_empty() {
+            self.nothing_to_send(token);
+            return;
+        }
+        let mut s = self.spare_sends.pop().unwrap_or_else(SendState::new);
+        s.chunks.push(tls.pending.clone());
+        s.urgent_first = true;
+        s.urgent = 0;
+        s.outbox = 0;
+        s.tls = tls.pending.len();
+        self.submit_send(token, s);
+    }
+
+    /// Hands `s` to the kernel as the connection's send in flight.
+    fn submit_send(&mut self, token: Token, mut s: Box<SendState>) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            self.recycle_send(s);
             return;
         };
         self.pass_sends += 1;
-        self.pass_bytes += s.urgent + s.outbox;
+        self.pass_bytes += s.urgent + s.outbox + s.tls;
         let SendState {
             chunks, iov, msg, ..
         } = &mut *s;
@@ -1314,8 +1476,8 @@ impl<B: Backend> Shard<B> {
         let Some(send) = c.send.take() else {
             return;
         };
-        let (urgent_first, send_urgent, send_outbox) =
-            (send.urgent_first, send.urgent, send.outbox);
+        let (urgent_first, send_urgent, send_outbox, send_tls) =
+            (send.urgent_first, send.urgent, send.outbox, send.tls);
         self.recycle_send(send);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
@@ -1342,13 +1504,23 @@ impl<B: Backend> Shard<B> {
             .counters_of(self.handle.index)
             .bytes_out
             .fetch_add(n as u64, Ordering::Relaxed);
-        let (urgent_taken, outbox_taken) = if urgent_first {
-            let u = n.min(send_urgent);
-            (u, n - u)
-        } else {
-            let o = n.min(send_outbox);
-            (n - o, o)
-        };
+        if let Some(tls) = c.tls.as_deref_mut() {
+            tls.written(n);
+            c.sync_backlog(self.shared.counters_of(self.handle.index));
+            if n < send_tls {
+                c.poll_inflight = true;
+                self.backend.poll_writable(token);
+            } else {
+                if c.outbox.wants_writable() {
+                    // rustls's buffer was full: the outbox's rest goes into the next records.
+                    c.outbox.on_writable(now);
+                }
+                self.mark_dirty(token);
+            }
+            return;
+        }
+        let (urgent_taken, outbox_taken) =
+            split_written_parts(urgent_first, send_urgent, send_outbox, n);
         c.urgent.advance(urgent_taken);
         if send_outbox > 0 {
             c.outbox.on_written(outbox_taken, now);

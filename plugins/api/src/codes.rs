@@ -47,6 +47,8 @@ pub const SHUTDOWN: &str = "shutdown";
 pub const BAD_FRAME: &str = "bad_frame";
 /// NDJSON input that cannot be framed into lines.
 pub const FATAL: &str = "fatal";
+/// A TLS handshake arrived on a listener without TLS; the connection closes.
+pub const TLS_NOT_ENABLED: &str = "tls_not_enabled";
 /// Authentication is on and the connection has not authenticated: only `auth`, `ping` and
 /// `pong` are accepted until it does.
 pub const AUTH_REQUIRED: &str = "auth_required";
@@ -101,6 +103,7 @@ pub const ALL: &[&str] = &[
     SHUTDOWN,
     BAD_FRAME,
     FATAL,
+    TLS_NOT_ENABLED,
     AUTH_REQUIRED,
     PERMISSION_DENIED,
     RESERVED_TYPE,

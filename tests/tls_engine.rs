@@ -1,0 +1,449 @@
+//! TLS on the engine's listeners, on real loopback sockets and both backends, with rustls as
+//! the client: the push protocol over TLS 1.3 and 1.2 (NDJSON and WebSocket), large and many
+//! messages through the record layer, mutual TLS, plaintext to a TLS port and TLS to a plaintext
+//! port, configuration errors naming the key and file, and a reload of the certificates.
+
+mod engine_support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use engine_support::*;
+use powerhub::runtime::{BackendChoice, Config, Engine, ListenerConfig, ProtocolRegistry};
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+use serde_json::{json, Value};
+
+/// A CA, a server certificate for `localhost` and `127.0.0.1` and a client certificate, written
+/// to a directory of their own.
+struct Pki {
+    dir: PathBuf,
+    ca: CertificateDer<'static>,
+    client_cert: CertificateDer<'static>,
+    client_key: Vec<u8>,
+}
+
+impl Pki {
+    fn new(name: &str) -> Pki {
+        let dir = std::env::temp_dir().join(format!("powerhub-tls-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        ca.distinguished_name = DistinguishedName::new();
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("powerhub test CA {name}"));
+        let ca = ca.self_signed(&ca_key).unwrap();
+        let server_key = KeyPair::generate().unwrap();
+        let mut server =
+            CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()]).unwrap();
+        server.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        let server = server.signed_by(&server_key, &ca, &ca_key).unwrap();
+        let client_key = KeyPair::generate().unwrap();
+        let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
+        client.distinguished_name = DistinguishedName::new();
+        client.distinguished_name.push(DnType::CommonName, "alice");
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client = client.signed_by(&client_key, &ca, &ca_key).unwrap();
+        std::fs::write(dir.join("ca.pem"), ca.pem()).unwrap();
+        std::fs::write(dir.join("server.pem"), server.pem()).unwrap();
+        std::fs::write(dir.join("server.key"), server_key.serialize_pem()).unwrap();
+        Pki {
+            dir,
+            ca: ca.der().clone(),
+            client_cert: client.der().clone(),
+            client_key: client_key.serialize_der(),
+        }
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+
+    fn client(
+        &self,
+        with_cert: bool,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        roots.add(self.ca.clone()).unwrap();
+        let builder =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_protocol_versions(versions)
+                .unwrap()
+                .with_root_certificates(roots);
+        Arc::new(if with_cert {
+            let key = PrivateKeyDer::try_from(self.client_key.clone()).unwrap();
+            builder
+                .with_client_auth_cert(vec![self.client_cert.clone()], key)
+                .unwrap()
+        } else {
+            builder.with_no_client_auth()
+        })
+    }
+}
+
+impl Drop for Pki {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn tls_listener(protocol: &str, pki: &Pki) -> ListenerConfig {
+    ListenerConfig::tcp(protocol, "127.0.0.1:0")
+        .with_tls(pki.path("server.pem"), pki.path("server.key"))
+}
+
+fn tls_config(backend: BackendChoice, pki: &Pki) -> Config {
+    let mut c = base_config(backend);
+    c.listeners = vec![tls_listener("ndjson", pki)];
+    c
+}
+
+type Tls = StreamOwned<ClientConnection, TcpStream>;
+
+fn connect(addr: SocketAddr, config: Arc<ClientConfig>) -> Tls {
+    let tcp = TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(WAIT)).unwrap();
+    tcp.set_nodelay(true).unwrap();
+    let conn = ClientConnection::new(config, ServerName::try_from("localhost").unwrap()).unwrap();
+    StreamOwned::new(conn, tcp)
+}
+
+/// An NDJSON client over TLS.
+struct TlsClient {
+    reader: BufReader<Tls>,
+}
+
+impl TlsClient {
+    fn connect(addr: SocketAddr, config: Arc<ClientConfig>) -> TlsClient {
+        TlsClient {
+            reader: BufReader::with_capacity(1 << 16, connect(addr, config)),
+        }
+    }
+
+    fn send(&mut self, line: &str) {
+        self.try_send(line).unwrap();
+    }
+
+    fn try_send(&mut self, line: &str) -> std::io::Result<()> {
+        let s = self.reader.get_mut();
+        s.write_all(line.as_bytes())?;
+        s.write_all(b"\n")?;
+        s.flush()
+    }
+
+    fn try_line(&mut self) -> std::io::Result<Option<String>> {
+        let mut s = String::new();
+        match self.reader.read_line(&mut s)? {
+            0 => Ok(None),
+            _ => Ok(Some(s.trim_end_matches('\n').to_owned())),
+        }
+    }
+
+    fn msg(&mut self) -> Value {
+        loop {
+            let line = self.try_line().unwrap().expect("a line");
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v["type"] != "ping" {
+                return v;
+            }
+        }
+    }
+
+    fn version(&self) -> Option<rustls::ProtocolVersion> {
+        self.reader.get_ref().conn.protocol_version()
+    }
+}
+
+#[test]
+fn the_push_protocol_runs_over_tls_1_3_and_1_2() {
+    let pki = Pki::new("versions");
+    on_both_backends(|backend| {
+        let server = start(tls_config(backend, &pki));
+        for (versions, expected) in [
+            (
+                &[&rustls::version::TLS13][..],
+                rustls::ProtocolVersion::TLSv1_3,
+            ),
+            (
+                &[&rustls::version::TLS12][..],
+                rustls::ProtocolVersion::TLSv1_2,
+            ),
+        ] {
+            let mut sub = TlsClient::connect(server.addr, pki.client(false, versions));
+            sub.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+            assert_eq!(sub.msg()["type"], "subscribed");
+            assert_eq!(sub.version(), Some(expected));
+            let mut publisher = TlsClient::connect(server.addr, pki.client(false, versions));
+            // Many small messages in one write, then one far larger than a TLS record (16 KiB).
+            let mut batch = String::new();
+            for seq in 0..2_000 {
+                batch.push_str(&format!(
+                    "{{\"type\":\"publish\",\"message\":{}}}\n",
+                    message("obs", seq, 1000)
+                ));
+            }
+            batch.push_str(&format!(
+                "{{\"type\":\"publish\",\"id\":\"big\",\"message\":{}}}",
+                message("obs", 2_000, 900 << 10)
+            ));
+            publisher.send(&batch);
+            assert_eq!(
+                publisher.msg(),
+                json!({"type":"published","requestId":"big","delivered":1})
+            );
+            for seq in 0..=2_000 {
+                let v = sub.msg();
+                assert_eq!(v["seq"], seq, "{expected:?}");
+            }
+        }
+    });
+}
+
+#[test]
+fn a_tls_reader_that_stops_reading_is_closed_at_max_outbox_bytes_and_others_keep_going() {
+    let pki = Pki::new("stalled");
+    on_both_backends(|backend| {
+        let mut config = tls_config(backend, &pki);
+        config.limits.backpressure_bytes = 1 << 20;
+        config.limits.max_outbox_bytes = 4 << 20;
+        let server = start(config);
+        let tls13 = [&rustls::version::TLS13];
+        let mut stalled = TlsClient::connect(server.addr, pki.client(false, &tls13));
+        stalled.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+        assert_eq!(stalled.msg()["type"], "subscribed");
+        let mut healthy = TlsClient::connect(server.addr, pki.client(false, &tls13));
+        healthy.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+        assert_eq!(healthy.msg()["type"], "subscribed");
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counted = Arc::clone(&received);
+        let reader = std::thread::spawn(move || {
+            for seq in 0..400 {
+                assert_eq!(healthy.msg()["seq"], seq);
+                counted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+        });
+        // 25 MiB in all, never more than 1 MiB ahead of the healthy reader (which is then
+        // never near max_outbox_bytes): the stalled one passes it.
+        for seq in 0..400 {
+            eventually("the healthy reader keeps up", || {
+                seq < received.load(std::sync::atomic::Ordering::Relaxed) + 16
+            });
+            publish(&server.engine, "obs", seq, 64 << 10);
+        }
+        reader.join().unwrap();
+        eventually("the stalled TLS reader is closed", || {
+            server.engine.stats().limit_errors >= 1
+        });
+        // What it reads now ends with the limit error, then the end of the stream.
+        let mut last = None;
+        while let Ok(Some(line)) = stalled.try_line() {
+            last = Some(line);
+        }
+        let last: Value = serde_json::from_str(&last.expect("lines")).unwrap();
+        assert_eq!(last["limit"], "max_outbox_bytes", "{last}");
+    });
+}
+
+#[test]
+fn mutual_tls_refuses_a_client_without_a_certificate_of_the_ca() {
+    let pki = Pki::new("mutual");
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        let mut l = tls_listener("ndjson", &pki);
+        l.tls_client_ca = Some(pki.path("ca.pem"));
+        config.listeners = vec![l];
+        let server = start(config);
+        let tls13 = [&rustls::version::TLS13];
+        let mut with = TlsClient::connect(server.addr, pki.client(true, &tls13));
+        with.send(r#"{"type":"ping","id":1}"#);
+        assert_eq!(with.msg(), json!({"type":"pong","requestId":1}));
+        let mut without = TlsClient::connect(server.addr, pki.client(false, &tls13));
+        // TLS 1.3: the client learns of the refusal at its first read.
+        without.send(r#"{"type":"ping","id":1}"#);
+        let err = without.try_line().unwrap_err();
+        assert!(
+            err.to_string().to_lowercase().contains("certificate"),
+            "a certificate alert: {err}"
+        );
+    });
+}
+
+#[test]
+fn plaintext_to_a_tls_port_and_tls_to_a_plaintext_port_are_answered_cleanly() {
+    let pki = Pki::new("mismatch");
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.listeners.push(tls_listener("ndjson", &pki));
+        let server = start(config);
+        let tls_addr = match &server.engine.listeners()[1].addr {
+            powerhub::runtime::ListenAddr::Tcp(a) => *a,
+            other => panic!("{other}"),
+        };
+        // NDJSON to the TLS port: a TLS alert, then the end of the stream, at once.
+        let mut plain = Client::connect(tls_addr);
+        plain.send(r#"{"type":"ping","id":1}"#);
+        let rest = plain.rest();
+        assert_eq!(rest.first(), Some(&0x15), "a TLS alert record: {rest:?}");
+        // TLS to the plaintext port: the error in plaintext, then the end of the stream.
+        let mut tls = connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
+        let err = tls
+            .write_all(b"{}\n")
+            .and_then(|()| tls.read(&mut [0; 64]).map(drop));
+        assert!(err.is_err(), "the handshake cannot succeed");
+        let mut raw = TcpStream::connect(server.addr).unwrap();
+        raw.set_read_timeout(Some(WAIT)).unwrap();
+        raw.write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 0, 0, 1, 0])
+            .unwrap();
+        let mut text = String::new();
+        raw.read_to_string(&mut text).unwrap();
+        let v: Value = serde_json::from_str(text.trim()).unwrap();
+        assert_eq!(v["code"], "tls_not_enabled", "{v}");
+        // Both listeners still serve.
+        let mut ok = TlsClient::connect(tls_addr, pki.client(false, &[&rustls::version::TLS13]));
+        ok.send(r#"{"type":"ping","id":2}"#);
+        assert_eq!(ok.msg()["type"], "pong");
+        let mut ok = Client::connect(server.addr);
+        ok.send(r#"{"type":"ping","id":3}"#);
+        assert_eq!(ok.msg()["type"], "pong");
+    });
+}
+
+#[test]
+fn websocket_runs_over_tls() {
+    let pki = Pki::new("wss");
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.listeners = vec![tls_listener("websocket", &pki)];
+        let mut registry = ProtocolRegistry::with_builtins();
+        registry
+            .register(Arc::new(
+                powerhub_websocket::WebSocketFactory::new(Default::default()).unwrap(),
+            ))
+            .unwrap();
+        let server = start_with(config, &registry);
+        let stream = connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
+        let (mut ws, _) =
+            tungstenite::client(format!("wss://localhost:{}/", server.addr.port()), stream)
+                .expect("upgraded over TLS");
+        ws.send(tungstenite::Message::text(
+            r#"{"type":"subscribe","id":1,"stream":"obs"}"#,
+        ))
+        .unwrap();
+        let read = |ws: &mut tungstenite::WebSocket<Tls>| loop {
+            if let tungstenite::Message::Text(t) = ws.read().unwrap() {
+                return serde_json::from_str::<Value>(t.as_str()).unwrap();
+            }
+        };
+        assert_eq!(read(&mut ws)["type"], "subscribed");
+        publish(&server.engine, "obs", 7, 100_000);
+        assert_eq!(read(&mut ws)["seq"], 7);
+    });
+}
+
+fn registry() -> ProtocolRegistry {
+    ProtocolRegistry::with_builtins()
+}
+
+fn start_error(config: Config) -> String {
+    match Engine::start(config, &registry()) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("the engine must refuse the config"),
+    }
+}
+
+#[test]
+fn tls_configuration_errors_name_the_key_and_the_file() {
+    let pki = Pki::new("errors");
+    let mut config = base_config(BackendChoice::Auto);
+    let mut l = ListenerConfig::tcp("ndjson", "127.0.0.1:0");
+    l.tls_cert = Some(pki.path("server.pem"));
+    config.listeners = vec![l];
+    let err = start_error(config.clone());
+    assert!(
+        err.contains("listener[0]") && err.contains("tls_key"),
+        "{err}"
+    );
+
+    config.listeners = vec![ListenerConfig::tcp("ndjson", "127.0.0.1:0")
+        .with_tls(pki.path("server.pem"), pki.path("missing.key"))];
+    let err = start_error(config.clone());
+    assert!(
+        err.contains("tls_key") && err.contains("missing.key"),
+        "{err}"
+    );
+
+    config.listeners = vec![ListenerConfig::tcp("ndjson", "127.0.0.1:0")
+        .with_tls(pki.path("server.key"), pki.path("server.key"))];
+    let err = start_error(config.clone());
+    assert!(err.contains("tls_cert"), "{err}");
+
+    let mut l = ListenerConfig::unix("ndjson", pki.path("push.sock"))
+        .with_tls(pki.path("server.pem"), pki.path("server.key"));
+    l.address = None;
+    config.listeners = vec![l];
+    let err = start_error(config);
+    assert!(err.contains("tls_cert") && err.contains("Unix"), "{err}");
+}
+
+#[test]
+fn a_reload_serves_new_connections_the_new_certificate() {
+    let old = Pki::new("reload-old");
+    let new = Pki::new("reload-new");
+    on_both_backends(|backend| {
+        // The server reads its files from a directory of its own, overwritten for the reload.
+        let dir = std::env::temp_dir().join(format!(
+            "powerhub-tls-reload-{}-{backend:?}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = |pki: &Pki| {
+            for f in ["server.pem", "server.key"] {
+                std::fs::copy(pki.path(f), dir.join(f)).unwrap();
+            }
+        };
+        copy(&old);
+        let mut config = base_config(backend);
+        config.listeners = vec![ListenerConfig::tcp("ndjson", "127.0.0.1:0")
+            .with_tls(dir.join("server.pem"), dir.join("server.key"))];
+        let server = start(config);
+        let tls13 = [&rustls::version::TLS13];
+        let mut before = TlsClient::connect(server.addr, old.client(false, &tls13));
+        before.send(r#"{"type":"ping","id":1}"#);
+        assert_eq!(before.msg()["type"], "pong");
+
+        // Files that cannot be used: refused, the running certificate stays.
+        std::fs::write(dir.join("server.key"), "not a key").unwrap();
+        let err = server.engine.reload_tls().unwrap_err().to_string();
+        assert!(err.contains("tls_key"), "{err}");
+        let mut still = TlsClient::connect(server.addr, old.client(false, &tls13));
+        still.send(r#"{"type":"ping","id":2}"#);
+        assert_eq!(still.msg()["type"], "pong");
+
+        copy(&new);
+        server.engine.reload_tls().unwrap();
+        let mut after = TlsClient::connect(server.addr, new.client(false, &tls13));
+        after.send(r#"{"type":"ping","id":3}"#);
+        assert_eq!(after.msg()["type"], "pong");
+        let mut stale = TlsClient::connect(server.addr, old.client(false, &tls13));
+        let refused = stale
+            .try_send(r#"{"type":"ping","id":4}"#)
+            .and_then(|()| stale.try_line());
+        assert!(
+            refused.is_err(),
+            "the old CA does not verify the new certificate"
+        );
+        // The connection opened before the reload keeps its session.
+        before.send(r#"{"type":"ping","id":5}"#);
+        assert_eq!(before.msg()["type"], "pong");
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+}
