@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite needs beyond the Rust toolchain: headless Chromium (the web page
-# test), Python's `websockets` client (the WebSocket tests), Redis and NATS (the perf smoke run).
+# test), Python's `websockets` client (the WebSocket tests), openssl (the TLS tests), Redis and
+# NATS (the perf smoke run).
 # Idempotent: does nothing for what is already there.
 set -euo pipefail
 
@@ -12,6 +13,8 @@ command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v redis-server >/dev/null 2>&1 || need_apt+=(redis-server)
 command -v nats-server >/dev/null 2>&1 || need_apt+=(nats-server)
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3 python3-pip)
+# The TLS end-to-end test: the test certificates (scripts/make-test-certs.sh) and `s_client`.
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "installing: ${need_apt[*]}"

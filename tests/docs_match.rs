@@ -217,3 +217,26 @@ fn every_error_the_server_builds_takes_its_code_from_the_one_list() {
         "codes written as literals: {literal:#?}"
     );
 }
+
+#[test]
+fn the_worked_example_of_docs_security_is_a_config_the_server_accepts() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/examples/secure.toml");
+    let config = powerhub::runtime::Config::from_file(&path).expect("the example parses");
+    let auth = config.auth.as_ref().expect("it configures [auth]");
+    powerhub::security::auth::Authenticator::from_config(auth).expect("its [auth] builds");
+    let tls: Vec<_> = config
+        .listeners
+        .iter()
+        .map(|l| {
+            powerhub::security::tls::TlsFiles::from_listener_keys(
+                l.tls_cert.as_deref(),
+                l.tls_key.as_deref(),
+                l.tls_client_ca.as_deref(),
+            )
+            .expect("complete TLS keys")
+            .is_some()
+        })
+        .collect();
+    assert_eq!(tls, [true, true, true], "every listener has TLS");
+    assert!(doc("security.md").contains("docs/examples/secure.toml"));
+}
