@@ -28,10 +28,9 @@ fn session(allow_reply_types: bool) -> Session {
         "#
     ))
     .unwrap();
-    Session::new(1, SessionConfig::default()).with_auth(AuthPolicy {
-        authenticator: Arc::new(Authenticator::from_config(&config).unwrap()),
-        allow_reply_types,
-    })
+    let mut policy = AuthPolicy::new(Arc::new(Authenticator::from_config(&config).unwrap()));
+    policy.allow_reply_types = allow_reply_types;
+    Session::new(1, SessionConfig::default()).with_auth(policy)
 }
 
 fn jwt(sub: &str, exp: u64) -> String {

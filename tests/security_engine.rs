@@ -552,3 +552,117 @@ fn allowed_origins_lists_the_origins_a_websocket_listener_accepts() {
         );
     });
 }
+
+// ---- Limits per connection and per user ----
+
+#[test]
+fn a_publisher_over_its_rate_is_refused_by_name_and_closed_after_repeated_violations() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.publish_messages_per_second = 100;
+        config.limits.publish_violations_before_close = 50;
+        let server = start(config);
+        let mut sub = Client::connect(server.addr);
+        sub.subscribe("obs");
+        let mut c = Client::connect(server.addr);
+        // One write of 120 publishes: the bucket holds one second's worth, 100.
+        let mut batch = String::new();
+        for seq in 0..120 {
+            batch.push_str(&format!(
+                "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
+                message("obs", seq, 10)
+            ));
+        }
+        c.send_raw(batch.as_bytes());
+        let (mut published, mut refused) = (0, 0);
+        for _ in 0..120 {
+            let v = c.msg();
+            match v["type"].as_str() {
+                Some("published") => published += 1,
+                _ => {
+                    assert_eq!(v["code"], "limit_exceeded", "{v}");
+                    assert_eq!(v["limit"], "publish_messages_per_second", "{v}");
+                    refused += 1;
+                }
+            }
+        }
+        // The bucket refills while the 120 are read: at least 100 pass, and most of the rest
+        // is refused.
+        assert!(
+            published >= 100 && refused >= 1,
+            "{published} published, {refused} refused"
+        );
+        for _ in 0..published {
+            assert_eq!(sub.msg()["type"], "tick");
+        }
+        // 200 more at once: the 50th refusal in a row closes the connection, naming the limit.
+        let mut batch = String::new();
+        for seq in 0..200 {
+            batch.push_str(&format!(
+                "{{\"type\":\"publish\",\"message\":{}}}\n",
+                message("obs", seq, 10)
+            ));
+        }
+        c.send_raw(batch.as_bytes());
+        let mut last = Value::Null;
+        while let Some(line) = c.line() {
+            last = serde_json::from_str(&line).unwrap();
+        }
+        assert_eq!(last["limit"], "publish_messages_per_second", "{last}");
+        assert!(
+            last["message"]
+                .as_str()
+                .unwrap()
+                .contains("publish_violations_before_close"),
+            "{last}"
+        );
+    });
+}
+
+#[test]
+fn connections_and_subscriptions_per_user_are_bounded() {
+    on_both_backends(|backend| {
+        let mut config = auth_config(
+            backend,
+            "max_connections_per_user = 2\nmax_subscriptions_per_user = 3",
+        );
+        config.engine.shards = 2;
+        let server = start(config);
+        let mut a = authed(server.addr, "reader-token");
+        let mut b = authed(server.addr, "reader-token");
+        let mut third = Client::connect(server.addr);
+        let v = auth(&mut third, "reader-token");
+        assert_eq!(v["limit"], "max_connections_per_user", "{v}");
+        assert_closed(&mut third);
+        // Another user is not counted with this one.
+        authed(server.addr, "writer-token");
+        // Three subscriptions across the user's two connections, not four.
+        for (on_a, device) in [(true, "d1"), (false, "d2"), (true, "d3")] {
+            let c = if on_a { &mut a } else { &mut b };
+            c.send(&format!(
+                r#"{{"type":"subscribe","id":1,"stream":"obs","deviceId":"{device}"}}"#
+            ));
+            assert_eq!(c.msg()["type"], "subscribed");
+        }
+        b.send(r#"{"type":"subscribe","id":2,"stream":"obs","deviceId":"d4"}"#);
+        let v = b.msg();
+        assert_eq!(v["limit"], "max_subscriptions_per_user", "{v}");
+        // An unsubscribe frees one; a closed connection frees its own and its slot.
+        a.send(r#"{"type":"unsubscribe","id":3,"subscriptionId":"obs-1"}"#);
+        assert_eq!(a.msg()["type"], "unsubscribed");
+        b.send(r#"{"type":"subscribe","id":4,"stream":"obs","deviceId":"d4"}"#);
+        assert_eq!(b.msg()["type"], "subscribed");
+        drop(a);
+        let mut again = Client::connect(server.addr);
+        eventually("the closed connection's slot is free", || {
+            let v = auth(&mut again, "reader-token");
+            if v["type"] == "authenticated" {
+                return true;
+            }
+            again = Client::connect(server.addr);
+            false
+        });
+        again.send(r#"{"type":"subscribe","id":5,"stream":"obs","deviceId":"d5"}"#);
+        assert_eq!(again.msg()["type"], "subscribed");
+    });
+}

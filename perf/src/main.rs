@@ -252,7 +252,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
     for s in &args.systems {
         kinds.push(SystemKind::parse(s).ok_or_else(|| {
             io::Error::other(format!(
-                "unknown system {s:?} in --systems; the systems are powerhub, powerhub-epoll, redis, nats, raw"
+                "unknown system {s:?} in --systems; the systems are powerhub, powerhub-epoll, powerhub-auth, redis, nats, raw"
             ))
         })?);
     }
@@ -305,7 +305,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
                 SystemKind::Raw => start_raw(),
                 SystemKind::Redis => peer(k, args.redis, args.redis_pid),
                 SystemKind::Nats => peer(k, args.nats, args.nats_pid),
-                SystemKind::Powerhub | SystemKind::PowerhubEpoll => {
+                SystemKind::Powerhub | SystemKind::PowerhubEpoll | SystemKind::PowerhubAuth => {
                     launcher.start(k, systems::powerhub::Flavor::Throughput)
                 }
             };

@@ -257,6 +257,14 @@ pub enum ErrorKind {
     /// The user may not publish or subscribe there.
     #[error("{0}")]
     PermissionDenied(#[from] PermissionDenied),
+    /// A publish over one of the connection's rate limits (the connection stays).
+    #[error("publish refused: the connection is over {limit} = {rate}")]
+    RateLimited {
+        /// The config key.
+        limit: &'static str,
+        /// Its value.
+        rate: u64,
+    },
     /// A published message has the `type` of one of the server's own messages.
     #[error("`message.type` {0:?} is the type of a server message (refused so that no publisher can pass for the server; see [auth] allow_reply_types)")]
     ReservedType(&'static str),
@@ -275,7 +283,8 @@ impl ErrorKind {
             // Every limit has one code; the reply's `limit` names which.
             ErrorKind::LineTooLong { .. }
             | ErrorKind::TooManySubscriptions { .. }
-            | ErrorKind::TooDeep { .. } => LIMIT_EXCEEDED,
+            | ErrorKind::TooDeep { .. }
+            | ErrorKind::RateLimited { .. } => LIMIT_EXCEEDED,
             ErrorKind::UnknownSubscription(_) => codes::UNKNOWN_SUBSCRIPTION,
             ErrorKind::DuplicateSubscription(_) => codes::DUPLICATE_SUBSCRIPTION,
             ErrorKind::LoneSurrogate { .. } => codes::LONE_SURROGATE,
@@ -296,6 +305,7 @@ impl ErrorKind {
             ErrorKind::LineTooLong { .. } => Some("max_message_bytes"),
             ErrorKind::TooManySubscriptions { .. } => Some("max_subscriptions_per_connection"),
             ErrorKind::TooDeep { .. } => Some("max_json_depth"),
+            ErrorKind::RateLimited { limit, .. } => Some(limit),
             _ => None,
         }
     }
@@ -765,6 +775,10 @@ mod tests {
                     .unwrap_err(),
             ),
             ErrorKind::ReservedType("error"),
+            ErrorKind::RateLimited {
+                limit: "publish_messages_per_second",
+                rate: 1,
+            },
         ];
         let auth_kinds = crate::security::auth::AuthError::CODES.iter().map(|code| {
             assert!(ERROR_CODES.contains(code), "{code}");
@@ -791,7 +805,8 @@ mod tests {
                 | ErrorKind::Auth(_)
                 | ErrorKind::UserMismatch { .. }
                 | ErrorKind::PermissionDenied(_)
-                | ErrorKind::ReservedType(_) => {}
+                | ErrorKind::ReservedType(_)
+                | ErrorKind::RateLimited { .. } => {}
             }
             assert!(ERROR_CODES.contains(&kind.code()), "{kind:?}");
             assert_eq!(kind.limit().is_some(), kind.code() == super::LIMIT_EXCEEDED);

@@ -18,6 +18,7 @@ mod fast;
 #[doc(hidden)]
 pub mod fuzzing;
 mod json;
+mod rate;
 pub mod reply;
 pub(crate) mod scan;
 mod session;
@@ -26,7 +27,8 @@ pub use command::{
     parse_command, Command, CommandError, CommandParser, Credential, ErrorKind, PublishMeta,
     RequestId, DEFAULT_MAX_JSON_DEPTH, ERROR_CODES, LIMIT_EXCEEDED, MAX_ECHO_BYTES, MAX_NAME_BYTES,
 };
+pub use rate::{PublishLimiter, RateLimited};
 pub use session::{
     device_topic, publish_topics, stream_topic, Action, AuthPolicy, Session, SessionConfig,
-    SubscriptionInfo, RESERVED_MESSAGE_TYPES,
+    SubscriptionInfo, UserCounts, RESERVED_MESSAGE_TYPES,
 };

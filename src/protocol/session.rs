@@ -8,6 +8,7 @@ use bytes::Bytes;
 use super::command::{
     echo, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
 };
+use super::rate::PublishLimiter;
 use super::reply;
 use crate::hub::Message;
 use crate::security::auth::{Authenticator, Identity};
@@ -36,10 +37,28 @@ pub struct AuthPolicy {
     /// `[auth] allow_reply_types`: a published message may have a [`RESERVED_MESSAGE_TYPES`]
     /// type.
     pub allow_reply_types: bool,
+    /// `[auth] max_connections_per_user` (0: no limit).
+    pub max_connections_per_user: usize,
+    /// `[auth] max_subscriptions_per_user` (0: no limit).
+    pub max_subscriptions_per_user: usize,
+    /// The counts those limits are checked against, shared by the server's sessions.
+    pub users: Arc<UserCounts>,
 }
 
-/// The authentication state of a session whose server requires it (boxed in the session:
-/// connections of a server without authentication pay 8 bytes for it).
+impl AuthPolicy {
+    /// A policy verifying with `authenticator`, with no per-user limits and reply types refused.
+    pub fn new(authenticator: Arc<Authenticator>) -> AuthPolicy {
+        AuthPolicy {
+            authenticator,
+            allow_reply_types: false,
+            max_connections_per_user: 0,
+            max_subscriptions_per_user: 0,
+            users: Arc::default(),
+        }
+    }
+}
+
+/// The authentication state of a session whose server requires it.
 #[derive(Debug)]
 struct AuthState {
     policy: AuthPolicy,
@@ -47,6 +66,89 @@ struct AuthState {
     identity: Option<Identity>,
     /// The publish decisions of the identity's permissions (cleared with a fresh token).
     cache: PublishCache,
+    /// The connection counts in its user's connections ([`UserCounts`]).
+    counted: bool,
+    /// Subscriptions counted in its user's subscriptions.
+    subscriptions: usize,
+}
+
+impl Drop for AuthState {
+    fn drop(&mut self) {
+        if let (true, Some(identity)) = (self.counted, &self.identity) {
+            self.policy
+                .users
+                .release(&identity.user, self.subscriptions);
+        }
+    }
+}
+
+/// What a session has beyond the common case (boxed: a connection of a server without
+/// authentication or rate limits pays 8 bytes for it).
+#[derive(Debug)]
+struct Extra {
+    auth: Option<AuthState>,
+    limiter: PublishLimiter,
+    /// Publishes refused in a row by the limiter.
+    strikes: u32,
+}
+
+/// Connections and subscriptions per user, across the server's connections (for
+/// `[auth] max_connections_per_user` and `max_subscriptions_per_user`).
+#[derive(Debug, Default)]
+pub struct UserCounts {
+    counts: parking_lot::Mutex<std::collections::HashMap<String, (usize, usize)>>,
+}
+
+impl UserCounts {
+    /// Counts a connection of `user`, unless it has `max` already (0: no limit).
+    fn add_connection(&self, user: &str, max: usize) -> bool {
+        let mut counts = self.counts.lock();
+        let entry = counts.entry(user.to_owned()).or_default();
+        if max > 0 && entry.0 >= max {
+            if entry.0 == 0 {
+                counts.remove(user);
+            }
+            return false;
+        }
+        entry.0 += 1;
+        true
+    }
+
+    /// Counts a subscription of `user`, unless it has `max` already (0: no limit).
+    fn add_subscription(&self, user: &str, max: usize) -> bool {
+        let mut counts = self.counts.lock();
+        let Some(entry) = counts.get_mut(user) else {
+            return false;
+        };
+        if max > 0 && entry.1 >= max {
+            return false;
+        }
+        entry.1 += 1;
+        true
+    }
+
+    fn remove_subscription(&self, user: &str) {
+        if let Some(entry) = self.counts.lock().get_mut(user) {
+            entry.1 = entry.1.saturating_sub(1);
+        }
+    }
+
+    /// A connection of `user` holding `subscriptions` counted ones ends.
+    fn release(&self, user: &str, subscriptions: usize) {
+        let mut counts = self.counts.lock();
+        if let Some(entry) = counts.get_mut(user) {
+            entry.0 = entry.0.saturating_sub(1);
+            entry.1 = entry.1.saturating_sub(subscriptions);
+            if entry.0 == 0 {
+                counts.remove(user);
+            }
+        }
+    }
+
+    /// `user`'s open connections and subscriptions.
+    pub fn of(&self, user: &str) -> (usize, usize) {
+        self.counts.lock().get(user).copied().unwrap_or_default()
+    }
 }
 
 /// Limits of one push session.
@@ -63,6 +165,16 @@ pub struct SessionConfig {
     /// 1). A deeper line gets a `limit_exceeded` error (`"limit":"max_json_depth"`) and the connection stays usable. Default: 128
     /// ([`DEFAULT_MAX_JSON_DEPTH`](super::DEFAULT_MAX_JSON_DEPTH)).
     pub max_json_depth: usize,
+    /// Publishes per second one connection may make (a token bucket holding one second's
+    /// worth); past it a publish is refused with a `limit_exceeded` error
+    /// (`"limit":"publish_messages_per_second"`). 0 (the default): no limit.
+    pub publish_messages_per_second: u64,
+    /// Published message bytes per second one connection may make, as above
+    /// (`"limit":"publish_bytes_per_second"`). 0 (the default): no limit.
+    pub publish_bytes_per_second: u64,
+    /// Refused publishes in a row after which the connection is closed (the limit error names
+    /// the rate limit); 0 (the default): never closed for it.
+    pub publish_violations_before_close: u32,
 }
 
 impl Default for SessionConfig {
@@ -71,6 +183,9 @@ impl Default for SessionConfig {
             max_line_bytes: 8 << 20,
             max_subscriptions: 256,
             max_json_depth: super::command::DEFAULT_MAX_JSON_DEPTH,
+            publish_messages_per_second: 0,
+            publish_bytes_per_second: 0,
+            publish_violations_before_close: 0,
         }
     }
 }
@@ -203,28 +318,54 @@ pub fn publish_topics(meta: &PublishMeta) -> Vec<String> {
 /// ```
 #[derive(Debug)]
 pub struct Session {
-    config: SessionConfig,
+    /// Shared by every connection of a server (8 bytes per connection, not 24).
+    config: Arc<SessionConfig>,
     connection_id: u64,
     /// A connection holds few subscriptions (most often one): a vector sized to what is held is
     /// far smaller than a hash map's first allocation, and a scan of it is as fast.
     subscriptions: SubList,
     next_id: u64,
-    /// `None` while the server requires no authentication: every subscription and every
-    /// publish but to `$` streams is permitted ([`Permissions::unrestricted`]).
-    auth: Option<Box<AuthState>>,
+    /// Authentication and rate limits, where the server has them. Without authentication every
+    /// subscription and every publish but to `$` streams is permitted
+    /// ([`Permissions::unrestricted`]).
+    extra: Option<Box<Extra>>,
 }
 
 impl Session {
     /// A session for connection `connection_id` (unique within the server; it makes hub ids
     /// unique), on a server without authentication.
     pub fn new(connection_id: u64, config: SessionConfig) -> Self {
+        Session::with_shared_config(connection_id, Arc::new(config))
+    }
+
+    /// [`Session::new`] with limits shared by many sessions (a server's connections).
+    pub fn with_shared_config(connection_id: u64, config: Arc<SessionConfig>) -> Self {
+        let limiter = PublishLimiter::new(
+            config.publish_messages_per_second,
+            config.publish_bytes_per_second,
+        );
+        let extra = (!limiter.is_unlimited()).then(|| {
+            Box::new(Extra {
+                auth: None,
+                limiter,
+                strikes: 0,
+            })
+        });
         Session {
             config,
             connection_id,
             subscriptions: SubList::default(),
             next_id: 1,
-            auth: None,
+            extra,
         }
+    }
+
+    fn auth(&self) -> Option<&AuthState> {
+        self.extra.as_ref()?.auth.as_ref()
+    }
+
+    fn auth_mut(&mut self) -> Option<&mut AuthState> {
+        self.extra.as_mut()?.auth.as_mut()
     }
 
     /// The same session on a server that requires authentication: until a token verifies,
@@ -243,10 +384,7 @@ impl Session {
     ///     user = "reader"
     ///     permissions = { subscribe = { allow = ["obs/*"] } }
     /// "#).unwrap();
-    /// let policy = AuthPolicy {
-    ///     authenticator: Arc::new(Authenticator::from_config(&config).unwrap()),
-    ///     allow_reply_types: false,
-    /// };
+    /// let policy = AuthPolicy::new(Arc::new(Authenticator::from_config(&config).unwrap()));
     /// let mut s = Session::new(1, SessionConfig::default()).with_auth(policy);
     /// let now = SystemTime::now();
     /// let mut run = |s: &mut Session, line: &str| s.handle_line_at(&mut line.as_bytes().to_vec(), now);
@@ -263,23 +401,34 @@ impl Session {
     /// ```
     #[must_use]
     pub fn with_auth(mut self, policy: AuthPolicy) -> Self {
-        self.auth = Some(Box::new(AuthState {
+        let auth = AuthState {
             policy,
             identity: None,
             cache: PublishCache::new(),
-        }));
+            counted: false,
+            subscriptions: 0,
+        };
+        match &mut self.extra {
+            Some(extra) => extra.auth = Some(auth),
+            None => {
+                self.extra = Some(Box::new(Extra {
+                    auth: Some(auth),
+                    limiter: PublishLimiter::new(0, 0),
+                    strikes: 0,
+                }))
+            }
+        }
         self
     }
 
     /// Whether the server requires authentication and the connection has not authenticated.
     pub fn awaiting_auth(&self) -> bool {
-        self.auth.as_ref().is_some_and(|a| a.identity.is_none())
+        self.auth().is_some_and(|a| a.identity.is_none())
     }
 
     /// The authenticated user, if any.
     pub fn user(&self) -> Option<&str> {
-        self.auth
-            .as_ref()
+        self.auth()
             .and_then(|a| a.identity.as_ref())
             .map(|i| i.user.as_str())
     }
@@ -288,7 +437,7 @@ impl Session {
     /// unless a fresh token arrived): `None` without authentication, before it, and for tokens
     /// that never expire.
     pub fn expires_at(&self) -> Option<SystemTime> {
-        self.auth.as_ref()?.identity.as_ref()?.expires_at
+        self.auth()?.identity.as_ref()?.expires_at
     }
 
     /// Handles a token presented outside a command (in the WebSocket handshake), as an `auth`
@@ -352,7 +501,7 @@ impl Session {
         token: &str,
         now: SystemTime,
     ) -> Result<Action, CommandError> {
-        let Some(auth) = self.auth.as_deref_mut() else {
+        let Some(auth) = self.auth_mut() else {
             // Authentication is off: every connection may do everything already; a client that
             // always authenticates still works.
             return Ok(Action::Reply(reply::authenticated(
@@ -375,6 +524,20 @@ impl Session {
                 let expires = identity
                     .expires_at
                     .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
+                if !auth.counted {
+                    let max = auth.policy.max_connections_per_user;
+                    if !auth.policy.users.add_connection(&identity.user, max) {
+                        return Ok(Action::CloseOnLimit {
+                            request_id: id,
+                            limit: "max_connections_per_user",
+                            message: format!(
+                                "user `{}` holds its maximum of max_connections_per_user = {max} connections",
+                                echo(&identity.user)
+                            ),
+                        });
+                    }
+                    auth.counted = true;
+                }
                 let reply = reply::authenticated(id.as_ref(), &identity.user, expires);
                 auth.identity = Some(identity);
                 auth.cache.clear();
@@ -394,7 +557,7 @@ impl Session {
     /// The permissions commands are checked against, or `Err(auth_required)` before the
     /// connection authenticated.
     fn permissions(&self, id: &Option<RequestId>) -> Result<Option<&Permissions>, CommandError> {
-        match self.auth.as_deref() {
+        match self.auth() {
             None => Ok(None),
             Some(AuthState {
                 identity: Some(identity),
@@ -417,7 +580,7 @@ impl Session {
             };
             CommandError::new(id.clone(), kind)
         };
-        let Some(auth) = self.auth.as_deref_mut() else {
+        let Some(auth) = self.auth_mut() else {
             return match meta.stream.starts_with('$') {
                 true => Err(system_stream()),
                 false => Ok(()),
@@ -492,6 +655,23 @@ impl Session {
                     Some(d) => device_topic(&stream, d),
                     None => stream_topic(&stream),
                 };
+                if let Some(auth) = self.auth_mut() {
+                    let max = auth.policy.max_subscriptions_per_user;
+                    let user = auth.identity.as_ref().map_or("", |i| i.user.as_str());
+                    if !auth.policy.users.add_subscription(user, max) {
+                        let message = format!(
+                            "user `{}` holds its maximum of max_subscriptions_per_user = {max} subscriptions",
+                            echo(user)
+                        );
+                        return Ok(Action::Reply(reply::error_with_limit(
+                            id.as_ref(),
+                            super::LIMIT_EXCEEDED,
+                            &message,
+                            Some("max_subscriptions_per_user"),
+                        )));
+                    }
+                    auth.subscriptions += 1;
+                }
                 let hub_id = format!("c{}/{}", self.connection_id, sub_id);
                 let reply = reply::subscribed(id.as_ref(), &sub_id, &stream, device_id.as_deref());
                 let info = SubscriptionInfo {
@@ -521,6 +701,7 @@ impl Session {
                         ErrorKind::UnknownSubscription(echo(&subscription_id)),
                     ));
                 };
+                self.forget_user_subscription();
                 let ack = reply::unsubscribed(id.as_ref(), &sub_id);
                 Ok(Action::Unsubscribe {
                     subscription_id: sub_id,
@@ -531,6 +712,9 @@ impl Session {
             }
             Command::Publish { id, message, meta } => {
                 self.check_publish(&id, &meta)?;
+                if let Some(action) = self.rate_limit(&id, message.len(), now)? {
+                    return Ok(action);
+                }
                 Ok(Action::Publish {
                     request_id: id,
                     topics: publish_topics(&meta),
@@ -542,6 +726,55 @@ impl Session {
             Command::Ping { id } => Ok(Action::Reply(reply::pong(id.as_ref()))),
             Command::Pong { .. } => Ok(Action::Pong),
             Command::Auth { id, token } => self.auth_command(id, &token.0, now),
+        }
+    }
+
+    /// The connection's publish rate limits on one message of `len` bytes: `Ok(None)` when it
+    /// passes, the limit error when it does not, or the close once
+    /// [`SessionConfig::publish_violations_before_close`] refusals came in a row.
+    fn rate_limit(
+        &mut self,
+        id: &Option<RequestId>,
+        len: usize,
+        now: SystemTime,
+    ) -> Result<Option<Action>, CommandError> {
+        let strikes_max = self.config.publish_violations_before_close;
+        let Some(extra) = self.extra.as_deref_mut() else {
+            return Ok(None);
+        };
+        match extra.limiter.check(len, now) {
+            Ok(()) => {
+                extra.strikes = 0;
+                Ok(None)
+            }
+            Err(limited) => {
+                extra.strikes = extra.strikes.saturating_add(1);
+                let kind = ErrorKind::RateLimited {
+                    limit: limited.limit,
+                    rate: limited.rate,
+                };
+                if strikes_max > 0 && extra.strikes >= strikes_max {
+                    return Ok(Some(Action::CloseOnLimit {
+                        request_id: id.clone(),
+                        limit: limited.limit,
+                        message: format!(
+                            "{kind}; {strikes_max} refused publishes in a row (publish_violations_before_close), closing the connection"
+                        ),
+                    }));
+                }
+                Err(CommandError::new(id.clone(), kind))
+            }
+        }
+    }
+
+    fn forget_user_subscription(&mut self) {
+        if let Some(auth) = self.auth_mut() {
+            if auth.subscriptions > 0 {
+                auth.subscriptions -= 1;
+                if let Some(identity) = &auth.identity {
+                    auth.policy.users.remove_subscription(&identity.user);
+                }
+            }
         }
     }
 
@@ -563,7 +796,9 @@ impl Session {
         request_id: Option<&RequestId>,
         reason: &str,
     ) -> Bytes {
-        self.subscriptions.remove(subscription_id);
+        if self.subscriptions.remove(subscription_id).is_some() {
+            self.forget_user_subscription();
+        }
         reply::error(request_id, powerhub_plugin::codes::SUBSCRIBE_FAILED, reason)
     }
 

@@ -165,6 +165,13 @@ pub struct Limits {
     pub first_message_timeout_ms: u64,
     /// Idle deadline (no inbound bytes), in milliseconds; 0 = none.
     pub idle_timeout_ms: u64,
+    /// Publishes per second per connection (a token bucket of one second's worth); a publish
+    /// past it gets a `limit_exceeded` error naming this key. 0 = no limit.
+    pub publish_messages_per_second: u64,
+    /// Published message bytes per second per connection, as above. 0 = no limit.
+    pub publish_bytes_per_second: u64,
+    /// Refused publishes in a row after which the connection is closed; 0 = never.
+    pub publish_violations_before_close: u32,
 }
 
 impl Default for Limits {
@@ -179,6 +186,9 @@ impl Default for Limits {
             max_outbox_bytes: 32 << 20,
             first_message_timeout_ms: DEFAULT_FIRST_MESSAGE_TIMEOUT_MS,
             idle_timeout_ms: 300_000,
+            publish_messages_per_second: 0,
+            publish_bytes_per_second: 0,
+            publish_violations_before_close: 0,
         }
     }
 }

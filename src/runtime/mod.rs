@@ -51,7 +51,7 @@ use powerhub_plugin::{
 
 use crate::hub::{Driver, Hub, HubError, HubOptions};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
-use crate::protocol::AuthPolicy;
+use crate::protocol::{AuthPolicy, SessionConfig};
 use crate::security::auth::{AuthConfig, AuthConfigError, Authenticator};
 use crate::security::tls::{server_config, TlsError, TlsFiles};
 
@@ -188,10 +188,11 @@ fn listener_tls(
 
 /// The authentication policy of an `[auth]` section (key files read now).
 fn auth_policy(config: &AuthConfig) -> Result<AuthPolicy, AuthConfigError> {
-    Ok(AuthPolicy {
-        authenticator: Arc::new(Authenticator::from_config(config)?),
-        allow_reply_types: config.allow_reply_types,
-    })
+    let mut policy = AuthPolicy::new(Arc::new(Authenticator::from_config(config)?));
+    policy.allow_reply_types = config.allow_reply_types;
+    policy.max_connections_per_user = config.max_connections_per_user;
+    policy.max_subscriptions_per_user = config.max_subscriptions_per_user;
+    Ok(policy)
 }
 
 /// A bound listener.
@@ -303,6 +304,8 @@ pub(crate) struct Shared {
     /// once per accepted connection; replaced by [`Engine::reload_auth`] (open connections
     /// keep the policy they started with, and their identities).
     pub(crate) auth: RwLock<Option<AuthPolicy>>,
+    /// Every push session's limits (from `[limits]`).
+    pub(crate) session_config: Arc<SessionConfig>,
 }
 
 impl fmt::Debug for Shared {
@@ -653,6 +656,14 @@ impl Engine {
             });
             fds.push(Some(fd));
         }
+        let session_config = Arc::new(SessionConfig {
+            max_line_bytes: config.limits.max_message_bytes,
+            max_subscriptions: config.limits.max_subscriptions_per_connection,
+            max_json_depth: config.limits.max_json_depth,
+            publish_messages_per_second: config.limits.publish_messages_per_second,
+            publish_bytes_per_second: config.limits.publish_bytes_per_second,
+            publish_violations_before_close: config.limits.publish_violations_before_close,
+        });
         let shared = Arc::new(Shared {
             config,
             listeners: specs,
@@ -668,6 +679,7 @@ impl Engine {
             message_factory: factory,
             next_conn_id: AtomicU64::new(1),
             auth: RwLock::new(auth),
+            session_config,
         });
         let _ = shared.shards.set(handles.clone());
         let (tx, rx) = std::sync::mpsc::channel();
@@ -829,7 +841,12 @@ impl Engine {
             }));
         }
         if let Some(config) = auth {
-            *current = Some(auth_policy(config)?);
+            let mut fresh = auth_policy(config)?;
+            if let Some(old) = current.as_ref() {
+                // Connections keep counting in their users' totals across the reload.
+                fresh.users = Arc::clone(&old.users);
+            }
+            *current = Some(fresh);
         }
         Ok(())
     }

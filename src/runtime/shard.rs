@@ -49,7 +49,7 @@ use super::writeq::{WriteQueue, MAX_IOV};
 use super::Shared;
 use crate::hub::Entry;
 use crate::outbox::{Outbox, TimeoutAction};
-use crate::protocol::{Session, SessionConfig};
+use crate::protocol::Session;
 
 /// How often a shard checks its connections' deadlines.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
@@ -716,11 +716,7 @@ impl<B: Backend> Shard<B> {
             return;
         }
         let limits = &shared.config.limits;
-        let session_config = SessionConfig {
-            max_line_bytes: limits.max_message_bytes,
-            max_subscriptions: limits.max_subscriptions_per_connection,
-            max_json_depth: limits.max_json_depth,
-        };
+
         let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let conn = Box::new(Conn {
             proto,
@@ -729,9 +725,13 @@ impl<B: Backend> Shard<B> {
             urgent: WriteQueue::default(),
             outbox,
             tls,
-            session: match &*shared.auth.read() {
-                Some(policy) => Session::new(conn_id, session_config).with_auth(policy.clone()),
-                None => Session::new(conn_id, session_config),
+            session: {
+                let session =
+                    Session::with_shared_config(conn_id, Arc::clone(&shared.session_config));
+                match &*shared.auth.read() {
+                    Some(policy) => session.with_auth(policy.clone()),
+                    None => session,
+                }
             },
             key,
             reported_backlog: 0,

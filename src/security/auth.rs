@@ -113,6 +113,14 @@ pub struct AuthConfig {
     /// is trusted, and such messages are forwarded like any other.)
     #[serde(default)]
     pub allow_reply_types: bool,
+    /// Most connections one user may hold authenticated at a time; the next one is closed with
+    /// a `limit_exceeded` error naming this key. 0 (the default): no limit.
+    #[serde(default)]
+    pub max_connections_per_user: usize,
+    /// Most subscriptions one user may hold across its connections; the next subscribe gets a
+    /// `limit_exceeded` error naming this key (the connection stays). 0 (the default): no limit.
+    #[serde(default)]
+    pub max_subscriptions_per_user: usize,
 }
 
 impl fmt::Debug for AuthConfig {
@@ -121,6 +129,11 @@ impl fmt::Debug for AuthConfig {
             .field("tokens", &self.tokens)
             .field("jwt", &self.jwt)
             .field("allow_reply_types", &self.allow_reply_types)
+            .field("max_connections_per_user", &self.max_connections_per_user)
+            .field(
+                "max_subscriptions_per_user",
+                &self.max_subscriptions_per_user,
+            )
             .finish()
     }
 }

@@ -24,6 +24,9 @@ pub(crate) enum SystemKind {
     Powerhub,
     /// `powerhub serve` with the epoll backend.
     PowerhubEpoll,
+    /// `powerhub serve` (default backend) with authentication on: every connection presents a
+    /// static token first, and every subscribe and publish is checked against its permissions.
+    PowerhubAuth,
     Redis,
     Nats,
     Raw,
@@ -34,6 +37,7 @@ impl SystemKind {
         match self {
             SystemKind::Powerhub => "powerhub",
             SystemKind::PowerhubEpoll => "powerhub-epoll",
+            SystemKind::PowerhubAuth => "powerhub-auth",
             SystemKind::Redis => "redis",
             SystemKind::Nats => "nats",
             SystemKind::Raw => "raw-writev",
@@ -44,6 +48,7 @@ impl SystemKind {
         match s {
             "powerhub" => Some(SystemKind::Powerhub),
             "powerhub-epoll" => Some(SystemKind::PowerhubEpoll),
+            "powerhub-auth" => Some(SystemKind::PowerhubAuth),
             "redis" => Some(SystemKind::Redis),
             "nats" => Some(SystemKind::Nats),
             "raw" | "raw-writev" => Some(SystemKind::Raw),
@@ -56,7 +61,10 @@ impl SystemKind {
     /// The client side of this system's protocol.
     pub(crate) fn wire(self) -> Arc<dyn Wire> {
         match self {
-            SystemKind::Powerhub | SystemKind::PowerhubEpoll => Arc::new(powerhub::PowerhubWire),
+            SystemKind::Powerhub | SystemKind::PowerhubEpoll => {
+                Arc::new(powerhub::PowerhubWire::default())
+            }
+            SystemKind::PowerhubAuth => Arc::new(powerhub::PowerhubWire::with_token()),
             SystemKind::Redis => Arc::new(redis::RedisWire),
             SystemKind::Nats => Arc::new(nats::NatsWire),
             SystemKind::Raw => Arc::new(raw::RawWire),
@@ -65,7 +73,10 @@ impl SystemKind {
 
     /// Whether this is powerhub (ratios are taken from it).
     pub(crate) fn is_powerhub(self) -> bool {
-        matches!(self, SystemKind::Powerhub | SystemKind::PowerhubEpoll)
+        matches!(
+            self,
+            SystemKind::Powerhub | SystemKind::PowerhubEpoll | SystemKind::PowerhubAuth
+        )
     }
 }
 

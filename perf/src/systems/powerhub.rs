@@ -20,14 +20,48 @@ use super::raw::LineDecoder;
 use super::{find_end, request, Decoder, Policy, SystemKind, Target, Wire};
 use crate::inproc::InprocOut;
 
+/// The static token of the `powerhub-auth` system (see [`AUTH_SECTION`]).
+const TOKEN: &str = "perf-token-with-every-permission";
+
+/// The `[auth]` section of the `powerhub-auth` system: one static token that may publish and
+/// subscribe everywhere (every command is still checked against the patterns).
+const AUTH_SECTION: &str = r#"
+[[auth.tokens]]
+token = "perf-token-with-every-permission"
+user = "perf"
+permissions = { publish = { allow = [">"] }, subscribe = { allow = [">"] } }
+"#;
+
 /// The NDJSON push protocol of `powerhub serve` (`docs/protocol.md`).
 #[derive(Debug, Default)]
-pub(crate) struct PowerhubWire;
+pub(crate) struct PowerhubWire {
+    /// Authenticate every connection first (the `powerhub-auth` system).
+    auth: bool,
+}
+
+impl PowerhubWire {
+    /// The wire of a server with authentication on.
+    pub(crate) fn with_token() -> PowerhubWire {
+        PowerhubWire { auth: true }
+    }
+
+    /// The `auth` command every connection sends first, if any.
+    fn hello(&self) -> String {
+        if self.auth {
+            format!("{{\"type\":\"auth\",\"token\":\"{TOKEN}\"}}\n")
+        } else {
+            String::new()
+        }
+    }
+}
 
 impl Wire for PowerhubWire {
     fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
         // The slow-consumer policy is the server's `[subscriptions] slow_consumer`: see `Launcher`.
-        let cmd = format!("{{\"type\":\"subscribe\",\"id\":\"s\",\"stream\":\"{topic}\"}}\n");
+        let cmd = format!(
+            "{}{{\"type\":\"subscribe\",\"id\":\"s\",\"stream\":\"{topic}\"}}\n",
+            self.hello()
+        );
         let rest = request(s, cmd.as_bytes(), "powerhub `subscribed` reply", |b| {
             if memchr::memmem::find(b, b"\"type\":\"error\"").is_some() {
                 return find_end(b, b"\n").map(|_| 0);
@@ -45,12 +79,11 @@ impl Wire for PowerhubWire {
     }
 
     fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()> {
-        request(
-            s,
-            b"{\"type\":\"ping\",\"id\":1}\n",
-            "powerhub `pong` reply",
-            |b| find_end(b, b"\n"),
-        )
+        let cmd = format!("{}{{\"type\":\"ping\",\"id\":1}}\n", self.hello());
+        request(s, cmd.as_bytes(), "powerhub `pong` reply", |b| {
+            let at = memchr::memmem::find(b, b"\"type\":\"pong\"")?;
+            find_end(&b[at..], b"\n").map(|e| at + e)
+        })
         .map(drop)
     }
 
@@ -91,9 +124,18 @@ impl Launcher {
         } else {
             "auto"
         };
-        let name = format!("powerhub-{backend}-{}", flavor.name());
+        let auth = if kind == SystemKind::PowerhubAuth {
+            "-auth"
+        } else {
+            ""
+        };
+        let name = format!("powerhub-{backend}{auth}-{}", flavor.name());
         let config = self.dir.join(format!("{name}.toml"));
-        std::fs::write(&config, config_text(self.shards, backend, flavor))?;
+        let mut text = config_text(self.shards, backend, flavor);
+        if kind == SystemKind::PowerhubAuth {
+            text.push_str(AUTH_SECTION);
+        }
+        std::fs::write(&config, text)?;
         let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
         let mut child = Command::new(&self.bin)
             .arg("serve")
@@ -147,7 +189,7 @@ impl Launcher {
             kind,
             addr,
             pid,
-            wire: Arc::new(PowerhubWire),
+            wire: kind.wire(),
             backend,
             child: Some(child),
             policies: Policy::ALL.to_vec(),
