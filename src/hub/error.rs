@@ -92,12 +92,6 @@ pub enum HubError {
          for itself"
     )]
     FlushInsideDrain,
-    /// `flush()` completed, but `errors` delivery errors were reported while it ran.
-    #[error("flush finished with {errors} delivery error(s), each reported to `on_error`")]
-    FlushErrors {
-        /// Errors reported while the flush ran.
-        errors: u64,
-    },
 }
 
 impl HubError {

@@ -252,8 +252,11 @@ impl Hub {
     /// Drains every queue now, bypassing batching, and returns once every queue reached its
     /// transport, waiting for sends in flight (including ones that were outstanding before).
     ///
-    /// Returns [`HubError::FlushErrors`] when delivery errors were reported while it ran (each
-    /// went to the error hook), and [`HubError::Closed`] on a closed hub. A transport that never
+    /// Delivery errors isolated on the way (a failing sink, a panicking handler or
+    /// `bytes_acknowledged` callback, a message the codec cannot frame) do not make it fail:
+    /// each was reported to the error hook when it happened, and every queue still reached its
+    /// transport, which is what `flush` waits for. It returns [`HubError::Closed`] on a closed
+    /// hub. A transport that never
     /// completes a pending send holds `flush` until that subscriber is unsubscribed or the hub is
     /// closed (a waiting flush then returns [`HubError::Closed`]). Called from a handler, sink or
     /// hook inside the drain it returns [`HubError::FlushInsideDrain`] instead of deadlocking.
@@ -297,7 +300,8 @@ impl Hub {
         self.inner().close()
     }
 
-    /// Flushes, then closes, even when the flush fails; returns the flush's result.
+    /// Flushes, then closes, even when the flush fails (the hub was closed meanwhile, or it is
+    /// called inside the drain); returns the flush's result.
     pub fn shutdown(&self) -> Result<(), HubError> {
         let flushed = self.flush();
         self.close();

@@ -345,8 +345,24 @@ impl Queue {
         let head = c.log.head();
         let mut evicted = st.normalize(head, self.capacity);
         if !st.prefix.is_empty() {
+            // The replay and the live entries after it are one queue: one batch of up to `max`,
+            // the replay first (the realtime-hub spec's "through the same queue").
             let k = max.min(st.prefix.len());
-            return (evicted, CursorPop::Prefix(st.prefix.drain(..k).collect()));
+            let mut batch: Vec<Arc<Entry>> = st.prefix.drain(..k).collect();
+            let room = max - k;
+            let live = head.saturating_sub(st.next) as usize;
+            if st.prefix.is_empty() && room > 0 && live > 0 {
+                let log = c.log.inner.lock();
+                if st.next < log.base {
+                    evicted += (log.base - st.next) as usize;
+                    st.next = log.base;
+                }
+                let from = (st.next - log.base) as usize;
+                let take = room.min(log.buf.len().saturating_sub(from));
+                batch.extend(log.buf.range(from..from + take).cloned());
+                st.next += take as u64;
+            }
+            return (evicted, CursorPop::Prefix(batch));
         }
         let mut k = max.min(head.saturating_sub(st.next) as usize);
         if k == 0 {
