@@ -162,6 +162,16 @@ pub(crate) struct Sub {
 }
 
 impl Sub {
+    /// Messages its policy (or its close) dropped so far.
+    pub(crate) fn dropped_count(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Messages waiting in its queue.
+    pub(crate) fn queued(&self) -> usize {
+        self.queue.len()
+    }
+
     fn in_flight(&self) -> bool {
         // SeqCst pairs with the flush waiter count (see `Inner::notify_flush`).
         self.send_state.load(Ordering::SeqCst) & phase::MASK != phase::IDLE
@@ -231,6 +241,9 @@ struct Topic {
     cursors: Vec<Arc<Sub>>,
     log: Arc<TopicLog>,
     retained: Mutex<VecDeque<Arc<Entry>>>,
+    /// The next publication's [`Entry::topic_seq`]; held while the publication is numbered and
+    /// offered, so that every subscriber queues the topic's publications in number order.
+    order: Mutex<u64>,
     /// Listed in [`Ready::topics`] since a publication queued something for its subscribers;
     /// cleared by the pass that takes it (under the topics write lock).
     dirty: AtomicBool,
@@ -630,21 +643,19 @@ impl Inner {
         }
         // One sequence number per publication: `seq` doubles as the `published` counter.
         let seq = self.seq.fetch_add(1, Ordering::Relaxed);
-        let entry = Arc::new(Entry {
-            seq,
-            priority: opts.priority.unwrap_or(0),
-            message,
-        });
+        let priority = opts.priority.unwrap_or(0);
         let mut queued = 0;
         let mut tapped = 0;
         let mut disconnect = Vec::new();
         {
             let topics = self.topics.read();
             if let Some((key, t)) = topics.get_key_value(topic) {
+                let (order, entry) = numbered(t, seq, priority, message);
                 if opts.retain {
                     retain(t, &entry);
                 }
                 self.fan_out(t, &entry, &mut queued, &mut tapped, &mut disconnect);
+                drop(order);
                 // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
                 // the topics write lock, which excludes this read-locked section.
                 if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
@@ -657,8 +668,10 @@ impl Inner {
                     return Ok(0);
                 }
                 let t = topics.entry(Arc::from(topic)).or_default();
+                let (order, entry) = numbered(t, seq, priority, message);
                 retain(t, &entry);
                 self.fan_out(t, &entry, &mut queued, &mut tapped, &mut disconnect);
+                drop(order);
             }
         }
         for s in disconnect {
@@ -1262,6 +1275,7 @@ impl Inner {
                             subscriber: &sub.sref,
                             message: &e.message,
                             seq: e.seq,
+                            topic_seq: e.topic_seq,
                             priority: e.priority,
                         };
                         if let Err(p) = catch_unwind(AssertUnwindSafe(|| handler(&d))) {
@@ -1313,7 +1327,7 @@ impl Inner {
 
     // ---- flush / close --------------------------------------------------------------------------
 
-    pub(crate) fn flush(&self) -> Result<(), HubError> {
+    pub(crate) fn flush(&self, deadline: Option<Instant>) -> Result<(), HubError> {
         if self.is_closed() {
             return Err(HubError::Closed);
         }
@@ -1362,7 +1376,15 @@ impl Inner {
             let mut g = self.flush_mx.lock();
             self.flush_waiters.fetch_add(1, Ordering::SeqCst);
             while !self.is_closed() && targets.iter().any(|(s, t)| !done(s, *t) && s.in_flight()) {
-                self.flush_cv.wait(&mut g);
+                match deadline {
+                    None => self.flush_cv.wait(&mut g),
+                    Some(d) => {
+                        if self.flush_cv.wait_until(&mut g, d).timed_out() {
+                            self.flush_waiters.fetch_sub(1, Ordering::SeqCst);
+                            return Err(HubError::FlushTimeout);
+                        }
+                    }
+                }
             }
             self.flush_waiters.fetch_sub(1, Ordering::SeqCst);
         }
@@ -1506,6 +1528,25 @@ fn release_passed(t: &Topic) {
     if let Some(floor) = floor {
         t.log.release_before(floor);
     }
+}
+
+/// The entry of publication `seq` in topic `t`, numbered in the topic; the guard keeps the next
+/// publication of the topic out until this one is offered to every subscriber.
+fn numbered(
+    t: &Topic,
+    seq: u64,
+    priority: i32,
+    message: Message,
+) -> (parking_lot::MutexGuard<'_, u64>, Arc<Entry>) {
+    let mut order = t.order.lock();
+    let entry = Arc::new(Entry {
+        seq,
+        topic_seq: *order,
+        priority,
+        message,
+    });
+    *order += 1;
+    (order, entry)
 }
 
 fn retain(topic: &Topic, entry: &Arc<Entry>) {

@@ -8,6 +8,10 @@ use powerhub_plugin::SendError;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HubError {
+    /// [`Hub::flush_timeout`](super::Hub::flush_timeout): a send in flight did not complete
+    /// in time.
+    #[error("flush timed out waiting for a transport to complete a send")]
+    FlushTimeout,
     /// An option has a value the hub cannot honour; `option` is its name.
     #[error("invalid option `{option}`: {reason}")]
     InvalidOption {

@@ -87,6 +87,7 @@ pub struct Delivery<'a> {
     pub(crate) subscriber: &'a SubscriberRef,
     pub(crate) message: &'a Message,
     pub(crate) seq: u64,
+    pub(crate) topic_seq: u64,
     pub(crate) priority: i32,
 }
 
@@ -109,6 +110,13 @@ impl<'a> Delivery<'a> {
     /// The hub-wide publication sequence number of the message (increasing in publish order).
     pub fn seq(&self) -> u64 {
         self.seq
+    }
+
+    /// The message's number within its topic: 0, 1, 2, … in publish order while the topic has
+    /// subscribers (or a retained log). Consecutive for a subscriber that missed nothing, so a
+    /// gap is a message the subscriber's policy dropped (retained replays keep their numbers).
+    pub fn topic_seq(&self) -> u64 {
+        self.topic_seq
     }
 
     /// The priority the message was published with (0 when none).

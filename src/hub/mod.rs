@@ -63,6 +63,7 @@ mod error;
 mod message;
 mod options;
 mod queue;
+mod receiver;
 mod stats;
 
 use std::sync::{Arc, Weak};
@@ -78,6 +79,9 @@ pub use self::options::{
     BytesAcknowledged, Codec, Driver, ErrorHook, HubConfig, HubOptions, MetricsHook,
     PublishOptions, SlowConsumer, SubscribeConfig, SubscribeOptions, WorkHook, MAX_BATCH_DELAY,
     MAX_BATCH_LIMIT, MAX_QUEUE_LIMIT, RETAINED_PER_TOPIC,
+};
+pub use self::receiver::{
+    Received, Receiver, RecvError, RecvFuture, RecvTimeoutError, TryRecvError,
 };
 pub use self::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
 pub use powerhub_plugin::SubscriberRef;
@@ -226,6 +230,30 @@ impl Hub {
         })
     }
 
+    /// Subscribes to `topic` with a receiver of its own: the consumer pulls the deliveries
+    /// ([`Receiver::recv`], [`try_recv`](Receiver::recv), [`recv_timeout`](Receiver::recv_timeout),
+    /// [`recv_async`](Receiver::recv_async), or as a `Stream`), sees what its policy dropped
+    /// ([`RecvError::Lagged`]) and why it ended ([`RecvError::Closed`]); a slow consumer lags only
+    /// itself. The options' `max_queue`, `max_batch`, `slow_consumer`, `id` and `priority` apply
+    /// as to any subscriber; `sink` is replaced by the receiver's own. Dropping the receiver
+    /// unsubscribes. Errors as [`subscribe`](Hub::subscribe).
+    ///
+    /// ```
+    /// use powerhub::hub::{Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let hub = Hub::new(SpySink::new(), HubOptions::default())?;
+    /// let mut rx = hub.receiver("prices", SubscribeOptions::default())?;
+    /// hub.publish_json("prices", &serde_json::json!({"px": 1}))?;
+    /// let m = rx.recv_timeout(std::time::Duration::from_secs(5))?;
+    /// assert_eq!(&m.message().bytes()[..], br#"{"px":1}"#);
+    /// assert_eq!(m.topic_seq(), 0);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn receiver(&self, topic: &str, options: SubscribeOptions) -> Result<Receiver, HubError> {
+        Receiver::subscribe(self, topic, options)
+    }
+
     /// Publishes `message` to `topic`; returns how many subscribers queued it.
     ///
     /// Never blocks on a subscriber. After [`close`](Hub::close) it returns `Ok(0)`. A
@@ -261,7 +289,14 @@ impl Hub {
     /// closed (a waiting flush then returns [`HubError::Closed`]). Called from a handler, sink or
     /// hook inside the drain it returns [`HubError::FlushInsideDrain`] instead of deadlocking.
     pub fn flush(&self) -> Result<(), HubError> {
-        self.inner().flush()
+        self.inner().flush(None)
+    }
+
+    /// [`flush`](Hub::flush), waiting at most `timeout` for sends in flight: past it
+    /// [`HubError::FlushTimeout`] (what was handed to transports stays with them; nothing is
+    /// lost or cancelled).
+    pub fn flush_timeout(&self, timeout: std::time::Duration) -> Result<(), HubError> {
+        self.inner().flush(Some(Instant::now() + timeout))
     }
 
     /// Unsubscribes the subscriber `id`; `false` if there is none. Its close adapter is called

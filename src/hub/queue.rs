@@ -33,6 +33,9 @@ type PrioMap = BTreeMap<(Reverse<i32>, u64), Arc<Entry>>;
 #[derive(Debug)]
 pub(crate) struct Entry {
     pub(crate) seq: u64,
+    /// The publication's number within its topic (0, 1, 2, … while the topic exists), assigned
+    /// in the order the topic's subscribers queue its publications.
+    pub(crate) topic_seq: u64,
     pub(crate) priority: i32,
     pub(crate) message: Message,
 }
@@ -547,6 +550,7 @@ mod tests {
 
     fn entry(seq: u64) -> Arc<Entry> {
         Arc::new(Entry {
+            topic_seq: seq,
             seq,
             priority: 0,
             message: Message::binary(vec![0u8]),

@@ -1,0 +1,288 @@
+//! A receiver per subscriber (`Hub::receiver`): blocking, timed and async receives, losses seen
+//! as `Lagged` where they happened, the end seen as `Closed` with its reason, a slow consumer
+//! that lags only itself, unsubscribe on drop, and a flush bounded by `flush_timeout`.
+
+use std::time::{Duration, Instant};
+
+use powerhub::hub::{
+    Driver, Hub, HubError, HubOptions, Message, PublishOptions, RecvError, RecvTimeoutError,
+    SlowConsumer, SubscribeOptions, TryRecvError,
+};
+use powerhub::plugin::CloseReason;
+use powerhub::transport::SpySink;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn json(n: u64) -> Message {
+    Message::json(format!("{{\"n\":{n}}}")).unwrap()
+}
+
+fn publish(hub: &Hub, topic: &str, n: u64) {
+    hub.publish(topic, json(n), PublishOptions::default())
+        .unwrap();
+}
+
+fn n_of(m: &powerhub::hub::Received) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(m.message().bytes()).unwrap();
+    v["n"].as_u64().unwrap()
+}
+
+fn manual() -> Hub {
+    Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Manual)).unwrap()
+}
+
+fn turn(hub: &Hub) {
+    hub.turn(Instant::now());
+}
+
+#[test]
+fn a_receiver_gets_every_message_in_order_with_consecutive_topic_numbers() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    // A queue as long as the stream: the receiver may fall behind, and loses nothing.
+    let mut rx = hub
+        .receiver(
+            "t",
+            SubscribeOptions::default().max_batch(8).max_queue(16_384),
+        )
+        .unwrap();
+    let publisher = {
+        let hub = hub.clone();
+        std::thread::spawn(move || {
+            for n in 0..10_000 {
+                publish(&hub, "t", n);
+            }
+        })
+    };
+    for n in 0..10_000 {
+        let m = rx.recv_timeout(WAIT).unwrap();
+        assert_eq!((n_of(&m), m.topic_seq()), (n, n));
+    }
+    publisher.join().unwrap();
+    assert_eq!(
+        rx.try_recv().unwrap_err(),
+        TryRecvError::Empty,
+        "nothing more"
+    );
+}
+
+#[test]
+fn under_drop_oldest_a_receive_says_how_many_were_dropped_before_the_messages_after_the_gap() {
+    let hub = manual();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(3).max_batch(1))
+        .unwrap();
+    publish(&hub, "t", 0);
+    turn(&hub);
+    for n in 1..10 {
+        publish(&hub, "t", n);
+    }
+    turn(&hub);
+    assert_eq!(n_of(&rx.recv().unwrap()), 0);
+    // 1..=6 were dropped (the queue keeps the newest three: 7, 8, 9).
+    assert_eq!(rx.recv().unwrap_err(), RecvError::Lagged { missed: 6 });
+    let mut rest = Vec::new();
+    while rest.len() < 3 {
+        match rx.try_recv() {
+            Ok(m) => rest.push(m.topic_seq()),
+            Err(TryRecvError::Empty) => turn(&hub),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(rest, [7, 8, 9], "the numbers show the gap too");
+    assert_eq!(hub.stats().list[0].dropped, 6, "the hub's stats agree");
+}
+
+#[test]
+fn under_drop_newest_the_lag_is_the_refused_messages() {
+    let hub = manual();
+    let mut rx = hub
+        .receiver(
+            "t",
+            SubscribeOptions::default()
+                .max_queue(2)
+                .max_batch(1)
+                .slow_consumer(SlowConsumer::DropNewest),
+        )
+        .unwrap();
+    publish(&hub, "t", 0);
+    turn(&hub); // 0 handed over
+    for n in 1..6 {
+        publish(&hub, "t", n); // 1, 2 queued; 3, 4, 5 refused
+    }
+    let mut got = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while got.len() < 4 && Instant::now() < deadline {
+        match rx.try_recv() {
+            Ok(m) => got.push(format!("{}", m.topic_seq())),
+            Err(TryRecvError::Lagged { missed }) => got.push(format!("lagged {missed}")),
+            Err(TryRecvError::Empty) => turn(&hub),
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(got, ["0", "1", "2", "lagged 3"]);
+}
+
+#[test]
+fn under_disconnect_the_handed_over_messages_come_then_closed_with_the_reason() {
+    let hub = manual();
+    let mut rx = hub
+        .receiver(
+            "t",
+            SubscribeOptions::default()
+                .max_queue(2)
+                .max_batch(1)
+                .slow_consumer(SlowConsumer::Disconnect),
+        )
+        .unwrap();
+    publish(&hub, "t", 0);
+    turn(&hub);
+    for n in 1..5 {
+        publish(&hub, "t", n);
+    }
+    assert_eq!(n_of(&rx.recv().unwrap()), 0);
+    assert_eq!(
+        rx.recv().unwrap_err(),
+        RecvError::Closed {
+            reason: CloseReason::SlowConsumer
+        }
+    );
+    assert!(!rx.subscription().is_active());
+    assert_eq!(hub.stats().disconnected, 1);
+}
+
+#[test]
+fn unsubscribe_and_close_end_a_receiver_with_their_reason() {
+    let hub = manual();
+    let mut a = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    let mut b = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert!(a.subscription().unsubscribe());
+    assert_eq!(
+        n_of(&a.recv().unwrap()),
+        1,
+        "what was handed over still comes"
+    );
+    assert_eq!(
+        a.recv().unwrap_err(),
+        RecvError::Closed {
+            reason: CloseReason::Unsubscribe
+        }
+    );
+    hub.close();
+    assert_eq!(n_of(&b.recv().unwrap()), 1);
+    assert_eq!(
+        b.recv_timeout(WAIT).unwrap_err(),
+        RecvTimeoutError::Closed {
+            reason: CloseReason::HubClosed
+        }
+    );
+}
+
+#[test]
+fn a_receiver_that_does_not_receive_lags_only_itself() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let stalled = hub
+        .receiver("slow", SubscribeOptions::default().max_queue(16))
+        .unwrap();
+    let mut fast = hub.receiver("fast", SubscribeOptions::default()).unwrap();
+    for n in 0..5_000 {
+        publish(&hub, "slow", n);
+        publish(&hub, "fast", n);
+        // Every message of the other topic arrives while the stalled receiver takes nothing.
+        assert_eq!(n_of(&fast.recv_timeout(WAIT).unwrap()), n);
+    }
+    let s = hub.stats();
+    let row = s.list.iter().find(|r| r.topic == "slow").unwrap();
+    assert!(
+        row.dropped > 4_900,
+        "the stalled one's own policy dropped: {row:?}"
+    );
+    drop(stalled);
+}
+
+#[test]
+fn dropping_a_receiver_unsubscribes() {
+    let hub = manual();
+    let rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    assert_eq!(hub.stats().subscribers, 1);
+    drop(rx);
+    assert_eq!(hub.stats().subscribers, 0);
+    assert_eq!(
+        hub.publish("t", json(1), PublishOptions::default())
+            .unwrap(),
+        0
+    );
+}
+
+#[test]
+fn recv_timeout_times_out_when_nothing_comes() {
+    let hub = manual();
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    assert_eq!(
+        rx.recv_timeout(Duration::from_millis(20)).unwrap_err(),
+        RecvTimeoutError::Timeout
+    );
+}
+
+#[test]
+fn the_async_receive_and_the_stream_work_on_any_executor() {
+    use futures_util::StreamExt;
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(4_096))
+        .unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let publisher = {
+        let hub = hub.clone();
+        std::thread::spawn(move || {
+            for n in 0..1_000 {
+                publish(&hub, "t", n);
+            }
+            hub
+        })
+    };
+    rt.block_on(async {
+        for n in 0..500 {
+            assert_eq!(n_of(&rx.recv_async().await.unwrap()), n);
+        }
+        let mut n = 500;
+        while n < 1_000 {
+            let m = rx.next().await.expect("open").unwrap();
+            assert_eq!(n_of(&m), n);
+            n += 1;
+        }
+    });
+    drop(publisher.join().unwrap());
+    hub.close();
+    let end = rt.block_on(async { rx.next().await });
+    assert!(
+        end.is_none(),
+        "the stream ends when the subscription closes"
+    );
+}
+
+#[test]
+fn flush_timeout_bounds_the_wait_for_a_receiver_that_does_not_receive() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_batch(1))
+        .unwrap();
+    publish(&hub, "t", 0);
+    publish(&hub, "t", 1);
+    // 0 is handed over; 1 waits for the consumer, as a send waits for a transport.
+    assert_eq!(
+        hub.flush_timeout(Duration::from_millis(50)),
+        Err(HubError::FlushTimeout)
+    );
+    let consumer = std::thread::spawn(move || {
+        let a = rx.recv().unwrap();
+        let b = rx.recv().unwrap();
+        (n_of(&a), n_of(&b))
+    });
+    hub.flush_timeout(WAIT).unwrap();
+    assert_eq!(consumer.join().unwrap(), (0, 1));
+}
