@@ -650,7 +650,7 @@ impl Inner {
         {
             let topics = self.topics.read();
             if let Some((key, t)) = topics.get_key_value(topic) {
-                let (order, entry) = numbered(t, seq, priority, message);
+                let (order, entry) = numbered(t, seq, priority, message, opts.retain);
                 if opts.retain {
                     retain(t, &entry);
                 }
@@ -668,7 +668,7 @@ impl Inner {
                     return Ok(0);
                 }
                 let t = topics.entry(Arc::from(topic)).or_default();
-                let (order, entry) = numbered(t, seq, priority, message);
+                let (order, entry) = numbered(t, seq, priority, message, true);
                 retain(t, &entry);
                 self.fan_out(t, &entry, &mut queued, &mut tapped, &mut disconnect);
                 drop(order);
@@ -1532,12 +1532,25 @@ fn release_passed(t: &Topic) {
 
 /// The entry of publication `seq` in topic `t`, numbered in the topic; the guard keeps the next
 /// publication of the topic out until this one is offered to every subscriber.
+///
+/// A topic whose only consumers are taps (the engine's push fan-out, which does not read the
+/// number) and that retains nothing is not numbered: its publishers take no lock.
 fn numbered(
     t: &Topic,
     seq: u64,
     priority: i32,
     message: Message,
-) -> (parking_lot::MutexGuard<'_, u64>, Arc<Entry>) {
+    retain: bool,
+) -> (Option<parking_lot::MutexGuard<'_, u64>>, Arc<Entry>) {
+    if t.subs.is_empty() && t.cursors.is_empty() && !retain {
+        let entry = Arc::new(Entry {
+            seq,
+            topic_seq: 0,
+            priority,
+            message,
+        });
+        return (None, entry);
+    }
     let mut order = t.order.lock();
     let entry = Arc::new(Entry {
         seq,
@@ -1546,7 +1559,7 @@ fn numbered(
         message,
     });
     *order += 1;
-    (order, entry)
+    (Some(order), entry)
 }
 
 fn retain(topic: &Topic, entry: &Arc<Entry>) {
