@@ -1,5 +1,6 @@
 //! The in-process scenario: publish to N in-process subscribers from one thread while one other
-//! thread drains every subscriber, with powerhub's hub, `tokio::sync::broadcast`, and a
+//! thread drains every subscriber, with powerhub's hub (handlers on its drain thread, and a
+//! `Receiver` per subscriber drained by one consumer thread), `tokio::sync::broadcast`, and a
 //! per-subscriber `crossbeam-channel` loop.
 
 use std::io;
@@ -43,7 +44,7 @@ pub(crate) fn pin_consumer() {
     }
 }
 
-fn pin_publisher() {
+pub(crate) fn pin_publisher() {
     let _ = procfs::pin_current(0);
 }
 
@@ -152,15 +153,20 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         unit: "deliveries/s".to_owned(),
         ..Scenario::default()
     };
-    ctx.pb.inc_length((ctx.inproc_subs.len() * 3) as u64);
+    ctx.pb.inc_length((ctx.inproc_subs.len() * 4) as u64);
     for &n in &ctx.inproc_subs {
         let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
         let case = format!("N={n}");
-        let systems: [(&str, bool, Runner); 3] = [
+        let systems: [(&str, bool, Runner); 4] = [
             (
                 "powerhub hub",
                 true,
                 Box::new(move || powerhub::inproc(n, msgs, queue(n), payload())),
+            ),
+            (
+                "powerhub receivers",
+                true,
+                Box::new(move || powerhub::inproc_receivers(n, msgs, queue(n), payload())),
             ),
             (
                 "tokio broadcast",
@@ -228,6 +234,9 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
             ctx.pb.inc(1);
         }
     }
+    sc.notes.push(
+        "powerhub receivers: one consumer thread drains every Receiver with try_recv (as the broadcast and channel consumers drain theirs) while the hub's drain thread hands batches over; that third thread runs on the publisher's CPU (the publisher yields while a window ahead), not on the consumer's, which spins.".to_owned(),
+    );
     sc.notes.push(format!(
         "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, per-subscriber channels and hub queues of {QUEUE_SLOTS}/N clamped to 256..={BROADCAST_CAP}, the hub's publisher also kept within half of it); every message must reach every subscriber."
     ));

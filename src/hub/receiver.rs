@@ -184,8 +184,6 @@ struct State {
 struct Chan {
     state: Mutex<State>,
     ready: Condvar,
-    /// How many handed-over messages make the hand-off full (the subscriber's `max_batch`).
-    room: usize,
     /// The subscriber's slow-consumer policy.
     policy: SlowConsumer,
     /// The subscriber, for its drop count (set once subscribed).
@@ -195,7 +193,7 @@ struct Chan {
 impl std::fmt::Debug for Chan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Chan")
-            .field("room", &self.room)
+            .field("policy", &self.policy)
             .finish_non_exhaustive()
     }
 }
@@ -234,15 +232,15 @@ impl Chan {
     }
 }
 
-/// The receiver's transport in the hub: takes a batch while the hand-off has room, else holds
-/// the send pending until the consumer makes room.
+/// The receiver's transport in the hub: takes a batch when the hand-off is empty, else holds the
+/// send pending until the consumer emptied it.
 #[derive(Debug)]
 struct HandOff(Arc<Chan>);
 
 impl Sink for HandOff {
     fn send(&self, _sub: &SubscriberRef, _frame: Frame, done: Completion) -> SendOutcome {
         let mut st = self.0.state.lock();
-        if st.closed.is_some() || st.items.len() < self.0.room {
+        if st.closed.is_some() || st.items.is_empty() {
             // The handler (run by the hub once the send is accepted) hands the messages over.
             drop(st);
             drop(done);
@@ -284,7 +282,6 @@ impl Receiver {
         let chan = Arc::new(Chan {
             state: Mutex::new(State::default()),
             ready: Condvar::new(),
-            room: options.max_batch.max(1),
             policy: options.slow_consumer,
             sub: OnceLock::new(),
         });
@@ -315,7 +312,7 @@ impl Receiver {
         let chan = &self.chan;
         loop {
             let mut st = chan.state.lock();
-            let (result, pending) = take(chan, &mut self.seen, chan.queued(), &mut st);
+            let (result, pending) = take(chan, &mut self.seen, &mut st);
             drop(st);
             let Some(done) = pending else {
                 return result;
@@ -356,7 +353,7 @@ impl Receiver {
         let chan = Arc::clone(&self.chan);
         let mut st = chan.state.lock();
         loop {
-            let (result, pending) = take(&chan, &mut self.seen, chan.queued(), &mut st);
+            let (result, pending) = take(&chan, &mut self.seen, &mut st);
             if let Some(done) = pending {
                 drop(st);
                 done.complete(Ok(()));
@@ -374,7 +371,7 @@ impl Receiver {
                 None => chan.ready.wait(&mut st),
                 Some(d) => {
                     if chan.ready.wait_until(&mut st, d).timed_out() {
-                        let (result, pending) = take(&chan, &mut self.seen, chan.queued(), &mut st);
+                        let (result, pending) = take(&chan, &mut self.seen, &mut st);
                         drop(st);
                         if let Some(done) = pending {
                             done.complete(Ok(()));
@@ -399,7 +396,7 @@ impl Receiver {
         loop {
             let chan = &self.chan;
             let mut st = chan.state.lock();
-            let (result, pending) = take(chan, &mut self.seen, chan.queued(), &mut st);
+            let (result, pending) = take(chan, &mut self.seen, &mut st);
             if matches!(result, Err(TryRecvError::Empty)) && pending.is_none() {
                 st.waker = Some(cx.waker().clone());
                 return Poll::Pending;
@@ -432,13 +429,15 @@ struct Seen {
 /// A loss is reported where it is: before the next message when its topic number skips the
 /// dropped ones (and the drop count agrees: a gap can also be a publication from before the
 /// subscription), or once nothing more is waiting (losses after the last message received, as
-/// under `drop-newest`). `queued` is the subscriber's queue length, read with the hand-off locked:
-/// the hub never takes the hand-off's lock while it holds a queue's (it pops a batch, lets go of
-/// the queue, then sends), so the order hand-off → queue cannot deadlock.
+/// under `drop-newest`). The subscriber's queue length is read with the hand-off locked: the hub
+/// never takes the hand-off's lock while it holds a queue's (it pops a batch, lets go of the
+/// queue, then sends), so the order hand-off → queue cannot deadlock.
+///
+/// The hub's next batch is asked for once the hand-off is empty (one wake-up of the hub per
+/// batch, not per message).
 fn take(
     chan: &Chan,
     seen: &mut Seen,
-    queued: usize,
     st: &mut State,
 ) -> (Result<Received, TryRecvError>, Option<Completion>) {
     let result = match st.items.front() {
@@ -467,7 +466,7 @@ fn take(
             let dropped = chan.dropped();
             // Losses behind messages the hub still holds for the receiver are reported after
             // those messages.
-            let held = st.pending.is_some() || queued > 0;
+            let held = st.pending.is_some() || chan.queued() > 0;
             if dropped > seen.reported && st.closed.is_none() && !held {
                 let missed = dropped - seen.reported;
                 seen.reported = dropped;
@@ -480,7 +479,7 @@ fn take(
             }
         }
     };
-    let pending = if st.items.len() < chan.room {
+    let pending = if st.items.is_empty() {
         st.pending.take()
     } else {
         None

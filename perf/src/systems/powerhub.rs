@@ -348,3 +348,92 @@ pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::R
         secs,
     })
 }
+
+/// [`inproc`] with a [`Receiver`](powerhub::hub::Receiver) per subscriber: one consumer thread
+/// (on the consumer CPU, as the other systems' consumers) drains every receiver with
+/// `try_recv`, as the broadcast and channel systems are drained.
+pub(crate) fn inproc_receivers(
+    n: usize,
+    msgs: u64,
+    queue: usize,
+    payload: Bytes,
+) -> io::Result<InprocOut> {
+    use powerhub::hub::TryRecvError;
+    let err = |e: powerhub::hub::HubError| io::Error::other(e.to_string());
+    let hub = std::thread::scope(|s| {
+        s.spawn(|| {
+            // The hub's drain thread runs with the publisher (which yields while it is a window
+            // ahead), not with the consumer, which spins over its receivers: there is a third
+            // thread here, and two CPUs.
+            crate::inproc::pin_publisher();
+            Hub::new(Accepting, HubOptions::default().codec(Codec::Ndjson))
+        })
+        .join()
+        .map_err(|_| io::Error::other("hub creation panicked"))
+    })?
+    .map_err(err)?;
+    let mut rxs = Vec::with_capacity(n);
+    for _ in 0..n {
+        let opts = SubscribeOptions::default().max_queue(queue).max_batch(64);
+        rxs.push(hub.receiver(crate::scenarios::BENCH, opts).map_err(err)?);
+    }
+    // Everything the consumer read, and the smallest per-receiver count, for the window.
+    let floor = Arc::new(AtomicU64::new(0));
+    let consumer_floor = Arc::clone(&floor);
+    let start = Instant::now();
+    let consumer = std::thread::spawn(move || {
+        crate::inproc::pin_consumer();
+        let mut counts = vec![0u64; rxs.len()];
+        let (mut delivered, mut lost) = (0u64, 0u64);
+        let mut open = rxs.len();
+        while open > 0 {
+            open = 0;
+            for (rx, count) in rxs.iter_mut().zip(counts.iter_mut()) {
+                loop {
+                    match rx.try_recv() {
+                        Ok(_) => {
+                            delivered += 1;
+                            *count += 1;
+                        }
+                        Err(TryRecvError::Empty) => {
+                            open += 1;
+                            break;
+                        }
+                        Err(TryRecvError::Lagged { missed }) => lost += missed,
+                        Err(_) => break,
+                    }
+                }
+            }
+            let min = counts.iter().copied().min().unwrap_or(0);
+            consumer_floor.store(min, Ordering::Release);
+        }
+        (delivered, lost)
+    });
+    let message = Message::json(payload).map_err(err)?;
+    let window = (queue / 2).max(1) as u64;
+    for i in 0..msgs {
+        while i >= floor.load(Ordering::Acquire) + window {
+            std::thread::yield_now();
+        }
+        hub.publish(
+            crate::scenarios::BENCH,
+            message.clone(),
+            PublishOptions::default(),
+        )
+        .map_err(err)?;
+    }
+    // Every message handed over, then the receivers end (Closed) once they have read it.
+    while floor.load(Ordering::Acquire) < msgs {
+        std::thread::yield_now();
+    }
+    let secs = start.elapsed().as_secs_f64();
+    hub.close();
+    let (delivered, lost) = consumer
+        .join()
+        .map_err(|_| io::Error::other("consumer panicked"))?;
+    Ok(InprocOut {
+        delivered,
+        lost,
+        secs,
+    })
+}
