@@ -286,3 +286,28 @@ fn flush_timeout_bounds_the_wait_for_a_receiver_that_does_not_receive() {
     hub.flush_timeout(WAIT).unwrap();
     assert_eq!(consumer.join().unwrap(), (0, 1));
 }
+
+#[test]
+fn flush_async_resolves_once_the_receiver_took_what_was_queued() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_batch(1))
+        .unwrap();
+    publish(&hub, "t", 0);
+    publish(&hub, "t", 1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut flush = std::pin::pin!(hub.flush_async());
+        // Not done while 1 waits for the consumer.
+        let early = tokio::time::timeout(Duration::from_millis(50), &mut flush).await;
+        assert!(early.is_err(), "the flush waits for the receiver");
+        assert_eq!(n_of(&rx.recv_async().await.unwrap()), 0);
+        assert_eq!(n_of(&rx.recv_async().await.unwrap()), 1);
+        tokio::time::timeout(WAIT, flush).await.unwrap().unwrap();
+    });
+    rt.block_on(hub.shutdown_async()).unwrap();
+    assert!(hub.is_closed());
+}

@@ -65,6 +65,7 @@ mod options;
 mod queue;
 mod receiver;
 mod stats;
+mod task;
 
 use std::sync::{Arc, Weak};
 use std::time::Instant;
@@ -84,6 +85,7 @@ pub use self::receiver::{
     Received, Receiver, RecvError, RecvFuture, RecvTimeoutError, TryRecvError,
 };
 pub use self::stats::{Presence, Stats, SubscriberStats, TurnMetrics};
+pub use self::task::HubTask;
 pub use powerhub_plugin::SubscriberRef;
 
 /// Closes the hub when the last [`Hub`] clone is dropped.
@@ -297,6 +299,35 @@ impl Hub {
     /// lost or cancelled).
     pub fn flush_timeout(&self, timeout: std::time::Duration) -> Result<(), HubError> {
         self.inner().flush(Some(Instant::now() + timeout))
+    }
+
+    /// [`flush`](Hub::flush) as a future for async callers, on any executor (it needs none): the
+    /// flush runs on a thread of its own, since it may wait for transports, and the future
+    /// resolves with its result. Combine it with the executor's timer to bound it, or use
+    /// [`flush_timeout`](Hub::flush_timeout) inside.
+    ///
+    /// ```
+    /// use powerhub::hub::{Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let spy = SpySink::new();
+    /// let hub = Hub::new(spy.clone(), HubOptions::default().batch(false))?;
+    /// let _s = hub.subscribe_sink("t", SubscribeOptions::default().id("a"))?;
+    /// hub.publish_json("t", &serde_json::json!({"n": 1}))?;
+    /// let rt = tokio::runtime::Builder::new_current_thread().build()?;
+    /// rt.block_on(hub.flush_async())?;
+    /// assert_eq!(spy.frames_for("a").len(), 1);
+    /// rt.block_on(hub.shutdown_async())?;
+    /// assert!(hub.is_closed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn flush_async(&self) -> HubTask {
+        HubTask::spawn(self.clone(), Hub::flush)
+    }
+
+    /// [`shutdown`](Hub::shutdown) as a future, as [`flush_async`](Hub::flush_async).
+    pub fn shutdown_async(&self) -> HubTask {
+        HubTask::spawn(self.clone(), Hub::shutdown)
     }
 
     /// Unsubscribes the subscriber `id`; `false` if there is none. Its close adapter is called

@@ -1,0 +1,71 @@
+//! Futures of the hub's blocking operations ([`Hub::flush_async`](super::Hub::flush_async),
+//! [`Hub::shutdown_async`](super::Hub::shutdown_async)) for async callers, without a runtime:
+//! the operation runs on a thread of its own (it may wait for transports) and wakes the task's
+//! `Waker` when it is done.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use parking_lot::Mutex;
+
+use super::{Hub, HubError};
+
+#[derive(Debug, Default)]
+struct Slot {
+    result: Option<Result<(), HubError>>,
+    waker: Option<Waker>,
+}
+
+/// The future of [`Hub::flush_async`](super::Hub::flush_async) or
+/// [`Hub::shutdown_async`](super::Hub::shutdown_async): the operation's result. Dropping it does
+/// not cancel the operation.
+#[derive(Debug)]
+#[must_use = "a future does nothing unless polled (the operation runs regardless)"]
+pub struct HubTask {
+    slot: Arc<Mutex<Slot>>,
+}
+
+impl HubTask {
+    pub(super) fn spawn(hub: Hub, op: fn(&Hub) -> Result<(), HubError>) -> HubTask {
+        let slot = Arc::new(Mutex::new(Slot::default()));
+        let done = Arc::clone(&slot);
+        let run = move || {
+            let result = op(&hub);
+            let waker = {
+                let mut s = done.lock();
+                s.result = Some(result);
+                s.waker.take()
+            };
+            if let Some(w) = waker {
+                w.wake();
+            }
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("powerhub-hub-task".into())
+            .spawn(run)
+        {
+            slot.lock().result = Some(Err(HubError::invalid(
+                "flush_async",
+                format!("cannot spawn the thread that runs it: {e}"),
+            )));
+        }
+        HubTask { slot }
+    }
+}
+
+impl Future for HubTask {
+    type Output = Result<(), HubError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut s = self.slot.lock();
+        match s.result.take() {
+            Some(result) => Poll::Ready(result),
+            None => {
+                s.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
+    }
+}
