@@ -254,6 +254,38 @@ fn a_tls_reader_that_stops_reading_is_closed_at_max_outbox_bytes_and_others_keep
 }
 
 #[test]
+fn under_disconnect_a_stalled_tls_reader_is_closed_as_slow_consumer() {
+    let pki = Pki::new("disconnect");
+    on_both_backends(|backend| {
+        let mut config = tls_config(backend, &pki);
+        config.subscriptions.slow_consumer = powerhub::runtime::SlowConsumerChoice::Disconnect;
+        config.limits.backpressure_bytes = 1 << 20;
+        config.limits.max_outbox_bytes = 64 << 20;
+        let server = start(config);
+        let mut stalled =
+            TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
+        stalled.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+        assert_eq!(stalled.msg()["type"], "subscribed");
+        let mut seq = 0;
+        // Small messages: each send's plaintext fits rustls's buffer whole, so only the
+        // socket's refusal of ciphertext says the connection is stalled.
+        eventually("the stalled TLS reader is disconnected", || {
+            for _ in 0..256 {
+                publish(&server.engine, "obs", seq, 1000);
+                seq += 1;
+            }
+            server.engine.hub().stats().disconnected >= 1
+        });
+        let mut last = None;
+        while let Ok(Some(line)) = stalled.try_line() {
+            last = Some(line);
+        }
+        let last: Value = serde_json::from_str(&last.expect("lines")).unwrap();
+        assert_eq!(last["code"], "slow_consumer", "{last}");
+    });
+}
+
+#[test]
 fn mutual_tls_refuses_a_client_without_a_certificate_of_the_ca() {
     let pki = Pki::new("mutual");
     on_both_backends(|backend| {

@@ -351,8 +351,9 @@ impl Conn {
     /// fan-out queued for it).
     fn behind(&self, shared: &Shared) -> Option<Ending> {
         let limit = shared.config.limits.backpressure_bytes;
+        let stalled = self.outbox.wants_writable() || self.tls.as_ref().is_some_and(|t| t.stalled);
         if shared.config.subscriptions.slow_consumer != SlowConsumerChoice::Disconnect
-            || !self.outbox.wants_writable()
+            || !stalled
             || self.session.subscriptions().next().is_none()
         {
             return None;
@@ -1506,6 +1507,7 @@ impl<B: Backend> Shard<B> {
             .fetch_add(n as u64, Ordering::Relaxed);
         if let Some(tls) = c.tls.as_deref_mut() {
             tls.written(n);
+            tls.stalled = n < send_tls;
             c.sync_backlog(self.shared.counters_of(self.handle.index));
             if n < send_tls {
                 c.poll_inflight = true;

@@ -26,6 +26,9 @@ pub(crate) struct TlsLayer {
     close_notified: bool,
     /// The session failed (a broken record, a refused handshake): only its alert goes out.
     pub(crate) failed: bool,
+    /// The socket refused part of the last ciphertext written: the connection is stalled, as a
+    /// plaintext one whose outbox wants writability.
+    pub(crate) stalled: bool,
     /// Reused for decrypted bytes and taken ciphertext.
     scratch: Vec<u8>,
 }
@@ -46,6 +49,7 @@ impl TlsLayer {
             pending: Bytes::new(),
             close_notified: false,
             failed: false,
+            stalled: false,
             scratch: Vec::new(),
         })
     }
