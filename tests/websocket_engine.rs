@@ -224,3 +224,96 @@ fn websocket_page_in_chromium_against_the_engine() {
     assert!(png.starts_with(b"\x89PNG"));
     let _ = std::fs::remove_dir_all(&profile);
 }
+
+/// The web page over `wss://` in headless Chromium, against an engine with TLS on its WebSocket
+/// listener and authentication on: the page is served over HTTPS, sends its token in the upgrade
+/// (`?token=`), its origin is the listener's own (the default with `[auth]`), and it shows a
+/// message published in-process and the stats its token may read.
+#[test]
+fn websocket_page_in_chromium_over_tls_with_a_token() {
+    if std::env::var_os("POWERHUB_SKIP_BROWSER").is_some() {
+        eprintln!("POWERHUB_SKIP_BROWSER is set: the browser test is skipped");
+        return;
+    }
+    let dir = out_dir("websocket_page_tls");
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
+    std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
+    let mut registry = ProtocolRegistry::with_builtins();
+    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
+        .expect("a valid websocket config");
+    registry.register(Arc::new(websocket)).unwrap();
+    let mut config = Config::default();
+    config.engine.shards = 2;
+    config.engine.stats_interval_ms = 200;
+    config.listeners.push(
+        ListenerConfig::tcp("websocket", "127.0.0.1:0")
+            .with_tls(dir.join("server.pem"), dir.join("server.key")),
+    );
+    config.auth = Some(
+        toml::from_str(
+            r#"
+            [[tokens]]
+            token = "page-token"
+            user = "page"
+            permissions = { subscribe = { allow = ["demo", "$stats"] } }
+            "#,
+        )
+        .unwrap(),
+    );
+    let engine = Engine::start(config, &registry).expect("the engine starts");
+    let ListenAddr::Tcp(addr) = engine.listeners()[0].addr.clone() else {
+        panic!("tcp")
+    };
+    let profile = dir.join(format!("profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    std::fs::create_dir_all(&profile).unwrap();
+    let (_browser, mut page) =
+        devtools::launch_chromium_with(&profile, &["--ignore-certificate-errors"]);
+    page.open(&format!(
+        "https://localhost:{}/?stream=demo&token=page-token",
+        addr.port()
+    ));
+    let deadline = Instant::now() + DEADLINE;
+    page.wait_for(
+        "document.body && document.body.dataset.state === 'open'",
+        "connected over wss:// with its token",
+        deadline,
+    );
+    let message = json!({ "type": "price", "stream": "demo", "price": 7, "note": "over TLS" });
+    let m = powerhub::hub::Message::json(message.to_string()).unwrap();
+    while engine
+        .hub()
+        .publish("demo", m.clone(), powerhub::hub::PublishOptions::default())
+        .unwrap()
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the page never subscribed to demo"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    page.wait_for(
+        "Number(document.body.dataset.received) >= 1",
+        "showed the published message",
+        deadline,
+    );
+    let shown =
+        page.eval("JSON.parse(document.querySelector('#messages li.message .data').textContent)");
+    assert_eq!(shown, message);
+    page.wait_for(
+        "Number(document.getElementById('stat-subscribers').textContent) >= 2",
+        "showed the hub's stats (its token may read $stats)",
+        deadline,
+    );
+    let png = page.screenshot(&dir.join("page-tls.png"));
+    assert!(png.starts_with(b"\x89PNG"));
+    drop(page);
+    let _ = engine.shutdown();
+    let _ = std::fs::remove_dir_all(&profile);
+}

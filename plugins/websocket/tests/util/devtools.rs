@@ -75,6 +75,12 @@ impl Drop for Browser {
 }
 
 pub fn launch_chromium(profile: &Path) -> (Browser, DevTools) {
+    launch_chromium_with(profile, &[])
+}
+
+/// [`launch_chromium`] with extra command-line flags (`--ignore-certificate-errors` for a test
+/// certificate).
+pub fn launch_chromium_with(profile: &Path, extra: &[&str]) -> (Browser, DevTools) {
     let child = Command::new("chromium")
         .args([
             "--headless",
@@ -88,6 +94,7 @@ pub fn launch_chromium(profile: &Path) -> (Browser, DevTools) {
             "--remote-debugging-port=0",
             "about:blank",
         ])
+        .args(extra)
         .arg(format!("--user-data-dir={}", profile.display()))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
