@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 /// A snapshot of the hub's counters and subscribers.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Stats {
     /// Live subscribers.
     pub subscribers: usize,
@@ -31,6 +32,7 @@ pub struct Stats {
 
 /// One subscriber's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SubscriberStats {
     /// The subscriber's id.
     pub id: String,
@@ -51,6 +53,7 @@ pub struct SubscriberStats {
 /// One live subscriber, as [`Hub::presence`](super::Hub::presence) reports it. An owned copy:
 /// changing it does not affect the hub.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Presence {
     /// The subscriber's id.
     pub id: String,
@@ -72,6 +75,7 @@ impl fmt::Debug for Presence {
 
 /// What one turn did, handed to the `metrics` hook, plus the hub's running totals.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TurnMetrics {
     /// Frames handed to transports in this turn.
     pub frames: u64,
