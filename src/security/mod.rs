@@ -2,8 +2,9 @@
 //!
 //! `powerhub serve` enforces [`auth`] and [`permissions`] once its config has an `[auth]`
 //! section: the push [`Session`](crate::protocol::Session) verifies the `auth` command (or the
-//! WebSocket handshake's token) and checks every subscribe and publish. [`tls`] is **not wired
-//! yet**: no listener speaks TLS. See `docs/security.md`. The modules are sans-IO:
+//! WebSocket handshake's token) and checks every subscribe and publish; a listener with
+//! `tls_cert` and `tls_key` speaks TLS through [`tls`]'s session, driven by the shard that owns
+//! the connection. See `docs/security.md`. The modules are sans-IO:
 //!
 //! - [`auth`]: the `[auth]` configuration, and the [`auth::Authenticator`] that verifies a static
 //!   token or a JWT at a given `now` into an [`auth::Identity`], or refuses it with a named
