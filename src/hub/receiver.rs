@@ -1,57 +1,4 @@
-//! A receiver per subscriber: the hub's deliveries pulled by the consumer, blocking or async,
-//! with the losses of its slow-consumer policy visible where they happened.
-//!
-//! A [`Receiver`] is a hub subscriber like any other (its queue, `max_queue`, `max_batch` and
-//! slow-consumer policy are the hub's, and so are its `stats()` row and its place in
-//! `presence()`), whose transport is a small hand-off: the hub hands it one batch at a time and
-//! holds the next one in the subscriber's queue until the consumer took the previous one. So:
-//!
-//! - **A slow consumer only lags itself.** Nothing the consumer does runs on the hub's drain;
-//!   while it does not receive, its own queue fills and its own policy applies, as a
-//!   `tokio::sync::broadcast` receiver lags alone.
-//! - **Losses are seen where they are.** Under `drop-oldest` and `drop-newest`, a receive that
-//!   would pass messages the policy dropped returns [`RecvError::Lagged`] with their count first
-//!   (the subscriber's `dropped` since the last one), then the messages after the gap. Every
-//!   [`Received`] also carries its [`topic_seq`](Received::topic_seq): consecutive unless
-//!   something was dropped.
-//! - **The end is said.** After `disconnect`, an unsubscribe or the hub's close, the messages
-//!   already handed over are still received, then [`RecvError::Closed`] with the reason.
-//! - **Dropping the receiver unsubscribes.**
-//! - A consumer that does not receive holds the hub's next batch for it pending, as a transport
-//!   that has not completed a send: [`Hub::flush`](super::Hub::flush) waits for it, as for any
-//!   transport; [`Hub::flush_timeout`](super::Hub::flush_timeout) bounds the wait.
-//!
-//! The async side needs no particular runtime: [`Receiver::recv_async`] is a future woken by
-//! the hub through the task's `Waker`, and `Receiver` is a [`futures_core::Stream`].
-//!
-//! ```
-//! use std::time::Instant;
-//! use powerhub::hub::{Driver, Hub, HubOptions, Message, PublishOptions, RecvError, SubscribeOptions};
-//! use powerhub::plugin::CloseReason;
-//! use powerhub::transport::SpySink;
-//!
-//! let hub = Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Manual))?;
-//! // A queue of two messages, handed over one at a time.
-//! let mut rx = hub.receiver("prices", SubscribeOptions::default().max_queue(2).max_batch(1))?;
-//! let publish = |px: u32| {
-//!     let m = Message::json(format!("{{\"px\":{px}}}")).unwrap();
-//!     hub.publish("prices", m, PublishOptions::default())
-//! };
-//! publish(0)?;
-//! hub.turn(Instant::now()); // 0 is handed over
-//! for px in 1..5 {
-//!     publish(px)?; // the queue keeps the newest two (drop-oldest): 1 and 2 are dropped
-//! }
-//! hub.turn(Instant::now()); // 3 waits for the consumer, 4 in the queue
-//! assert_eq!(rx.recv()?.topic_seq(), 0);
-//! assert_eq!(rx.recv().unwrap_err(), RecvError::Lagged { missed: 2 });
-//! assert_eq!(rx.recv()?.topic_seq(), 3);
-//! hub.turn(Instant::now());
-//! assert_eq!(rx.recv()?.topic_seq(), 4);
-//! hub.close();
-//! assert_eq!(rx.recv().unwrap_err(), RecvError::Closed { reason: CloseReason::HubClosed });
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! A receiver per subscriber: see [`Receiver`].
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -263,8 +210,62 @@ impl Sink for HandOff {
     }
 }
 
-/// A subscriber's own receiving end: see the [module documentation](self). Made by
-/// [`Hub::receiver`](super::Hub::receiver); dropping it unsubscribes.
+/// A receiver per subscriber: the hub's deliveries pulled by the consumer, blocking or async,
+/// with the losses of its slow-consumer policy visible where they happened.
+///
+/// A [`Receiver`] is a hub subscriber like any other (its queue, `max_queue`, `max_batch` and
+/// slow-consumer policy are the hub's, and so are its `stats()` row and its place in
+/// `presence()`), whose transport is a small hand-off: the hub hands it one batch at a time and
+/// holds the next one in the subscriber's queue until the consumer took the previous one. So:
+///
+/// - **A slow consumer only lags itself.** Nothing the consumer does runs on the hub's drain;
+///   while it does not receive, its own queue fills and its own policy applies, as a
+///   `tokio::sync::broadcast` receiver lags alone.
+/// - **Losses are seen where they are.** Under `drop-oldest` and `drop-newest`, a receive that
+///   would pass messages the policy dropped returns [`RecvError::Lagged`] with their count first
+///   (the subscriber's `dropped` since the last one), then the messages after the gap. Every
+///   [`Received`] also carries its [`topic_seq`](Received::topic_seq): consecutive unless
+///   something was dropped.
+/// - **The end is said.** After `disconnect`, an unsubscribe or the hub's close, the messages
+///   already handed over are still received, then [`RecvError::Closed`] with the reason.
+/// - **Dropping the receiver unsubscribes.**
+/// - A consumer that does not receive holds the hub's next batch for it pending, as a transport
+///   that has not completed a send: [`Hub::flush`](super::Hub::flush) waits for it, as for any
+///   transport; [`Hub::flush_timeout`](super::Hub::flush_timeout) bounds the wait.
+///
+/// The async side needs no particular runtime: [`Receiver::recv_async`] is a future woken by
+/// the hub through the task's `Waker`, and `Receiver` is a [`futures_core::Stream`].
+///
+/// ```
+/// use std::time::Instant;
+/// use powerhub::hub::{Driver, Hub, HubOptions, Message, PublishOptions, RecvError, SubscribeOptions};
+/// use powerhub::plugin::CloseReason;
+/// use powerhub::transport::SpySink;
+///
+/// let hub = Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Manual))?;
+/// // A queue of two messages, handed over one at a time.
+/// let mut rx = hub.receiver("prices", SubscribeOptions::default().max_queue(2).max_batch(1))?;
+/// let publish = |px: u32| {
+///     let m = Message::json(format!("{{\"px\":{px}}}")).unwrap();
+///     hub.publish("prices", m, PublishOptions::default())
+/// };
+/// publish(0)?;
+/// hub.turn(Instant::now()); // 0 is handed over
+/// for px in 1..5 {
+///     publish(px)?; // the queue keeps the newest two (drop-oldest): 1 and 2 are dropped
+/// }
+/// hub.turn(Instant::now()); // 3 waits for the consumer, 4 in the queue
+/// assert_eq!(rx.recv()?.topic_seq(), 0);
+/// assert_eq!(rx.recv().unwrap_err(), RecvError::Lagged { missed: 2 });
+/// assert_eq!(rx.recv()?.topic_seq(), 3);
+/// hub.turn(Instant::now());
+/// assert_eq!(rx.recv()?.topic_seq(), 4);
+/// hub.close();
+/// assert_eq!(rx.recv().unwrap_err(), RecvError::Closed { reason: CloseReason::HubClosed });
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Made by [`Hub::receiver`](super::Hub::receiver).
 #[derive(Debug)]
 pub struct Receiver {
     chan: Arc<Chan>,
