@@ -1542,24 +1542,19 @@ fn numbered(
     message: Message,
     retain: bool,
 ) -> (Option<parking_lot::MutexGuard<'_, u64>>, Arc<Entry>) {
-    if t.subs.is_empty() && t.cursors.is_empty() && !retain {
-        let entry = Arc::new(Entry {
-            seq,
-            topic_seq: 0,
-            priority,
-            message,
-        });
-        return (None, entry);
+    let numbers = retain || !t.subs.is_empty() || !t.cursors.is_empty();
+    let mut order = numbers.then(|| t.order.lock());
+    let topic_seq = order.as_deref().copied().unwrap_or(0);
+    if let Some(next) = order.as_deref_mut() {
+        *next += 1;
     }
-    let mut order = t.order.lock();
     let entry = Arc::new(Entry {
         seq,
-        topic_seq: *order,
+        topic_seq,
         priority,
         message,
     });
-    *order += 1;
-    (Some(order), entry)
+    (order, entry)
 }
 
 fn retain(topic: &Topic, entry: &Arc<Entry>) {

@@ -279,22 +279,27 @@ impl Sink for Accepting {
     }
 }
 
+/// An in-process hub whose drain thread runs on the CPU `pin` pins to (the drain thread
+/// inherits the CPU of the thread that creates the hub).
+fn pinned_hub(pin: fn()) -> io::Result<Hub> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin();
+            Hub::new(Accepting, HubOptions::default().codec(Codec::Ndjson))
+        })
+        .join()
+        .map_err(|_| io::Error::other("hub creation panicked"))
+    })?
+    .map_err(|e| io::Error::other(e.to_string()))
+}
+
 /// Publish `msgs` copies of `payload` to `n` subscribers of an in-process hub (its own drain
 /// thread) and wait until every subscriber has them. Each subscriber's handler counts its
 /// deliveries; the publisher stays within half a queue of the drain, as with the other
 /// in-process systems, so that nothing is dropped.
 pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::Result<InprocOut> {
     let err = |e: powerhub::hub::HubError| io::Error::other(e.to_string());
-    // The drain thread inherits the CPU of the thread that creates the hub.
-    let hub = std::thread::scope(|s| {
-        s.spawn(|| {
-            crate::inproc::pin_consumer();
-            Hub::new(Accepting, HubOptions::default().codec(Codec::Ndjson))
-        })
-        .join()
-        .map_err(|_| io::Error::other("hub creation panicked"))
-    })?
-    .map_err(err)?;
+    let hub = pinned_hub(crate::inproc::pin_consumer)?;
     // One counter per subscriber, written only by the drain thread (the sink never leaves a
     // send pending, so handlers run nowhere else): a plain load and store, no locked
     // instruction. The publisher reads them to stay within half a queue of the slowest.
@@ -360,18 +365,10 @@ pub(crate) fn inproc_receivers(
 ) -> io::Result<InprocOut> {
     use powerhub::hub::TryRecvError;
     let err = |e: powerhub::hub::HubError| io::Error::other(e.to_string());
-    let hub = std::thread::scope(|s| {
-        s.spawn(|| {
-            // The hub's drain thread runs with the publisher (which yields while it is a window
-            // ahead), not with the consumer, which spins over its receivers: there is a third
-            // thread here, and two CPUs.
-            crate::inproc::pin_publisher();
-            Hub::new(Accepting, HubOptions::default().codec(Codec::Ndjson))
-        })
-        .join()
-        .map_err(|_| io::Error::other("hub creation panicked"))
-    })?
-    .map_err(err)?;
+    // The hub's drain thread runs with the publisher (which yields while it is a window
+    // ahead), not with the consumer, which spins over its receivers: there is a third thread
+    // here, and two CPUs.
+    let hub = pinned_hub(crate::inproc::pin_publisher)?;
     let mut rxs = Vec::with_capacity(n);
     for _ in 0..n {
         let opts = SubscribeOptions::default().max_queue(queue).max_batch(64);
