@@ -63,7 +63,8 @@ fn hub_with(n: usize) -> (Hub, Arc<Counting>) {
             },
             SubscribeOptions::default().id(format!("s{i}")),
         )
-        .unwrap();
+        .unwrap()
+        .detach();
     }
     // Check the path end to end once before measuring it.
     hub.publish("t", payload(), PublishOptions::default())
@@ -165,7 +166,8 @@ fn fanout_among_idle(c: &mut Criterion) {
                 |_| {},
                 SubscribeOptions::default().id(format!("idle-{i}")),
             )
-            .unwrap();
+            .unwrap()
+            .detach();
         }
         group.throughput(Throughput::Elements(1));
         group.bench_with_input(

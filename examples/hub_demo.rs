@@ -35,7 +35,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             SubscribeOptions::default()
                 .id(format!("fast-{i}"))
                 .max_queue(4096),
-        )?;
+        )?
+        .detach();
     }
 
     // A stalled consumer: its own channel, never read. It keeps the newest 64 messages and
@@ -47,7 +48,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         SubscribeOptions::default()
             .id("stalled")
             .sink(Arc::new(stalled_sink)),
-    )?;
+    )?
+    .detach();
     // A consumer for which stale data is worse than none: cut loose once it falls behind.
     let (strict_sink, strict_rx) = channel(1);
     hub.subscribe(
@@ -58,7 +60,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .max_queue(16)
             .slow_consumer(SlowConsumer::Disconnect)
             .sink(Arc::new(strict_sink)),
-    )?;
+    )?
+    .detach();
 
     let reader = thread::spawn(move || {
         let (mut frames_seen, mut messages, mut bytes) = (0u64, 0u64, 0u64);
@@ -104,7 +107,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             l.fetch_add(1, Ordering::Relaxed);
         },
         SubscribeOptions::default().id("late"),
-    )?;
+    )?
+    .detach();
 
     // The stalled consumer's one in-flight frame would hold `flush` forever: let it go.
     hub.unsubscribe("stalled");

@@ -124,7 +124,8 @@ fn check(
             .max_batch(max_batch)
             .slow_consumer(policy),
     )
-    .unwrap();
+    .unwrap()
+    .detach();
     let mut model = Model {
         cap,
         policy: Some(policy),
@@ -233,7 +234,7 @@ proptest! {
                 |_| {},
                 SubscribeOptions::default().id(ids[k]).max_queue(caps[k]).max_batch(batches[k]),
             )
-            .unwrap();
+            .unwrap().detach();
         }
         let mut seq = 0u64;
         let mut bodies = Vec::new();

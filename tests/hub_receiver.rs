@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use powerhub::hub::{
-    Driver, Hub, HubError, HubOptions, Message, PublishOptions, RecvError, RecvTimeoutError,
+    Driver, FlushError, Hub, HubOptions, Message, PublishOptions, RecvError, RecvTimeoutError,
     SlowConsumer, SubscribeOptions, TryRecvError,
 };
 use powerhub::plugin::CloseReason;
@@ -276,7 +276,7 @@ fn flush_timeout_bounds_the_wait_for_a_receiver_that_does_not_receive() {
     // 0 is handed over; 1 waits for the consumer, as a send waits for a transport.
     assert_eq!(
         hub.flush_timeout(Duration::from_millis(50)),
-        Err(HubError::FlushTimeout)
+        Err(FlushError::Timeout)
     );
     let consumer = std::thread::spawn(move || {
         let a = rx.recv().unwrap();

@@ -7,14 +7,15 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use powerhub::hub::{
-    Codec, Delivery, Driver, Hub, HubConfig, HubError, HubOptions, Message, PublishOptions,
-    SlowConsumer, SubscribeOptions, SubscriberRef,
+    Codec, Delivery, DeliveryError, Driver, FlushError, Hub, HubConfig, HubOptions, Message,
+    OptionsError, PublishError, PublishOptions, SlowConsumer, SubscribeError, SubscribeOptions,
+    SubscriberRef,
 };
 use powerhub::transport::{SpyMode, SpySink};
 use powerhub_plugin::frame;
 use powerhub_plugin::{CloseReason, SendError};
 
-type Errors = Arc<Mutex<Vec<(HubError, Option<String>)>>>;
+type Errors = Arc<Mutex<Vec<(DeliveryError, Option<String>)>>>;
 
 fn manual(opts: HubOptions) -> (Hub, SpySink) {
     let spy = SpySink::new();
@@ -25,7 +26,7 @@ fn manual(opts: HubOptions) -> (Hub, SpySink) {
 fn with_errors(opts: HubOptions) -> (HubOptions, Errors) {
     let errors: Errors = Arc::default();
     let e = Arc::clone(&errors);
-    let opts = opts.on_error(move |err: &HubError, sub: Option<&SubscriberRef>| {
+    let opts = opts.on_error(move |err: &DeliveryError, sub: Option<&SubscriberRef>| {
         e.lock()
             .unwrap()
             .push((err.clone(), sub.map(|s| s.id().to_owned())));
@@ -92,7 +93,7 @@ fn recorder() -> (
 #[test]
 fn subscribe_defaults_are_max_queue_64_max_batch_32_drop_oldest() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     for i in 0..70 {
         assert_eq!(publish(&hub, "t", i), 1);
     }
@@ -136,19 +137,15 @@ fn unknown_option_is_an_error_naming_it() {
 #[test]
 fn negative_or_nan_batch_delay_is_rejected_naming_the_option() {
     for bad in [-1.0, f64::NAN, f64::INFINITY, 1e12] {
-        let cfg = HubConfig {
-            batch_delay_ms: bad,
-            ..HubConfig::default()
-        };
+        let mut cfg = HubConfig::default();
+        cfg.batch_delay_ms = bad;
         match HubOptions::from_config(&cfg) {
-            Err(HubError::InvalidOption { option, .. }) => assert_eq!(option, "batch_delay_ms"),
+            Err(OptionsError::Invalid { option, .. }) => assert_eq!(option, "batch_delay_ms"),
             other => panic!("{bad}: {other:?}"),
         }
     }
-    let cfg = HubConfig {
-        batch_delay_ms: 0.0,
-        ..HubConfig::default()
-    };
+    let mut cfg = HubConfig::default();
+    cfg.batch_delay_ms = 0.0;
     assert!(HubOptions::from_config(&cfg).is_ok(), "zero is kept");
     let err = Hub::new(
         SpySink::new(),
@@ -166,7 +163,7 @@ fn raw_codec_requires_max_batch_one() {
         .unwrap_err();
     assert!(matches!(
         err,
-        HubError::RawNeedsMaxBatchOne { max_batch: 32 }
+        SubscribeError::RawNeedsMaxBatchOne { max_batch: 32 }
     ));
     assert!(err.to_string().contains("`max_batch: 1`"), "{err}");
     assert!(err.to_string().contains("`codec: raw`"), "{err}");
@@ -188,11 +185,11 @@ fn raw_codec_requires_max_batch_one() {
 #[test]
 fn duplicate_subscriber_id_is_an_error_naming_it() {
     let (hub, _spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("client-42"));
+    sub(&hub, "t", SubscribeOptions::default().id("client-42")).detach();
     let err = hub
         .subscribe("u", |_| {}, SubscribeOptions::default().id("client-42"))
         .unwrap_err();
-    assert_eq!(err, HubError::DuplicateId("client-42".into()));
+    assert_eq!(err, SubscribeError::DuplicateId("client-42".into()));
     assert!(err.to_string().contains("client-42"));
 }
 
@@ -209,7 +206,7 @@ fn invalid_subscribe_options_are_errors_naming_the_option() {
     ];
     for (opts, name) in cases {
         match hub.subscribe("t", |_| {}, opts) {
-            Err(HubError::InvalidOption { option, .. }) => assert_eq!(option, name),
+            Err(SubscribeError::InvalidOption { option, .. }) => assert_eq!(option, name),
             other => panic!("{name}: {other:?}"),
         }
     }
@@ -229,15 +226,16 @@ fn generated_ids_are_unique() {
 fn publish_returns_the_number_of_subscribers_queued_for() {
     let (hub, _spy) = manual(HubOptions::default());
     assert_eq!(publish(&hub, "t", 0), 0);
-    sub(&hub, "t", SubscribeOptions::default());
+    sub(&hub, "t", SubscribeOptions::default()).detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default()
             .max_queue(1)
             .slow_consumer(SlowConsumer::DropNewest),
-    );
-    sub(&hub, "other", SubscribeOptions::default());
+    )
+    .detach();
+    sub(&hub, "other", SubscribeOptions::default()).detach();
     assert_eq!(publish(&hub, "t", 1), 2);
     assert_eq!(
         publish(&hub, "t", 2),
@@ -252,7 +250,7 @@ fn publish_priority_without_message_priority_is_an_error() {
     let err = hub
         .publish("t", json(1), PublishOptions::default().priority(3))
         .unwrap_err();
-    assert_eq!(err, HubError::PriorityWithoutMessagePriority);
+    assert_eq!(err, PublishError::PriorityWithoutMessagePriority);
     assert!(err.to_string().contains("`message_priority: true`"));
     assert_eq!(hub.stats().published, 0);
 }
@@ -260,7 +258,7 @@ fn publish_priority_without_message_priority_is_an_error() {
 #[test]
 fn publish_after_close_returns_zero() {
     let (hub, _spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default());
+    sub(&hub, "t", SubscribeOptions::default()).detach();
     hub.close();
     assert_eq!(publish(&hub, "t", 1), 0);
 }
@@ -273,12 +271,14 @@ fn publish_from_many_threads_never_blocks_on_a_stalled_subscriber() {
         &hub,
         "t",
         SubscribeOptions::default().id("stalled").max_queue(8),
-    );
+    )
+    .detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default().id("healthy").max_queue(4096),
-    );
+    )
+    .detach();
     publish(&hub, "t", -1);
     turn(&hub); // the stalled subscriber now has a send that never completes
     let (done_tx, done_rx) = std::sync::mpsc::channel();
@@ -326,12 +326,14 @@ fn a_stalled_subscriber_costs_bounded_memory_evicted_messages_are_released() {
                 .id("small")
                 .max_queue(4)
                 .slow_consumer(policy),
-        );
+        )
+        .detach();
         sub(
             &hub,
             "t",
             SubscribeOptions::default().id("large").max_queue(8),
-        );
+        )
+        .detach();
         publish(&hub, "t", -1);
         turn(&hub); // both now have a send that never completes
         let probe = Message::json(String::from("[0]")).unwrap();
@@ -362,7 +364,8 @@ fn shared_log_releases_entries_every_subscriber_has_taken() {
             &hub,
             "t",
             SubscribeOptions::default().id(id).max_queue(4096),
-        );
+        )
+        .detach();
     }
     // A large message (1 MiB of JSON), then a few small ones: both subscribers take them all.
     let big = format!("\"{}\"", "x".repeat(1 << 20));
@@ -388,7 +391,8 @@ fn shared_log_releases_entries_every_subscriber_has_taken() {
         &hub,
         "t",
         SubscribeOptions::default().id("stalled").max_queue(4),
-    );
+    )
+    .detach();
     publish(&hub, "t", -1);
     turn(&hub); // its send of [-1] never completes
     let probes: Vec<Bytes> = (0..6)
@@ -449,7 +453,7 @@ fn shared_log_releases_entries_every_subscriber_has_taken() {
 #[test]
 fn drop_oldest_discards_the_head_to_make_room() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(3));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(3)).detach();
     for i in 0..5 {
         assert_eq!(
             publish(&hub, "t", i),
@@ -473,7 +477,8 @@ fn drop_newest_refuses_the_incoming_message() {
             .id("a")
             .max_queue(3)
             .slow_consumer(SlowConsumer::DropNewest),
-    );
+    )
+    .detach();
     let counts: Vec<usize> = (0..5).map(|i| publish(&hub, "t", i)).collect();
     assert_eq!(counts, [1, 1, 1, 0, 0]);
     turn(&hub);
@@ -492,7 +497,7 @@ fn disconnect_closes_with_slow_consumer_and_counts_it() {
             .max_queue(2)
             .slow_consumer(SlowConsumer::Disconnect),
     );
-    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    sub(&hub, "t", SubscribeOptions::default().id("b")).detach();
     assert_eq!(publish(&hub, "t", 0), 2);
     assert_eq!(publish(&hub, "t", 1), 2);
     assert_eq!(publish(&hub, "t", 2), 1, "a fell behind and was cut loose");
@@ -525,7 +530,8 @@ fn max_queue_zero_drops_the_incoming_message_under_drop_oldest_and_drop_newest()
                 .id("a")
                 .max_queue(0)
                 .slow_consumer(policy),
-        );
+        )
+        .detach();
         assert_eq!(publish(&hub, "t", 1), 0, "{policy:?}");
         turn(&hub);
         assert!(spy.frames().is_empty());
@@ -544,7 +550,8 @@ fn max_queue_zero_disconnects_on_the_first_message_under_disconnect() {
             .id("a")
             .max_queue(0)
             .slow_consumer(SlowConsumer::Disconnect),
-    );
+    )
+    .detach();
     assert_eq!(publish(&hub, "t", 1), 0);
     assert_eq!(
         spy.closes(),
@@ -556,7 +563,7 @@ fn max_queue_zero_disconnects_on_the_first_message_under_disconnect() {
 #[test]
 fn drop_oldest_under_message_priority_evicts_lowest_priority_newest_among_equals() {
     let (hub, spy) = manual(HubOptions::default().message_priority(true));
-    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(2));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(2)).detach();
     // The spec's example: `noise` loses its slot; `critical` and `also-noise` are delivered.
     hub.publish(
         "t",
@@ -577,7 +584,7 @@ fn drop_oldest_under_message_priority_evicts_lowest_priority_newest_among_equals
 
     // Among equal priorities the most recently queued goes.
     let (hub, spy) = manual(HubOptions::default().message_priority(true));
-    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(3));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(3)).detach();
     publish_prio(&hub, "t", 1, 5);
     publish_prio(&hub, "t", 2, 1);
     publish_prio(&hub, "t", 3, 1);
@@ -590,7 +597,7 @@ fn drop_oldest_under_message_priority_evicts_lowest_priority_newest_among_equals
 #[test]
 fn message_priority_delivers_highest_first_ties_by_arrival() {
     let (hub, spy) = manual(HubOptions::default().message_priority(true));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish_prio(&hub, "t", 1, 1);
     publish_prio(&hub, "t", 2, 10);
     publish(&hub, "t", 3); // an omitted priority is 0
@@ -603,7 +610,7 @@ fn message_priority_delivers_highest_first_ties_by_arrival() {
 #[test]
 fn message_priority_does_not_read_ordering_from_the_payload() {
     let (hub, spy) = manual(HubOptions::default().message_priority(true));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     hub.publish(
         "t",
         Message::json(r#"{"priority":1}"#).unwrap(),
@@ -633,7 +640,8 @@ fn drop_newest_under_message_priority_keeps_what_is_queued() {
             .id("a")
             .max_queue(1)
             .slow_consumer(SlowConsumer::DropNewest),
-    );
+    )
+    .detach();
     publish_prio(&hub, "t", 1, 0);
     assert_eq!(
         publish_prio(&hub, "t", 2, 100),
@@ -649,7 +657,7 @@ fn drop_newest_under_message_priority_keeps_what_is_queued() {
 #[test]
 fn one_turn_becomes_one_frame_per_subscriber_batch() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     for i in 0..5 {
         publish(&hub, "t", i);
     }
@@ -663,7 +671,7 @@ fn one_turn_becomes_one_frame_per_subscriber_batch() {
 #[test]
 fn batches_are_split_at_max_batch() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(4));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(4)).detach();
     for i in 0..10 {
         publish(&hub, "t", i);
     }
@@ -680,7 +688,7 @@ fn batches_are_split_at_max_batch() {
 #[test]
 fn batch_delay_widens_the_window_on_a_virtual_clock() {
     let (hub, spy) = manual(HubOptions::default().batch_delay(Duration::from_millis(50)));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     let t0 = Instant::now();
     assert_eq!(hub.poll_timeout(), None);
     publish(&hub, "t", 0);
@@ -700,7 +708,7 @@ fn batch_delay_widens_the_window_on_a_virtual_clock() {
 #[test]
 fn zero_batch_delay_sends_at_the_next_turn() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     let t0 = Instant::now();
     publish(&hub, "t", 0);
     assert!(hub.poll_timeout().is_some_and(|t| t <= Instant::now()));
@@ -711,7 +719,7 @@ fn zero_batch_delay_sends_at_the_next_turn() {
 #[test]
 fn batch_false_sends_only_on_flush() {
     let (hub, spy) = manual(HubOptions::default().batch(false));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 0);
     publish(&hub, "t", 1);
     turn(&hub);
@@ -722,7 +730,7 @@ fn batch_false_sends_only_on_flush() {
     // The same under the thread driver: nothing is sent until flush.
     let spy = SpySink::new();
     let hub = Hub::new(spy.clone(), HubOptions::default().batch(false)).unwrap();
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 0);
     assert_eq!(hub.stats().list[0].queued, 1);
     hub.flush().unwrap();
@@ -733,7 +741,7 @@ fn batch_false_sends_only_on_flush() {
 fn thread_driver_sends_without_a_flush() {
     let (sink, rx) = powerhub::transport::channel(16);
     let hub = Hub::new(sink, HubOptions::default()).unwrap();
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 7);
     // Bounded wait so a bug cannot hang the suite; no timing is asserted.
     match rx.recv_timeout(Duration::from_secs(30)).unwrap() {
@@ -751,7 +759,7 @@ fn thread_driver_sends_without_a_flush() {
 fn one_frame_per_topic_batch_is_shared_by_every_subscriber() {
     let (hub, spy) = manual(HubOptions::default());
     for i in 0..100 {
-        sub(&hub, "t", SubscribeOptions::default().id(format!("s{i}")));
+        sub(&hub, "t", SubscribeOptions::default().id(format!("s{i}"))).detach();
     }
     for i in 0..3 {
         publish(&hub, "t", i);
@@ -772,7 +780,7 @@ fn encoded_stays_one_per_flush_whatever_the_subscriber_count() {
     for n in [1, 10, 1000] {
         let (hub, _spy) = manual(HubOptions::default());
         for _ in 0..n {
-            sub(&hub, "t", SubscribeOptions::default());
+            sub(&hub, "t", SubscribeOptions::default()).detach();
         }
         for round in 0..3 {
             publish(&hub, "t", round);
@@ -785,10 +793,10 @@ fn encoded_stays_one_per_flush_whatever_the_subscriber_count() {
 #[test]
 fn subscribers_whose_queues_differ_get_their_own_frame() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("early"));
+    sub(&hub, "t", SubscribeOptions::default().id("early")).detach();
     publish(&hub, "t", 0);
-    sub(&hub, "t", SubscribeOptions::default().id("late"));
-    sub(&hub, "t", SubscribeOptions::default().id("late2"));
+    sub(&hub, "t", SubscribeOptions::default().id("late")).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("late2")).detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(received(&spy, "early"), nums(0..2));
@@ -806,17 +814,19 @@ fn subscribers_whose_queues_differ_get_their_own_frame() {
 #[test]
 fn a_codec_override_gets_its_own_shared_frame() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("j1"));
+    sub(&hub, "t", SubscribeOptions::default().id("j1")).detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default().id("n1").codec(Codec::Ndjson),
-    );
+    )
+    .detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default().id("n2").codec(Codec::Ndjson),
-    );
+    )
+    .detach();
     publish(&hub, "t", 1);
     publish(&hub, "t", 2);
     turn(&hub);
@@ -829,7 +839,7 @@ fn a_codec_override_gets_its_own_shared_frame() {
 #[test]
 fn raw_codec_sends_one_message_per_frame() {
     let (hub, spy) = manual(HubOptions::default().codec(Codec::Raw));
-    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(1));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(1)).detach();
     hub.publish(
         "t",
         Message::binary(vec![1u8, 2]),
@@ -849,7 +859,7 @@ fn raw_codec_sends_one_message_per_frame() {
 fn encode_failure_is_counted_in_dropped_and_reported_never_requeued() {
     let (opts, errors) = with_errors(HubOptions::default());
     let (hub, spy) = manual(opts);
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     hub.publish("t", Message::binary(vec![0xff]), PublishOptions::default())
         .unwrap();
     let r = hub.flush();
@@ -860,7 +870,7 @@ fn encode_failure_is_counted_in_dropped_and_reported_never_requeued() {
     assert_eq!(s.list[0].queued, 0, "not requeued");
     let errs = errors.lock().unwrap().clone();
     assert!(
-        matches!(&errs[0], (HubError::Encode { codec: "json", messages: 1, .. }, Some(id)) if id == "a")
+        matches!(&errs[0], (DeliveryError::Encode { codec: "json", messages: 1, .. }, Some(id)) if id == "a")
     );
     hub.flush().unwrap();
     assert_eq!(errors.lock().unwrap().len(), 1);
@@ -872,7 +882,7 @@ fn encode_failure_is_counted_in_dropped_and_reported_never_requeued() {
 fn one_frame_in_flight_per_subscriber() {
     let (hub, spy) = manual(HubOptions::default());
     spy.set_mode(SpyMode::Pending);
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 0);
     turn(&hub);
     assert_eq!(spy.sends(), 1);
@@ -911,7 +921,8 @@ fn frames_reach_a_subscriber_in_publish_order() {
             .id("a")
             .max_batch(3)
             .max_queue(1000),
-    );
+    )
+    .detach();
     let mut next = 0;
     for round in 0..20 {
         spy.set_mode(if round % 3 == 0 {
@@ -941,7 +952,8 @@ fn handler_runs_after_the_transport_accepted_the_batch() {
     spy.set_mode(SpyMode::Pending);
     let (seen, handler) = recorder();
     hub.subscribe("t", handler, SubscribeOptions::default().id("a"))
-        .unwrap();
+        .unwrap()
+        .detach();
     publish(&hub, "t", 1);
     publish(&hub, "t", 2);
     turn(&hub);
@@ -960,7 +972,8 @@ fn handler_is_not_run_for_a_failed_send() {
     spy.set_mode(SpyMode::Pending);
     let (seen, handler) = recorder();
     hub.subscribe("t", handler, SubscribeOptions::default().id("a"))
-        .unwrap();
+        .unwrap()
+        .detach();
     publish(&hub, "t", 1);
     turn(&hub);
     spy.complete_next(Err(SendError::Closed));
@@ -977,17 +990,19 @@ fn panicking_handler_is_reported_and_isolated() {
         |_| panic!("boom"),
         SubscribeOptions::default().id("bad"),
     )
-    .unwrap();
+    .unwrap()
+    .detach();
     let (seen, handler) = recorder();
     hub.subscribe("t", handler, SubscribeOptions::default().id("good"))
-        .unwrap();
+        .unwrap()
+        .detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(*seen.lock().unwrap(), ["1"]);
     assert_eq!(spy.frames().len(), 2);
     let errs = errors.lock().unwrap().clone();
     assert!(
-        matches!(&errs[..], [(HubError::HandlerPanicked { id, message }, Some(s))] if id == "bad" && message == "boom" && s == "bad")
+        matches!(&errs[..], [(DeliveryError::HandlerPanicked { id, message }, Some(s))] if id == "bad" && message == "boom" && s == "bad")
     );
     publish(&hub, "t", 2);
     turn(&hub);
@@ -999,15 +1014,15 @@ fn failing_send_is_reported_and_isolated() {
     let (opts, errors) = with_errors(HubOptions::default());
     let (hub, spy) = manual(opts);
     spy.set_mode_for("bad", SpyMode::Fail("socket reset".into()));
-    sub(&hub, "t", SubscribeOptions::default().id("bad"));
-    sub(&hub, "t", SubscribeOptions::default().id("good"));
+    sub(&hub, "t", SubscribeOptions::default().id("bad")).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("good")).detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(received(&spy, "good"), ["1"]);
     let errs = errors.lock().unwrap().clone();
     assert_eq!(errs.len(), 1);
     assert!(
-        matches!(&errs[0], (HubError::SendFailed { id, error: SendError::Refused(why) }, _) if id == "bad" && why == "socket reset")
+        matches!(&errs[0], (DeliveryError::SendFailed { id, error: SendError::Refused(why) }, _) if id == "bad" && why == "socket reset")
     );
 }
 
@@ -1016,13 +1031,13 @@ fn panicking_sink_is_reported_and_isolated() {
     let (opts, errors) = with_errors(HubOptions::default());
     let (hub, spy) = manual(opts);
     spy.set_mode_for("bad", SpyMode::Panic);
-    sub(&hub, "t", SubscribeOptions::default().id("bad"));
-    sub(&hub, "t", SubscribeOptions::default().id("good"));
+    sub(&hub, "t", SubscribeOptions::default().id("bad")).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("good")).detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(received(&spy, "good"), ["1"]);
     assert!(
-        matches!(&errors.lock().unwrap()[0], (HubError::SinkPanicked { id, .. }, _) if id == "bad")
+        matches!(&errors.lock().unwrap()[0], (DeliveryError::SinkPanicked { id, .. }, _) if id == "bad")
     );
     assert!(!hub.stats().list.iter().any(|s| s.in_flight));
 }
@@ -1044,7 +1059,7 @@ fn retained_messages_are_replayed_in_order_to_a_new_subscriber() {
     );
     retain(&hub, "t", 1);
     publish(&hub, "t", 99); // not retained
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 2);
     turn(&hub);
     assert_eq!(received(&spy, "a"), ["0", "1", "2"]);
@@ -1056,7 +1071,7 @@ fn retained_log_keeps_the_last_32_per_topic() {
     for i in 0..40 {
         retain(&hub, "t", i);
     }
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     turn(&hub);
     assert_eq!(received(&spy, "a"), nums(8..40));
 }
@@ -1074,12 +1089,14 @@ fn retained_replay_goes_through_the_subscriber_queue_and_policy() {
             .id("newest")
             .max_queue(4)
             .slow_consumer(SlowConsumer::DropNewest),
-    );
+    )
+    .detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default().id("oldest").max_queue(4),
-    );
+    )
+    .detach();
     sub(
         &hub,
         "t",
@@ -1087,7 +1104,8 @@ fn retained_replay_goes_through_the_subscriber_queue_and_policy() {
             .id("cut")
             .max_queue(4)
             .slow_consumer(SlowConsumer::Disconnect),
-    );
+    )
+    .detach();
     turn(&hub);
     assert_eq!(received(&spy, "newest"), nums(0..4));
     assert_eq!(received(&spy, "oldest"), nums(6..10));
@@ -1120,7 +1138,8 @@ fn a_retained_replay_and_the_live_messages_queued_behind_it_go_out_as_one_batch_
             &hub,
             "t",
             SubscribeOptions::default().id("a").slow_consumer(policy),
-        );
+        )
+        .detach();
         for i in 3..6 {
             publish(&hub, "t", i);
         }
@@ -1139,7 +1158,7 @@ fn a_retained_replay_and_the_live_messages_queued_behind_it_go_out_as_one_batch_
     for i in 0..3 {
         retain(&hub, "t", i);
     }
-    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(4));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_batch(4)).detach();
     for i in 3..6 {
         publish(&hub, "t", i);
     }
@@ -1158,7 +1177,8 @@ fn a_panicking_accounting_callback_is_reported_and_flush_still_succeeds() {
         SubscribeOptions::default()
             .id("a")
             .bytes_acknowledged(|_, _| panic!("bad gauge")),
-    );
+    )
+    .detach();
     publish(&hub, "t", 1);
     assert_eq!(
         hub.flush(),
@@ -1176,7 +1196,7 @@ fn retained_replay_is_not_counted_in_published() {
     retain(&hub, "t", 0);
     retain(&hub, "t", 1);
     for _ in 0..5 {
-        sub(&hub, "t", SubscribeOptions::default());
+        sub(&hub, "t", SubscribeOptions::default()).detach();
     }
     assert_eq!(hub.stats().published, 2);
 }
@@ -1188,7 +1208,7 @@ fn retained_log_is_released_when_the_last_subscriber_leaves() {
     let b = sub(&hub, "t", SubscribeOptions::default().id("b"));
     retain(&hub, "t", 1);
     assert!(a.unsubscribe());
-    sub(&hub, "t", SubscribeOptions::default().id("c"));
+    sub(&hub, "t", SubscribeOptions::default().id("c")).detach();
     turn(&hub);
     assert_eq!(
         received(&spy, "c"),
@@ -1198,7 +1218,7 @@ fn retained_log_is_released_when_the_last_subscriber_leaves() {
     assert!(b.unsubscribe());
     assert!(hub.unsubscribe("c"));
     assert_eq!(hub.stats().topics, 0);
-    sub(&hub, "t", SubscribeOptions::default().id("d"));
+    sub(&hub, "t", SubscribeOptions::default().id("d")).detach();
     turn(&hub);
     assert!(
         spy.frames_for("d").is_empty(),
@@ -1228,23 +1248,26 @@ fn retained_log_is_released_on_close() {
 #[test]
 fn subscriber_priority_decides_drain_order_ties_by_insertion() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("p0-first"));
+    sub(&hub, "t", SubscribeOptions::default().id("p0-first")).detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default().id("p10").priority(10),
-    );
-    sub(&hub, "t", SubscribeOptions::default().id("p0-second"));
+    )
+    .detach();
+    sub(&hub, "t", SubscribeOptions::default().id("p0-second")).detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default().id("p-5").priority(-5),
-    );
+    )
+    .detach();
     sub(
         &hub,
         "t",
         SubscribeOptions::default().id("p10-second").priority(10),
-    );
+    )
+    .detach();
     publish(&hub, "t", 1);
     turn(&hub);
     let order: Vec<String> = spy.frames().into_iter().map(|f| f.subscriber).collect();
@@ -1256,8 +1279,8 @@ fn subscriber_priority_decides_drain_order_ties_by_insertion() {
 #[test]
 fn subscriber_priority_is_not_weighted_or_decayed_across_turns() {
     let (hub, spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("p0"));
-    sub(&hub, "t", SubscribeOptions::default().id("p1").priority(1));
+    sub(&hub, "t", SubscribeOptions::default().id("p0")).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("p1").priority(1)).detach();
     for round in 0..10 {
         publish(&hub, "t", round);
         turn(&hub);
@@ -1273,7 +1296,7 @@ fn subscriber_priority_is_not_weighted_or_decayed_across_turns() {
 fn flush_waits_for_sends_in_flight() {
     let (hub, spy) = manual(HubOptions::default());
     spy.set_mode(SpyMode::Pending);
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 1);
     turn(&hub); // a send is in flight before flush starts
     publish(&hub, "t", 2);
@@ -1316,7 +1339,7 @@ fn flush_waits_for_sends_in_flight() {
 fn flush_on_a_closed_hub_is_an_error() {
     let (hub, _spy) = manual(HubOptions::default());
     hub.close();
-    assert_eq!(hub.flush(), Err(HubError::Closed));
+    assert_eq!(hub.flush(), Err(FlushError::Closed));
 }
 
 // ---- stats and presence ----------------------------------------------------------------------------
@@ -1324,8 +1347,8 @@ fn flush_on_a_closed_hub_is_an_error() {
 #[test]
 fn stats_count_published_delivered_dropped_disconnected_encoded() {
     let (hub, _spy) = manual(HubOptions::default());
-    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(2));
-    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    sub(&hub, "t", SubscribeOptions::default().id("a").max_queue(2)).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("b")).detach();
     sub(
         &hub,
         "u",
@@ -1333,7 +1356,8 @@ fn stats_count_published_delivered_dropped_disconnected_encoded() {
             .id("c")
             .max_queue(1)
             .slow_consumer(SlowConsumer::Disconnect),
-    );
+    )
+    .detach();
     for i in 0..3 {
         publish(&hub, "t", i);
     }
@@ -1354,10 +1378,10 @@ fn stats_count_published_delivered_dropped_disconnected_encoded() {
 fn bytes_out_equals_the_sum_of_bytes_sent() {
     let (hub, spy) = manual(HubOptions::default());
     spy.set_mode_for("failing", SpyMode::Fail("no".into()));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
-    sub(&hub, "t", SubscribeOptions::default().id("b"));
-    sub(&hub, "t", SubscribeOptions::default().id("failing"));
-    sub(&hub, "u", SubscribeOptions::default().id("c"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("b")).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("failing")).detach();
+    sub(&hub, "u", SubscribeOptions::default().id("c")).detach();
     publish(&hub, "t", 1);
     publish(&hub, "u", 22);
     turn(&hub);
@@ -1399,8 +1423,9 @@ fn bytes_acknowledged_is_called_with_bytes_sent_per_subscriber() {
             .bytes_acknowledged(move |n, s| {
                 c.lock().unwrap().push((s.id().to_owned(), n));
             }),
-    );
-    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    )
+    .detach();
+    sub(&hub, "t", SubscribeOptions::default().id("b")).detach();
     publish(&hub, "t", 1);
     turn(&hub);
     publish(&hub, "t", 2);
@@ -1428,12 +1453,13 @@ fn panicking_bytes_acknowledged_is_reported_and_delivery_goes_on() {
             .id("a")
             .bytes_acknowledged(|_, _| panic!("bad gauge")),
     )
-    .unwrap();
+    .unwrap()
+    .detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(*seen.lock().unwrap(), ["1"]);
     assert!(
-        matches!(&errors.lock().unwrap()[0], (HubError::AckCallbackPanicked { id, .. }, _) if id == "a")
+        matches!(&errors.lock().unwrap()[0], (DeliveryError::AckCallbackPanicked { id, .. }, _) if id == "a")
     );
 }
 
@@ -1446,9 +1472,10 @@ fn presence_is_a_snapshot_the_caller_cannot_mutate() {
         SubscribeOptions::default()
             .id("a")
             .transport(Arc::new("socket-a")),
-    );
-    sub(&hub, "room", SubscribeOptions::default().id("b"));
-    sub(&hub, "lobby", SubscribeOptions::default().id("c"));
+    )
+    .detach();
+    sub(&hub, "room", SubscribeOptions::default().id("b")).detach();
+    sub(&hub, "lobby", SubscribeOptions::default().id("c")).detach();
     let mut p = hub.presence(Some("room"));
     assert_eq!(
         p.iter().map(|x| x.id.as_str()).collect::<Vec<_>>(),
@@ -1494,7 +1521,8 @@ fn transport_context_reaches_the_sink() {
         &hub,
         "t",
         SubscribeOptions::default().transport(Arc::new(Ctx(42))),
-    );
+    )
+    .detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(*seen.0.lock().unwrap(), [42]);
@@ -1510,8 +1538,9 @@ fn a_per_subscription_sink_overrides_the_hub_sink() {
         SubscribeOptions::default()
             .id("own")
             .sink(Arc::new(own.clone())),
-    );
-    sub(&hub, "t", SubscribeOptions::default().id("shared"));
+    )
+    .detach();
+    sub(&hub, "t", SubscribeOptions::default().id("shared")).detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(received(&own, "own"), ["1"]);
@@ -1531,7 +1560,7 @@ fn metrics_hook_is_called_after_a_turn() {
     let (hub, _spy) =
         manual(HubOptions::default().metrics(move |m| s.lock().unwrap().push(m.clone())));
     for _ in 0..3 {
-        sub(&hub, "t", SubscribeOptions::default());
+        sub(&hub, "t", SubscribeOptions::default()).detach();
     }
     publish(&hub, "t", 1);
     publish(&hub, "t", 2);
@@ -1556,7 +1585,7 @@ fn metrics_hook_is_called_after_a_turn() {
 fn unsubscribe_by_id_or_handle_calls_the_close_adapter() {
     let (hub, spy) = manual(HubOptions::default());
     let a = sub(&hub, "t", SubscribeOptions::default().id("a"));
-    sub(&hub, "t", SubscribeOptions::default().id("b"));
+    sub(&hub, "t", SubscribeOptions::default().id("b")).detach();
     assert!(a.unsubscribe());
     assert!(!a.unsubscribe());
     assert!(hub.unsubscribe("b"));
@@ -1571,22 +1600,39 @@ fn unsubscribe_by_id_or_handle_calls_the_close_adapter() {
     );
     assert_eq!(publish(&hub, "t", 1), 0);
     // The id is free again.
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
 }
 
 #[test]
-fn dropping_the_subscription_handle_does_not_unsubscribe() {
+fn dropping_the_subscription_handle_unsubscribes() {
     let (hub, spy) = manual(HubOptions::default());
     drop(sub(&hub, "t", SubscribeOptions::default().id("a")));
+    assert_eq!(publish(&hub, "t", 1), 0);
+    assert!(spy
+        .closes()
+        .iter()
+        .any(|(id, r)| id == "a" && *r == CloseReason::Unsubscribe));
+    assert!(hub.presence(Some("t")).is_empty());
+}
+
+#[test]
+fn a_detached_subscription_lives_until_unsubscribed_by_id() {
+    let (hub, spy) = manual(HubOptions::default());
+    assert_eq!(
+        sub(&hub, "t", SubscribeOptions::default().id("a")).detach(),
+        "a"
+    );
     assert_eq!(publish(&hub, "t", 1), 1);
     turn(&hub);
     assert_eq!(received(&spy, "a"), ["1"]);
+    assert!(hub.unsubscribe("a"));
+    assert_eq!(publish(&hub, "t", 2), 0);
 }
 
 #[test]
 fn close_is_not_graceful() {
     let (hub, spy) = manual(HubOptions::default().batch_delay(Duration::from_millis(50)));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 1);
     hub.turn(Instant::now());
     hub.close();
@@ -1605,7 +1651,7 @@ fn close_is_not_graceful() {
 #[test]
 fn shutdown_flushes_then_closes() {
     let (hub, spy) = manual(HubOptions::default().batch_delay(Duration::from_millis(50)));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 1);
     hub.shutdown().unwrap();
     assert_eq!(received(&spy, "a"), ["1"]);
@@ -1618,7 +1664,7 @@ fn shutdown_closes_even_when_a_send_fails_and_the_failure_is_reported_not_return
     let (opts, errors) = with_errors(HubOptions::default());
     let (hub, spy) = manual(opts);
     spy.set_mode(SpyMode::Fail("down".into()));
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 1);
     // The failing send was isolated and reported; the queue reached its transport.
     assert_eq!(hub.shutdown(), Ok(()));
@@ -1634,7 +1680,7 @@ fn subscribe_after_close_is_an_error() {
     assert_eq!(
         hub.subscribe("t", |_| {}, SubscribeOptions::default())
             .unwrap_err(),
-        HubError::Closed
+        SubscribeError::Closed
     );
 }
 
@@ -1666,8 +1712,9 @@ fn handlers_may_publish_back_into_the_hub() {
         },
         SubscribeOptions::default(),
     )
-    .unwrap();
-    sub(&hub, "pong", SubscribeOptions::default().id("p"));
+    .unwrap()
+    .detach();
+    sub(&hub, "pong", SubscribeOptions::default().id("p")).detach();
     publish(&hub, "ping", 0);
     hub.flush().unwrap();
     hub.flush().unwrap();
@@ -1686,12 +1733,15 @@ fn handlers_and_close_adapters_may_subscribe_and_unsubscribe() {
             "t",
             move |_| {
                 h.unsubscribe("once");
-                let _ = h.subscribe("t", |_| {}, SubscribeOptions::default().id("late"));
+                if let Ok(s) = h.subscribe("t", |_| {}, SubscribeOptions::default().id("late")) {
+                    s.detach();
+                }
             },
             SubscribeOptions::default().id("once"),
         )
-        .unwrap();
-        sub(&hub, "t", SubscribeOptions::default().id("other"));
+        .unwrap()
+        .detach();
+        sub(&hub, "t", SubscribeOptions::default().id("other")).detach();
         publish(&hub, "t", 1);
         hub.flush().unwrap();
         publish(&hub, "t", 2);
@@ -1738,8 +1788,9 @@ fn handlers_and_close_adapters_may_subscribe_and_unsubscribe() {
             .id("slow")
             .max_queue(1)
             .slow_consumer(SlowConsumer::Disconnect),
-    );
-    sub(&hub, "gone", SubscribeOptions::default().id("watcher"));
+    )
+    .detach();
+    sub(&hub, "gone", SubscribeOptions::default().id("watcher")).detach();
     publish(&hub, "t", 1);
     publish(&hub, "t", 2); // disconnects `slow`; its close adapter publishes
     turn(&hub);
@@ -1752,17 +1803,18 @@ fn flush_from_inside_a_handler_is_an_error_not_a_deadlock() {
     let (opts, _errors) = with_errors(HubOptions::default());
     let (hub, _spy) = manual(opts);
     let h = hub.clone();
-    let got: Arc<Mutex<Option<Result<(), HubError>>>> = Arc::default();
+    let got: Arc<Mutex<Option<Result<(), FlushError>>>> = Arc::default();
     let g = Arc::clone(&got);
     hub.subscribe(
         "t",
         move |_| *g.lock().unwrap() = Some(h.flush()),
         SubscribeOptions::default(),
     )
-    .unwrap();
+    .unwrap()
+    .detach();
     publish(&hub, "t", 1);
     turn(&hub);
-    assert_eq!(*got.lock().unwrap(), Some(Err(HubError::FlushInsideDrain)));
+    assert_eq!(*got.lock().unwrap(), Some(Err(FlushError::InsideDrain)));
 }
 
 #[test]
@@ -1791,9 +1843,11 @@ fn a_pending_send_completed_inside_send_is_finished_once() {
     let (seen_ok, handler_ok) = recorder();
     let (seen_err, handler_err) = recorder();
     hub.subscribe("t", handler_ok, SubscribeOptions::default().id("ok"))
-        .unwrap();
+        .unwrap()
+        .detach();
     hub.subscribe("t", handler_err, SubscribeOptions::default().id("err"))
-        .unwrap();
+        .unwrap()
+        .detach();
     publish(&hub, "t", 1);
     publish(&hub, "t", 2);
     turn(&hub);
@@ -1801,7 +1855,7 @@ fn a_pending_send_completed_inside_send_is_finished_once() {
     assert!(seen_err.lock().unwrap().is_empty());
     let errs = errors.lock().unwrap().clone();
     assert!(
-        matches!(&errs[..], [(HubError::SendFailed { id, error: SendError::Refused(_) }, _)] if id == "err")
+        matches!(&errs[..], [(DeliveryError::SendFailed { id, error: SendError::Refused(_) }, _)] if id == "err")
     );
     assert!(hub.stats().list.iter().all(|s| !s.in_flight));
     publish(&hub, "t", 3);
@@ -1834,7 +1888,8 @@ fn a_completion_kept_past_an_accepted_send_is_ignored() {
     .unwrap();
     let (seen, handler) = recorder();
     hub.subscribe("t", handler, SubscribeOptions::default())
-        .unwrap();
+        .unwrap()
+        .detach();
     publish(&hub, "t", 1);
     turn(&hub);
     publish(&hub, "t", 2);
@@ -1856,7 +1911,8 @@ fn concurrent_publishers_keep_each_publishers_order_and_lose_nothing_within_max_
             &hub,
             "t",
             SubscribeOptions::default().id(id).max_queue(20_000),
-        );
+        )
+        .detach();
     }
     let reader = std::thread::spawn(move || {
         let mut got: std::collections::HashMap<String, Vec<(u64, u64)>> = Default::default();
@@ -1906,7 +1962,7 @@ fn unsubscribing_or_closing_releases_a_flush_held_by_a_stalled_transport() {
     for close in [false, true] {
         let (hub, spy) = manual(HubOptions::default());
         spy.set_mode(SpyMode::Pending);
-        sub(&hub, "t", SubscribeOptions::default().id("stalled"));
+        sub(&hub, "t", SubscribeOptions::default().id("stalled")).detach();
         publish(&hub, "t", 1);
         let flusher = {
             let hub = hub.clone();
@@ -1919,7 +1975,7 @@ fn unsubscribing_or_closing_releases_a_flush_held_by_a_stalled_transport() {
         assert_eq!(spy.pending(), 1, "flush handed the frame to the transport");
         if close {
             hub.close();
-            assert_eq!(flusher.join().unwrap(), Err(HubError::Closed));
+            assert_eq!(flusher.join().unwrap(), Err(FlushError::Closed));
         } else {
             assert!(hub.unsubscribe("stalled"));
             assert_eq!(flusher.join().unwrap(), Ok(()));
@@ -1933,7 +1989,8 @@ fn closing_from_a_handler_during_flush_does_not_deadlock() {
     let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
     let h = hub.clone();
     hub.subscribe("t", move |_| h.close(), SubscribeOptions::default().id("a"))
-        .unwrap();
+        .unwrap()
+        .detach();
     publish(&hub, "t", 1);
     // Whichever thread drains (the hub's, or this one in flush), the close must not wait for it.
     let _ = hub.flush();
@@ -1947,7 +2004,7 @@ fn a_hub_takes_an_arc_dyn_sink() {
     let spy = SpySink::new();
     let sink: Arc<dyn powerhub_plugin::Sink> = Arc::new(spy.clone());
     let hub = Hub::new(sink, HubOptions::default().driver(Driver::Manual)).unwrap();
-    sub(&hub, "t", SubscribeOptions::default().id("a"));
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
     publish(&hub, "t", 1);
     turn(&hub);
     assert_eq!(received(&spy, "a"), ["1"]);

@@ -32,7 +32,8 @@ fn channel_iterator_receives_frames_then_close_events_and_ends() {
     let (sink, rx) = channel(8);
     let hub = Hub::new(sink, HubOptions::default().driver(Driver::Manual)).unwrap();
     hub.subscribe("t", |_| {}, SubscribeOptions::default().id("a"))
-        .unwrap();
+        .unwrap()
+        .detach();
     hub.publish_json("t", &1).unwrap();
     hub.publish_json("t", &2).unwrap();
     hub.flush().unwrap();
@@ -93,7 +94,8 @@ fn channel_back_pressure_holds_the_hub_to_one_frame_in_flight() {
             .max_batch(1)
             .max_queue(4),
     )
-    .unwrap();
+    .unwrap()
+    .detach();
     for i in 0..4 {
         hub.publish(
             "t",
@@ -188,7 +190,8 @@ fn channel_stream_under_tokio_receives_what_a_threaded_hub_sends() {
             .max_queue(1000)
             .max_batch(5),
     )
-    .unwrap();
+    .unwrap()
+    .detach();
     let publisher = std::thread::spawn(move || {
         for i in 0..100 {
             hub.publish_json("t", &i).unwrap();

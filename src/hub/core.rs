@@ -15,7 +15,9 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use powerhub_plugin::frame;
 use powerhub_plugin::{CloseReason, Completion, SendError, SendOutcome, Sink, SubscriberRef};
 
-use super::error::{panic_message, HubError};
+use super::error::{
+    panic_message, DeliveryError, FlushError, OptionsError, PublishError, SubscribeError,
+};
 use super::message::Delivery;
 use super::options::SlowConsumer;
 use super::options::{
@@ -219,7 +221,7 @@ impl Sub {
             let mut p = self.pending.lock();
             (std::mem::take(&mut p.batch), p.len)
         };
-        let r = result.map_err(|error| HubError::SendFailed {
+        let r = result.map_err(|error| DeliveryError::SendFailed {
             id: self.sref.id().to_owned(),
             error,
         });
@@ -393,7 +395,7 @@ pub(crate) struct Inner {
 }
 
 impl Inner {
-    pub(crate) fn new(sink: Arc<dyn Sink>, opts: HubOptions) -> Result<Arc<Inner>, HubError> {
+    pub(crate) fn new(sink: Arc<dyn Sink>, opts: HubOptions) -> Result<Arc<Inner>, OptionsError> {
         opts.validate()?;
         let spawn = opts.driver == Driver::Thread && opts.batch;
         let inner = Arc::new_cyclic(|me| Inner {
@@ -421,9 +423,7 @@ impl Inner {
             let handle = std::thread::Builder::new()
                 .name("powerhub-drain".into())
                 .spawn(move || runner.run_thread())
-                .map_err(|e| {
-                    HubError::invalid("driver", format!("cannot spawn the drain thread: {e}"))
-                })?;
+                .map_err(|e| OptionsError::Spawn(e.to_string()))?;
             *inner.thread.lock() = Some(handle);
         }
         Ok(inner)
@@ -441,20 +441,20 @@ impl Inner {
         topic: &str,
         handler: Option<Handler>,
         opts: SubscribeOptions,
-    ) -> Result<Arc<Sub>, HubError> {
+    ) -> Result<Arc<Sub>, SubscribeError> {
         if self.is_closed() {
-            return Err(HubError::Closed);
+            return Err(SubscribeError::Closed);
         }
         opts.validate(self.opts.codec)?;
         let mut topics = self.topics.write();
         if self.is_closed() {
-            return Err(HubError::Closed);
+            return Err(SubscribeError::Closed);
         }
         let mut ids = self.ids.lock();
         let id: Arc<str> = match opts.id {
             Some(id) => {
                 if ids.contains_key(&id) {
-                    return Err(HubError::DuplicateId(id.to_string()));
+                    return Err(SubscribeError::DuplicateId(id.to_string()));
                 }
                 id
             }
@@ -618,7 +618,7 @@ impl Inner {
         let r = catch_unwind(AssertUnwindSafe(|| sub.sink.close(&sub.sref, reason)));
         if let Err(p) = r {
             self.report(
-                &HubError::SinkPanicked {
+                &DeliveryError::SinkPanicked {
                     id: sub.sref.id().to_owned(),
                     message: panic_message(&*p),
                 },
@@ -634,9 +634,9 @@ impl Inner {
         topic: &str,
         message: Message,
         opts: PublishOptions,
-    ) -> Result<usize, HubError> {
+    ) -> Result<usize, PublishError> {
         if opts.priority.is_some() && !self.opts.message_priority {
-            return Err(HubError::PriorityWithoutMessagePriority);
+            return Err(PublishError::PriorityWithoutMessagePriority);
         }
         if self.is_closed() {
             return Ok(0);
@@ -1145,7 +1145,7 @@ impl Inner {
         codec: Codec,
         batch: &[Arc<Entry>],
         m: &mut TurnMetrics,
-    ) -> Result<Bytes, HubError> {
+    ) -> Result<Bytes, DeliveryError> {
         let key = MemoKey::of(codec, batch);
         if let Some((seqs, frame)) = memo.get(&key) {
             if seqs.iter().copied().eq(batch.iter().map(|e| e.seq)) {
@@ -1180,7 +1180,7 @@ impl Inner {
         let target = Arc::clone(sub);
         let done = Completion::new(move |result| target.on_completion(generation, result));
         let outcome = catch_unwind(AssertUnwindSafe(|| sub.sink.send(&sub.sref, frame, done)));
-        let failed = |error| HubError::SendFailed {
+        let failed = |error| DeliveryError::SendFailed {
             id: sub.sref.id().to_owned(),
             error,
         };
@@ -1227,7 +1227,7 @@ impl Inner {
             Ok(other) => Err(failed(SendError::Refused(format!(
                 "unknown send outcome {other:?}"
             )))),
-            Err(p) => Err(HubError::SinkPanicked {
+            Err(p) => Err(DeliveryError::SinkPanicked {
                 id: sub.sref.id().to_owned(),
                 message: panic_message(&*p),
             }),
@@ -1250,7 +1250,7 @@ impl Inner {
         batch: &[Arc<Entry>],
         len: usize,
         generation: u64,
-        result: Result<(), HubError>,
+        result: Result<(), DeliveryError>,
         in_pass: bool,
     ) {
         match result {
@@ -1261,7 +1261,7 @@ impl Inner {
                 if let Some(ack) = &sub.ack {
                     if let Err(p) = catch_unwind(AssertUnwindSafe(|| ack(total, &sub.sref))) {
                         self.report(
-                            &HubError::AckCallbackPanicked {
+                            &DeliveryError::AckCallbackPanicked {
                                 id: sub.sref.id().to_owned(),
                                 message: panic_message(&*p),
                             },
@@ -1280,7 +1280,7 @@ impl Inner {
                         };
                         if let Err(p) = catch_unwind(AssertUnwindSafe(|| handler(&d))) {
                             self.report(
-                                &HubError::HandlerPanicked {
+                                &DeliveryError::HandlerPanicked {
                                     id: sub.sref.id().to_owned(),
                                     message: panic_message(&*p),
                                 },
@@ -1315,7 +1315,7 @@ impl Inner {
         }
     }
 
-    pub(crate) fn report(&self, err: &HubError, sub: Option<&SubscriberRef>) {
+    pub(crate) fn report(&self, err: &DeliveryError, sub: Option<&SubscriberRef>) {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
         match &self.opts.on_error {
             Some(hook) => {
@@ -1327,12 +1327,12 @@ impl Inner {
 
     // ---- flush / close --------------------------------------------------------------------------
 
-    pub(crate) fn flush(&self, deadline: Option<Instant>) -> Result<(), HubError> {
+    pub(crate) fn flush(&self, deadline: Option<Instant>) -> Result<(), FlushError> {
         if self.is_closed() {
-            return Err(HubError::Closed);
+            return Err(FlushError::Closed);
         }
         if draining() {
-            return Err(HubError::FlushInsideDrain);
+            return Err(FlushError::InsideDrain);
         }
         // What each subscriber must have got rid of: everything queued now. `removed` is read
         // before the length so a concurrent pop can only make the target smaller.
@@ -1367,7 +1367,7 @@ impl Inner {
                 self.emit_metrics(m);
             }
             if self.is_closed() {
-                return Err(HubError::Closed);
+                return Err(FlushError::Closed);
             }
             if targets.iter().all(|(s, t)| done(s, *t)) {
                 break;
@@ -1381,7 +1381,7 @@ impl Inner {
                     Some(d) => {
                         if self.flush_cv.wait_until(&mut g, d).timed_out() {
                             self.flush_waiters.fetch_sub(1, Ordering::SeqCst);
-                            return Err(HubError::FlushTimeout);
+                            return Err(FlushError::Timeout);
                         }
                     }
                 }
@@ -1565,8 +1565,8 @@ fn retain(topic: &Topic, entry: &Arc<Entry>) {
     log.push_back(Arc::clone(entry));
 }
 
-fn encode(codec: Codec, batch: &[Arc<Entry>]) -> Result<Bytes, HubError> {
-    let refuse = |reason: String| HubError::Encode {
+fn encode(codec: Codec, batch: &[Arc<Entry>]) -> Result<Bytes, DeliveryError> {
+    let refuse = |reason: String| DeliveryError::Encode {
         codec: codec.as_str(),
         messages: batch.len(),
         reason,

@@ -4,7 +4,7 @@ use bytes::Bytes;
 use powerhub_plugin::SubscriberRef;
 use serde::Serialize;
 
-use super::error::HubError;
+use super::error::MessageError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -34,10 +34,10 @@ pub struct Message {
 
 impl Message {
     /// A JSON message, validated.
-    pub fn json(text: impl Into<Bytes>) -> Result<Message, HubError> {
+    pub fn json(text: impl Into<Bytes>) -> Result<Message, MessageError> {
         let body = text.into();
         serde_json::from_slice::<serde::de::IgnoredAny>(&body)
-            .map_err(|e| HubError::InvalidJson(e.to_string()))?;
+            .map_err(|e| MessageError::InvalidJson(e.to_string()))?;
         Ok(Message {
             body,
             kind: Kind::Json,
@@ -54,8 +54,8 @@ impl Message {
     }
 
     /// A JSON message serialized from `value`.
-    pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Message, HubError> {
-        let body = serde_json::to_vec(value).map_err(|e| HubError::InvalidJson(e.to_string()))?;
+    pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Message, MessageError> {
+        let body = serde_json::to_vec(value).map_err(|e| MessageError::Serialize(e.to_string()))?;
         Ok(Message {
             body: body.into(),
             kind: Kind::Json,

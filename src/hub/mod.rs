@@ -74,7 +74,9 @@ use powerhub_plugin::{CloseReason, Sink};
 use serde::Serialize;
 
 use self::core::{Inner, Sub};
-pub use self::error::HubError;
+pub use self::error::{
+    DeliveryError, FlushError, HubError, MessageError, OptionsError, PublishError, SubscribeError,
+};
 pub use self::message::{Delivery, Message};
 pub use self::options::{
     BytesAcknowledged, Codec, Driver, ErrorHook, HubConfig, HubOptions, MetricsHook,
@@ -168,7 +170,7 @@ impl Hub {
     /// A hub sending through `sink` (any [`Sink`], including an `Arc<dyn Sink>`).
     ///
     /// Fails with an error naming the option when `options` are invalid.
-    pub fn new<S: Sink>(sink: S, options: HubOptions) -> Result<Hub, HubError> {
+    pub fn new<S: Sink>(sink: S, options: HubOptions) -> Result<Hub, OptionsError> {
         let inner = Inner::new(Arc::new(sink), options)?;
         Ok(Hub {
             owner: Arc::new(Owner { inner }),
@@ -180,17 +182,18 @@ impl Hub {
     }
 
     /// Subscribes `handler` to `topic`. The handler runs for each delivered message after the
-    /// transport took its batch.
+    /// transport took its batch. The subscription lasts while the returned [`Subscription`] is
+    /// held (or after [`Subscription::detach`]).
     ///
-    /// Errors: [`HubError::Closed`] after close, [`HubError::DuplicateId`],
-    /// [`HubError::RawNeedsMaxBatchOne`], [`HubError::InvalidOption`]. The retained log of the
-    /// topic is replayed into the new subscriber's queue under its policy.
+    /// Errors: [`SubscribeError::Closed`] after close, [`SubscribeError::DuplicateId`],
+    /// [`SubscribeError::RawNeedsMaxBatchOne`], [`SubscribeError::InvalidOption`]. The retained
+    /// log of the topic is replayed into the new subscriber's queue under its policy.
     pub fn subscribe<F>(
         &self,
         topic: &str,
         handler: F,
         options: SubscribeOptions,
-    ) -> Result<Subscription, HubError>
+    ) -> Result<Subscription, SubscribeError>
     where
         F: Fn(&Delivery<'_>) + Send + Sync + 'static,
     {
@@ -200,6 +203,7 @@ impl Hub {
         Ok(Subscription {
             hub: Arc::downgrade(self.inner()),
             sub,
+            detached: false,
         })
     }
 
@@ -224,11 +228,12 @@ impl Hub {
         &self,
         topic: &str,
         options: SubscribeOptions,
-    ) -> Result<Subscription, HubError> {
+    ) -> Result<Subscription, SubscribeError> {
         let sub = self.inner().subscribe(topic, None, options)?;
         Ok(Subscription {
             hub: Arc::downgrade(self.inner()),
             sub,
+            detached: false,
         })
     }
 
@@ -252,7 +257,11 @@ impl Hub {
     /// assert_eq!(m.topic_seq(), 0);
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
-    pub fn receiver(&self, topic: &str, options: SubscribeOptions) -> Result<Receiver, HubError> {
+    pub fn receiver(
+        &self,
+        topic: &str,
+        options: SubscribeOptions,
+    ) -> Result<Receiver, SubscribeError> {
         Receiver::subscribe(self, topic, options)
     }
 
@@ -260,22 +269,23 @@ impl Hub {
     ///
     /// Never blocks on a subscriber. After [`close`](Hub::close) it returns `Ok(0)`. A
     /// `priority` without the hub's `message_priority` is
-    /// [`HubError::PriorityWithoutMessagePriority`].
+    /// [`PublishError::PriorityWithoutMessagePriority`].
     pub fn publish(
         &self,
         topic: &str,
         message: Message,
         options: PublishOptions,
-    ) -> Result<usize, HubError> {
+    ) -> Result<usize, PublishError> {
         self.inner().publish(topic, message, options)
     }
 
-    /// Serializes `value` as JSON and publishes it with default options.
+    /// Serializes `value` as JSON and publishes it with default options; a value that cannot be
+    /// serialized is [`PublishError::Message`].
     pub fn publish_json<T: Serialize + ?Sized>(
         &self,
         topic: &str,
         value: &T,
-    ) -> Result<usize, HubError> {
+    ) -> Result<usize, PublishError> {
         self.publish(topic, Message::to_json(value)?, PublishOptions::default())
     }
 
@@ -285,19 +295,20 @@ impl Hub {
     /// Delivery errors isolated on the way (a failing sink, a panicking handler or
     /// `bytes_acknowledged` callback, a message the codec cannot frame) do not make it fail:
     /// each was reported to the error hook when it happened, and every queue still reached its
-    /// transport, which is what `flush` waits for. It returns [`HubError::Closed`] on a closed
-    /// hub. A transport that never
-    /// completes a pending send holds `flush` until that subscriber is unsubscribed or the hub is
-    /// closed (a waiting flush then returns [`HubError::Closed`]). Called from a handler, sink or
-    /// hook inside the drain it returns [`HubError::FlushInsideDrain`] instead of deadlocking.
-    pub fn flush(&self) -> Result<(), HubError> {
+    /// transport, which is what `flush` waits for. It returns [`FlushError::Closed`] on a closed
+    /// hub. A transport that never completes a pending send holds `flush` until that subscriber
+    /// is unsubscribed or the hub is closed (a waiting flush then returns
+    /// [`FlushError::Closed`]); [`flush_timeout`](Hub::flush_timeout) bounds the wait. Called
+    /// from a handler, sink or hook inside the drain it returns [`FlushError::InsideDrain`]
+    /// instead of deadlocking.
+    pub fn flush(&self) -> Result<(), FlushError> {
         self.inner().flush(None)
     }
 
     /// [`flush`](Hub::flush), waiting at most `timeout` for sends in flight: past it
-    /// [`HubError::FlushTimeout`] (what was handed to transports stays with them; nothing is
+    /// [`FlushError::Timeout`] (what was handed to transports stays with them; nothing is
     /// lost or cancelled).
-    pub fn flush_timeout(&self, timeout: std::time::Duration) -> Result<(), HubError> {
+    pub fn flush_timeout(&self, timeout: std::time::Duration) -> Result<(), FlushError> {
         self.inner().flush(Some(Instant::now() + timeout))
     }
 
@@ -368,7 +379,7 @@ impl Hub {
 
     /// Flushes, then closes, even when the flush fails (the hub was closed meanwhile, or it is
     /// called inside the drain); returns the flush's result.
-    pub fn shutdown(&self) -> Result<(), HubError> {
+    pub fn shutdown(&self) -> Result<(), FlushError> {
         let flushed = self.flush();
         self.close();
         flushed
@@ -380,14 +391,43 @@ impl Hub {
     }
 }
 
-/// The handle [`Hub::subscribe`] returns.
+/// The handle [`Hub::subscribe`] and [`Hub::subscribe_sink`] return: the subscription lasts as
+/// long as it is held.
 ///
-/// Dropping it does **not** unsubscribe: the subscription lives until
-/// [`unsubscribe`](Subscription::unsubscribe), [`Hub::unsubscribe`], a `disconnect`, or the hub's
-/// close. That lets a server keep subscriptions by id without holding the handles.
+/// Dropping it unsubscribes (the close adapter is called with reason `unsubscribe`), as dropping
+/// a channel's receiver ends it. [`detach`](Subscription::detach) keeps the subscription without
+/// the handle, until [`Hub::unsubscribe`] by id, a `disconnect`, or the hub's close: how a
+/// server keeps subscriptions by id.
+///
+/// ```
+/// use powerhub::hub::{Hub, HubOptions, SubscribeOptions};
+/// use powerhub::transport::SpySink;
+///
+/// let hub = Hub::new(SpySink::new(), HubOptions::default())?;
+/// let held = hub.subscribe_sink("t", SubscribeOptions::default().id("held"))?;
+/// drop(hub.subscribe_sink("t", SubscribeOptions::default().id("dropped"))?);
+/// hub.subscribe_sink("t", SubscribeOptions::default().id("kept"))?.detach();
+/// let mut ids: Vec<String> = hub.presence(Some("t")).into_iter().map(|p| p.id).collect();
+/// ids.sort();
+/// assert_eq!(ids, ["held", "kept"]);
+/// assert!(hub.unsubscribe("kept"));
+/// assert!(held.is_active());
+/// # Ok::<(), powerhub::hub::HubError>(())
+/// ```
+#[must_use = "dropping a Subscription unsubscribes; call `.detach()` to keep it without the handle"]
 pub struct Subscription {
     hub: Weak<Inner>,
     sub: Arc<Sub>,
+    /// [`Subscription::detach`] was called: the drop leaves the subscription in place.
+    detached: bool,
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        if !self.detached {
+            self.unsubscribe();
+        }
+    }
 }
 
 impl std::fmt::Debug for Subscription {
@@ -422,5 +462,12 @@ impl Subscription {
             Some(inner) => inner.remove(&self.sub, CloseReason::Unsubscribe),
             None => false,
         }
+    }
+
+    /// Lets go of the handle and keeps the subscription: it lasts until [`Hub::unsubscribe`]
+    /// with its id, a `disconnect`, or the hub's close. Returns the id.
+    pub fn detach(mut self) -> String {
+        self.detached = true;
+        self.id().to_owned()
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use powerhub_plugin::{Sink, SubscriberRef};
 use serde::Deserialize;
 
-use super::error::HubError;
+use super::error::{DeliveryError, OptionsError, SubscribeError};
 use super::stats::TurnMetrics;
 
 /// Largest accepted `batch_delay`: a window longer than this is a misconfiguration.
@@ -73,7 +73,7 @@ pub enum Driver {
 }
 
 /// The error hook: every delivery error, with the subscriber it concerns when there is one.
-pub type ErrorHook = Arc<dyn Fn(&HubError, Option<&SubscriberRef>) + Send + Sync>;
+pub type ErrorHook = Arc<dyn Fn(&DeliveryError, Option<&SubscriberRef>) + Send + Sync>;
 /// The metrics hook: called after every turn that sent or dropped something.
 pub type MetricsHook = Arc<dyn Fn(&TurnMetrics) + Send + Sync>;
 /// The `bytes_acknowledged` callback: the subscriber's cumulative `bytes_sent`, after each send
@@ -163,7 +163,7 @@ impl HubOptions {
     /// The error hook. Without one, errors are logged with `tracing` at `warn`.
     pub fn on_error(
         mut self,
-        hook: impl Fn(&HubError, Option<&SubscriberRef>) + Send + Sync + 'static,
+        hook: impl Fn(&DeliveryError, Option<&SubscriberRef>) + Send + Sync + 'static,
     ) -> Self {
         self.on_error = Some(Arc::new(hook));
         self
@@ -215,9 +215,9 @@ impl HubOptions {
     }
 
     /// Checks every option; the error names the first invalid one.
-    pub fn validate(&self) -> Result<(), HubError> {
+    pub fn validate(&self) -> Result<(), OptionsError> {
         if self.batch_delay > MAX_BATCH_DELAY {
-            return Err(HubError::invalid(
+            return Err(OptionsError::invalid(
                 "batch_delay",
                 format!(
                     "{:?} exceeds the maximum {:?}",
@@ -229,16 +229,16 @@ impl HubOptions {
     }
 
     /// Options from their config-file form (hooks are code, so they are set afterwards).
-    pub fn from_config(config: &HubConfig) -> Result<Self, HubError> {
+    pub fn from_config(config: &HubConfig) -> Result<Self, OptionsError> {
         let ms = config.batch_delay_ms;
         if !ms.is_finite() || ms < 0.0 {
-            return Err(HubError::invalid(
+            return Err(OptionsError::invalid(
                 "batch_delay_ms",
                 format!("{ms} is not a finite, non-negative number of milliseconds"),
             ));
         }
         if ms > MAX_BATCH_DELAY.as_millis() as f64 {
-            return Err(HubError::invalid(
+            return Err(OptionsError::invalid(
                 "batch_delay_ms",
                 format!("{ms} exceeds the maximum {}", MAX_BATCH_DELAY.as_millis()),
             ));
@@ -265,6 +265,7 @@ impl HubOptions {
 /// ```
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct HubConfig {
     /// See [`HubOptions::batch`].
     pub batch: bool,
@@ -411,29 +412,29 @@ impl SubscribeOptions {
         self
     }
 
-    pub(crate) fn validate(&self, hub_codec: Codec) -> Result<(), HubError> {
+    pub(crate) fn validate(&self, hub_codec: Codec) -> Result<(), SubscribeError> {
         if self.max_queue > MAX_QUEUE_LIMIT {
-            return Err(HubError::invalid(
+            return Err(SubscribeError::invalid(
                 "max_queue",
                 format!("{} exceeds the limit {MAX_QUEUE_LIMIT}", self.max_queue),
             ));
         }
         if self.max_batch == 0 {
-            return Err(HubError::invalid("max_batch", "must be at least 1"));
+            return Err(SubscribeError::invalid("max_batch", "must be at least 1"));
         }
         if self.max_batch > MAX_BATCH_LIMIT {
-            return Err(HubError::invalid(
+            return Err(SubscribeError::invalid(
                 "max_batch",
                 format!("{} exceeds the limit {MAX_BATCH_LIMIT}", self.max_batch),
             ));
         }
         if let Some(id) = &self.id {
             if id.is_empty() {
-                return Err(HubError::invalid("id", "must not be empty"));
+                return Err(SubscribeError::invalid("id", "must not be empty"));
             }
         }
         if self.codec.unwrap_or(hub_codec) == Codec::Raw && self.max_batch != 1 {
-            return Err(HubError::RawNeedsMaxBatchOne {
+            return Err(SubscribeError::RawNeedsMaxBatchOne {
                 max_batch: self.max_batch,
             });
         }
@@ -444,6 +445,7 @@ impl SubscribeOptions {
 /// The config-file form of the numeric [`SubscribeOptions`]; unknown fields are an error.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
 pub struct SubscribeConfig {
     /// See [`SubscribeOptions::max_queue`].
     pub max_queue: usize,

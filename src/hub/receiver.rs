@@ -279,7 +279,7 @@ impl Receiver {
         hub: &super::Hub,
         topic: &str,
         options: super::SubscribeOptions,
-    ) -> Result<Receiver, super::HubError> {
+    ) -> Result<Receiver, super::SubscribeError> {
         let chan = Arc::new(Chan {
             state: Mutex::new(State::default()),
             ready: Condvar::new(),
@@ -494,12 +494,6 @@ fn map_timeout(r: Result<Received, TryRecvError>) -> Result<Received, RecvTimeou
         Err(TryRecvError::Lagged { missed }) => Err(RecvTimeoutError::Lagged { missed }),
         Err(TryRecvError::Closed { reason }) => Err(RecvTimeoutError::Closed { reason }),
         Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
-    }
-}
-
-impl Drop for Receiver {
-    fn drop(&mut self) {
-        self.sub.unsubscribe();
     }
 }
 

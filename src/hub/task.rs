@@ -10,11 +10,11 @@ use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
 
-use super::{Hub, HubError};
+use super::{FlushError, Hub};
 
 #[derive(Debug, Default)]
 struct Slot {
-    result: Option<Result<(), HubError>>,
+    result: Option<Result<(), FlushError>>,
     waker: Option<Waker>,
 }
 
@@ -28,7 +28,7 @@ pub struct HubTask {
 }
 
 impl HubTask {
-    pub(super) fn spawn(hub: Hub, op: fn(&Hub) -> Result<(), HubError>) -> HubTask {
+    pub(super) fn spawn(hub: Hub, op: fn(&Hub) -> Result<(), FlushError>) -> HubTask {
         let slot = Arc::new(Mutex::new(Slot::default()));
         let done = Arc::clone(&slot);
         let run = move || {
@@ -46,17 +46,14 @@ impl HubTask {
             .name("powerhub-hub-task".into())
             .spawn(run)
         {
-            slot.lock().result = Some(Err(HubError::invalid(
-                "flush_async",
-                format!("cannot spawn the thread that runs it: {e}"),
-            )));
+            slot.lock().result = Some(Err(FlushError::Spawn(e.to_string())));
         }
         HubTask { slot }
     }
 }
 
 impl Future for HubTask {
-    type Output = Result<(), HubError>;
+    type Output = Result<(), FlushError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut s = self.slot.lock();

@@ -49,7 +49,7 @@ use powerhub_plugin::{
     SendError, SendOutcome, Sink, SubscriberRef,
 };
 
-use crate::hub::{Driver, Hub, HubError, HubOptions};
+use crate::hub::{DeliveryError, Driver, Hub, HubOptions, OptionsError};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 use crate::protocol::{AuthPolicy, SessionConfig};
 use crate::security::auth::{AuthConfig, AuthConfigError, Authenticator};
@@ -135,7 +135,7 @@ pub enum EngineError {
     BackendEnv(String),
     /// The hub could not be created.
     #[error("cannot create the hub: {0}")]
-    Hub(#[from] HubError),
+    Hub(#[from] OptionsError),
     /// The `[outbox]` settings were refused.
     #[error("invalid configuration value in [outbox]: {0}")]
     Outbox(String),
@@ -474,9 +474,9 @@ impl Sink for NoSink {
 
 /// The engine's own hub reports its errors here. A send that failed as [`SendError::Closed`]
 /// is its subscriber's close, not logged again.
-fn report_hub_error(err: &HubError, sub: Option<&SubscriberRef>) {
+fn report_hub_error(err: &DeliveryError, sub: Option<&SubscriberRef>) {
     match err {
-        HubError::SendFailed {
+        DeliveryError::SendFailed {
             error: SendError::Closed,
             ..
         } => {}

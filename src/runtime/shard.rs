@@ -1107,7 +1107,7 @@ impl<B: Backend> Shard<B> {
             let err = c.session.subscribe_failed(
                 &subscription_id,
                 request_id.as_ref(),
-                &crate::hub::HubError::Closed.to_string(),
+                &crate::hub::SubscribeError::Closed.to_string(),
             );
             c.outbox.push_control(err, now);
         }

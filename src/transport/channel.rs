@@ -61,7 +61,7 @@ struct Shared {
 ///
 /// let (sink, rx) = channel(16);
 /// let hub = Hub::new(sink, HubOptions::default())?;
-/// hub.subscribe("t", |_| {}, SubscribeOptions::default().id("a"))?;
+/// hub.subscribe("t", |_| {}, SubscribeOptions::default().id("a"))?.detach();
 /// hub.publish_json("t", &1)?;
 /// hub.flush()?;
 /// drop(hub); // closes the hub and drops its sink: the iterator ends after the close event
