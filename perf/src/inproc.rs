@@ -1,7 +1,8 @@
 //! The in-process scenario: publish to N in-process subscribers from one thread while one other
 //! thread drains every subscriber, with powerhub's hub (handlers on its drain thread, and a
-//! `Receiver` per subscriber drained by one consumer thread), `tokio::sync::broadcast`, and a
-//! per-subscriber `crossbeam-channel` loop.
+//! `Receiver` per subscriber drained by one consumer thread, taking owned or borrowed
+//! messages), `tokio::sync::broadcast`, and a channel per subscriber (`crossbeam-channel`,
+//! `flume`).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -143,6 +144,45 @@ fn channels(n: usize, msgs: u64) -> InprocOut {
     }
 }
 
+fn flume_channels(n: usize, msgs: u64) -> InprocOut {
+    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| flume::bounded::<Bytes>(queue(n))).unzip();
+    let start = Instant::now();
+    let consumer = std::thread::spawn(move || {
+        pin_consumer();
+        let mut delivered = 0u64;
+        let mut open = rxs.len();
+        while open > 0 {
+            open = 0;
+            for rx in &rxs {
+                loop {
+                    match rx.try_recv() {
+                        Ok(_) => delivered += 1,
+                        Err(flume::TryRecvError::Empty) => {
+                            open += 1;
+                            break;
+                        }
+                        Err(flume::TryRecvError::Disconnected) => break,
+                    }
+                }
+            }
+        }
+        delivered
+    });
+    let p = payload();
+    for _ in 0..msgs {
+        for tx in &txs {
+            let _ = tx.send(p.clone());
+        }
+    }
+    drop(txs);
+    let delivered = consumer.join().expect("consumer thread");
+    InprocOut {
+        delivered,
+        lost: 0,
+        secs: start.elapsed().as_secs_f64(),
+    }
+}
+
 /// One in-process system's run.
 type Runner = Box<dyn Fn() -> io::Result<InprocOut> + Send + Sync>;
 
@@ -153,11 +193,11 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         unit: "deliveries/s".to_owned(),
         ..Scenario::default()
     };
-    ctx.pb.inc_length((ctx.inproc_subs.len() * 4) as u64);
+    ctx.pb.inc_length((ctx.inproc_subs.len() * 6) as u64);
     for &n in &ctx.inproc_subs {
         let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
         let case = format!("N={n}");
-        let systems: [(&str, bool, Runner); 4] = [
+        let systems: [(&str, bool, Runner); 6] = [
             (
                 "powerhub hub",
                 true,
@@ -166,7 +206,12 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
             (
                 "powerhub receivers",
                 true,
-                Box::new(move || powerhub::inproc_receivers(n, msgs, queue(n), payload())),
+                Box::new(move || powerhub::inproc_receivers(n, msgs, queue(n), payload(), false)),
+            ),
+            (
+                "powerhub receivers (borrowed)",
+                true,
+                Box::new(move || powerhub::inproc_receivers(n, msgs, queue(n), payload(), true)),
             ),
             (
                 "tokio broadcast",
@@ -177,6 +222,11 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
                 "crossbeam channels",
                 false,
                 Box::new(move || Ok(channels(n, msgs))),
+            ),
+            (
+                "flume channels",
+                false,
+                Box::new(move || Ok(flume_channels(n, msgs))),
             ),
         ];
         // Repetitions interleaved across the systems, so that the machine's noise (it is

@@ -31,6 +31,20 @@ use super::Message;
 
 pub(crate) type Handler = Arc<dyn Fn(&Delivery<'_>) + Send + Sync>;
 
+/// A batch as a receiver takes it: shared by reference with every subscriber that took the same
+/// range of its topic's log this pass.
+pub(crate) type SharedBatch = Arc<Vec<Arc<Entry>>>;
+
+/// What runs for a subscriber once its transport took a batch.
+pub(crate) enum Consumer {
+    /// Nothing: the sink is the only consumer.
+    Sink,
+    /// A handler, per message.
+    Each(Handler),
+    /// A receiver's hand-off, once per batch; it needs no frame (nothing is encoded for it).
+    Batch(Arc<dyn Fn(&SharedBatch) + Send + Sync>),
+}
+
 /// A fan-out that is not the hub's own: a shard's interest in a topic, on behalf of the
 /// subscriptions of its connections (see `runtime::fanout`).
 ///
@@ -119,6 +133,17 @@ impl Default for Batch {
     }
 }
 
+impl Batch {
+    /// The batch by reference: the shared one as is, an owned one copied (a reference count
+    /// per entry).
+    fn share(&self) -> SharedBatch {
+        match self {
+            Batch::Owned(v) => Arc::new(v.clone()),
+            Batch::Shared(v) => Arc::clone(v),
+        }
+    }
+}
+
 impl std::ops::Deref for Batch {
     type Target = [Arc<Entry>];
     fn deref(&self) -> &[Arc<Entry>] {
@@ -147,8 +172,7 @@ pub(crate) struct Sub {
     order: u64,
     codec: Codec,
     sink: Arc<dyn Sink>,
-    /// `None`: the sink is the only consumer (nothing runs per message).
-    handler: Option<Handler>,
+    consumer: Consumer,
     ack: Option<BytesAcknowledged>,
     pub(crate) closed: AtomicBool,
     /// `generation << 3 | phase`; see [`phase`].
@@ -339,7 +363,7 @@ type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<Me
 /// and its frame.
 type RangeMemo = HashMap<
     (u64, u64, usize, Codec),
-    (Arc<Vec<Arc<Entry>>>, Bytes),
+    (SharedBatch, Option<Bytes>),
     std::hash::BuildHasherDefault<MemoHasher>,
 >;
 
@@ -439,7 +463,7 @@ impl Inner {
     pub(crate) fn subscribe(
         &self,
         topic: &str,
-        handler: Option<Handler>,
+        consumer: Consumer,
         opts: SubscribeOptions,
     ) -> Result<Arc<Sub>, SubscribeError> {
         if self.is_closed() {
@@ -500,7 +524,7 @@ impl Inner {
             order: self.next_sub.fetch_add(1, Ordering::Relaxed),
             codec: opts.codec.unwrap_or(self.opts.codec),
             sink: opts.sink.unwrap_or_else(|| Arc::clone(&self.sink)),
-            handler,
+            consumer,
             ack: opts.bytes_acknowledged,
             closed: AtomicBool::new(false),
             send_state: AtomicU64::new(0),
@@ -1021,9 +1045,14 @@ impl Inner {
                 };
                 budget = budget.saturating_sub(batch.len());
                 sub.removed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                let framed = !matches!(sub.consumer, Consumer::Batch(_));
                 let frame = match frame {
-                    Some(f) => Ok(f),
-                    None => self.frame_for(&mut st.memo, sub.codec, &batch, &mut m),
+                    Some(f) => Ok(Some(f)),
+                    // A receiver takes the entries: no frame is encoded for it.
+                    None if !framed => Ok(None),
+                    None => self
+                        .frame_for(&mut st.memo, sub.codec, &batch, &mut m)
+                        .map(Some),
                 };
                 let frame = match frame {
                     Ok(f) => f,
@@ -1040,11 +1069,13 @@ impl Inner {
                     }
                 };
                 if let Batch::Shared(shared) = &batch {
-                    // Remember the range so the next subscriber at the same cursor shares it.
+                    // Remember the range so the next subscriber at the same cursor shares it
+                    // (with its frame, unless it was taken by a receiver, which needs none).
                     if let Some(key) = st.pending_range.take() {
                         st.ranges.insert(key, (Arc::clone(shared), frame.clone()));
                     }
                 }
+                let frame = frame.unwrap_or_default();
                 match self.send(sub, frame, batch, &mut m) {
                     Some(Batch::Owned(back)) => st.batch = back,
                     Some(Batch::Shared(_)) => {}
@@ -1126,7 +1157,7 @@ impl Inner {
                 entries: None,
             } => {
                 let (batch, frame) = &st.ranges[&(log_id, start, k, codec)];
-                Some((Batch::Shared(Arc::clone(batch)), Some(frame.clone())))
+                Some((Batch::Shared(Arc::clone(batch)), frame.clone()))
             }
             CursorPop::Range {
                 start,
@@ -1247,7 +1278,7 @@ impl Inner {
     fn finish(
         &self,
         sub: &Arc<Sub>,
-        batch: &[Arc<Entry>],
+        batch: &Batch,
         len: usize,
         generation: u64,
         result: Result<(), DeliveryError>,
@@ -1269,7 +1300,10 @@ impl Inner {
                         );
                     }
                 }
-                if let Some(handler) = &sub.handler {
+                if let Consumer::Batch(take) = &sub.consumer {
+                    take(&batch.share());
+                }
+                if let Consumer::Each(handler) = &sub.consumer {
                     for e in batch.iter() {
                         let d = Delivery {
                             subscriber: &sub.sref,

@@ -73,7 +73,7 @@ use std::time::Instant;
 use powerhub_plugin::{CloseReason, Sink};
 use serde::Serialize;
 
-use self::core::{Inner, Sub};
+use self::core::{Consumer, Inner, Sub};
 pub use self::error::{
     DeliveryError, FlushError, HubError, MessageError, OptionsError, PublishError, SubscribeError,
 };
@@ -181,6 +181,20 @@ impl Hub {
         &self.owner.inner
     }
 
+    fn subscribe_consumer(
+        &self,
+        topic: &str,
+        consumer: Consumer,
+        options: SubscribeOptions,
+    ) -> Result<Subscription, SubscribeError> {
+        let sub = self.inner().subscribe(topic, consumer, options)?;
+        Ok(Subscription {
+            hub: Arc::downgrade(self.inner()),
+            sub,
+            detached: false,
+        })
+    }
+
     /// Subscribes `handler` to `topic`. The handler runs for each delivered message after the
     /// transport took its batch. The subscription lasts while the returned [`Subscription`] is
     /// held (or after [`Subscription::detach`]).
@@ -197,14 +211,7 @@ impl Hub {
     where
         F: Fn(&Delivery<'_>) + Send + Sync + 'static,
     {
-        let sub = self
-            .inner()
-            .subscribe(topic, Some(Arc::new(handler)), options)?;
-        Ok(Subscription {
-            hub: Arc::downgrade(self.inner()),
-            sub,
-            detached: false,
-        })
+        self.subscribe_consumer(topic, Consumer::Each(Arc::new(handler)), options)
     }
 
     /// Subscribes to `topic` with no handler: the subscriber's [`Sink`] (the hub's, or
@@ -229,12 +236,7 @@ impl Hub {
         topic: &str,
         options: SubscribeOptions,
     ) -> Result<Subscription, SubscribeError> {
-        let sub = self.inner().subscribe(topic, None, options)?;
-        Ok(Subscription {
-            hub: Arc::downgrade(self.inner()),
-            sub,
-            detached: false,
-        })
+        self.subscribe_consumer(topic, Consumer::Sink, options)
     }
 
     /// Subscribes to `topic` with a receiver of its own: the consumer pulls the deliveries

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use powerhub_plugin::{CloseReason, Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
-use super::core::Sub;
+use super::core::{Consumer, Entry, SharedBatch, Sub};
 use super::{Delivery, Message, SlowConsumer, Subscription};
 
 /// One message a [`Receiver`] received.
@@ -111,16 +111,18 @@ pub enum RecvTimeoutError {
     },
 }
 
-/// One message handed over, with the subscriber's drop count when it was.
+/// One batch handed over, with the subscriber's drop count when it was.
 #[derive(Debug)]
-struct Item {
-    received: Received,
+struct Handed {
+    entries: SharedBatch,
     dropped_before: u64,
 }
 
 #[derive(Debug, Default)]
 struct State {
-    items: VecDeque<Item>,
+    /// Batches handed over and not yet taken by the consumer (at most one while the hub's next
+    /// send is held pending).
+    batches: VecDeque<Handed>,
     /// The hub's send waiting for room (the subscriber's next batch stays in its queue).
     pending: Option<Completion>,
     closed: Option<CloseReason>,
@@ -163,16 +165,13 @@ impl Chan {
         }
     }
 
-    fn push(&self, d: &Delivery<'_>) {
+    /// The hub's hand-over of one batch, after the send was accepted: one lock and one
+    /// reference count per batch, whatever its length.
+    fn hand(&self, entries: &SharedBatch) {
         let dropped_before = self.dropped();
         let mut st = self.state.lock();
-        st.items.push_back(Item {
-            received: Received {
-                message: d.message().clone(),
-                seq: d.seq(),
-                topic_seq: d.topic_seq(),
-                priority: d.priority(),
-            },
+        st.batches.push_back(Handed {
+            entries: Arc::clone(entries),
             dropped_before,
         });
         self.notify(&mut st);
@@ -187,8 +186,8 @@ struct HandOff(Arc<Chan>);
 impl Sink for HandOff {
     fn send(&self, _sub: &SubscriberRef, _frame: Frame, done: Completion) -> SendOutcome {
         let mut st = self.0.state.lock();
-        if st.closed.is_some() || st.items.is_empty() {
-            // The handler (run by the hub once the send is accepted) hands the messages over.
+        if st.closed.is_some() || st.batches.is_empty() {
+            // The hub hands the batch over (`Chan::hand`) once the send is accepted.
             drop(st);
             drop(done);
             return SendOutcome::Accepted;
@@ -215,8 +214,10 @@ impl Sink for HandOff {
 ///
 /// A [`Receiver`] is a hub subscriber like any other (its queue, `max_queue`, `max_batch` and
 /// slow-consumer policy are the hub's, and so are its `stats()` row and its place in
-/// `presence()`), whose transport is a small hand-off: the hub hands it one batch at a time and
-/// holds the next one in the subscriber's queue until the consumer took the previous one. So:
+/// `presence()`), whose transport is a small hand-off: the hub hands it one batch at a time, by
+/// reference (the batch the topic's other receivers take too; nothing is encoded for a
+/// receiver), and holds the next one in the subscriber's queue until the consumer started on
+/// the previous one. Receiving from a batch takes no lock. So:
 ///
 /// - **A slow consumer only lags itself.** Nothing the consumer does runs on the hub's drain;
 ///   while it does not receive, its own queue fills and its own policy applies, as a
@@ -272,6 +273,9 @@ pub struct Receiver {
     sub: Subscription,
     /// What the consumer was told about losses.
     seen: Seen,
+    /// The batch being received, and the index of its next message.
+    local: Option<Handed>,
+    pos: usize,
 }
 
 impl Receiver {
@@ -286,14 +290,17 @@ impl Receiver {
             policy: options.slow_consumer,
             sub: OnceLock::new(),
         });
-        let handler_chan = Arc::clone(&chan);
+        let hand_chan = Arc::clone(&chan);
         let options = options.sink(Arc::new(HandOff(Arc::clone(&chan))));
-        let sub = hub.subscribe(topic, move |d: &Delivery<'_>| handler_chan.push(d), options)?;
+        let take = Consumer::Batch(Arc::new(move |b: &SharedBatch| hand_chan.hand(b)));
+        let sub = hub.subscribe_consumer(topic, take, options)?;
         let _ = chan.sub.set(Arc::clone(&sub.sub));
         Ok(Receiver {
             chan,
             sub,
             seen: Seen::default(),
+            local: None,
+            pos: 0,
         })
     }
 
@@ -310,20 +317,33 @@ impl Receiver {
     /// the policy dropped; [`TryRecvError::Closed`] after the last message of a closed
     /// subscription.
     pub fn try_recv(&mut self) -> Result<Received, TryRecvError> {
-        let chan = &self.chan;
-        loop {
-            let mut st = chan.state.lock();
-            let (result, pending) = take(chan, &mut self.seen, &mut st);
-            drop(st);
-            let Some(done) = pending else {
-                return result;
-            };
-            // The hub's next batch: its handler runs here, on the consumer's thread.
-            done.complete(Ok(()));
-            if !matches!(result, Err(TryRecvError::Empty)) {
-                return result;
-            }
-        }
+        let i = self.try_next()?;
+        Ok(self.received(i))
+    }
+
+    /// [`try_recv`](Receiver::try_recv) without taking a reference to the message: the
+    /// delivery borrows the receiver until the next receive. The cheapest way to consume (no
+    /// atomic operation per message); [`Delivery::message`] clones it when it must be kept.
+    ///
+    /// ```
+    /// use powerhub::hub::{Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let hub = Hub::new(SpySink::new(), HubOptions::default())?;
+    /// let mut rx = hub.receiver("t", SubscribeOptions::default())?;
+    /// hub.publish_json("t", &7)?;
+    /// hub.flush()?;
+    /// let d = rx.try_recv_ref()?;
+    /// assert_eq!((&d.message().bytes()[..], d.topic_seq(), d.topic()), (&b"7"[..], 0, "t"));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// As [`try_recv`](Receiver::try_recv).
+    pub fn try_recv_ref(&mut self) -> Result<Delivery<'_>, TryRecvError> {
+        let i = self.try_next()?;
+        Ok(self.delivery(i))
     }
 
     /// The next message, waiting for it.
@@ -333,12 +353,19 @@ impl Receiver {
     /// [`RecvError::Lagged`] once for messages the policy dropped; [`RecvError::Closed`] after
     /// the last message of a closed subscription.
     pub fn recv(&mut self) -> Result<Received, RecvError> {
-        match self.recv_until(None) {
-            Ok(m) => Ok(m),
-            Err(RecvTimeoutError::Lagged { missed }) => Err(RecvError::Lagged { missed }),
-            Err(RecvTimeoutError::Closed { reason }) => Err(RecvError::Closed { reason }),
-            Err(RecvTimeoutError::Timeout) => unreachable!("no deadline"),
-        }
+        let i = self.recv_until(None).map_err(no_deadline)?;
+        Ok(self.received(i))
+    }
+
+    /// [`recv`](Receiver::recv), borrowing the message as
+    /// [`try_recv_ref`](Receiver::try_recv_ref) does.
+    ///
+    /// # Errors
+    ///
+    /// As [`recv`](Receiver::recv).
+    pub fn recv_ref(&mut self) -> Result<Delivery<'_>, RecvError> {
+        let i = self.recv_until(None).map_err(no_deadline)?;
+        Ok(self.delivery(i))
     }
 
     /// The next message, waiting at most `timeout`.
@@ -347,44 +374,8 @@ impl Receiver {
     ///
     /// As [`Receiver::recv`], and [`RecvTimeoutError::Timeout`].
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Received, RecvTimeoutError> {
-        self.recv_until(Some(Instant::now() + timeout))
-    }
-
-    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<Received, RecvTimeoutError> {
-        let chan = Arc::clone(&self.chan);
-        let mut st = chan.state.lock();
-        loop {
-            let (result, pending) = take(&chan, &mut self.seen, &mut st);
-            if let Some(done) = pending {
-                drop(st);
-                done.complete(Ok(()));
-                if !matches!(result, Err(TryRecvError::Empty)) {
-                    return map_timeout(result);
-                }
-                st = chan.state.lock();
-                continue;
-            }
-            match result {
-                Err(TryRecvError::Empty) => {}
-                other => return map_timeout(other),
-            }
-            match deadline {
-                None => chan.ready.wait(&mut st),
-                Some(d) => {
-                    if chan.ready.wait_until(&mut st, d).timed_out() {
-                        let (result, pending) = take(&chan, &mut self.seen, &mut st);
-                        drop(st);
-                        if let Some(done) = pending {
-                            done.complete(Ok(()));
-                        }
-                        return match result {
-                            Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
-                            other => map_timeout(other),
-                        };
-                    }
-                }
-            }
-        }
+        let i = self.recv_until(Some(Instant::now() + timeout))?;
+        Ok(self.received(i))
     }
 
     /// The next message, as a future woken by the hub (any executor, or none: it only needs
@@ -393,25 +384,160 @@ impl Receiver {
         RecvFuture { rx: self }
     }
 
+    fn entry(&self, i: usize) -> &Entry {
+        let handed = self
+            .local
+            .as_ref()
+            .expect("a message was taken from the local batch");
+        &handed.entries[i]
+    }
+
+    fn received(&self, i: usize) -> Received {
+        let e = self.entry(i);
+        Received {
+            message: e.message.clone(),
+            seq: e.seq,
+            topic_seq: e.topic_seq,
+            priority: e.priority,
+        }
+    }
+
+    fn delivery(&self, i: usize) -> Delivery<'_> {
+        let e = self.entry(i);
+        Delivery {
+            subscriber: &self.sub.sub.sref,
+            message: &e.message,
+            seq: e.seq,
+            topic_seq: e.topic_seq,
+            priority: e.priority,
+        }
+    }
+
+    /// The next message of the local batch (its index), a loss to report before it, or `None`
+    /// once the batch is done. No lock.
+    ///
+    /// A loss is reported where it is: before the next message when its topic number skips the
+    /// dropped ones and the drop count agrees (a gap can also be a publication from before the
+    /// subscription).
+    fn next_local(&mut self) -> Option<Result<usize, TryRecvError>> {
+        let handed = self.local.as_ref()?;
+        let e = handed.entries.get(self.pos)?;
+        let seen = &mut self.seen;
+        let unreported = handed.dropped_before.saturating_sub(seen.reported);
+        let gap = match seen.last {
+            Some(last) => e.topic_seq.saturating_sub(last + 1),
+            // Nothing received yet: under drop-oldest the drops before the first handed over
+            // message were older than it.
+            None if self.chan.policy == SlowConsumer::DropOldest => unreported,
+            None => 0,
+        };
+        let missed = gap.min(unreported);
+        if missed > 0 {
+            seen.reported += missed;
+            seen.last = Some(e.topic_seq.saturating_sub(1));
+            return Some(Err(TryRecvError::Lagged { missed }));
+        }
+        let n = e.topic_seq;
+        seen.last = Some(seen.last.map_or(n, |last| last.max(n)));
+        self.pos += 1;
+        Some(Ok(self.pos - 1))
+    }
+
+    /// The next message (its index in the local batch), or why there is none now.
+    ///
+    /// Once the local batch is done, the next handed-over batch becomes local; when that
+    /// empties the hand-off, the hub's held send is completed (outside the lock), which hands
+    /// the subscriber's next batch over while the consumer works through this one. With
+    /// nothing handed over, losses after the last message received (as under `drop-newest`) are
+    /// reported once the hub holds nothing more for the receiver. The subscriber's queue length
+    /// is read with the hand-off locked: the hub never takes the hand-off's lock while it holds
+    /// a queue's (it pops a batch, lets go of the queue, then sends), so the order hand-off →
+    /// queue cannot deadlock.
+    fn try_next(&mut self) -> Result<usize, TryRecvError> {
+        loop {
+            if let Some(r) = self.next_local() {
+                return r;
+            }
+            self.local = None;
+            let chan = Arc::clone(&self.chan);
+            let mut st = chan.state.lock();
+            if let Some(handed) = st.batches.pop_front() {
+                self.local = Some(handed);
+                self.pos = 0;
+                let pending = if st.batches.is_empty() {
+                    st.pending.take()
+                } else {
+                    None
+                };
+                drop(st);
+                if let Some(done) = pending {
+                    done.complete(Ok(()));
+                }
+                continue;
+            }
+            if let Some(done) = st.pending.take() {
+                // Nothing handed over but a batch held: let it come (the hub hands it over
+                // inside `complete`), then look again.
+                drop(st);
+                done.complete(Ok(()));
+                continue;
+            }
+            let dropped = chan.dropped();
+            if dropped > self.seen.reported && st.closed.is_none() && chan.queued() == 0 {
+                let missed = dropped - self.seen.reported;
+                self.seen.reported = dropped;
+                return Err(TryRecvError::Lagged { missed });
+            }
+            return Err(match st.closed {
+                Some(reason) => TryRecvError::Closed { reason },
+                None => TryRecvError::Empty,
+            });
+        }
+    }
+
+    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<usize, RecvTimeoutError> {
+        loop {
+            match self.try_next() {
+                Err(TryRecvError::Empty) => {}
+                other => return map_timeout(other),
+            }
+            let chan = Arc::clone(&self.chan);
+            let mut st = chan.state.lock();
+            // Anything that arrived since `try_next` let go of the lock is looked at first.
+            if st.batches.is_empty() && st.pending.is_none() && st.closed.is_none() {
+                match deadline {
+                    None => chan.ready.wait(&mut st),
+                    Some(d) => {
+                        if chan.ready.wait_until(&mut st, d).timed_out() {
+                            drop(st);
+                            return match self.try_next() {
+                                Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+                                other => map_timeout(other),
+                            };
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Received, RecvError>> {
         loop {
-            let chan = &self.chan;
-            let mut st = chan.state.lock();
-            let (result, pending) = take(chan, &mut self.seen, &mut st);
-            if matches!(result, Err(TryRecvError::Empty)) && pending.is_none() {
+            match self.try_next() {
+                Ok(i) => return Poll::Ready(Ok(self.received(i))),
+                Err(TryRecvError::Lagged { missed }) => {
+                    return Poll::Ready(Err(RecvError::Lagged { missed }))
+                }
+                Err(TryRecvError::Closed { reason }) => {
+                    return Poll::Ready(Err(RecvError::Closed { reason }))
+                }
+                Err(TryRecvError::Empty) => {}
+            }
+            let mut st = self.chan.state.lock();
+            if st.batches.is_empty() && st.pending.is_none() && st.closed.is_none() {
                 st.waker = Some(cx.waker().clone());
                 return Poll::Pending;
             }
-            drop(st);
-            if let Some(done) = pending {
-                done.complete(Ok(()));
-            }
-            return Poll::Ready(match result {
-                Ok(m) => Ok(m),
-                Err(TryRecvError::Lagged { missed }) => Err(RecvError::Lagged { missed }),
-                Err(TryRecvError::Closed { reason }) => Err(RecvError::Closed { reason }),
-                Err(TryRecvError::Empty) => continue,
-            });
         }
     }
 }
@@ -425,75 +551,21 @@ struct Seen {
     last: Option<u64>,
 }
 
-/// What is next, under the lock; and the hub's pending send to complete once unlocked.
-///
-/// A loss is reported where it is: before the next message when its topic number skips the
-/// dropped ones (and the drop count agrees: a gap can also be a publication from before the
-/// subscription), or once nothing more is waiting (losses after the last message received, as
-/// under `drop-newest`). The subscriber's queue length is read with the hand-off locked: the hub
-/// never takes the hand-off's lock while it holds a queue's (it pops a batch, lets go of the
-/// queue, then sends), so the order hand-off → queue cannot deadlock.
-///
-/// The hub's next batch is asked for once the hand-off is empty (one wake-up of the hub per
-/// batch, not per message).
-fn take(
-    chan: &Chan,
-    seen: &mut Seen,
-    st: &mut State,
-) -> (Result<Received, TryRecvError>, Option<Completion>) {
-    let result = match st.items.front() {
-        Some(item) => {
-            let unreported = item.dropped_before.saturating_sub(seen.reported);
-            let gap = match seen.last {
-                Some(last) => item.received.topic_seq.saturating_sub(last + 1),
-                // Nothing received yet: under drop-oldest the drops before the first handed
-                // over message were older than it.
-                None if chan.policy == SlowConsumer::DropOldest => unreported,
-                None => 0,
-            };
-            let missed = gap.min(unreported);
-            if missed > 0 {
-                seen.reported += missed;
-                seen.last = Some(item.received.topic_seq.saturating_sub(1));
-                Err(TryRecvError::Lagged { missed })
-            } else {
-                let item = st.items.pop_front().expect("checked");
-                let n = item.received.topic_seq;
-                seen.last = Some(seen.last.map_or(n, |last| last.max(n)));
-                Ok(item.received)
-            }
-        }
-        None => {
-            let dropped = chan.dropped();
-            // Losses behind messages the hub still holds for the receiver are reported after
-            // those messages.
-            let held = st.pending.is_some() || chan.queued() > 0;
-            if dropped > seen.reported && st.closed.is_none() && !held {
-                let missed = dropped - seen.reported;
-                seen.reported = dropped;
-                Err(TryRecvError::Lagged { missed })
-            } else {
-                match st.closed {
-                    Some(reason) => Err(TryRecvError::Closed { reason }),
-                    None => Err(TryRecvError::Empty),
-                }
-            }
-        }
-    };
-    let pending = if st.items.is_empty() {
-        st.pending.take()
-    } else {
-        None
-    };
-    (result, pending)
-}
-
-fn map_timeout(r: Result<Received, TryRecvError>) -> Result<Received, RecvTimeoutError> {
+fn map_timeout(r: Result<usize, TryRecvError>) -> Result<usize, RecvTimeoutError> {
     match r {
-        Ok(m) => Ok(m),
+        Ok(i) => Ok(i),
         Err(TryRecvError::Lagged { missed }) => Err(RecvTimeoutError::Lagged { missed }),
         Err(TryRecvError::Closed { reason }) => Err(RecvTimeoutError::Closed { reason }),
         Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+    }
+}
+
+/// A receive with no deadline cannot time out.
+fn no_deadline(e: RecvTimeoutError) -> RecvError {
+    match e {
+        RecvTimeoutError::Lagged { missed } => RecvError::Lagged { missed },
+        RecvTimeoutError::Closed { reason } => RecvError::Closed { reason },
+        RecvTimeoutError::Timeout => unreachable!("no deadline"),
     }
 }
 

@@ -293,12 +293,16 @@ fn pinned_hub(pin: fn()) -> io::Result<Hub> {
     .map_err(|e| io::Error::other(e.to_string()))
 }
 
+/// A hub error as the perf tool's I/O error.
+fn hub_error(e: impl std::fmt::Display) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
 /// Publish `msgs` copies of `payload` to `n` subscribers of an in-process hub (its own drain
 /// thread) and wait until every subscriber has them. Each subscriber's handler counts its
 /// deliveries; the publisher stays within half a queue of the drain, as with the other
 /// in-process systems, so that nothing is dropped.
 pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::Result<InprocOut> {
-    let err = |e: powerhub::hub::HubError| io::Error::other(e.to_string());
     let hub = pinned_hub(crate::inproc::pin_consumer)?;
     // One counter per subscriber, written only by the drain thread (the sink never leaves a
     // send pending, so handlers run nowhere else): a plain load and store, no locked
@@ -314,7 +318,7 @@ pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::R
         let opts = SubscribeOptions::default().max_queue(queue).max_batch(64);
         subs.push(
             hub.subscribe(crate::scenarios::BENCH, handler, opts)
-                .map_err(err)?,
+                .map_err(hub_error)?,
         );
     }
     let slowest = || {
@@ -324,7 +328,7 @@ pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::R
             .min()
             .unwrap_or(0)
     };
-    let message = Message::json(payload).map_err(err)?;
+    let message = Message::json(payload).map_err(hub_error)?;
     let window = (queue / 2).max(1) as u64;
     let start = Instant::now();
     let mut floor = 0;
@@ -340,9 +344,9 @@ pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::R
             message.clone(),
             PublishOptions::default(),
         )
-        .map_err(err)?;
+        .map_err(hub_error)?;
     }
-    hub.flush().map_err(err)?;
+    hub.flush().map_err(hub_error)?;
     let secs = start.elapsed().as_secs_f64();
     let stats = hub.stats();
     hub.close();
@@ -356,15 +360,17 @@ pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::R
 
 /// [`inproc`] with a [`Receiver`](powerhub::hub::Receiver) per subscriber: one consumer thread
 /// (on the consumer CPU, as the other systems' consumers) drains every receiver with
-/// `try_recv`, as the broadcast and channel systems are drained.
+/// `try_recv` (an owned message per receive, as broadcast's), or with `try_recv_ref` when
+/// `borrowed` (the message borrowed from the shared batch), as the broadcast and channel
+/// systems are drained.
 pub(crate) fn inproc_receivers(
     n: usize,
     msgs: u64,
     queue: usize,
     payload: Bytes,
+    borrowed: bool,
 ) -> io::Result<InprocOut> {
     use powerhub::hub::TryRecvError;
-    let err = |e: powerhub::hub::HubError| io::Error::other(e.to_string());
     // The hub's drain thread runs with the publisher (which yields while it is a window
     // ahead), not with the consumer, which spins over its receivers: there is a third thread
     // here, and two CPUs.
@@ -372,7 +378,10 @@ pub(crate) fn inproc_receivers(
     let mut rxs = Vec::with_capacity(n);
     for _ in 0..n {
         let opts = SubscribeOptions::default().max_queue(queue).max_batch(64);
-        rxs.push(hub.receiver(crate::scenarios::BENCH, opts).map_err(err)?);
+        rxs.push(
+            hub.receiver(crate::scenarios::BENCH, opts)
+                .map_err(hub_error)?,
+        );
     }
     // Everything the consumer read, and the smallest per-receiver count, for the window.
     let floor = Arc::new(AtomicU64::new(0));
@@ -387,8 +396,17 @@ pub(crate) fn inproc_receivers(
             open = 0;
             for (rx, count) in rxs.iter_mut().zip(counts.iter_mut()) {
                 loop {
-                    match rx.try_recv() {
-                        Ok(_) => {
+                    let got = if borrowed {
+                        rx.try_recv_ref().map(|d| {
+                            std::hint::black_box(d.message());
+                        })
+                    } else {
+                        rx.try_recv().map(|m| {
+                            std::hint::black_box(m);
+                        })
+                    };
+                    match got {
+                        Ok(()) => {
                             delivered += 1;
                             *count += 1;
                         }
@@ -406,7 +424,7 @@ pub(crate) fn inproc_receivers(
         }
         (delivered, lost)
     });
-    let message = Message::json(payload).map_err(err)?;
+    let message = Message::json(payload).map_err(hub_error)?;
     let window = (queue / 2).max(1) as u64;
     for i in 0..msgs {
         while i >= floor.load(Ordering::Acquire) + window {
@@ -417,7 +435,7 @@ pub(crate) fn inproc_receivers(
             message.clone(),
             PublishOptions::default(),
         )
-        .map_err(err)?;
+        .map_err(hub_error)?;
     }
     // Every message handed over, then the receivers end (Closed) once they have read it.
     while floor.load(Ordering::Acquire) < msgs {
