@@ -1,5 +1,6 @@
 //! The in-process scenario: publish to N in-process subscribers from one thread while one other
-//! thread drains every subscriber, with powerhub's hub (handlers on its drain thread, and a
+//! thread drains every subscriber, with powerhub's hub (handlers on its handler pool, or inline
+//! on its drain thread, and a
 //! `Receiver` per subscriber drained by one consumer thread, taking owned or borrowed
 //! messages), `tokio::sync::broadcast`, and a channel per subscriber (`crossbeam-channel`,
 //! `flume`).
@@ -193,15 +194,20 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         unit: "deliveries/s".to_owned(),
         ..Scenario::default()
     };
-    ctx.pb.inc_length((ctx.inproc_subs.len() * 6) as u64);
+    ctx.pb.inc_length((ctx.inproc_subs.len() * 7) as u64);
     for &n in &ctx.inproc_subs {
         let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
         let case = format!("N={n}");
-        let systems: [(&str, bool, Runner); 6] = [
+        let systems: [(&str, bool, Runner); 7] = [
             (
                 "powerhub hub",
                 true,
-                Box::new(move || powerhub::inproc(n, msgs, queue(n), payload())),
+                Box::new(move || powerhub::inproc(n, msgs, queue(n), payload(), false)),
+            ),
+            (
+                "powerhub hub (inline handlers)",
+                true,
+                Box::new(move || powerhub::inproc(n, msgs, queue(n), payload(), true)),
             ),
             (
                 "powerhub receivers",

@@ -18,6 +18,7 @@ use powerhub_plugin::{CloseReason, Completion, SendError, SendOutcome, Sink, Sub
 use super::error::{
     panic_message, DeliveryError, FlushError, OptionsError, PublishError, SubscribeError,
 };
+use super::handlers::Pool;
 use super::message::Delivery;
 use super::options::SlowConsumer;
 use super::options::{
@@ -250,7 +251,9 @@ impl Sub {
             error,
         });
         match self.hub.upgrade() {
-            Some(inner) => inner.finish(self, &batch, len, generation, r, false),
+            Some(inner) => {
+                inner.finish(self, batch, len, generation, r, false, None);
+            }
             None => self
                 .send_state
                 .store(generation << 3 | phase::IDLE, Ordering::SeqCst),
@@ -381,6 +384,15 @@ struct DrainState {
     /// Topic logs a cursor took from this pass: (log id, index in `order` of one of its
     /// subscribers), trimmed at the end of the pass.
     touched: Vec<(u64, usize)>,
+    /// Handlers to run, handed to the pool at the end of the pass.
+    jobs: Vec<Job>,
+}
+
+/// A batch whose handler runs on the handler pool; its subscriber is in flight until it ran.
+pub(crate) struct Job {
+    sub: Arc<Sub>,
+    batch: Batch,
+    generation: u64,
 }
 
 #[derive(Default)]
@@ -416,12 +428,16 @@ pub(crate) struct Inner {
     /// Flushes waiting on `flush_cv`; completions only take `flush_mx` when there are some.
     flush_waiters: AtomicUsize,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// Where handlers run under [`Driver::Thread`] (under [`Driver::Manual`], in the turn).
+    handlers: Option<Arc<Pool<Job>>>,
 }
 
 impl Inner {
     pub(crate) fn new(sink: Arc<dyn Sink>, opts: HubOptions) -> Result<Arc<Inner>, OptionsError> {
         opts.validate()?;
-        let spawn = opts.driver == Driver::Thread && opts.batch;
+        let driver = opts.driver;
+        let inline = opts.inline_handlers;
+        let spawn = driver == Driver::Thread && opts.batch;
         let inner = Arc::new_cyclic(|me| Inner {
             me: me.clone(),
             opts,
@@ -441,6 +457,16 @@ impl Inner {
             flush_cv: Condvar::new(),
             flush_waiters: AtomicUsize::new(0),
             thread: Mutex::new(None),
+            handlers: (driver == Driver::Thread && !inline).then(|| {
+                let hub = me.clone();
+                Pool::new(move |job: Job| match hub.upgrade() {
+                    Some(inner) => inner.run_job(job),
+                    None => job
+                        .sub
+                        .send_state
+                        .store(job.generation << 3 | phase::IDLE, Ordering::SeqCst),
+                })
+            }),
         });
         if spawn {
             let runner = Arc::clone(&inner);
@@ -1076,11 +1102,16 @@ impl Inner {
                     }
                 }
                 let frame = frame.unwrap_or_default();
-                match self.send(sub, frame, batch, &mut m) {
+                match self.send(sub, frame, batch, &mut m, &mut st.jobs) {
                     Some(Batch::Owned(back)) => st.batch = back,
                     Some(Batch::Shared(_)) => {}
                     None => break,
                 }
+            }
+        }
+        if let Some(pool) = &self.handlers {
+            if !st.jobs.is_empty() {
+                pool.push_all(st.jobs.drain(..));
             }
         }
         self.release_taken(&order, &mut st.touched);
@@ -1198,6 +1229,7 @@ impl Inner {
         frame: Bytes,
         batch: Batch,
         m: &mut TurnMetrics,
+        jobs: &mut Vec<Job>,
     ) -> Option<Batch> {
         let n = batch.len() as u64;
         m.frames += 1;
@@ -1249,8 +1281,7 @@ impl Inner {
                         }
                         sub.send_state
                             .store(generation << 3 | phase::FINISHING, Ordering::SeqCst);
-                        self.finish(sub, &batch, len, generation, r, true);
-                        return Some(batch);
+                        return self.finish(sub, batch, len, generation, r, true, Some(jobs));
                     }
                 }
             }
@@ -1269,21 +1300,24 @@ impl Inner {
         if result.is_err() {
             m.send_failures += 1;
         }
-        self.finish(sub, &batch, len, generation, result, true);
-        Some(batch)
+        self.finish(sub, batch, len, generation, result, true, Some(jobs))
     }
 
     /// After a send ended: account, run the handler (only after the transport took the batch),
-    /// clear in-flight, and wake whoever waits.
+    /// clear in-flight, and wake whoever waits. Returns the batch, or `None` when the handler
+    /// was handed to the handler pool (`jobs`, queued at the end of the pass, or the pool
+    /// itself outside a pass): the subscriber stays in flight until [`Inner::run_job`] ran it.
+    #[allow(clippy::too_many_arguments)]
     fn finish(
         &self,
         sub: &Arc<Sub>,
-        batch: &Batch,
+        batch: Batch,
         len: usize,
         generation: u64,
         result: Result<(), DeliveryError>,
         in_pass: bool,
-    ) {
+        jobs: Option<&mut Vec<Job>>,
+    ) -> Option<Batch> {
         match result {
             Ok(()) => {
                 // One send at a time per subscriber: only this thread writes `bytes_sent` now.
@@ -1300,37 +1334,80 @@ impl Inner {
                         );
                     }
                 }
-                if let Consumer::Batch(take) = &sub.consumer {
-                    take(&batch.share());
-                }
-                if let Consumer::Each(handler) = &sub.consumer {
-                    for e in batch.iter() {
-                        let d = Delivery {
-                            subscriber: &sub.sref,
-                            message: &e.message,
-                            seq: e.seq,
-                            topic_seq: e.topic_seq,
-                            priority: e.priority,
-                        };
-                        if let Err(p) = catch_unwind(AssertUnwindSafe(|| handler(&d))) {
-                            self.report(
-                                &DeliveryError::HandlerPanicked {
-                                    id: sub.sref.id().to_owned(),
-                                    message: panic_message(&*p),
-                                },
-                                Some(&sub.sref),
-                            );
+                match &sub.consumer {
+                    Consumer::Sink => {}
+                    Consumer::Batch(take) => take(&batch.share()),
+                    Consumer::Each(handler) => match &self.handlers {
+                        Some(pool) => {
+                            let job = Job {
+                                sub: Arc::clone(sub),
+                                batch,
+                                generation,
+                            };
+                            match jobs {
+                                Some(jobs) => jobs.push(job),
+                                None => pool.push_all([job]),
+                            }
+                            return None;
                         }
-                    }
+                        None => self.run_handler(sub, handler, &batch),
+                    },
                 }
             }
             Err(e) => self.report(&e, Some(&sub.sref)),
         }
+        self.finished(sub, generation, in_pass);
+        Some(batch)
+    }
+
+    /// Runs `handler` for each message of `batch`, isolating panics.
+    fn run_handler(&self, sub: &Sub, handler: &Handler, batch: &[Arc<Entry>]) {
+        for e in batch {
+            let d = Delivery {
+                subscriber: &sub.sref,
+                message: &e.message,
+                seq: e.seq,
+                topic_seq: e.topic_seq,
+                priority: e.priority,
+            };
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| handler(&d))) {
+                self.report(
+                    &DeliveryError::HandlerPanicked {
+                        id: sub.sref.id().to_owned(),
+                        message: panic_message(&*p),
+                    },
+                    Some(&sub.sref),
+                );
+            }
+        }
+    }
+
+    /// A handler job, on a worker of the handler pool: the handler (unless the subscription
+    /// ended meanwhile), then the end of the send.
+    fn run_job(&self, job: Job) {
+        let Job {
+            sub,
+            batch,
+            generation,
+        } = job;
+        if let Consumer::Each(handler) = &sub.consumer {
+            if !sub.closed.load(Ordering::Acquire) && !self.is_closed() {
+                // A handler that calls `flush` would wait for its own subscriber.
+                let _guard = DrainingGuard::enter();
+                self.run_handler(&sub, handler, &batch);
+            }
+        }
+        drop(batch);
+        self.finished(&sub, generation, false);
+    }
+
+    /// The end of a send: the subscriber is idle again; one that queued more meanwhile is
+    /// listed for the next pass (a send that ended inside its own pass needs not), and waiting
+    /// flushes are woken.
+    fn finished(&self, sub: &Arc<Sub>, generation: u64, in_pass: bool) {
         // SeqCst pairs with the flush waiter count (see `notify_flush`).
         sub.send_state
             .store(generation << 3 | phase::IDLE, Ordering::SeqCst);
-        // A send that ended inside the drain of this subscriber: the drainer goes on by itself.
-        // A completion (from any thread) wakes it for what queued meanwhile.
         if !in_pass && !sub.closed.load(Ordering::Acquire) && !sub.queue.is_empty() {
             self.ready.lock().subs.push(Arc::clone(sub));
             self.wake();
@@ -1454,6 +1531,9 @@ impl Inner {
         // The retained logs go with the topics.
         drop(topics);
         *self.ready.lock() = Ready::default();
+        if let Some(pool) = &self.handlers {
+            pool.close();
+        }
         self.notify_flush();
         let handle = self.thread.lock().take();
         if let Some(handle) = handle {

@@ -60,6 +60,7 @@
 mod core;
 pub(crate) use self::core::{Entry, Tap, TapMember};
 mod error;
+mod handlers;
 mod message;
 mod options;
 mod queue;

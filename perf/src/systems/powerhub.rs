@@ -281,11 +281,14 @@ impl Sink for Accepting {
 
 /// An in-process hub whose drain thread runs on the CPU `pin` pins to (the drain thread
 /// inherits the CPU of the thread that creates the hub).
-fn pinned_hub(pin: fn()) -> io::Result<Hub> {
+fn pinned_hub(pin: fn(), inline_handlers: bool) -> io::Result<Hub> {
     std::thread::scope(|s| {
         s.spawn(|| {
             pin();
-            Hub::new(Accepting, HubOptions::default().codec(Codec::Ndjson))
+            let opts = HubOptions::default()
+                .codec(Codec::Ndjson)
+                .inline_handlers(inline_handlers);
+            Hub::new(Accepting, opts)
         })
         .join()
         .map_err(|_| io::Error::other("hub creation panicked"))
@@ -299,14 +302,21 @@ fn hub_error(e: impl std::fmt::Display) -> io::Error {
 }
 
 /// Publish `msgs` copies of `payload` to `n` subscribers of an in-process hub (its own drain
-/// thread) and wait until every subscriber has them. Each subscriber's handler counts its
-/// deliveries; the publisher stays within half a queue of the drain, as with the other
-/// in-process systems, so that nothing is dropped.
-pub(crate) fn inproc(n: usize, msgs: u64, queue: usize, payload: Bytes) -> io::Result<InprocOut> {
-    let hub = pinned_hub(crate::inproc::pin_consumer)?;
-    // One counter per subscriber, written only by the drain thread (the sink never leaves a
-    // send pending, so handlers run nowhere else): a plain load and store, no locked
-    // instruction. The publisher reads them to stay within half a queue of the slowest.
+/// thread; handlers on its handler pool, or on the drain thread with `inline_handlers`) and wait
+/// until every subscriber has them. Each subscriber's handler counts its deliveries; the
+/// publisher stays within half a queue of the drain, as with the other in-process systems, so
+/// that nothing is dropped.
+pub(crate) fn inproc(
+    n: usize,
+    msgs: u64,
+    queue: usize,
+    payload: Bytes,
+    inline_handlers: bool,
+) -> io::Result<InprocOut> {
+    let hub = pinned_hub(crate::inproc::pin_consumer, inline_handlers)?;
+    // One counter per subscriber, written only by its handler, which runs for one batch at a
+    // time (the hub orders its runs): a plain load and store, no locked instruction. The
+    // publisher reads them to stay within half a queue of the slowest.
     let counters: Vec<Arc<AtomicU64>> = (0..n).map(|_| Arc::new(AtomicU64::new(0))).collect();
     let mut subs = Vec::with_capacity(n);
     for c in &counters {
@@ -374,7 +384,7 @@ pub(crate) fn inproc_receivers(
     // The hub's drain thread runs with the publisher (which yields while it is a window
     // ahead), not with the consumer, which spins over its receivers: there is a third thread
     // here, and two CPUs.
-    let hub = pinned_hub(crate::inproc::pin_publisher)?;
+    let hub = pinned_hub(crate::inproc::pin_publisher, false)?;
     let mut rxs = Vec::with_capacity(n);
     for _ in 0..n {
         let opts = SubscribeOptions::default().max_queue(queue).max_batch(64);

@@ -1,0 +1,171 @@
+//! Handlers isolated from each other (`Driver::Thread`): a handler that blocks delays only its
+//! own subscriber; one subscriber's handler still runs for its messages in order, one batch at a
+//! time; `flush` waits for the handlers of what it flushed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use powerhub::hub::{FlushError, Hub, HubOptions, SubscribeOptions};
+use powerhub::transport::SpySink;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+#[test]
+fn a_blocked_handler_delays_only_its_own_subscriber() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
+    let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
+    let _slow = hub
+        .subscribe(
+            "slow",
+            move |_| {
+                let _ = started_tx.send(());
+                let _ = release_rx.recv();
+            },
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    let (fast_tx, fast_rx) = crossbeam_channel::unbounded::<Instant>();
+    let _fast = hub
+        .subscribe(
+            "fast",
+            move |_| {
+                let _ = fast_tx.send(Instant::now());
+            },
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    hub.publish_json("slow", &1).unwrap();
+    started_rx.recv_timeout(WAIT).expect("the slow handler ran");
+    // While the slow handler blocks, the other topic is delivered, again and again.
+    for i in 0..20 {
+        let t0 = Instant::now();
+        hub.publish_json("fast", &i).unwrap();
+        let at = fast_rx
+            .recv_timeout(WAIT)
+            .expect("delivered while the other handler blocks");
+        assert!(at >= t0);
+    }
+    release_tx.send(()).unwrap();
+    hub.flush().unwrap();
+    hub.shutdown().unwrap();
+}
+
+#[test]
+fn a_300_ms_handler_on_one_topic_does_not_move_another_topics_delivery() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let (started_tx, started_rx) = crossbeam_channel::bounded::<()>(1);
+    let _slow = hub
+        .subscribe(
+            "slow",
+            move |_| {
+                let _ = started_tx.try_send(());
+                std::thread::sleep(Duration::from_millis(300));
+            },
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    let (fast_tx, fast_rx) = crossbeam_channel::unbounded::<Instant>();
+    let _fast = hub
+        .subscribe(
+            "fast",
+            move |_| {
+                let _ = fast_tx.send(Instant::now());
+            },
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    hub.publish_json("slow", &1).unwrap();
+    started_rx.recv_timeout(WAIT).unwrap();
+    let t0 = Instant::now();
+    hub.publish_json("fast", &1).unwrap();
+    let delay = fast_rx.recv_timeout(WAIT).unwrap() - t0;
+    eprintln!("delivery on `fast` while `slow`'s handler sleeps 300 ms: {delay:?}");
+    // Behind the sleeping handler it would be about 300 ms; a loaded machine can still
+    // deschedule a thread for some milliseconds, hence the margin.
+    assert!(delay < Duration::from_millis(100), "{delay:?}");
+    hub.shutdown().unwrap();
+}
+
+#[test]
+fn one_subscribers_handler_runs_in_order_one_batch_at_a_time() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let running = Arc::new(AtomicBool::new(false));
+    let overlaps = Arc::new(AtomicU64::new(0));
+    let (s, r, o) = (seen.clone(), running.clone(), overlaps.clone());
+    let _sub = hub
+        .subscribe(
+            "t",
+            move |d| {
+                if r.swap(true, Ordering::SeqCst) {
+                    o.fetch_add(1, Ordering::SeqCst);
+                }
+                s.lock().unwrap().push(d.topic_seq());
+                r.store(false, Ordering::SeqCst);
+            },
+            SubscribeOptions::default().max_queue(10_000).max_batch(7),
+        )
+        .unwrap();
+    // Other subscribers keep the pool busy meanwhile.
+    let _others: Vec<_> = (0..8)
+        .map(|i| {
+            hub.subscribe(
+                &format!("o{i}"),
+                |_| std::thread::sleep(Duration::from_micros(50)),
+                SubscribeOptions::default(),
+            )
+            .unwrap()
+        })
+        .collect();
+    for i in 0..2_000u64 {
+        hub.publish_json("t", &i).unwrap();
+        hub.publish_json(&format!("o{}", i % 8), &i).unwrap();
+    }
+    hub.flush().unwrap();
+    assert_eq!(*seen.lock().unwrap(), (0..2_000).collect::<Vec<u64>>());
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    hub.shutdown().unwrap();
+}
+
+#[test]
+fn flush_returns_after_the_handlers_of_what_it_flushed_ran() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
+    let count = Arc::new(AtomicU64::new(0));
+    let c = count.clone();
+    let _sub = hub
+        .subscribe(
+            "t",
+            move |_| {
+                std::thread::sleep(Duration::from_millis(1));
+                c.fetch_add(1, Ordering::SeqCst);
+            },
+            SubscribeOptions::default().max_queue(100).max_batch(10),
+        )
+        .unwrap();
+    for i in 0..50 {
+        hub.publish_json("t", &i).unwrap();
+    }
+    hub.flush().unwrap();
+    assert_eq!(count.load(Ordering::SeqCst), 50);
+    hub.shutdown().unwrap();
+}
+
+#[test]
+fn a_handler_that_flushes_is_refused_rather_than_deadlocked() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let got = Arc::new(Mutex::new(None));
+    let (h, g) = (hub.clone(), got.clone());
+    let _sub = hub
+        .subscribe(
+            "t",
+            move |_| *g.lock().unwrap() = Some(h.flush()),
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    hub.publish_json("t", &1).unwrap();
+    hub.flush().unwrap();
+    assert_eq!(*got.lock().unwrap(), Some(Err(FlushError::InsideDrain)));
+    hub.close();
+}
