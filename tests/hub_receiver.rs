@@ -72,12 +72,10 @@ fn under_drop_oldest_a_receive_says_how_many_were_dropped_before_the_messages_af
         .receiver("t", SubscribeOptions::default().max_queue(3).max_batch(1))
         .unwrap();
     publish(&hub, "t", 0);
-    turn(&hub);
+    assert_eq!(n_of(&rx.recv().unwrap()), 0);
     for n in 1..10 {
         publish(&hub, "t", n);
     }
-    turn(&hub);
-    assert_eq!(n_of(&rx.recv().unwrap()), 0);
     // 1..=6 were dropped (the queue keeps the newest three: 7, 8, 9).
     assert_eq!(rx.recv().unwrap_err(), RecvError::Lagged { missed: 6 });
     let mut rest = Vec::new();
@@ -266,11 +264,10 @@ fn the_async_receive_and_the_stream_work_on_any_executor() {
 }
 
 #[test]
-fn flush_timeout_bounds_the_wait_for_a_receiver_that_does_not_receive() {
+fn flush_timeout_bounds_the_wait_for_a_fed_receiver_that_does_not_receive() {
     let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
-    let mut rx = hub
-        .receiver("t", SubscribeOptions::default().max_batch(1))
-        .unwrap();
+    // Drop-newest: a receiver fed by the drain, one batch at a time.
+    let mut rx = hub.receiver("t", fed().max_batch(1)).unwrap();
     publish(&hub, "t", 0);
     publish(&hub, "t", 1);
     // 0 is handed over; 1 waits for the consumer, as a send waits for a transport.
@@ -288,11 +285,9 @@ fn flush_timeout_bounds_the_wait_for_a_receiver_that_does_not_receive() {
 }
 
 #[test]
-fn flush_async_resolves_once_the_receiver_took_what_was_queued() {
+fn flush_async_resolves_once_a_fed_receiver_took_what_was_queued() {
     let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
-    let mut rx = hub
-        .receiver("t", SubscribeOptions::default().max_batch(1))
-        .unwrap();
+    let mut rx = hub.receiver("t", fed().max_batch(1)).unwrap();
     publish(&hub, "t", 0);
     publish(&hub, "t", 1);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -310,4 +305,97 @@ fn flush_async_resolves_once_the_receiver_took_what_was_queued() {
     });
     rt.block_on(hub.shutdown_async()).unwrap();
     assert!(hub.is_closed());
+}
+
+/// Options of a receiver the drain feeds (any policy but drop-oldest).
+fn fed() -> SubscribeOptions {
+    SubscribeOptions::default().slow_consumer(SlowConsumer::DropNewest)
+}
+
+#[test]
+fn a_drop_oldest_receiver_reads_its_topic_itself_and_flush_does_not_wait_for_it() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(8))
+        .unwrap();
+    for n in 0..5 {
+        publish(&hub, "t", n);
+    }
+    // Nothing for the drain: the receiver's queue is its place in the topic.
+    hub.flush_timeout(Duration::from_millis(50)).unwrap();
+    let stats = hub.stats();
+    assert_eq!(stats.list[0].queued, 5);
+    for n in 0..5 {
+        assert_eq!(n_of(&rx.try_recv().unwrap()), n);
+    }
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(hub.stats().list[0].queued, 0);
+    assert_eq!(hub.stats().delivered, 5);
+}
+
+#[test]
+fn a_receiver_gets_the_retained_log_first_under_its_own_queue_bound() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    for n in 0..5 {
+        hub.publish("t", json(n), PublishOptions::default().retain(true))
+            .unwrap();
+    }
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(4))
+        .unwrap();
+    publish(&hub, "t", 5);
+    // Six queued for a queue of four: the two oldest (replayed 0 and 1) are dropped.
+    assert_eq!(
+        rx.try_recv().unwrap_err(),
+        TryRecvError::Lagged { missed: 2 }
+    );
+    let got: Vec<u64> = (0..4).map(|_| n_of(&rx.try_recv().unwrap())).collect();
+    assert_eq!(got, [2, 3, 4, 5]);
+    assert_eq!(hub.stats().list[0].dropped, 2);
+}
+
+#[test]
+fn messages_published_before_the_end_are_received_then_closed() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    let _other = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    publish(&hub, "t", 0);
+    publish(&hub, "t", 1);
+    assert!(rx.subscription().unsubscribe());
+    publish(&hub, "t", 2); // after the end: not for `rx`
+    assert_eq!(n_of(&rx.recv().unwrap()), 0);
+    assert_eq!(n_of(&rx.recv().unwrap()), 1);
+    assert_eq!(
+        rx.recv().unwrap_err(),
+        RecvError::Closed {
+            reason: CloseReason::Unsubscribe
+        }
+    );
+}
+
+#[test]
+fn a_blocked_receive_wakes_for_a_publication_from_another_thread() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rxs: Vec<_> = (0..4)
+        .map(|_| hub.receiver("t", SubscribeOptions::default()).unwrap())
+        .collect();
+    let consumers: Vec<_> = rxs
+        .drain(..)
+        .map(|mut rx| {
+            std::thread::spawn(move || {
+                (0..100)
+                    .map(|_| n_of(&rx.recv().unwrap()))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for n in 0..100 {
+        publish(&hub, "t", n);
+        if n % 10 == 0 {
+            std::thread::yield_now();
+        }
+    }
+    for c in consumers {
+        assert_eq!(c.join().unwrap(), (0..100).collect::<Vec<u64>>());
+    }
 }

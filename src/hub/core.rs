@@ -15,6 +15,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use powerhub_plugin::frame;
 use powerhub_plugin::{CloseReason, Completion, SendError, SendOutcome, Sink, SubscriberRef};
 
+use super::direct::{DirectCursor, DirectLog};
 use super::error::{
     panic_message, DeliveryError, FlushError, OptionsError, PublishError, SubscribeError,
 };
@@ -44,6 +45,8 @@ pub(crate) enum Consumer {
     Each(Handler),
     /// A receiver's hand-off, once per batch; it needs no frame (nothing is encoded for it).
     Batch(Arc<dyn Fn(&SharedBatch) + Send + Sync>),
+    /// A receiver that reads the topic's [`DirectLog`] itself: never drained.
+    Direct(Arc<DirectCursor>),
 }
 
 /// A fan-out that is not the hub's own: a shard's interest in a topic, on behalf of the
@@ -199,6 +202,19 @@ impl Sub {
         self.queue.len()
     }
 
+    /// A direct receiver received `received` messages and its policy dropped `dropped`.
+    pub(crate) fn count_direct(&self, received: u64, dropped: u64) {
+        if dropped > 0 {
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        if let Some(hub) = self.hub.upgrade() {
+            hub.counters
+                .delivered
+                .fetch_add(received, Ordering::Relaxed);
+            hub.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+    }
+
     fn in_flight(&self) -> bool {
         // SeqCst pairs with the flush waiter count (see `Inner::notify_flush`).
         self.send_state.load(Ordering::SeqCst) & phase::MASK != phase::IDLE
@@ -284,11 +300,20 @@ struct Topic {
     caps: BTreeMap<usize, usize>,
     /// Fan-outs of other owners (one per interested shard): handed every publication.
     taps: Vec<Arc<dyn Tap>>,
+    /// The publications of the topic's direct receivers, while it has some.
+    direct: Option<Arc<DirectLog>>,
+    /// How many direct receivers have each `max_queue`: the log keeps the largest.
+    direct_caps: BTreeMap<usize, usize>,
+    /// Direct receivers.
+    direct_count: usize,
 }
 
 impl Topic {
     fn is_empty(&self) -> bool {
-        self.subs.is_empty() && self.cursors.is_empty() && self.taps.is_empty()
+        self.subs.is_empty()
+            && self.cursors.is_empty()
+            && self.taps.is_empty()
+            && self.direct.is_none()
     }
 
     fn log_id(&self) -> u64 {
@@ -404,6 +429,9 @@ struct Counters {
     errors: AtomicU64,
 }
 
+/// The topics by name.
+type TopicMap = HashMap<Arc<str>, Topic, foldhash::fast::RandomState>;
+
 /// The hub's shared state.
 pub(crate) struct Inner {
     /// A weak handle to this hub, captured by send completions.
@@ -413,7 +441,8 @@ pub(crate) struct Inner {
     closed: AtomicBool,
     seq: AtomicU64,
     next_sub: AtomicU64,
-    topics: RwLock<HashMap<Arc<str>, Topic>>,
+    /// Topic names come from clients: a fast hash, seeded per process.
+    topics: RwLock<TopicMap>,
     ids: Mutex<HashMap<Arc<str>, Arc<Sub>>>,
     /// Lock order: `topics` before `ready`.
     ready: Mutex<Ready>,
@@ -445,7 +474,7 @@ impl Inner {
             closed: AtomicBool::new(false),
             seq: AtomicU64::new(0),
             next_sub: AtomicU64::new(0),
-            topics: RwLock::new(HashMap::new()),
+            topics: RwLock::new(HashMap::default()),
             ids: Mutex::new(HashMap::new()),
             ready: Mutex::new(Ready::default()),
             counters: Counters::default(),
@@ -477,6 +506,10 @@ impl Inner {
             *inner.thread.lock() = Some(handle);
         }
         Ok(inner)
+    }
+
+    pub(crate) fn message_priority(&self) -> bool {
+        self.opts.message_priority
     }
 
     pub(crate) fn is_closed(&self) -> bool {
@@ -527,10 +560,15 @@ impl Inner {
             sref = sref.with_transport(t);
         }
         let entry = topics.entry(key).or_default();
-        let cursor = !self.opts.message_priority
+        let direct = matches!(consumer, Consumer::Direct(_));
+        let cursor = !direct
+            && !self.opts.message_priority
             && opts.slow_consumer == SlowConsumer::DropOldest
             && opts.max_queue > 0;
-        let queue = if cursor {
+        let queue = if direct {
+            // Its queue is its position in the topic's direct log.
+            Queue::new(0, opts.slow_consumer, false)
+        } else if cursor {
             if entry.log.cap() < opts.max_queue {
                 entry.log.set_cap(opts.max_queue);
             }
@@ -562,6 +600,23 @@ impl Inner {
         });
         ids.insert(id, Arc::clone(&sub));
         drop(ids);
+        if let Consumer::Direct(dc) = &sub.consumer {
+            let log = entry
+                .direct
+                .get_or_insert_with(|| DirectLog::new(opts.max_queue));
+            *entry.direct_caps.entry(opts.max_queue).or_default() += 1;
+            entry.direct_count += 1;
+            log.set_cap(entry.direct_caps.last_key_value().map_or(0, |(&c, _)| c));
+            // The retained log first, then what is published from now on; the receiver applies
+            // its policy to both as one queue. The topics write lock keeps publishes out.
+            let replay: Vec<Arc<Entry>> = entry.retained.lock().iter().cloned().collect();
+            *dc.start.lock() = Some((log.head(), replay.clone()));
+            dc.replay_left.store(replay.len(), Ordering::Relaxed);
+            dc.pos.store(log.head(), Ordering::Relaxed);
+            let _ = dc.log.set(Arc::clone(log));
+            drop(topics);
+            return Ok(sub);
+        }
         if cursor {
             *entry.caps.entry(opts.max_queue).or_default() += 1;
             entry.cursors.push(Arc::clone(&sub));
@@ -619,7 +674,29 @@ impl Inner {
                 if let Ok(i) = all.binary_search_by_key(&drain_key(sub), |s| drain_key(s)) {
                     all.remove(i);
                 }
-                if sub.queue.is_cursor() {
+                if let Consumer::Direct(dc) = &sub.consumer {
+                    // What it received so far joins the hub's count (the rest, at its drop).
+                    let received = dc.received.load(Ordering::Relaxed);
+                    let folded = dc.folded.swap(received, Ordering::Relaxed);
+                    self.counters
+                        .delivered
+                        .fetch_add(received.saturating_sub(folded), Ordering::Relaxed);
+                    if let Some(n) = t.direct_caps.get_mut(&dc.cap) {
+                        *n -= 1;
+                        if *n == 0 {
+                            t.direct_caps.remove(&dc.cap);
+                        }
+                    }
+                    t.direct_count = t.direct_count.saturating_sub(1);
+                    match t.direct_caps.last_key_value() {
+                        Some((&cap, _)) => {
+                            if let Some(log) = &t.direct {
+                                log.set_cap(cap);
+                            }
+                        }
+                        None => t.direct = None,
+                    }
+                } else if sub.queue.is_cursor() {
                     if let Ok(i) = t.cursors.binary_search_by_key(&sub.order, |s| s.order) {
                         t.cursors.remove(i);
                     }
@@ -818,6 +895,11 @@ impl Inner {
             tap.offer(entry);
             *tap_counted += tap.subscribers();
         }
+        if let Some(direct) = &t.direct {
+            // Read by the receivers themselves: nothing for the drain.
+            direct.append(entry);
+            *tap_counted += t.direct_count;
+        }
     }
 
     /// Commits a cursor queue's lazily applied evictions to the drop counters; returns the
@@ -986,11 +1068,7 @@ impl Inner {
     /// once, highest priority first, then in subscription order. One topic and nothing else
     /// (the common turn) is that topic's own list, shared. Call with the topics write lock
     /// held: no publish is half-way, so a topic's flag and list agree.
-    fn take_ready(
-        &self,
-        topics: &HashMap<Arc<str>, Topic>,
-        scratch: &mut Vec<Arc<Sub>>,
-    ) -> Arc<Vec<Arc<Sub>>> {
+    fn take_ready(&self, topics: &TopicMap, scratch: &mut Vec<Arc<Sub>>) -> Arc<Vec<Arc<Sub>>> {
         let (names, subs) = {
             let mut r = self.ready.lock();
             (std::mem::take(&mut r.topics), std::mem::take(&mut r.subs))
@@ -1335,7 +1413,7 @@ impl Inner {
                     }
                 }
                 match &sub.consumer {
-                    Consumer::Sink => {}
+                    Consumer::Sink | Consumer::Direct(_) => {}
                     Consumer::Batch(take) => take(&batch.share()),
                     Consumer::Each(handler) => match &self.handlers {
                         Some(pool) => {
@@ -1363,13 +1441,7 @@ impl Inner {
     /// Runs `handler` for each message of `batch`, isolating panics.
     fn run_handler(&self, sub: &Sub, handler: &Handler, batch: &[Arc<Entry>]) {
         for e in batch {
-            let d = Delivery {
-                subscriber: &sub.sref,
-                message: &e.message,
-                seq: e.seq,
-                topic_seq: e.topic_seq,
-                priority: e.priority,
-            };
+            let d = Delivery::of(&sub.sref, e);
             if let Err(p) = catch_unwind(AssertUnwindSafe(|| handler(&d))) {
                 self.report(
                     &DeliveryError::HandlerPanicked {
@@ -1557,15 +1629,27 @@ impl Inner {
         let subs = self.ordered_subs();
         // Evictions a cursor queue has not committed yet count as dropped already.
         let mut uncommitted = 0;
+        // What live direct receivers received and the counter has not taken in yet.
+        let mut received = 0;
         let mut list: Vec<SubscriberStats> = subs
             .iter()
             .map(|s| {
-                let overflow = s.queue.overflow() as u64;
+                let (queued, overflow) = match &s.consumer {
+                    Consumer::Direct(dc) => {
+                        received += dc
+                            .received
+                            .load(Ordering::Relaxed)
+                            .saturating_sub(dc.folded.load(Ordering::Relaxed));
+                        dc.backlog()
+                    }
+                    _ => (s.queue.len(), s.queue.overflow()),
+                };
+                let overflow = overflow as u64;
                 uncommitted += overflow;
                 SubscriberStats {
                     id: s.sref.id().to_owned(),
                     topic: s.sref.topic().to_owned(),
-                    queued: s.queue.len(),
+                    queued,
                     dropped: s.dropped.load(Ordering::Relaxed) + overflow,
                     bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
                     in_flight: s.in_flight(),
@@ -1590,7 +1674,7 @@ impl Inner {
             subscribers: list.len(),
             topics: self.topics.read().len(),
             published: self.seq.load(Ordering::Relaxed),
-            delivered: self.counters.delivered.load(Ordering::Relaxed),
+            delivered: self.counters.delivered.load(Ordering::Relaxed) + received,
             dropped: self.counters.dropped.load(Ordering::Relaxed) + uncommitted,
             disconnected: self.counters.disconnected.load(Ordering::Relaxed),
             bytes_out: list.iter().map(|s| s.bytes_sent).sum(),
@@ -1656,7 +1740,7 @@ fn numbered(
     message: Message,
     retain: bool,
 ) -> (Option<parking_lot::MutexGuard<'_, u64>>, Arc<Entry>) {
-    let numbers = retain || !t.subs.is_empty() || !t.cursors.is_empty();
+    let numbers = retain || !t.subs.is_empty() || !t.cursors.is_empty() || t.direct.is_some();
     let mut order = numbers.then(|| t.order.lock());
     let topic_seq = order.as_deref().copied().unwrap_or(0);
     if let Some(next) = order.as_deref_mut() {

@@ -81,17 +81,23 @@ impl Message {
     }
 }
 
-/// One message as the subscriber's handler sees it, after the transport took its batch.
-#[derive(Debug)]
+/// One message as the subscriber's handler sees it, after the transport took its batch (or as
+/// a [`Receiver`](super::Receiver) lends it). Two references: cheap to return and to pass.
+#[derive(Debug, Clone, Copy)]
 pub struct Delivery<'a> {
-    pub(crate) subscriber: &'a SubscriberRef,
-    pub(crate) message: &'a Message,
-    pub(crate) seq: u64,
-    pub(crate) topic_seq: u64,
-    pub(crate) priority: i32,
+    subscriber: &'a SubscriberRef,
+    entry: &'a super::queue::Entry,
 }
 
 impl<'a> Delivery<'a> {
+    #[inline]
+    pub(crate) fn of(
+        subscriber: &'a SubscriberRef,
+        entry: &'a super::queue::Entry,
+    ) -> Delivery<'a> {
+        Delivery { subscriber, entry }
+    }
+
     /// The subscriber (id, topic, transport context).
     pub fn subscriber(&self) -> &'a SubscriberRef {
         self.subscriber
@@ -104,23 +110,23 @@ impl<'a> Delivery<'a> {
 
     /// The message.
     pub fn message(&self) -> &'a Message {
-        self.message
+        &self.entry.message
     }
 
     /// The hub-wide publication sequence number of the message (increasing in publish order).
     pub fn seq(&self) -> u64 {
-        self.seq
+        self.entry.seq
     }
 
     /// The message's number within its topic: 0, 1, 2, … in publish order while the topic has
     /// subscribers (or a retained log). Consecutive for a subscriber that missed nothing, so a
     /// gap is a message the subscriber's policy dropped (retained replays keep their numbers).
     pub fn topic_seq(&self) -> u64 {
-        self.topic_seq
+        self.entry.topic_seq
     }
 
     /// The priority the message was published with (0 when none).
     pub fn priority(&self) -> i32 {
-        self.priority
+        self.entry.priority
     }
 }

@@ -25,10 +25,25 @@
 //! queue absorbs new messages under its policy. Its handler runs for each message of a batch
 //! after the transport took the batch.
 //!
-//! Handlers, the `bytes_acknowledged` callback and the sink run on the draining thread (or the
-//! thread that completes a pending send). They may publish, subscribe and unsubscribe, but must
-//! not call [`Hub::flush`], [`Hub::turn`] or [`Hub::shutdown`], which would wait for the drain
-//! they run in.
+//! # Where code runs
+//!
+//! - **Handlers** ([`Hub::subscribe`]), under [`Driver::Thread`]: on the hub's handler pool,
+//!   never on the drain. The subscriber stays in flight until its handler ran for the batch, so
+//!   one subscriber's handler runs for one batch at a time, in order, while the handlers of
+//!   other subscribers run on other workers: **a handler that blocks delays only its own
+//!   subscriber** (whose queue fills under its own policy), as a slow `tokio::sync::broadcast`
+//!   receiver lags only itself. The pool keeps a standby that takes over once a job waited
+//!   1 ms behind busy workers. [`HubOptions::inline_handlers`] runs them on the drain thread
+//!   instead (faster; a blocking handler then delays everyone). Under [`Driver::Manual`] they
+//!   run in the owner's [`Hub::turn`] or [`Hub::flush`].
+//! - **Receivers** ([`Hub::receiver`]): the consumer's own thread or task; nothing of the
+//!   consumer runs in the hub.
+//! - **The sink** and the `bytes_acknowledged` callback: on the draining thread (or the thread
+//!   that completes a pending send); they must not block.
+//!
+//! Handlers, sinks and hooks may publish, subscribe and unsubscribe, but must not call
+//! [`Hub::flush`], [`Hub::turn`] or [`Hub::shutdown`], which would wait for the delivery they
+//! run in ([`FlushError::InsideDrain`]).
 //!
 //! # Examples
 //!
@@ -58,6 +73,7 @@
 //! [`SendOutcome::Pending`]: powerhub_plugin::SendOutcome::Pending
 
 mod core;
+mod direct;
 pub(crate) use self::core::{Entry, Tap, TapMember};
 mod error;
 mod handlers;
@@ -182,6 +198,14 @@ impl Hub {
         &self.owner.inner
     }
 
+    /// Whether a receiver with `options` reads its topic directly (FIFO drop-oldest with a
+    /// queue), rather than being fed by the drain.
+    fn reads_directly(&self, options: &SubscribeOptions) -> bool {
+        options.slow_consumer == SlowConsumer::DropOldest
+            && options.max_queue > 0
+            && !self.inner().message_priority()
+    }
+
     fn subscribe_consumer(
         &self,
         topic: &str,
@@ -197,8 +221,9 @@ impl Hub {
     }
 
     /// Subscribes `handler` to `topic`. The handler runs for each delivered message after the
-    /// transport took its batch. The subscription lasts while the returned [`Subscription`] is
-    /// held (or after [`Subscription::detach`]).
+    /// transport took its batch, on the hub's handler pool (see the [module docs](self): a
+    /// handler that blocks delays only this subscriber). The subscription lasts while the
+    /// returned [`Subscription`] is held (or after [`Subscription::detach`]).
     ///
     /// Errors: [`SubscribeError::Closed`] after close, [`SubscribeError::DuplicateId`],
     /// [`SubscribeError::RawNeedsMaxBatchOne`], [`SubscribeError::InvalidOption`]. The retained

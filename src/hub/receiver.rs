@@ -3,6 +3,7 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -11,42 +12,52 @@ use parking_lot::{Condvar, Mutex};
 use powerhub_plugin::{CloseReason, Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
 use super::core::{Consumer, Entry, SharedBatch, Sub};
+use super::direct::{DirectCursor, DirectReader, Next};
 use super::{Delivery, Message, SlowConsumer, Subscription};
 
 /// One message a [`Receiver`] received.
 #[derive(Debug, Clone)]
 pub struct Received {
-    message: Message,
-    seq: u64,
-    topic_seq: u64,
-    priority: i32,
+    /// The publication itself, shared with every subscriber that has it: one reference count
+    /// per receive, and a value of one pointer.
+    entry: Arc<Entry>,
 }
 
 impl Received {
+    #[inline]
+    fn of(e: &Arc<Entry>) -> Received {
+        Received {
+            entry: Arc::clone(e),
+        }
+    }
+
     /// The message.
     pub fn message(&self) -> &Message {
-        &self.message
+        &self.entry.message
     }
 
     /// The message, owned.
     pub fn into_message(self) -> Message {
-        self.message
+        match Arc::try_unwrap(self.entry) {
+            Ok(e) => e.message,
+            Err(e) => e.message.clone(),
+        }
     }
 
     /// The hub-wide publication number (increasing in publish order across all topics).
     pub fn seq(&self) -> u64 {
-        self.seq
+        self.entry.seq
     }
 
     /// The message's number within its topic (see [`Delivery::topic_seq`]): consecutive for a
     /// receiver that lost nothing.
     pub fn topic_seq(&self) -> u64 {
-        self.topic_seq
+        self.entry.topic_seq
     }
 
     /// The priority it was published with (0 when none).
     pub fn priority(&self) -> i32 {
-        self.priority
+        self.entry.priority
     }
 }
 
@@ -212,54 +223,59 @@ impl Sink for HandOff {
 /// A receiver per subscriber: the hub's deliveries pulled by the consumer, blocking or async,
 /// with the losses of its slow-consumer policy visible where they happened.
 ///
-/// A [`Receiver`] is a hub subscriber like any other (its queue, `max_queue`, `max_batch` and
-/// slow-consumer policy are the hub's, and so are its `stats()` row and its place in
-/// `presence()`), whose transport is a small hand-off: the hub hands it one batch at a time, by
-/// reference (the batch the topic's other receivers take too; nothing is encoded for a
-/// receiver), and holds the next one in the subscriber's queue until the consumer started on
-/// the previous one. Receiving from a batch takes no lock. So:
+/// A [`Receiver`] is a hub subscriber like any other: its `max_queue` and slow-consumer policy
+/// are the hub's, and so are its `stats()` row and its place in `presence()`. How it gets its
+/// messages depends on the policy:
+///
+/// - **`drop-oldest`** (the default, without `message_priority`): the receiver reads its topic
+///   itself, as a `tokio::sync::broadcast` receiver reads its channel. The topic keeps its
+///   recent publications in chunks of 64; each receiver keeps a position and holds one chunk,
+///   so a receive inside a chunk is a comparison and a load, with no lock and (with
+///   [`try_recv_ref`](Receiver::try_recv_ref)) no reference count. The drain never visits it,
+///   `max_batch` does not apply, and [`Hub::flush`](super::Hub::flush) does not wait for it (its
+///   queue is its place in the topic). The bound is applied when a receive finds more than
+///   `max_queue` waiting: the oldest go, counted, reported as [`RecvError::Lagged`].
+/// - **`drop-newest`, `disconnect`, or `message_priority`**: the drain feeds it one batch at a
+///   time, by reference (the batch the topic's other subscribers take; nothing is encoded for
+///   it), and holds the next batch in the subscriber's queue until the consumer started on the
+///   previous one, as a transport that has not completed a send: `flush` waits for that, and
+///   [`Hub::flush_timeout`](super::Hub::flush_timeout) bounds the wait.
+///
+/// Either way:
 ///
 /// - **A slow consumer only lags itself.** Nothing the consumer does runs on the hub's drain;
-///   while it does not receive, its own queue fills and its own policy applies, as a
-///   `tokio::sync::broadcast` receiver lags alone.
-/// - **Losses are seen where they are.** Under `drop-oldest` and `drop-newest`, a receive that
-///   would pass messages the policy dropped returns [`RecvError::Lagged`] with their count first
-///   (the subscriber's `dropped` since the last one), then the messages after the gap. Every
-///   [`Received`] also carries its [`topic_seq`](Received::topic_seq): consecutive unless
+///   while it does not receive, its own queue fills and its own policy applies.
+/// - **Losses are seen where they are.** A receive that would pass messages the policy dropped
+///   returns [`RecvError::Lagged`] with their count first, then the messages after the gap.
+///   Every [`Received`] also carries its [`topic_seq`](Received::topic_seq): consecutive unless
 ///   something was dropped.
-/// - **The end is said.** After `disconnect`, an unsubscribe or the hub's close, the messages
-///   already handed over are still received, then [`RecvError::Closed`] with the reason.
+/// - **The end is said.** After `disconnect`, an unsubscribe or the hub's close, what was
+///   published (or handed over) before it is still received, then [`RecvError::Closed`] with
+///   the reason.
 /// - **Dropping the receiver unsubscribes.**
-/// - A consumer that does not receive holds the hub's next batch for it pending, as a transport
-///   that has not completed a send: [`Hub::flush`](super::Hub::flush) waits for it, as for any
-///   transport; [`Hub::flush_timeout`](super::Hub::flush_timeout) bounds the wait.
 ///
 /// The async side needs no particular runtime: [`Receiver::recv_async`] is a future woken by
 /// the hub through the task's `Waker`, and `Receiver` is a [`futures_core::Stream`].
 ///
 /// ```
-/// use std::time::Instant;
-/// use powerhub::hub::{Driver, Hub, HubOptions, Message, PublishOptions, RecvError, SubscribeOptions};
+/// use powerhub::hub::{Hub, HubOptions, Message, PublishOptions, RecvError, SubscribeOptions};
 /// use powerhub::plugin::CloseReason;
 /// use powerhub::transport::SpySink;
 ///
-/// let hub = Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Manual))?;
-/// // A queue of two messages, handed over one at a time.
-/// let mut rx = hub.receiver("prices", SubscribeOptions::default().max_queue(2).max_batch(1))?;
+/// let hub = Hub::new(SpySink::new(), HubOptions::default())?;
+/// // A queue of two messages (drop-oldest).
+/// let mut rx = hub.receiver("prices", SubscribeOptions::default().max_queue(2))?;
 /// let publish = |px: u32| {
 ///     let m = Message::json(format!("{{\"px\":{px}}}")).unwrap();
 ///     hub.publish("prices", m, PublishOptions::default())
 /// };
 /// publish(0)?;
-/// hub.turn(Instant::now()); // 0 is handed over
-/// for px in 1..5 {
-///     publish(px)?; // the queue keeps the newest two (drop-oldest): 1 and 2 are dropped
-/// }
-/// hub.turn(Instant::now()); // 3 waits for the consumer, 4 in the queue
 /// assert_eq!(rx.recv()?.topic_seq(), 0);
+/// for px in 1..5 {
+///     publish(px)?; // the queue keeps the newest two: 1 and 2 are dropped
+/// }
 /// assert_eq!(rx.recv().unwrap_err(), RecvError::Lagged { missed: 2 });
 /// assert_eq!(rx.recv()?.topic_seq(), 3);
-/// hub.turn(Instant::now());
 /// assert_eq!(rx.recv()?.topic_seq(), 4);
 /// hub.close();
 /// assert_eq!(rx.recv().unwrap_err(), RecvError::Closed { reason: CloseReason::HubClosed });
@@ -269,8 +285,96 @@ impl Sink for HandOff {
 /// Made by [`Hub::receiver`](super::Hub::receiver).
 #[derive(Debug)]
 pub struct Receiver {
-    chan: Arc<Chan>,
     sub: Subscription,
+    mode: Mode,
+}
+
+/// How the receiver gets its messages.
+#[derive(Debug)]
+enum Mode {
+    /// FIFO drop-oldest (the default): from the topic's direct log, without the drain.
+    Direct(DirectRx),
+    /// Every other policy: batches handed over by the drain.
+    HandOff(HandOffRx),
+}
+
+/// A receiver reading its topic's direct log.
+struct DirectRx {
+    reader: DirectReader,
+    sub: Arc<Sub>,
+    /// Messages received; published to the cursor (for the hub's `delivered`) by each slow
+    /// receive, at least once a chunk.
+    received: u64,
+    /// The async registration still pending, if any (its epoch and waker).
+    registered: Option<(u64, Waker)>,
+}
+
+impl std::fmt::Debug for DirectRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectRx")
+            .field("received", &self.received)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The direct receiver's transport in the hub: nothing is ever sent to it (it is never
+/// drained); its close records the end.
+struct DirectEnd(Arc<DirectCursor>);
+
+impl std::fmt::Debug for DirectEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectEnd").finish_non_exhaustive()
+    }
+}
+
+impl Sink for DirectEnd {
+    fn send(&self, _sub: &SubscriberRef, _frame: Frame, _done: Completion) -> SendOutcome {
+        SendOutcome::Accepted
+    }
+
+    fn close(&self, _sub: &SubscriberRef, reason: CloseReason) {
+        self.0.close(reason);
+    }
+}
+
+impl DirectRx {
+    fn try_next(&mut self) -> Result<(), TryRecvError> {
+        let sub = &self.sub;
+        // A plain store, read by `stats()`: no read-modify-write on the receive path.
+        let cursor = &self.reader.cursor;
+        cursor.received.store(self.received, Ordering::Relaxed);
+        match self.reader.next(|missed| sub.count_direct(0, missed)) {
+            Next::Message => {
+                self.received += 1;
+                Ok(())
+            }
+            Next::Lagged(missed) => Err(TryRecvError::Lagged { missed }),
+            Next::Empty => Err(TryRecvError::Empty),
+            Next::Closed(reason) => Err(TryRecvError::Closed { reason }),
+        }
+    }
+}
+
+impl Drop for DirectRx {
+    fn drop(&mut self) {
+        // The subscription is gone by now (the `Subscription` drops first, and its removal
+        // counted what the cursor said): what was received since is counted here.
+        let cursor = &self.reader.cursor;
+        cursor.received.store(self.received, Ordering::Relaxed);
+        if !self.sub.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let folded = cursor.folded.swap(self.received, Ordering::Relaxed);
+        if self.received > folded {
+            self.sub.count_direct(self.received - folded, 0);
+        }
+    }
+}
+
+/// A receiver fed batches by the drain.
+#[derive(Debug)]
+struct HandOffRx {
+    chan: Arc<Chan>,
     /// What the consumer was told about losses.
     seen: Seen,
     /// The batch being received, and the index of its next message.
@@ -284,6 +388,22 @@ impl Receiver {
         topic: &str,
         options: super::SubscribeOptions,
     ) -> Result<Receiver, super::SubscribeError> {
+        if hub.reads_directly(&options) {
+            let cursor = DirectCursor::new(options.max_queue);
+            let options = options.sink(Arc::new(DirectEnd(Arc::clone(&cursor))));
+            let sub =
+                hub.subscribe_consumer(topic, Consumer::Direct(Arc::clone(&cursor)), options)?;
+            let direct = DirectRx {
+                reader: DirectReader::new(cursor),
+                sub: Arc::clone(&sub.sub),
+                received: 0,
+                registered: None,
+            };
+            return Ok(Receiver {
+                sub,
+                mode: Mode::Direct(direct),
+            });
+        }
         let chan = Arc::new(Chan {
             state: Mutex::new(State::default()),
             ready: Condvar::new(),
@@ -296,11 +416,13 @@ impl Receiver {
         let sub = hub.subscribe_consumer(topic, take, options)?;
         let _ = chan.sub.set(Arc::clone(&sub.sub));
         Ok(Receiver {
-            chan,
             sub,
-            seen: Seen::default(),
-            local: None,
-            pos: 0,
+            mode: Mode::HandOff(HandOffRx {
+                chan,
+                seen: Seen::default(),
+                local: None,
+                pos: 0,
+            }),
         })
     }
 
@@ -317,8 +439,25 @@ impl Receiver {
     /// the policy dropped; [`TryRecvError::Closed`] after the last message of a closed
     /// subscription.
     pub fn try_recv(&mut self) -> Result<Received, TryRecvError> {
-        let i = self.try_next()?;
-        Ok(self.received(i))
+        if let Some(e) = self.next_in_run() {
+            return Ok(Received::of(e));
+        }
+        self.try_next()?;
+        Ok(self.received())
+    }
+
+    /// A direct receiver's next message inside its current run (the fast path).
+    #[inline]
+    fn next_in_run(&mut self) -> Option<&Arc<Entry>> {
+        match &mut self.mode {
+            Mode::Direct(d) => {
+                let e = d.reader.next_in_run()?;
+                // Published to the cursor by the next slow receive (at least once a chunk).
+                d.received += 1;
+                Some(e)
+            }
+            Mode::HandOff(_) => None,
+        }
     }
 
     /// [`try_recv`](Receiver::try_recv) without taking a reference to the message: the
@@ -332,7 +471,6 @@ impl Receiver {
     /// let hub = Hub::new(SpySink::new(), HubOptions::default())?;
     /// let mut rx = hub.receiver("t", SubscribeOptions::default())?;
     /// hub.publish_json("t", &7)?;
-    /// hub.flush()?;
     /// let d = rx.try_recv_ref()?;
     /// assert_eq!((&d.message().bytes()[..], d.topic_seq(), d.topic()), (&b"7"[..], 0, "t"));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
@@ -342,8 +480,17 @@ impl Receiver {
     ///
     /// As [`try_recv`](Receiver::try_recv).
     pub fn try_recv_ref(&mut self) -> Result<Delivery<'_>, TryRecvError> {
-        let i = self.try_next()?;
-        Ok(self.delivery(i))
+        if matches!(&self.mode, Mode::Direct(d) if d.reader.in_run()) {
+            let subscriber = &self.sub.sub.sref;
+            let Mode::Direct(d) = &mut self.mode else {
+                unreachable!("matched above")
+            };
+            let e = d.reader.next_in_run().expect("inside a run");
+            d.received += 1;
+            return Ok(Delivery::of(subscriber, e));
+        }
+        self.try_next()?;
+        Ok(self.delivery())
     }
 
     /// The next message, waiting for it.
@@ -353,8 +500,8 @@ impl Receiver {
     /// [`RecvError::Lagged`] once for messages the policy dropped; [`RecvError::Closed`] after
     /// the last message of a closed subscription.
     pub fn recv(&mut self) -> Result<Received, RecvError> {
-        let i = self.recv_until(None).map_err(no_deadline)?;
-        Ok(self.received(i))
+        self.recv_until(None).map_err(no_deadline)?;
+        Ok(self.received())
     }
 
     /// [`recv`](Receiver::recv), borrowing the message as
@@ -364,8 +511,8 @@ impl Receiver {
     ///
     /// As [`recv`](Receiver::recv).
     pub fn recv_ref(&mut self) -> Result<Delivery<'_>, RecvError> {
-        let i = self.recv_until(None).map_err(no_deadline)?;
-        Ok(self.delivery(i))
+        self.recv_until(None).map_err(no_deadline)?;
+        Ok(self.delivery())
     }
 
     /// The next message, waiting at most `timeout`.
@@ -374,8 +521,8 @@ impl Receiver {
     ///
     /// As [`Receiver::recv`], and [`RecvTimeoutError::Timeout`].
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Received, RecvTimeoutError> {
-        let i = self.recv_until(Some(Instant::now() + timeout))?;
-        Ok(self.received(i))
+        self.recv_until(Some(Instant::now() + timeout))?;
+        Ok(self.received())
     }
 
     /// The next message, as a future woken by the hub (any executor, or none: it only needs
@@ -384,42 +531,104 @@ impl Receiver {
         RecvFuture { rx: self }
     }
 
-    fn entry(&self, i: usize) -> &Entry {
-        let handed = self
-            .local
-            .as_ref()
-            .expect("a message was taken from the local batch");
-        &handed.entries[i]
-    }
-
-    fn received(&self, i: usize) -> Received {
-        let e = self.entry(i);
-        Received {
-            message: e.message.clone(),
-            seq: e.seq,
-            topic_seq: e.topic_seq,
-            priority: e.priority,
+    /// The message the last successful receive took.
+    fn entry(&self) -> &Arc<Entry> {
+        match &self.mode {
+            Mode::Direct(d) => d.reader.current(),
+            Mode::HandOff(h) => {
+                let handed = h
+                    .local
+                    .as_ref()
+                    .expect("a message was taken from the batch");
+                &handed.entries[h.pos - 1]
+            }
         }
     }
 
-    fn delivery(&self, i: usize) -> Delivery<'_> {
-        let e = self.entry(i);
-        Delivery {
-            subscriber: &self.sub.sub.sref,
-            message: &e.message,
-            seq: e.seq,
-            topic_seq: e.topic_seq,
-            priority: e.priority,
+    fn received(&self) -> Received {
+        Received::of(self.entry())
+    }
+
+    fn delivery(&self) -> Delivery<'_> {
+        Delivery::of(&self.sub.sub.sref, self.entry())
+    }
+
+    fn try_next(&mut self) -> Result<(), TryRecvError> {
+        match &mut self.mode {
+            Mode::Direct(d) => d.try_next(),
+            Mode::HandOff(h) => h.try_next(),
         }
     }
 
+    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<(), RecvTimeoutError> {
+        loop {
+            match self.try_next() {
+                Err(TryRecvError::Empty) => {}
+                other => return map_timeout(other),
+            }
+            let in_time = match &self.mode {
+                Mode::Direct(d) => d.reader.log().wait_until(|| d.reader.ready(), deadline),
+                Mode::HandOff(h) => h.wait_until(deadline),
+            };
+            if !in_time {
+                return match self.try_next() {
+                    Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
+                    other => map_timeout(other),
+                };
+            }
+        }
+    }
+
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Received, RecvError>> {
+        loop {
+            match self.try_next() {
+                Ok(()) => return Poll::Ready(Ok(self.received())),
+                Err(TryRecvError::Lagged { missed }) => {
+                    return Poll::Ready(Err(RecvError::Lagged { missed }))
+                }
+                Err(TryRecvError::Closed { reason }) => {
+                    return Poll::Ready(Err(RecvError::Closed { reason }))
+                }
+                Err(TryRecvError::Empty) => {}
+            }
+            let pending = match &mut self.mode {
+                Mode::Direct(d) => {
+                    let reader = &d.reader;
+                    match reader
+                        .log()
+                        .register(cx.waker(), d.registered.as_ref(), || reader.ready())
+                    {
+                        Some(epoch) => {
+                            d.registered = Some((epoch, cx.waker().clone()));
+                            true
+                        }
+                        None => false,
+                    }
+                }
+                Mode::HandOff(h) => {
+                    let mut st = h.chan.state.lock();
+                    let idle = st.batches.is_empty() && st.pending.is_none() && st.closed.is_none();
+                    if idle {
+                        st.waker = Some(cx.waker().clone());
+                    }
+                    idle
+                }
+            };
+            if pending {
+                return Poll::Pending;
+            }
+        }
+    }
+}
+
+impl HandOffRx {
     /// The next message of the local batch (its index), a loss to report before it, or `None`
     /// once the batch is done. No lock.
     ///
     /// A loss is reported where it is: before the next message when its topic number skips the
     /// dropped ones and the drop count agrees (a gap can also be a publication from before the
     /// subscription).
-    fn next_local(&mut self) -> Option<Result<usize, TryRecvError>> {
+    fn next_local(&mut self) -> Option<Result<(), TryRecvError>> {
         let handed = self.local.as_ref()?;
         let e = handed.entries.get(self.pos)?;
         let seen = &mut self.seen;
@@ -440,10 +649,10 @@ impl Receiver {
         let n = e.topic_seq;
         seen.last = Some(seen.last.map_or(n, |last| last.max(n)));
         self.pos += 1;
-        Some(Ok(self.pos - 1))
+        Some(Ok(()))
     }
 
-    /// The next message (its index in the local batch), or why there is none now.
+    /// The next message (taken into the local batch), or why there is none now.
     ///
     /// Once the local batch is done, the next handed-over batch becomes local; when that
     /// empties the hand-off, the hub's held send is completed (outside the lock), which hands
@@ -453,7 +662,7 @@ impl Receiver {
     /// is read with the hand-off locked: the hub never takes the hand-off's lock while it holds
     /// a queue's (it pops a batch, lets go of the queue, then sends), so the order hand-off →
     /// queue cannot deadlock.
-    fn try_next(&mut self) -> Result<usize, TryRecvError> {
+    fn try_next(&mut self) -> Result<(), TryRecvError> {
         loop {
             if let Some(r) = self.next_local() {
                 return r;
@@ -495,49 +704,19 @@ impl Receiver {
         }
     }
 
-    fn recv_until(&mut self, deadline: Option<Instant>) -> Result<usize, RecvTimeoutError> {
-        loop {
-            match self.try_next() {
-                Err(TryRecvError::Empty) => {}
-                other => return map_timeout(other),
-            }
-            let chan = Arc::clone(&self.chan);
-            let mut st = chan.state.lock();
-            // Anything that arrived since `try_next` let go of the lock is looked at first.
-            if st.batches.is_empty() && st.pending.is_none() && st.closed.is_none() {
-                match deadline {
-                    None => chan.ready.wait(&mut st),
-                    Some(d) => {
-                        if chan.ready.wait_until(&mut st, d).timed_out() {
-                            drop(st);
-                            return match self.try_next() {
-                                Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),
-                                other => map_timeout(other),
-                            };
-                        }
-                    }
-                }
-            }
+    /// Waits until something was handed over or the end; `false` on the deadline.
+    fn wait_until(&self, deadline: Option<Instant>) -> bool {
+        let mut st = self.chan.state.lock();
+        // Anything that arrived since `try_next` let go of the lock is looked at first.
+        if !(st.batches.is_empty() && st.pending.is_none() && st.closed.is_none()) {
+            return true;
         }
-    }
-
-    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Result<Received, RecvError>> {
-        loop {
-            match self.try_next() {
-                Ok(i) => return Poll::Ready(Ok(self.received(i))),
-                Err(TryRecvError::Lagged { missed }) => {
-                    return Poll::Ready(Err(RecvError::Lagged { missed }))
-                }
-                Err(TryRecvError::Closed { reason }) => {
-                    return Poll::Ready(Err(RecvError::Closed { reason }))
-                }
-                Err(TryRecvError::Empty) => {}
+        match deadline {
+            None => {
+                self.chan.ready.wait(&mut st);
+                true
             }
-            let mut st = self.chan.state.lock();
-            if st.batches.is_empty() && st.pending.is_none() && st.closed.is_none() {
-                st.waker = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
+            Some(d) => !self.chan.ready.wait_until(&mut st, d).timed_out(),
         }
     }
 }
@@ -551,9 +730,9 @@ struct Seen {
     last: Option<u64>,
 }
 
-fn map_timeout(r: Result<usize, TryRecvError>) -> Result<usize, RecvTimeoutError> {
+fn map_timeout(r: Result<(), TryRecvError>) -> Result<(), RecvTimeoutError> {
     match r {
-        Ok(i) => Ok(i),
+        Ok(()) => Ok(()),
         Err(TryRecvError::Lagged { missed }) => Err(RecvTimeoutError::Lagged { missed }),
         Err(TryRecvError::Closed { reason }) => Err(RecvTimeoutError::Closed { reason }),
         Err(TryRecvError::Empty) => Err(RecvTimeoutError::Timeout),

@@ -1,0 +1,429 @@
+//! Receivers that read their topic directly: the FIFO `drop-oldest` [`Receiver`]s (the default)
+//! take no part in the drain.
+//!
+//! A topic with such receivers keeps a [`DirectLog`]: its publications in chunks of [`CHUNK`]
+//! write-once slots. The publisher appends (under the topic's order lock, so appends are
+//! serialized and numbered); each receiver keeps its own position and holds one chunk by
+//! reference, so that receiving a message is a few loads with no lock and no reference count,
+//! and moving to the next chunk takes the log's chunk list lock once per [`CHUNK`] messages.
+//! This is `tokio::sync::broadcast`'s shape (one buffer, a cursor per receiver) with the
+//! messages handed out by chunk.
+//!
+//! The slow-consumer policy is applied lazily, with the counts the eager policy gives: a
+//! receiver's queue is its retained replay plus the publications after its position; when a
+//! receive finds it longer than `max_queue`, the oldest are dropped (the replay first), counted,
+//! and reported as [`Lagged`](super::RecvError::Lagged). The log keeps the chunks that hold the
+//! last `max_queue` publications of its largest receiver, so a receiver that never receives pins
+//! one chunk, not the topic's history.
+//!
+//! [`Receiver`]: super::Receiver
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::Waker;
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use powerhub_plugin::CloseReason;
+
+use super::queue::Entry;
+
+/// Messages per chunk.
+pub(crate) const CHUNK: usize = 64;
+
+/// `CHUNK` write-once slots; slot `i` holds publication `first + i`.
+pub(crate) struct Chunk {
+    first: u64,
+    slots: Box<[OnceLock<Arc<Entry>>]>,
+    /// Slots written. Release store after the slot is set; a receiver's Acquire load that sees
+    /// `n` sees slots `..n` set.
+    len: AtomicUsize,
+}
+
+impl Chunk {
+    fn new(first: u64) -> Chunk {
+        Chunk {
+            first,
+            slots: (0..CHUNK).map(|_| OnceLock::new()).collect(),
+            len: AtomicUsize::new(0),
+        }
+    }
+
+    /// Publication `pos`, if this chunk holds it and it is written.
+    fn get(&self, pos: u64) -> Option<&Arc<Entry>> {
+        let off = pos.checked_sub(self.first)? as usize;
+        if off >= self.len.load(Ordering::Acquire) {
+            return None;
+        }
+        self.slots.get(off)?.get()
+    }
+
+    fn holds(&self, pos: u64) -> bool {
+        pos >= self.first && pos < self.first + CHUNK as u64
+    }
+}
+
+/// A topic's publications for its direct receivers.
+pub(crate) struct DirectLog {
+    /// The readable chunks, oldest first: those holding the last `cap` publications. Appends push
+    /// here once per chunk; receivers look their next chunk up here.
+    chunks: Mutex<VecDeque<Arc<Chunk>>>,
+    /// The chunk being written. Only publishers take it, one at a time (they hold the topic's
+    /// order lock), so this lock is never contended.
+    tail: Mutex<Option<Arc<Chunk>>>,
+    /// Publications appended. SeqCst store after the slot is written, so a receiver that loads
+    /// `head > pos` finds slot `pos` (its chunk is listed before `head` moves); SeqCst also
+    /// orders it before the publisher's load of `waiting` (see [`DirectLog::wait_until`]).
+    head: AtomicU64,
+    /// The largest `max_queue` among the receivers; the chunks kept cover it.
+    cap: AtomicUsize,
+    /// Receivers blocked or with a registered waker; publishers take `wake` only when non-zero.
+    waiting: AtomicUsize,
+    /// Wake-ups so far (the epoch), and the wakers registered since the last one.
+    wake: Mutex<(u64, Vec<Waker>)>,
+    cv: Condvar,
+}
+
+impl DirectLog {
+    /// A log whose next publication is number `head` (the topic's publications so far, so that
+    /// a receiver of a new log and one of an older log agree on nothing: each starts at its own
+    /// log's head).
+    pub(crate) fn new(cap: usize) -> Arc<DirectLog> {
+        Arc::new(DirectLog {
+            chunks: Mutex::new(VecDeque::new()),
+            tail: Mutex::new(None),
+            head: AtomicU64::new(0),
+            cap: AtomicUsize::new(cap),
+            waiting: AtomicUsize::new(0),
+            wake: Mutex::new((0, Vec::new())),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Publications appended so far: a new receiver starts here.
+    pub(crate) fn head(&self) -> u64 {
+        self.head.load(Ordering::SeqCst)
+    }
+
+    /// Keeps at least the last `cap` publications (the largest `max_queue`).
+    pub(crate) fn set_cap(&self, cap: usize) {
+        self.cap.store(cap, Ordering::Relaxed);
+    }
+
+    /// Appends a publication. Callers are serialized (the topic's order lock).
+    pub(crate) fn append(&self, entry: &Arc<Entry>) {
+        let mut tail = self.tail.lock();
+        let head = self.head.load(Ordering::Relaxed);
+        if tail
+            .as_ref()
+            .is_none_or(|c| c.len.load(Ordering::Relaxed) == CHUNK)
+        {
+            let chunk = Arc::new(Chunk::new(head));
+            let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
+            let mut chunks = self.chunks.lock();
+            chunks.push_back(Arc::clone(&chunk));
+            while chunks.len() > keep {
+                chunks.pop_front();
+            }
+            drop(chunks);
+            *tail = Some(chunk);
+        }
+        let chunk = tail.as_ref().expect("a chunk with room");
+        let i = chunk.len.load(Ordering::Relaxed);
+        let _ = chunk.slots[i].set(Arc::clone(entry));
+        chunk.len.store(i + 1, Ordering::Release);
+        self.head.store(head + 1, Ordering::SeqCst);
+        drop(tail);
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.wake_all();
+        }
+    }
+
+    /// Wakes every waiting receiver (a publication, or a receiver's end).
+    pub(crate) fn wake_all(&self) {
+        let wakers = {
+            let mut w = self.wake.lock();
+            self.cv.notify_all();
+            w.0 += 1;
+            std::mem::take(&mut w.1)
+        };
+        if !wakers.is_empty() {
+            self.waiting.fetch_sub(wakers.len(), Ordering::SeqCst);
+        }
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// The chunk holding `pos`, if it is still (or already) listed.
+    fn chunk_of(&self, pos: u64) -> Option<Arc<Chunk>> {
+        let chunks = self.chunks.lock();
+        let first = chunks.front()?.first;
+        let i = pos.checked_sub(first)? / CHUNK as u64;
+        chunks.get(i as usize).cloned()
+    }
+
+    /// Blocks the calling thread until `ready()` or `deadline`; `false` on the deadline.
+    /// The receiver counts itself in `waiting` (SeqCst) before it re-checks, and the publisher
+    /// stores `head` (SeqCst) before it loads `waiting`: one of the two sees the other, so no
+    /// wake-up is lost.
+    pub(crate) fn wait_until(&self, ready: impl Fn() -> bool, deadline: Option<Instant>) -> bool {
+        let mut g = self.wake.lock();
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut in_time = true;
+        if !ready() {
+            match deadline {
+                None => self.cv.wait(&mut g),
+                Some(d) => in_time = !self.cv.wait_until(&mut g, d).timed_out(),
+            }
+        }
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        in_time
+    }
+
+    /// Registers `waker` for the next publication or end, unless `ready()` already (then
+    /// `None`: poll again); returns the epoch it is registered in. `known` is the epoch and
+    /// waker of the caller's previous registration: one still pending for the same task is not
+    /// repeated, so a task polled often does not pile up wakers. Ordered as
+    /// [`wait_until`](DirectLog::wait_until).
+    pub(crate) fn register(
+        &self,
+        waker: &Waker,
+        known: Option<&(u64, Waker)>,
+        ready: impl Fn() -> bool,
+    ) -> Option<u64> {
+        let mut g = self.wake.lock();
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        if ready() {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        if known.is_some_and(|(epoch, w)| *epoch == g.0 && w.will_wake(waker)) {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        } else {
+            g.1.push(waker.clone());
+        }
+        Some(g.0)
+    }
+}
+
+/// What a direct receiver shares with the hub: its position (for `stats()`), and its end.
+pub(crate) struct DirectCursor {
+    pub(crate) log: OnceLock<Arc<DirectLog>>,
+    /// The first publication of the log the receiver reads, and its retained replay: set at
+    /// subscribe, taken by the receiver.
+    pub(crate) start: Mutex<Option<(u64, Vec<Arc<Entry>>)>>,
+    /// The next publication to receive. Relaxed: only `stats()` reads it, as an estimate.
+    pub(crate) pos: AtomicU64,
+    /// Replayed messages not yet received.
+    pub(crate) replay_left: AtomicUsize,
+    pub(crate) cap: usize,
+    /// Messages received (Relaxed: the receiver stores its count at least once a chunk), and
+    /// how many of them the hub's `delivered` counter has taken in.
+    pub(crate) received: AtomicU64,
+    pub(crate) folded: AtomicU64,
+    /// Why the subscription ended, and the log's head then: what was published before the end
+    /// is still received.
+    pub(crate) end: OnceLock<(u64, CloseReason)>,
+}
+
+impl DirectCursor {
+    pub(crate) fn new(cap: usize) -> Arc<DirectCursor> {
+        Arc::new(DirectCursor {
+            log: OnceLock::new(),
+            start: Mutex::new(None),
+            pos: AtomicU64::new(0),
+            replay_left: AtomicUsize::new(0),
+            cap,
+            received: AtomicU64::new(0),
+            folded: AtomicU64::new(0),
+            end: OnceLock::new(),
+        })
+    }
+
+    /// Messages waiting for the receiver (at most `max_queue`), and those beyond that the
+    /// policy drops at the next receive.
+    pub(crate) fn backlog(&self) -> (usize, usize) {
+        let Some(log) = self.log.get() else {
+            return (0, 0);
+        };
+        let head = match self.end.get() {
+            Some(&(end, _)) => end,
+            None => log.head(),
+        };
+        let live = head.saturating_sub(self.pos.load(Ordering::Relaxed)) as usize;
+        let total = live + self.replay_left.load(Ordering::Relaxed);
+        (total.min(self.cap), total.saturating_sub(self.cap))
+    }
+
+    /// The subscription ended: record where, and wake the receiver.
+    pub(crate) fn close(&self, reason: CloseReason) {
+        if let Some(log) = self.log.get() {
+            let _ = self.end.set((log.head(), reason));
+            log.wake_all();
+        } else {
+            let _ = self.end.set((0, reason));
+        }
+    }
+}
+
+/// What the next receive of a direct receiver is.
+pub(crate) enum Next {
+    /// A message: [`DirectReader::current`].
+    Message,
+    Lagged(u64),
+    Empty,
+    Closed(CloseReason),
+}
+
+/// The receiver's side: its position, the chunk it holds, and the replay left.
+pub(crate) struct DirectReader {
+    pub(crate) cursor: Arc<DirectCursor>,
+    log: Arc<DirectLog>,
+    replay: VecDeque<Arc<Entry>>,
+    /// The entry returned by the last `Message`, when it came from the replay.
+    replayed: Option<Arc<Entry>>,
+    chunk: Option<Arc<Chunk>>,
+    pos: u64,
+    /// Positions below this are in `chunk`, written, and were within the queue bound when it
+    /// was computed: the next receives take them with no further check (the fast path).
+    run_end: u64,
+}
+
+impl DirectReader {
+    pub(crate) fn new(cursor: Arc<DirectCursor>) -> DirectReader {
+        let log = Arc::clone(cursor.log.get().expect("set at subscribe"));
+        let (pos, replay) = cursor
+            .start
+            .lock()
+            .take()
+            .unwrap_or((log.head(), Vec::new()));
+        DirectReader {
+            cursor,
+            log,
+            replay: replay.into(),
+            replayed: None,
+            chunk: None,
+            pos,
+            run_end: 0,
+        }
+    }
+
+    /// Where the readable publications end: the log's head, or the subscription's end.
+    fn limit(&self) -> (u64, Option<CloseReason>) {
+        match self.cursor.end.get() {
+            Some(&(end, reason)) => (end, Some(reason)),
+            None => (self.log.head(), None),
+        }
+    }
+
+    /// Whether a receive would find something (a message, a loss or the end).
+    pub(crate) fn ready(&self) -> bool {
+        !self.replay.is_empty() || self.cursor.end.get().is_some() || self.log.head() > self.pos
+    }
+
+    pub(crate) fn log(&self) -> &DirectLog {
+        &self.log
+    }
+
+    /// The message the last [`Next::Message`] was.
+    pub(crate) fn current(&self) -> &Arc<Entry> {
+        if let Some(e) = &self.replayed {
+            return e;
+        }
+        let chunk = self.chunk.as_ref().expect("the last receive was a message");
+        chunk.slots[(self.pos - 1 - chunk.first) as usize]
+            .get()
+            .expect("a message received from a written slot")
+    }
+
+    /// Whether the next receive is inside the current run.
+    #[inline]
+    pub(crate) fn in_run(&self) -> bool {
+        self.pos < self.run_end
+    }
+
+    /// The next message when it is inside the current run (see `run_end`): no check beyond
+    /// the comparison. `None`: ask [`next`](DirectReader::next).
+    #[inline]
+    pub(crate) fn next_in_run(&mut self) -> Option<&Arc<Entry>> {
+        if self.pos >= self.run_end {
+            return None;
+        }
+        let chunk = self.chunk.as_ref()?;
+        let e = chunk.slots.get((self.pos - chunk.first) as usize)?.get()?;
+        self.pos += 1;
+        Some(e)
+    }
+
+    /// The next receive; `dropped` is called with the messages the policy drops now.
+    ///
+    /// Inside a run (see `run_end`) a receive is a comparison and an increment: the bound, the
+    /// end and the log's head are looked at once per run, when it starts. So a message the
+    /// eager policy would have dropped while the run was being read can still be received; the
+    /// next run applies the bound again, with its exact count.
+    #[inline]
+    pub(crate) fn next(&mut self, dropped: impl FnOnce(u64)) -> Next {
+        if self.pos < self.run_end {
+            self.pos += 1;
+            return Next::Message;
+        }
+        self.next_slow(dropped)
+    }
+
+    fn next_slow(&mut self, dropped: impl FnOnce(u64)) -> Next {
+        // Runs do not publish their progress; the end of one does.
+        self.cursor.pos.store(self.pos, Ordering::Relaxed);
+        let (limit, end) = self.limit();
+        let live = limit.saturating_sub(self.pos);
+        let total = live as usize + self.replay.len();
+        let cap = self.cursor.cap;
+        if total > cap {
+            // Drop-oldest, lazily: the replay goes first, then the oldest live publications.
+            let mut over = total - cap;
+            let missed = over as u64;
+            let from_replay = over.min(self.replay.len());
+            self.replay.drain(..from_replay);
+            over -= from_replay;
+            self.pos += over as u64;
+            self.cursor.pos.store(self.pos, Ordering::Relaxed);
+            self.cursor
+                .replay_left
+                .store(self.replay.len(), Ordering::Relaxed);
+            dropped(missed);
+            return Next::Lagged(missed);
+        }
+        if let Some(e) = self.replay.pop_front() {
+            self.cursor
+                .replay_left
+                .store(self.replay.len(), Ordering::Relaxed);
+            self.replayed = Some(e);
+            return Next::Message;
+        }
+        self.replayed = None;
+        if self.pos >= limit {
+            return match end {
+                Some(reason) => Next::Closed(reason),
+                None => Next::Empty,
+            };
+        }
+        if !self.chunk.as_ref().is_some_and(|c| c.holds(self.pos)) {
+            self.chunk = self.log.chunk_of(self.pos);
+        }
+        let pos = self.pos;
+        match self.chunk.as_ref().filter(|c| c.get(pos).is_some()) {
+            Some(c) => {
+                // The run: what this chunk holds written, up to the limit.
+                let written = c.first + c.len.load(Ordering::Acquire) as u64;
+                self.run_end = written.min(limit);
+                self.pos += 1;
+                self.cursor.pos.store(self.pos, Ordering::Relaxed);
+                Next::Message
+            }
+            // Counted in `head` but its chunk not found: cannot happen (the chunk is listed
+            // before `head` moves, and kept while within `cap`); read as nothing yet.
+            None => Next::Empty,
+        }
+    }
+}
