@@ -289,6 +289,8 @@ pub(crate) struct DirectReader {
     /// Positions below this are in `chunk`, written, and were within the queue bound when it
     /// was computed: the next receives take them with no further check (the fast path).
     run_end: u64,
+    /// The position last stored in the cursor.
+    shown: u64,
 }
 
 impl DirectReader {
@@ -307,6 +309,7 @@ impl DirectReader {
             chunk: None,
             pos,
             run_end: 0,
+            shown: pos,
         }
     }
 
@@ -373,8 +376,12 @@ impl DirectReader {
     }
 
     fn next_slow(&mut self, dropped: impl FnOnce(u64)) -> Next {
-        // Runs do not publish their progress; the end of one does.
-        self.cursor.pos.store(self.pos, Ordering::Relaxed);
+        // Runs do not publish their progress; the end of one does (a store only when it moved,
+        // so that an idle receiver's check writes nothing).
+        if self.shown != self.pos {
+            self.shown = self.pos;
+            self.cursor.pos.store(self.pos, Ordering::Relaxed);
+        }
         let (limit, end) = self.limit();
         let live = limit.saturating_sub(self.pos);
         let total = live as usize + self.replay.len();

@@ -305,6 +305,8 @@ struct DirectRx {
     /// Messages received; published to the cursor (for the hub's `delivered`) by each slow
     /// receive, at least once a chunk.
     received: u64,
+    /// The count last stored in the cursor.
+    shown: u64,
     /// The async registration still pending, if any (its epoch and waker).
     registered: Option<(u64, Waker)>,
 }
@@ -341,8 +343,13 @@ impl DirectRx {
     fn try_next(&mut self) -> Result<(), TryRecvError> {
         let sub = &self.sub;
         // A plain store, read by `stats()`: no read-modify-write on the receive path.
-        let cursor = &self.reader.cursor;
-        cursor.received.store(self.received, Ordering::Relaxed);
+        if self.shown != self.received {
+            self.shown = self.received;
+            self.reader
+                .cursor
+                .received
+                .store(self.received, Ordering::Relaxed);
+        }
         match self.reader.next(|missed| sub.count_direct(0, missed)) {
             Next::Message => {
                 self.received += 1;
@@ -397,6 +404,7 @@ impl Receiver {
                 reader: DirectReader::new(cursor),
                 sub: Arc::clone(&sub.sub),
                 received: 0,
+                shown: 0,
                 registered: None,
             };
             return Ok(Receiver {
