@@ -2,8 +2,8 @@
 #![allow(missing_docs)]
 
 //! In-process fan-out: deliveries per second to 1, 100 and 10 000 subscribers, end to end
-//! (publish and drain), for the hub against `tokio::sync::broadcast` and a per-subscriber
-//! `crossbeam-channel` loop.
+//! (publish and drain), for the hub (handlers, and a `Receiver` per subscriber) against
+//! `tokio::sync::broadcast` and a channel per subscriber (`crossbeam-channel`, `flume`).
 //!
 //! Every system delivers the same `MESSAGES` messages (64-byte JSON payloads) to every
 //! subscriber per iteration, and every subscriber consumes each one. The hub runs on
@@ -112,6 +112,41 @@ fn fanout(c: &mut Criterion) {
         });
         drop(hub);
 
+        // A receiver per subscriber (drop-oldest: each reads the topic itself), consumed with
+        // an owned message per receive (as broadcast's) and borrowed.
+        let hub = Hub::new(Counting::default(), HubOptions::default()).unwrap();
+        let mut rxs: Vec<_> = (0..n)
+            .map(|_| hub.receiver("t", SubscribeOptions::default()).unwrap())
+            .collect();
+        group.bench_with_input(BenchmarkId::new("hub/receivers", n), &n, |b, _| {
+            b.iter(|| {
+                for _ in 0..MESSAGES {
+                    hub.publish("t", msg.clone(), PublishOptions::default())
+                        .unwrap();
+                }
+                for rx in rxs.iter_mut() {
+                    for _ in 0..MESSAGES {
+                        black_box(rx.try_recv().unwrap());
+                    }
+                }
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("hub/receivers-borrowed", n), &n, |b, _| {
+            b.iter(|| {
+                for _ in 0..MESSAGES {
+                    hub.publish("t", msg.clone(), PublishOptions::default())
+                        .unwrap();
+                }
+                for rx in rxs.iter_mut() {
+                    for _ in 0..MESSAGES {
+                        black_box(rx.try_recv_ref().unwrap().message());
+                    }
+                }
+            })
+        });
+        drop(rxs);
+        drop(hub);
+
         let bytes: Bytes = msg.bytes().clone();
         let (tx, _) = tokio::sync::broadcast::channel::<Bytes>(MESSAGES);
         let mut rxs: Vec<_> = (0..n).map(|_| tx.subscribe()).collect();
@@ -128,6 +163,23 @@ fn fanout(c: &mut Criterion) {
             })
         });
         drop(rxs);
+
+        let (ftxs, frxs): (Vec<_>, Vec<_>) = (0..n).map(|_| flume::bounded::<Bytes>(64)).unzip();
+        group.bench_with_input(BenchmarkId::new("flume-per-subscriber", n), &n, |b, _| {
+            b.iter(|| {
+                for _ in 0..MESSAGES {
+                    for tx in &ftxs {
+                        tx.try_send(bytes.clone()).unwrap();
+                    }
+                }
+                for rx in &frxs {
+                    for _ in 0..MESSAGES {
+                        black_box(rx.try_recv().unwrap());
+                    }
+                }
+            })
+        });
+        drop((ftxs, frxs));
 
         let (txs, rxs): (Vec<_>, Vec<_>) = (0..n)
             .map(|_| crossbeam_channel::bounded::<Bytes>(64))
