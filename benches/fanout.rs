@@ -118,32 +118,25 @@ fn fanout(c: &mut Criterion) {
         let mut rxs: Vec<_> = (0..n)
             .map(|_| hub.receiver("t", SubscribeOptions::default()).unwrap())
             .collect();
-        group.bench_with_input(BenchmarkId::new("hub/receivers", n), &n, |b, _| {
-            b.iter(|| {
-                for _ in 0..MESSAGES {
-                    hub.publish("t", msg.clone(), PublishOptions::default())
-                        .unwrap();
-                }
-                for rx in rxs.iter_mut() {
+        for (name, borrowed) in [("hub/receivers", false), ("hub/receivers-borrowed", true)] {
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
+                b.iter(|| {
                     for _ in 0..MESSAGES {
-                        black_box(rx.try_recv().unwrap());
+                        hub.publish("t", msg.clone(), PublishOptions::default())
+                            .unwrap();
                     }
-                }
-            })
-        });
-        group.bench_with_input(BenchmarkId::new("hub/receivers-borrowed", n), &n, |b, _| {
-            b.iter(|| {
-                for _ in 0..MESSAGES {
-                    hub.publish("t", msg.clone(), PublishOptions::default())
-                        .unwrap();
-                }
-                for rx in rxs.iter_mut() {
-                    for _ in 0..MESSAGES {
-                        black_box(rx.try_recv_ref().unwrap().message());
+                    for rx in rxs.iter_mut() {
+                        for _ in 0..MESSAGES {
+                            if borrowed {
+                                black_box(rx.try_recv_ref().unwrap().message());
+                            } else {
+                                black_box(rx.try_recv().unwrap());
+                            }
+                        }
                     }
-                }
-            })
-        });
+                })
+            });
+        }
         drop(rxs);
         drop(hub);
 

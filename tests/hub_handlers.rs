@@ -6,10 +6,25 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use powerhub::hub::{FlushError, Hub, HubOptions, SubscribeOptions};
+use powerhub::hub::{FlushError, Hub, HubOptions, SubscribeOptions, Subscription};
 use powerhub::transport::SpySink;
 
 const WAIT: Duration = Duration::from_secs(10);
+
+/// A subscriber of "fast" whose handler reports when each delivery arrived.
+fn fast_subscriber(hub: &Hub) -> (Subscription, crossbeam_channel::Receiver<Instant>) {
+    let (tx, rx) = crossbeam_channel::unbounded::<Instant>();
+    let sub = hub
+        .subscribe(
+            "fast",
+            move |_| {
+                let _ = tx.send(Instant::now());
+            },
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    (sub, rx)
+}
 
 #[test]
 fn a_blocked_handler_delays_only_its_own_subscriber() {
@@ -26,16 +41,7 @@ fn a_blocked_handler_delays_only_its_own_subscriber() {
             SubscribeOptions::default(),
         )
         .unwrap();
-    let (fast_tx, fast_rx) = crossbeam_channel::unbounded::<Instant>();
-    let _fast = hub
-        .subscribe(
-            "fast",
-            move |_| {
-                let _ = fast_tx.send(Instant::now());
-            },
-            SubscribeOptions::default(),
-        )
-        .unwrap();
+    let (_fast, fast_rx) = fast_subscriber(&hub);
     hub.publish_json("slow", &1).unwrap();
     started_rx.recv_timeout(WAIT).expect("the slow handler ran");
     // While the slow handler blocks, the other topic is delivered, again and again.
@@ -66,16 +72,7 @@ fn a_300_ms_handler_on_one_topic_does_not_move_another_topics_delivery() {
             SubscribeOptions::default(),
         )
         .unwrap();
-    let (fast_tx, fast_rx) = crossbeam_channel::unbounded::<Instant>();
-    let _fast = hub
-        .subscribe(
-            "fast",
-            move |_| {
-                let _ = fast_tx.send(Instant::now());
-            },
-            SubscribeOptions::default(),
-        )
-        .unwrap();
+    let (_fast, fast_rx) = fast_subscriber(&hub);
     hub.publish_json("slow", &1).unwrap();
     started_rx.recv_timeout(WAIT).unwrap();
     let t0 = Instant::now();

@@ -104,10 +104,26 @@ fn broadcast(n: usize, msgs: u64) -> InprocOut {
     }
 }
 
-fn channels(n: usize, msgs: u64) -> InprocOut {
-    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n)
-        .map(|_| crossbeam_channel::bounded::<Bytes>(queue(n)))
-        .unzip();
+/// What a channel per subscriber's receive found.
+enum Got {
+    Message,
+    Empty,
+    Closed,
+}
+
+/// A bounded channel per subscriber: the publisher sends each message into every channel (a
+/// blocking send: nothing is dropped) and the consumer drains them all in turn.
+fn per_subscriber<Tx, Rx>(
+    n: usize,
+    msgs: u64,
+    bounded: impl Fn(usize) -> (Tx, Rx),
+    send: impl Fn(&Tx, Bytes),
+    try_recv: impl Fn(&Rx) -> Got + Send + 'static,
+) -> InprocOut
+where
+    Rx: Send + 'static,
+{
+    let (txs, rxs): (Vec<Tx>, Vec<Rx>) = (0..n).map(|_| bounded(queue(n))).unzip();
     let start = Instant::now();
     let consumer = std::thread::spawn(move || {
         pin_consumer();
@@ -117,13 +133,13 @@ fn channels(n: usize, msgs: u64) -> InprocOut {
             open = 0;
             for rx in &rxs {
                 loop {
-                    match rx.try_recv() {
-                        Ok(_) => delivered += 1,
-                        Err(crossbeam_channel::TryRecvError::Empty) => {
+                    match try_recv(rx) {
+                        Got::Message => delivered += 1,
+                        Got::Empty => {
                             open += 1;
                             break;
                         }
-                        Err(crossbeam_channel::TryRecvError::Disconnected) => break,
+                        Got::Closed => break,
                     }
                 }
             }
@@ -133,7 +149,7 @@ fn channels(n: usize, msgs: u64) -> InprocOut {
     let p = payload();
     for _ in 0..msgs {
         for tx in &txs {
-            let _ = tx.send(p.clone());
+            send(tx, p.clone());
         }
     }
     drop(txs);
@@ -145,43 +161,38 @@ fn channels(n: usize, msgs: u64) -> InprocOut {
     }
 }
 
+fn channels(n: usize, msgs: u64) -> InprocOut {
+    use crossbeam_channel::TryRecvError;
+    per_subscriber(
+        n,
+        msgs,
+        crossbeam_channel::bounded::<Bytes>,
+        |tx, m| {
+            let _ = tx.send(m);
+        },
+        |rx| match rx.try_recv() {
+            Ok(_) => Got::Message,
+            Err(TryRecvError::Empty) => Got::Empty,
+            Err(TryRecvError::Disconnected) => Got::Closed,
+        },
+    )
+}
+
 fn flume_channels(n: usize, msgs: u64) -> InprocOut {
-    let (txs, rxs): (Vec<_>, Vec<_>) = (0..n).map(|_| flume::bounded::<Bytes>(queue(n))).unzip();
-    let start = Instant::now();
-    let consumer = std::thread::spawn(move || {
-        pin_consumer();
-        let mut delivered = 0u64;
-        let mut open = rxs.len();
-        while open > 0 {
-            open = 0;
-            for rx in &rxs {
-                loop {
-                    match rx.try_recv() {
-                        Ok(_) => delivered += 1,
-                        Err(flume::TryRecvError::Empty) => {
-                            open += 1;
-                            break;
-                        }
-                        Err(flume::TryRecvError::Disconnected) => break,
-                    }
-                }
-            }
-        }
-        delivered
-    });
-    let p = payload();
-    for _ in 0..msgs {
-        for tx in &txs {
-            let _ = tx.send(p.clone());
-        }
-    }
-    drop(txs);
-    let delivered = consumer.join().expect("consumer thread");
-    InprocOut {
-        delivered,
-        lost: 0,
-        secs: start.elapsed().as_secs_f64(),
-    }
+    use flume::TryRecvError;
+    per_subscriber(
+        n,
+        msgs,
+        flume::bounded::<Bytes>,
+        |tx, m| {
+            let _ = tx.send(m);
+        },
+        |rx| match rx.try_recv() {
+            Ok(_) => Got::Message,
+            Err(TryRecvError::Empty) => Got::Empty,
+            Err(TryRecvError::Disconnected) => Got::Closed,
+        },
+    )
 }
 
 /// One in-process system's run.
