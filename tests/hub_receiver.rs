@@ -376,8 +376,12 @@ fn messages_published_before_the_end_are_received_then_closed() {
 #[test]
 fn a_blocked_receive_wakes_for_a_publication_from_another_thread() {
     let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    // Queues that hold the whole stream: a consumer descheduled for a while loses nothing.
     let mut rxs: Vec<_> = (0..4)
-        .map(|_| hub.receiver("t", SubscribeOptions::default()).unwrap())
+        .map(|_| {
+            hub.receiver("t", SubscribeOptions::default().max_queue(1000))
+                .unwrap()
+        })
         .collect();
     let consumers: Vec<_> = rxs
         .drain(..)
@@ -398,4 +402,40 @@ fn a_blocked_receive_wakes_for_a_publication_from_another_thread() {
     for c in consumers {
         assert_eq!(c.join().unwrap(), (0..100).collect::<Vec<u64>>());
     }
+}
+
+#[test]
+fn an_ended_receiver_behind_what_the_log_keeps_hears_the_loss_then_closed() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut behind = hub
+        .receiver("t", SubscribeOptions::default().max_queue(1000))
+        .unwrap();
+    let _small = hub
+        .receiver("t", SubscribeOptions::default().max_queue(10))
+        .unwrap();
+    for n in 0..300 {
+        publish(&hub, "t", n);
+    }
+    assert!(behind.subscription().unsubscribe());
+    // The log now keeps only what the remaining receiver needs.
+    for n in 300..500 {
+        publish(&hub, "t", n);
+    }
+    let (mut received, mut missed) = (0u64, 0u64);
+    loop {
+        match behind.recv_timeout(WAIT) {
+            Ok(m) => {
+                assert!(n_of(&m) < 300, "nothing published after the end");
+                received += 1;
+            }
+            Err(RecvTimeoutError::Lagged { missed: k }) => missed += k,
+            Err(RecvTimeoutError::Closed { reason }) => {
+                assert_eq!(reason, CloseReason::Unsubscribe);
+                break;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(received + missed, 300);
+    assert!(missed > 0);
 }

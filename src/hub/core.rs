@@ -82,19 +82,20 @@ thread_local! {
     static DRAINING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Marks the current thread as draining while alive.
-struct DrainingGuard;
+/// Marks the current thread as draining while alive, then restores what it was (a guard
+/// entered inside a drain, as a handler job run inline, leaves the drain marked).
+struct DrainingGuard(bool);
 
 impl DrainingGuard {
     fn enter() -> DrainingGuard {
-        DRAINING.with(|d| d.set(true));
-        DrainingGuard
+        DrainingGuard(DRAINING.with(|d| d.replace(true)))
     }
 }
 
 impl Drop for DrainingGuard {
     fn drop(&mut self) {
-        DRAINING.with(|d| d.set(false));
+        let before = self.0;
+        DRAINING.with(|d| d.set(before));
     }
 }
 
@@ -675,6 +676,9 @@ impl Inner {
                     all.remove(i);
                 }
                 if let Consumer::Direct(dc) = &sub.consumer {
+                    // Its end is the log's head now, under the lock that keeps publishes out:
+                    // what is published after this is not for it.
+                    dc.close(reason);
                     // What it received so far joins the hub's count (the rest, at its drop).
                     let received = dc.received.load(Ordering::Relaxed);
                     let folded = dc.folded.swap(received, Ordering::Relaxed);

@@ -156,6 +156,11 @@ impl DirectLog {
         }
     }
 
+    /// The first publication the log still holds (`None` before the first).
+    fn oldest(&self) -> Option<u64> {
+        self.chunks.lock().front().map(|c| c.first)
+    }
+
     /// The chunk holding `pos`, if it is still (or already) listed.
     fn chunk_of(&self, pos: u64) -> Option<Arc<Chunk>> {
         let chunks = self.chunks.lock();
@@ -428,9 +433,22 @@ impl DirectReader {
                 self.cursor.pos.store(self.pos, Ordering::Relaxed);
                 Next::Message
             }
-            // Counted in `head` but its chunk not found: cannot happen (the chunk is listed
-            // before `head` moves, and kept while within `cap`); read as nothing yet.
-            None => Next::Empty,
+            // Not found: the log let the chunk go. That happens when the receiver is behind
+            // more than the log keeps (its subscription ended and the log now keeps only what
+            // the remaining receivers need), or when publishers moved on between the limit read
+            // above and the lookup. What it let go is lost to this receiver: said, and skipped.
+            None => match self.log.oldest() {
+                Some(first) if first > pos => {
+                    // Up to the receiver's end: what lies beyond it was never its own.
+                    let to = first.min(limit);
+                    let missed = to - pos;
+                    self.pos = to;
+                    dropped(missed);
+                    Next::Lagged(missed)
+                }
+                // The chunk is listed before `head` moves: not reached.
+                _ => Next::Empty,
+            },
         }
     }
 }

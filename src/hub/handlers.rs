@@ -69,23 +69,39 @@ impl<T: Send + 'static> Pool<T> {
     pub(crate) fn push_all(self: &Arc<Self>, jobs: impl IntoIterator<Item = T>) {
         let now = Instant::now();
         let mut st = self.state.lock();
-        let was_empty = st.jobs.is_empty();
+        let before = st.jobs.len();
         st.jobs.extend(jobs.into_iter().map(|j| (now, j)));
-        if st.jobs.is_empty() {
+        let added = st.jobs.len() - before;
+        if added == 0 {
             return;
         }
-        if st.idle > 0 {
+        // One idle worker per job, as far as there are some.
+        for _ in 0..added.min(st.idle) {
             self.work_cv.notify_one();
         }
-        if was_empty {
+        if before == 0 {
             // The standby starts its watch.
             self.standby_cv.notify_one();
         }
-        if st.workers == 0 && !st.closed {
-            st.workers = 2;
+        if st.closed {
+            return;
+        }
+        let active = st.workers == 0;
+        // A standby that became active at the worker limit, or that could not start, is
+        // replaced once there is room again.
+        let standby = !st.standby && st.workers < MAX_WORKERS;
+        if active {
+            st.workers += 1;
+        }
+        if standby {
+            st.workers += 1;
             st.standby = true;
-            drop(st);
+        }
+        drop(st);
+        if active {
             self.start(false);
+        }
+        if standby {
             self.start(true);
         }
     }
@@ -107,8 +123,9 @@ impl<T: Send + 'static> Pool<T> {
             st.workers -= 1;
             if standby {
                 st.standby = false;
-            } else if st.workers == 0 {
-                // No thread at all: run what is queued here (the caller's thread) rather than
+            }
+            if st.workers == usize::from(st.standby) {
+                // No active worker: run what is queued here (the caller's thread) rather than
                 // never.
                 while let Some((_, job)) = st.jobs.pop_front() {
                     drop(st);
@@ -134,6 +151,11 @@ impl<T: Send + 'static> Pool<T> {
                     }
                     Some(due) if Instant::now() < due => {
                         self.standby_cv.wait_until(&mut st, due);
+                    }
+                    Some(_) if st.idle > 0 => {
+                        // A worker is free: it takes the job, not a new thread.
+                        self.work_cv.notify_one();
+                        self.standby_cv.wait_for(&mut st, STUCK);
                     }
                     Some(_) => {
                         // Every active worker is held up: this one becomes active and a new
