@@ -66,12 +66,10 @@ impl Chunk {
 
 /// A topic's publications for its direct receivers.
 pub(crate) struct DirectLog {
-    /// The readable chunks, oldest first: those holding the last `cap` publications. Appends push
-    /// here once per chunk; receivers look their next chunk up here.
+    /// The readable chunks, oldest first: those holding the last `cap` publications; the last
+    /// is the one being written. Publishers (one at a time: they hold the topic's order lock)
+    /// take it once per publication; receivers once per chunk, to look their next one up.
     chunks: Mutex<VecDeque<Arc<Chunk>>>,
-    /// The chunk being written. Only publishers take it, one at a time (they hold the topic's
-    /// order lock), so this lock is never contended.
-    tail: Mutex<Option<Arc<Chunk>>>,
     /// Publications appended. SeqCst store after the slot is written, so a receiver that loads
     /// `head > pos` finds slot `pos` (its chunk is listed before `head` moves); SeqCst also
     /// orders it before the publisher's load of `waiting` (see [`DirectLog::wait_until`]).
@@ -92,7 +90,6 @@ impl DirectLog {
     pub(crate) fn new(cap: usize) -> Arc<DirectLog> {
         Arc::new(DirectLog {
             chunks: Mutex::new(VecDeque::new()),
-            tail: Mutex::new(None),
             head: AtomicU64::new(0),
             cap: AtomicUsize::new(cap),
             waiting: AtomicUsize::new(0),
@@ -113,28 +110,25 @@ impl DirectLog {
 
     /// Appends a publication. Callers are serialized (the topic's order lock).
     pub(crate) fn append(&self, entry: &Arc<Entry>) {
-        let mut tail = self.tail.lock();
+        let mut chunks = self.chunks.lock();
         let head = self.head.load(Ordering::Relaxed);
-        if tail
-            .as_ref()
+        if chunks
+            .back()
             .is_none_or(|c| c.len.load(Ordering::Relaxed) == CHUNK)
         {
-            let chunk = Arc::new(Chunk::new(head));
+            chunks.push_back(Arc::new(Chunk::new(head)));
+            // At least one chunk stays: the one being written.
             let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
-            let mut chunks = self.chunks.lock();
-            chunks.push_back(Arc::clone(&chunk));
             while chunks.len() > keep {
                 chunks.pop_front();
             }
-            drop(chunks);
-            *tail = Some(chunk);
         }
-        let chunk = tail.as_ref().expect("a chunk with room");
+        let chunk = chunks.back().expect("a chunk with room");
         let i = chunk.len.load(Ordering::Relaxed);
         let _ = chunk.slots[i].set(Arc::clone(entry));
         chunk.len.store(i + 1, Ordering::Release);
         self.head.store(head + 1, Ordering::SeqCst);
-        drop(tail);
+        drop(chunks);
         if self.waiting.load(Ordering::SeqCst) > 0 {
             self.wake_all();
         }
