@@ -25,6 +25,7 @@ impl Drop for Server {
 fn config(certs: &Path) -> String {
     let cert = certs.join("server.pem");
     let key = certs.join("server.key");
+    let ca = certs.join("ca.pem");
     format!(
         r#"
 [engine]
@@ -47,6 +48,17 @@ tls_cert = "{cert}"
 tls_key = "{key}"
 allowed_origins = ["https://app.example"]
 
+[[listener]]
+protocol = "ndjson"
+address = "127.0.0.1:0"
+tls_cert = "{cert}"
+tls_key = "{key}"
+tls_client_ca = "{ca}"
+
+[[auth.certificates]]
+subject = "CN=alice"
+permissions = {{ subscribe = {{ allow = ["obs/*"] }}, publish = {{ allow = ["obs/*"] }} }}
+
 [[auth.tokens]]
 token = "reader-token"
 user = "reader"
@@ -58,7 +70,8 @@ secret = "a shared secret of at least thirty-two bytes"
 audience = "powerhub"
 "#,
         cert = cert.display(),
-        key = key.display()
+        key = key.display(),
+        ca = ca.display()
     )
 }
 
@@ -162,7 +175,7 @@ fn run(backend: &str) {
         return;
     }
     let addrs: Vec<&str> = server.listeners.iter().map(|(_, a)| a.as_str()).collect();
-    assert_eq!(addrs.len(), 3, "{:?}", server.listeners);
+    assert_eq!(addrs.len(), 4, "{:?}", server.listeners);
     openssl_s_client(&certs.join("ca.pem"), addrs[1]);
     let status = Command::new("python3")
         .arg(concat!(
@@ -171,8 +184,9 @@ fn run(backend: &str) {
         ))
         .arg(&config_path)
         .arg(certs.join("ca.pem"))
-        .args(&addrs)
+        .args(&addrs[..3])
         .arg(server.child.id().to_string())
+        .arg(addrs[3])
         .status()
         .expect("python3 runs");
     assert!(

@@ -127,8 +127,9 @@ def rss_kib(pid):
 
 
 def main():
-    config, ca, plain, tls_ndjson, tls_ws, pid = sys.argv[1:7]
+    config, ca, plain, tls_ndjson, tls_ws, pid, mtls = sys.argv[1:8]
     plain, tls_ndjson, tls_ws, pid = addr(plain), addr(tls_ndjson), addr(tls_ws), int(pid)
+    mtls = addr(mtls)
     now = int(time.time())
 
     # NDJSON over TLS 1.3 and 1.2 (Python's ssl, verifying the server against the test CA).
@@ -204,6 +205,32 @@ def main():
                                         open_timeout=TIMEOUT) as ws:
         m = json.loads(ws.recv(timeout=TIMEOUT))
         check(m.get("user") == "reader", f"a listed origin, the token in the query: {m}")
+
+    # Mutual TLS: the client certificate (CN=alice) is listed in [[auth.certificates]], so the
+    # connection is alice's with no token, and her permissions apply.
+    ctx = tls_context(ca)
+    ctx.load_cert_chain(os.path.join(os.path.dirname(ca), "client.pem"),
+                        os.path.join(os.path.dirname(ca), "client.key"))
+    c = Lines(ctx.wrap_socket(socket.create_connection(mtls, timeout=TIMEOUT),
+                              server_hostname="localhost"))
+    m = c.msg()
+    check(m == {"type": "authenticated", "user": "alice", "expiresAt": None},
+          f"mutual TLS: the certificate's subject is the user: {m}")
+    c.send({"type": "subscribe", "id": 1, "stream": "obs", "deviceId": "cert"})
+    check(c.msg().get("type") == "subscribed", "mutual TLS: subscribed as alice")
+    c.send({"type": "subscribe", "id": 2, "stream": "$stats"})
+    m = c.msg()
+    check(m.get("code") == "permission_denied", f"mutual TLS: alice may not read $stats: {m}")
+    c.sock.close()
+    # Without a certificate the mutual-TLS listener refuses the handshake.
+    raw = socket.create_connection(mtls, timeout=TIMEOUT)
+    try:
+        s = tls_context(ca).wrap_socket(raw, server_hostname="localhost")
+        s.sendall(b'{"type":"ping","id":1}\n')
+        data = s.recv(64)
+        check(not data, f"mutual TLS without a certificate is refused: {data!r}")
+    except (ssl.SSLError, ConnectionResetError, BrokenPipeError):
+        pass
 
     # Plaintext to the TLS port: answered with an alert and closed, at once.
     raw = socket.create_connection(tls_ndjson, timeout=TIMEOUT)

@@ -309,6 +309,78 @@ fn mutual_tls_refuses_a_client_without_a_certificate_of_the_ca() {
     });
 }
 
+/// A mutual-TLS listener of a server with `[auth]` holding `certificates`.
+fn mutual_tls_auth_config(backend: BackendChoice, pki: &Pki, auth: &str) -> Config {
+    let mut config = base_config(backend);
+    let mut l = tls_listener("ndjson", pki);
+    l.tls_client_ca = Some(pki.path("ca.pem"));
+    config.listeners = vec![l];
+    config.auth = Some(toml::from_str(auth).expect("a valid [auth]"));
+    config
+}
+
+#[test]
+fn a_client_certificate_listed_in_auth_certificates_authenticates_as_its_user() {
+    let pki = Pki::new("cert-user");
+    let auth = r#"
+        [[certificates]]
+        subject = "CN=alice"
+        permissions = { subscribe = { allow = ["obs/>"] }, publish = { allow = ["obs/>"] } }
+    "#;
+    on_both_backends(|backend| {
+        let server = start(mutual_tls_auth_config(backend, &pki, auth));
+        let tls13 = [&rustls::version::TLS13];
+        let mut alice = TlsClient::connect(server.addr, pki.client(true, &tls13));
+        // Said before the client says anything: the certificate was its credential.
+        assert_eq!(
+            alice.msg(),
+            json!({"type":"authenticated","user":"alice","expiresAt":null})
+        );
+        alice.send(r#"{"type":"subscribe","id":1,"stream":"obs","deviceId":"d1"}"#);
+        assert_eq!(alice.msg()["type"], "subscribed");
+        alice.send(r#"{"type":"subscribe","id":2,"stream":"secret"}"#);
+        let v = alice.msg();
+        assert_eq!(
+            (&v["code"], &v["requestId"]),
+            (&json!("permission_denied"), &json!(2)),
+            "{v}"
+        );
+        alice.send(r#"{"type":"publish","id":3,"message":{"type":"reading","stream":"obs","deviceId":"d1","n":1}}"#);
+        let mut got = [alice.msg(), alice.msg()];
+        got.sort_by_key(|v| v["type"] != "reading");
+        assert_eq!(got[0]["n"], 1, "{got:?}");
+        assert_eq!(got[1]["type"], "published", "{got:?}");
+        alice.send(
+            r#"{"type":"publish","id":4,"message":{"type":"reading","stream":"other","n":2}}"#,
+        );
+        assert_eq!(alice.msg()["code"], "permission_denied");
+    });
+}
+
+#[test]
+fn a_client_certificate_not_listed_leaves_the_connection_to_authenticate_with_a_token() {
+    let pki = Pki::new("cert-unlisted");
+    let auth = r#"
+        [[tokens]]
+        token = "alice-token"
+        user = "alice"
+        permissions = { subscribe = { allow = ["obs"] } }
+
+        [[certificates]]
+        subject = "CN=bob"
+    "#;
+    on_both_backends(|backend| {
+        let server = start(mutual_tls_auth_config(backend, &pki, auth));
+        let mut c = TlsClient::connect(server.addr, pki.client(true, &[&rustls::version::TLS13]));
+        c.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+        assert_eq!(c.msg()["code"], "auth_required");
+        c.send(r#"{"type":"auth","id":2,"token":"alice-token"}"#);
+        assert_eq!(c.msg()["user"], "alice");
+        c.send(r#"{"type":"subscribe","id":3,"stream":"obs"}"#);
+        assert_eq!(c.msg()["type"], "subscribed");
+    });
+}
+
 #[test]
 fn plaintext_to_a_tls_port_and_tls_to_a_plaintext_port_are_answered_cleanly() {
     let pki = Pki::new("mismatch");

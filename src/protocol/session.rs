@@ -13,6 +13,7 @@ use super::reply;
 use crate::hub::Message;
 use crate::security::auth::{Authenticator, Identity};
 use crate::security::permissions::{self, Decision, PermissionDenied, Permissions, PublishCache};
+use crate::security::tls::PeerSubject;
 
 /// The `type`s of the server's own messages. While authentication is on, a published message of
 /// one of these types is refused (`reserved_type`) unless `[auth] allow_reply_types` is set, so
@@ -79,6 +80,48 @@ impl Drop for AuthState {
                 .users
                 .release(&identity.user, self.subscriptions);
         }
+    }
+}
+
+impl AuthState {
+    /// Makes `identity` the connection's (a first one counts the connection in its user's;
+    /// a later one must be the same user's), answering request `id` with `authenticated`.
+    fn accept(
+        &mut self,
+        id: Option<RequestId>,
+        identity: Identity,
+    ) -> Result<Action, CommandError> {
+        let auth = self;
+        if let Some(current) = &auth.identity {
+            if current.user != identity.user {
+                let kind = ErrorKind::UserMismatch {
+                    current: echo(&current.user),
+                    presented: echo(&identity.user),
+                };
+                return Err(CommandError::new(id, kind));
+            }
+        }
+        let expires = identity
+            .expires_at
+            .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
+        if !auth.counted {
+            let max = auth.policy.max_connections_per_user;
+            if !auth.policy.users.add_connection(&identity.user, max) {
+                return Ok(Action::CloseOnLimit {
+                        request_id: id,
+                        limit: "max_connections_per_user",
+                        message: format!(
+                            "user `{}` holds its maximum of max_connections_per_user = {max} connections",
+                            echo(&identity.user)
+                        ),
+                    });
+            }
+            auth.counted = true;
+        }
+        let reply = reply::authenticated(id.as_ref(), &identity.user, expires);
+        auth.identity = Some(identity);
+        auth.cache.clear();
+        Ok(Action::Reply(reply))
     }
 }
 
@@ -449,6 +492,23 @@ impl Session {
         }
     }
 
+    /// Handles the client certificate the TLS handshake verified (on a listener with
+    /// `tls_client_ca`): when the server requires authentication, the connection has not
+    /// authenticated yet and `subject` is listed in `[[auth.certificates]]`, the connection is
+    /// that entry's user from now on, and the returned action says so (`authenticated`, as for
+    /// a token in the handshake). `None` otherwise: the client authenticates with a token.
+    pub fn authenticate_certificate(&mut self, subject: &PeerSubject) -> Option<Action> {
+        let auth = self.auth_mut()?;
+        if auth.identity.is_some() {
+            return None;
+        }
+        let identity = auth.policy.authenticator.verify_certificate(subject)?;
+        Some(match auth.accept(None, identity) {
+            Ok(action) => action,
+            Err(e) => Action::Reply(e.to_reply()),
+        })
+    }
+
     /// Handles one inbound line (without newline). Never fails: bad input becomes an
     /// [`Action::Reply`] with an error naming the problem and the request id.
     pub fn handle_line(&mut self, line: &mut [u8]) -> Action {
@@ -511,38 +571,7 @@ impl Session {
             )));
         };
         match auth.policy.authenticator.verify(token, now) {
-            Ok(identity) => {
-                if let Some(current) = &auth.identity {
-                    if current.user != identity.user {
-                        let kind = ErrorKind::UserMismatch {
-                            current: echo(&current.user),
-                            presented: echo(&identity.user),
-                        };
-                        return Err(CommandError::new(id, kind));
-                    }
-                }
-                let expires = identity
-                    .expires_at
-                    .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
-                if !auth.counted {
-                    let max = auth.policy.max_connections_per_user;
-                    if !auth.policy.users.add_connection(&identity.user, max) {
-                        return Ok(Action::CloseOnLimit {
-                            request_id: id,
-                            limit: "max_connections_per_user",
-                            message: format!(
-                                "user `{}` holds its maximum of max_connections_per_user = {max} connections",
-                                echo(&identity.user)
-                            ),
-                        });
-                    }
-                    auth.counted = true;
-                }
-                let reply = reply::authenticated(id.as_ref(), &identity.user, expires);
-                auth.identity = Some(identity);
-                auth.cache.clear();
-                Ok(Action::Reply(reply))
-            }
+            Ok(identity) => auth.accept(id, identity),
             // A fresh token that fails leaves the connection as it was (until its token
             // expires); a first one that fails ends it, as NATS and Centrifugo do.
             Err(e) if auth.identity.is_some() => Err(CommandError::new(id, e.into())),

@@ -19,6 +19,7 @@ use super::shard::Conn;
 use super::Shared;
 use crate::hub::PublishOptions;
 use crate::protocol::{reply, Action, Command, RequestId};
+use crate::security::tls::PeerSubject;
 
 /// A limit error: the push protocol's `error` (code `limit_exceeded`) answering `request_id`,
 /// plus a `limit` field naming the config key:
@@ -72,6 +73,21 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
 pub(crate) fn on_credential(conn: &mut Conn, shared: &Shared, token: &str, now: Instant) -> After {
     let action = conn.session.authenticate(token, SystemTime::now());
     perform(conn, shared, action, None, now)
+}
+
+/// Handles the client certificate the TLS handshake verified: a subject listed in
+/// `[[auth.certificates]]` authenticates the connection (see
+/// [`Session::authenticate_certificate`](crate::protocol::Session::authenticate_certificate)).
+pub(crate) fn on_certificate(
+    conn: &mut Conn,
+    shared: &Shared,
+    subject: &PeerSubject,
+    now: Instant,
+) -> After {
+    match conn.session.authenticate_certificate(subject) {
+        Some(action) => perform(conn, shared, action, None, now),
+        None => After::Continue,
+    }
 }
 
 /// Does what the session asked for one command (`request_id` is the command's).

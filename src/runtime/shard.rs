@@ -871,6 +871,7 @@ impl<B: Backend> Shard<B> {
                 c.bytes_in += n as u64;
                 debug_assert!(buf.is_some(), "a receive with bytes lends a buffer");
                 let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
+                let mut established = false;
                 if let Some(tls) = c.tls.as_deref_mut() {
                     let handshaking = tls.is_handshaking();
                     let received = tls.receive(data, &mut c.inbuf);
@@ -883,7 +884,8 @@ impl<B: Backend> Shard<B> {
                         self.mark_dirty(token);
                         return;
                     }
-                    if tls.has_output() || (handshaking && !tls.is_handshaking()) {
+                    established = handshaking && !tls.is_handshaking();
+                    if tls.has_output() || established {
                         // A handshake message to answer, or the handshake just completed.
                         self.dirty.push(token);
                     }
@@ -905,6 +907,23 @@ impl<B: Backend> Shard<B> {
                 } else {
                     c.inbuf.extend_from_slice(data);
                 }
+                if established {
+                    // A client certificate listed in `[[auth.certificates]]` authenticates the
+                    // connection before any of its commands is read.
+                    let subject = c.tls.as_deref().and_then(TlsLayer::peer_subject);
+                    if let Some(subject) = subject {
+                        let now = Instant::now();
+                        if let After::Close(ending) =
+                            session::on_certificate(c, &self.shared, &subject, now)
+                        {
+                            self.close_with(token, ending);
+                            return;
+                        }
+                    }
+                }
+                let Some(c) = slot_mut(&mut self.slots, token) else {
+                    return;
+                };
                 c.last_inbound_ms = millis(self.epoch, Instant::now());
                 self.after_input(token);
                 if let Some(c) = slot_mut(&mut self.slots, token) {

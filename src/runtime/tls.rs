@@ -14,7 +14,7 @@ use std::sync::Arc;
 use bytes::{Buf, Bytes, BytesMut};
 use rustls::ServerConfig;
 
-use crate::security::tls::{TlsSession, TlsSessionError};
+use crate::security::tls::{PeerSubject, TlsSession, TlsSessionError};
 
 /// One connection's TLS state (boxed in the connection: plaintext connections pay 8 bytes).
 pub(crate) struct TlsLayer {
@@ -107,6 +107,11 @@ impl TlsLayer {
     /// Whether rustls holds ciphertext not yet taken, or some is pending.
     pub(crate) fn has_output(&self) -> bool {
         !self.pending.is_empty() || self.session.wants_write()
+    }
+
+    /// The subject of the client certificate the handshake verified (mutual TLS), if any.
+    pub(crate) fn peer_subject(&self) -> Option<PeerSubject> {
+        self.session.peer_subject()?.ok()
     }
 
     /// Whether the handshake is done, so that plaintext goes out as it is encrypted.

@@ -78,6 +78,7 @@ use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use super::permissions::{PatternError, Permissions, PermissionsConfig};
+use super::tls::PeerSubject;
 use powerhub_plugin::codes;
 
 /// The longest token [`Authenticator::verify`] reads; a longer one is [`AuthError::Malformed`].
@@ -105,6 +106,10 @@ pub struct AuthConfig {
     /// JWT verification (`[auth.jwt]`).
     #[serde(default)]
     pub jwt: Option<JwtConfig>,
+    /// Client certificates that authenticate by themselves (`[[auth.certificates]]`), on a
+    /// listener with `tls_client_ca` (mutual TLS).
+    #[serde(default)]
+    pub certificates: Vec<CertificateUserConfig>,
     /// Whether a published message may have the `type` of one of the server's own messages
     /// (`error`, `pong`, `subscribed`, `frames_dropped`, ... : see
     /// [`RESERVED_MESSAGE_TYPES`](crate::protocol::RESERVED_MESSAGE_TYPES)). Default `false`:
@@ -128,6 +133,7 @@ impl fmt::Debug for AuthConfig {
         f.debug_struct("AuthConfig")
             .field("tokens", &self.tokens)
             .field("jwt", &self.jwt)
+            .field("certificates", &self.certificates)
             .field("allow_reply_types", &self.allow_reply_types)
             .field("max_connections_per_user", &self.max_connections_per_user)
             .field(
@@ -159,6 +165,25 @@ impl fmt::Debug for StaticTokenConfig {
             .field("permissions", &self.permissions)
             .finish()
     }
+}
+
+/// One `[[auth.certificates]]` entry: a client certificate, known by its subject, that
+/// authenticates its connection as `user` once the TLS handshake verified it against the
+/// listener's `tls_client_ca`, with no token (as NATS's `verify_and_map`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateUserConfig {
+    /// The certificate's subject as an RFC 4514 string, most specific part first, compared
+    /// exactly: `CN=alice,O=Example` (what `openssl x509 -noout -subject -nameopt RFC2253`
+    /// prints). Non-empty; each subject at most once.
+    pub subject: String,
+    /// The user it authenticates as; default: the subject's common name (`CN`), or the whole
+    /// subject when it has none.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// What that user may do (default: nothing).
+    #[serde(default)]
+    pub permissions: PermissionsConfig,
 }
 
 /// A JWT signature algorithm the server can be configured to accept (exactly one).
@@ -257,9 +282,19 @@ impl fmt::Debug for JwtConfig {
 pub enum AuthConfigError {
     /// `[auth]` is present but configures neither a token nor a JWT key: nobody could connect.
     #[error(
-        "[auth] configures no credentials: add [[auth.tokens]] entries or an [auth.jwt] section"
+        "[auth] configures no credentials: add [[auth.tokens]] entries, an [auth.jwt] section \
+         or [[auth.certificates]] entries"
     )]
     NoCredentials,
+    /// A `[[auth.certificates]]` entry is unusable: an empty subject or user, a subject listed
+    /// twice, or an invalid permission pattern.
+    #[error("auth.certificates[{index}]: {reason}")]
+    Certificate {
+        /// The entry's position in `[[auth.certificates]]`, from 0.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
     /// A static token or its user is empty.
     #[error("auth.tokens[{index}].{key} must not be empty")]
     Empty {
@@ -509,6 +544,8 @@ struct JwtVerifier {
 pub struct Authenticator {
     tokens: Vec<StaticEntry>,
     jwt: Option<JwtVerifier>,
+    /// `[[auth.certificates]]`: the subject and the identity it stands for.
+    certificates: Vec<(String, Identity)>,
 }
 
 impl fmt::Debug for Authenticator {
@@ -516,8 +553,52 @@ impl fmt::Debug for Authenticator {
         f.debug_struct("Authenticator")
             .field("static_tokens", &self.tokens.len())
             .field("jwt", &self.jwt.as_ref().map(|j| j.algorithm))
+            .field("certificates", &self.certificates.len())
             .finish()
     }
+}
+
+/// The `[[auth.certificates]]` entries, checked.
+fn certificate_users(
+    entries: &[CertificateUserConfig],
+) -> Result<Vec<(String, Identity)>, AuthConfigError> {
+    let mut out: Vec<(String, Identity)> = Vec::with_capacity(entries.len());
+    for (index, e) in entries.iter().enumerate() {
+        let refuse = |reason: String| AuthConfigError::Certificate { index, reason };
+        if e.subject.is_empty() {
+            return Err(refuse("subject must not be empty".into()));
+        }
+        if let Some(first) = out.iter().position(|(s, _)| *s == e.subject) {
+            return Err(refuse(format!(
+                "subject `{}` repeats auth.certificates[{first}].subject",
+                e.subject
+            )));
+        }
+        let user = match &e.user {
+            Some(u) if u.is_empty() => return Err(refuse("user must not be empty".into())),
+            Some(u) => u.clone(),
+            None => common_name_of(&e.subject).unwrap_or(&e.subject).to_owned(),
+        };
+        let permissions = Permissions::compile(&e.permissions)
+            .map_err(|source| refuse(format!("(user `{user}`): {source}")))?;
+        let identity = Identity {
+            user,
+            permissions: Arc::new(permissions),
+            expires_at: None,
+        };
+        out.push((e.subject.clone(), identity));
+    }
+    Ok(out)
+}
+
+/// The first `CN=` value of an RFC 4514 subject string, as [`PeerSubject::user`] takes it from
+/// a certificate (unescaped values only: a common name with an escaped `,` or `+` is taken up
+/// to it; name the user with `user` then).
+fn common_name_of(subject: &str) -> Option<&str> {
+    subject
+        .split([',', '+'])
+        .find_map(|part| part.trim().strip_prefix("CN="))
+        .filter(|cn| !cn.is_empty() && !cn.contains('\\'))
 }
 
 fn digest(token: &[u8]) -> [u8; 32] {
@@ -545,7 +626,7 @@ impl Authenticator {
         config: &AuthConfig,
         mut read: impl FnMut(&Path) -> io::Result<Vec<u8>>,
     ) -> Result<Authenticator, AuthConfigError> {
-        if config.tokens.is_empty() && config.jwt.is_none() {
+        if config.tokens.is_empty() && config.jwt.is_none() && config.certificates.is_empty() {
             return Err(AuthConfigError::NoCredentials);
         }
         let mut tokens: Vec<StaticEntry> = Vec::with_capacity(config.tokens.len());
@@ -581,7 +662,45 @@ impl Authenticator {
             .as_ref()
             .map(|j| JwtVerifier::new(j, &mut read))
             .transpose()?;
-        Ok(Authenticator { tokens, jwt })
+        let certificates = certificate_users(&config.certificates)?;
+        Ok(Authenticator {
+            tokens,
+            jwt,
+            certificates,
+        })
+    }
+
+    /// The identity a verified client certificate with `subject` authenticates as: its
+    /// `[[auth.certificates]]` entry's, or `None` when the subject is not listed (the
+    /// connection then authenticates with a token, as any other).
+    ///
+    /// ```
+    /// use powerhub::security::auth::{AuthConfig, Authenticator};
+    /// use powerhub::security::tls::PeerSubject;
+    ///
+    /// let config: AuthConfig = toml::from_str(r#"
+    ///     [[certificates]]
+    ///     subject = "CN=sensor-7,O=Example"
+    ///     permissions = { publish = { allow = ["telemetry/sensor-7"] } }
+    /// "#).unwrap();
+    /// let auth = Authenticator::from_config(&config).unwrap();
+    /// let subject = PeerSubject {
+    ///     distinguished_name: "CN=sensor-7,O=Example".into(),
+    ///     common_name: Some("sensor-7".into()),
+    /// };
+    /// let who = auth.verify_certificate(&subject).unwrap();
+    /// assert_eq!(who.user, "sensor-7");
+    /// assert!(who.permissions.publish("telemetry", Some("sensor-7")).is_allowed());
+    /// assert!(who.expires_at.is_none());
+    ///
+    /// let other = PeerSubject { distinguished_name: "CN=sensor-8,O=Example".into(), common_name: Some("sensor-8".into()) };
+    /// assert!(auth.verify_certificate(&other).is_none());
+    /// ```
+    pub fn verify_certificate(&self, subject: &PeerSubject) -> Option<Identity> {
+        self.certificates
+            .iter()
+            .find(|(s, _)| *s == subject.distinguished_name)
+            .map(|(_, identity)| identity.clone())
     }
 
     /// Verifies `token` at `now`: a static token, else a JWT (three `.`-separated parts) when a
@@ -1127,6 +1246,95 @@ mod tests {
         assert!(!debug.contains("token-one"), "{debug}");
         let debug = format!("{:?}", d);
         assert!(!debug.contains("secret: Some(\"x\")"), "{debug}");
+    }
+
+    fn subject(dn: &str, cn: Option<&str>) -> PeerSubject {
+        PeerSubject {
+            distinguished_name: dn.to_owned(),
+            common_name: cn.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_listed_certificate_subject_authenticates_its_user_and_nothing_else_does() {
+        let config: AuthConfig = toml::from_str(
+            r#"
+            [[certificates]]
+            subject = "CN=sensor-7,O=Example"
+            permissions = { publish = { allow = ["telemetry/sensor-7"] } }
+            [[certificates]]
+            subject = "O=Example,C=DE"
+            [[certificates]]
+            subject = "CN=ops,O=Example"
+            user = "operator"
+            "#,
+        )
+        .unwrap();
+        let auth = Authenticator::from_config(&config).unwrap();
+        let who = auth
+            .verify_certificate(&subject("CN=sensor-7,O=Example", Some("sensor-7")))
+            .unwrap();
+        assert_eq!(who.user, "sensor-7");
+        assert!(who
+            .permissions
+            .publish("telemetry", Some("sensor-7"))
+            .is_allowed());
+        assert!(!who
+            .permissions
+            .publish("telemetry", Some("sensor-8"))
+            .is_allowed());
+        let no_cn = auth
+            .verify_certificate(&subject("O=Example,C=DE", None))
+            .unwrap();
+        assert_eq!(no_cn.user, "O=Example,C=DE");
+        let named = auth.verify_certificate(&subject("CN=ops,O=Example", Some("ops")));
+        assert_eq!(named.unwrap().user, "operator");
+        // Compared exactly: another order, another case, a prefix are other subjects.
+        for other in [
+            "O=Example,CN=sensor-7",
+            "cn=sensor-7,o=example",
+            "CN=sensor-7",
+        ] {
+            assert!(
+                auth.verify_certificate(&subject(other, Some("sensor-7")))
+                    .is_none(),
+                "{other}"
+            );
+        }
+        // Certificates alone are credentials enough; no token verifies then.
+        assert_eq!(
+            auth.verify("CN=sensor-7,O=Example", at(T0)),
+            Err(AuthError::UnknownToken)
+        );
+    }
+
+    #[test]
+    fn certificate_entry_errors_name_the_entry_and_the_problem() {
+        let err = |text: &str| {
+            let config: AuthConfig = toml::from_str(text).unwrap();
+            Authenticator::from_config(&config).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err("[[certificates]]\nsubject = \"\""),
+            "auth.certificates[0]: subject must not be empty"
+        );
+        assert_eq!(
+            err("[[certificates]]\nsubject = \"CN=a\"\n[[certificates]]\nsubject = \"CN=a\""),
+            "auth.certificates[1]: subject `CN=a` repeats auth.certificates[0].subject"
+        );
+        assert_eq!(
+            err("[[certificates]]\nsubject = \"CN=a\"\nuser = \"\""),
+            "auth.certificates[0]: user must not be empty"
+        );
+        let bad = err("[[certificates]]\nsubject = \"CN=a\"\npermissions = { publish = { allow = [\"a/>/b\"] } }");
+        assert!(
+            bad.starts_with("auth.certificates[0]: (user `a`): "),
+            "{bad}"
+        );
+        assert!(
+            toml::from_str::<AuthConfig>("[[certificates]]\nsubject = \"CN=a\"\ncn = \"a\"")
+                .is_err()
+        );
     }
 
     #[test]
