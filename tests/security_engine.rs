@@ -620,6 +620,67 @@ fn a_publisher_over_its_rate_is_refused_by_name_and_closed_after_repeated_violat
 }
 
 #[test]
+fn a_users_publish_rate_is_shared_by_its_connections_and_not_by_other_users() {
+    on_both_backends(|backend| {
+        let mut config = auth_config(backend, "publish_messages_per_second_per_user = 100");
+        config.engine.shards = 2;
+        let server = start(config);
+        // Two connections of one user (on both shards, as the engine spreads them) and one of
+        // another user, each writing 150 publishes at once.
+        let mut conns = [
+            authed(server.addr, "writer-token"),
+            authed(server.addr, "writer-token"),
+        ];
+        let ingest = jwt(
+            json!({"sub":"ingest","aud":"powerhub","exp":unix_now() + 600,
+                   "permissions":{"publish":{"allow":["obs"]}}}),
+            SECRET,
+        );
+        let mut other = authed(server.addr, &ingest);
+        let batch: String = (0..150)
+            .map(|seq| {
+                format!(
+                    "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
+                    message("obs", seq, 10)
+                )
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        for c in &mut conns {
+            c.send_raw(batch.as_bytes());
+        }
+        let (mut published, mut refused) = (0u64, 0u64);
+        for c in &mut conns {
+            for _ in 0..150 {
+                let v = c.msg();
+                match v["type"].as_str() {
+                    Some("published") => published += 1,
+                    _ => {
+                        assert_eq!(v["code"], "limit_exceeded", "{v}");
+                        assert_eq!(v["limit"], "publish_messages_per_second_per_user", "{v}");
+                        refused += 1;
+                    }
+                }
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        // One second's worth at once, then the refill while the replies were read: never the
+        // 300 the two connections asked for.
+        let most = 100 + (100.0 * elapsed).ceil() as u64;
+        assert!(
+            (100..=most).contains(&published) && refused > 0,
+            "{published} published, {refused} refused in {elapsed:.3} s (at most {most})"
+        );
+        // The other user has a bucket of its own: a full one.
+        let half: String = batch.lines().take(75).map(|l| format!("{l}\n")).collect();
+        other.send_raw(half.as_bytes());
+        for _ in 0..75 {
+            assert_eq!(other.msg()["type"], "published");
+        }
+    });
+}
+
+#[test]
 fn connections_and_subscriptions_per_user_are_bounded() {
     on_both_backends(|backend| {
         let mut config = auth_config(

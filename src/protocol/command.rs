@@ -258,7 +258,7 @@ pub enum ErrorKind {
     #[error("{0}")]
     PermissionDenied(#[from] PermissionDenied),
     /// A publish over one of the connection's rate limits (the connection stays).
-    #[error("publish refused: the connection is over {limit} = {rate}")]
+    #[error("publish refused: over {limit} = {rate}")]
     RateLimited {
         /// The config key.
         limit: &'static str,

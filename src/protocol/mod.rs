@@ -27,7 +27,7 @@ pub use command::{
     parse_command, Command, CommandError, CommandParser, Credential, ErrorKind, PublishMeta,
     RequestId, DEFAULT_MAX_JSON_DEPTH, ERROR_CODES, LIMIT_EXCEEDED, MAX_ECHO_BYTES, MAX_NAME_BYTES,
 };
-pub use rate::{PublishLimiter, RateLimited};
+pub use rate::{PublishLimiter, RateLimited, UserRate};
 pub use session::{
     device_topic, publish_topics, stream_topic, Action, AuthPolicy, Session, SessionConfig,
     SubscriptionInfo, UserCounts, RESERVED_MESSAGE_TYPES,

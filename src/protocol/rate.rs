@@ -1,7 +1,10 @@
-//! Publish rate limits of one connection: token buckets of messages and bytes per second, on
-//! the caller's clock.
+//! Publish rate limits: token buckets of messages and bytes per second, on the caller's clock,
+//! of one connection ([`PublishLimiter`], owned by its session) and of one user across its
+//! connections ([`UserRate`], shared by the user's sessions on every shard).
 
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::loom::sync::atomic::{AtomicU64, Ordering};
 
 /// A token bucket holding up to one second of its rate, refilled continuously. Counts in
 /// millionths of a token, so that small rates refill smoothly with integer arithmetic.
@@ -109,6 +112,13 @@ impl PublishLimiter {
         self.messages.rate == 0 && self.bytes.rate == 0
     }
 
+    /// Gives back what [`PublishLimiter::check`] took for a message of `len` bytes (a limit
+    /// after this one refused it).
+    pub fn give_back(&mut self, len: usize) {
+        self.messages.give_back(1);
+        self.bytes.give_back(len as u64);
+    }
+
     /// Takes one message of `len` bytes at `now`, or says which limit it would pass (then
     /// nothing is taken).
     ///
@@ -133,7 +143,171 @@ impl PublishLimiter {
     }
 }
 
-#[cfg(test)]
+/// One second, in the nanoseconds [`SharedBucket`] counts in: the burst a bucket allows.
+const SECOND_NS: u64 = 1_000_000_000;
+
+/// A token bucket shared by threads, as the generic cell rate algorithm (GCRA) keeps it: one
+/// atomic, the theoretical arrival time (`tat`, nanoseconds since the Unix epoch) at which the
+/// bucket is full again. Taking `n` tokens moves it `n` emission intervals (`n / rate` s) later,
+/// from `now` if it lies in the past; a take is refused when that would put it more than a
+/// second (the bucket's capacity, as [`PublishLimiter`]'s) past `now`. As there, a take larger
+/// than the whole bucket passes when the bucket is full.
+///
+/// Ordering: `Relaxed` everywhere. The atomic is the bucket's whole state and publishes no other
+/// memory; the compare-exchange makes each take one indivisible step on it, so concurrent takes
+/// never hand out more than the bucket holds, whatever the order they land in.
+#[derive(Debug)]
+struct SharedBucket {
+    /// Tokens per second; 0 = no limit.
+    rate: u64,
+    tat: AtomicU64,
+}
+
+impl SharedBucket {
+    fn new(rate: u64) -> SharedBucket {
+        SharedBucket {
+            rate,
+            tat: AtomicU64::new(0),
+        }
+    }
+
+    /// `n` tokens' worth of time, in nanoseconds (rounded up, so no take is free).
+    fn cost(&self, n: u64) -> u64 {
+        let ns = (u128::from(n) * u128::from(SECOND_NS)).div_ceil(u128::from(self.rate));
+        ns.min(u128::from(u64::MAX / 2)) as u64
+    }
+
+    fn take(&self, n: u64, now_ns: u64) -> bool {
+        if self.rate == 0 {
+            return true;
+        }
+        let cost = self.cost(n);
+        let mut tat = self.tat.load(Ordering::Relaxed);
+        loop {
+            let full = tat <= now_ns;
+            let next = tat.max(now_ns).saturating_add(cost);
+            if next - now_ns > SECOND_NS && !(full && cost > SECOND_NS) {
+                return false;
+            }
+            match self
+                .tat
+                .compare_exchange_weak(tat, next, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return true,
+                Err(current) => tat = current,
+            }
+        }
+    }
+
+    fn give_back(&self, n: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        let cost = self.cost(n);
+        // A lost race only means another take moved the time on: subtract from what is there.
+        let _ = self
+            .tat
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |tat| {
+                Some(tat.saturating_sub(cost))
+            });
+    }
+}
+
+/// A user's publish limits across all its connections (`[auth]
+/// publish_messages_per_second_per_user` and `publish_bytes_per_second_per_user`): messages and
+/// bytes per second, each a bucket of one second's worth, shared by the user's sessions on every
+/// shard without a lock (one compare-exchange per bucket per publish).
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use powerhub::protocol::UserRate;
+///
+/// let user = UserRate::new(2, 0);
+/// let t = UNIX_EPOCH + Duration::from_secs(1_000);
+/// // Two connections of the user share the budget.
+/// assert!(user.check(10, t).is_ok());
+/// assert!(user.check(10, t).is_ok());
+/// assert_eq!(user.check(10, t).unwrap_err().limit, "publish_messages_per_second_per_user");
+/// assert!(user.check(10, t + Duration::from_millis(500)).is_ok());
+/// ```
+#[derive(Debug)]
+pub struct UserRate {
+    messages: SharedBucket,
+    bytes: SharedBucket,
+}
+
+impl UserRate {
+    /// Limits of `messages` per second and `bytes` per second (0: that one is unlimited).
+    pub fn new(messages: u64, bytes: u64) -> UserRate {
+        UserRate {
+            messages: SharedBucket::new(messages),
+            bytes: SharedBucket::new(bytes),
+        }
+    }
+
+    /// Whether neither limit is set.
+    pub fn is_unlimited(&self) -> bool {
+        self.messages.rate == 0 && self.bytes.rate == 0
+    }
+
+    /// Takes one message of `len` bytes at `now`, or says which limit it would pass (then
+    /// nothing is taken). A clock before the Unix epoch counts as the epoch.
+    ///
+    /// # Errors
+    ///
+    /// The limit the message would pass.
+    pub fn check(&self, len: usize, now: SystemTime) -> Result<(), RateLimited> {
+        let now_ns = now
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX / 2)) as u64);
+        if !self.messages.take(1, now_ns) {
+            return Err(RateLimited {
+                limit: "publish_messages_per_second_per_user",
+                rate: self.messages.rate,
+            });
+        }
+        if !self.bytes.take(len as u64, now_ns) {
+            self.messages.give_back(1);
+            return Err(RateLimited {
+                limit: "publish_bytes_per_second_per_user",
+                rate: self.bytes.rate,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use loom::sync::Arc;
+
+    /// Three threads take from a bucket of two messages at one instant: exactly two pass, in
+    /// every interleaving; and a refused byte take gives its message back.
+    #[test]
+    fn concurrent_takes_never_pass_more_than_the_bucket_holds() {
+        loom::model(|| {
+            let rate = Arc::new(UserRate::new(2, 0));
+            let now = UNIX_EPOCH + std::time::Duration::from_secs(10);
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let rate = Arc::clone(&rate);
+                    loom::thread::spawn(move || rate.check(1, now).is_ok())
+                })
+                .collect();
+            let mine = rate.check(1, now).is_ok();
+            let passed = threads
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .chain([mine])
+                .filter(|ok| *ok)
+                .count();
+            assert_eq!(passed, 2);
+        });
+    }
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
@@ -177,6 +351,59 @@ mod tests {
         // One message larger than a second's budget passes once the bucket is full.
         assert!(l.check(5_000, at(1_000)).is_ok());
         assert!(l.check(1, at(1_000)).is_err());
+    }
+
+    #[test]
+    fn a_users_bucket_is_shared_by_its_connections_and_refills_at_its_rate() {
+        let user = std::sync::Arc::new(UserRate::new(100, 0));
+        // Two holders of the user's bucket, as two connections, take turns.
+        let (a, b) = (std::sync::Arc::clone(&user), std::sync::Arc::clone(&user));
+        let passed = (0..150)
+            .filter(|i| if i % 2 == 0 { &a } else { &b }.check(1, at(0)).is_ok())
+            .count();
+        assert_eq!(passed, 100);
+        assert!(user.check(1, at(10)).is_ok(), "10 ms refill one message");
+        assert!(user.check(1, at(10)).is_err());
+        let passed = (0..100_000u64)
+            .filter(|i| user.check(1, at(1_000 + i / 10)).is_ok())
+            .count();
+        assert!((1_090..=1_110).contains(&passed), "{passed}");
+        // Threads on many cores: never more than the bucket and the refill.
+        let user = std::sync::Arc::new(UserRate::new(1_000, 0));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let user = std::sync::Arc::clone(&user);
+                std::thread::spawn(move || {
+                    (0..1_000).filter(|_| user.check(1, at(0)).is_ok()).count()
+                })
+            })
+            .collect();
+        let total: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        assert_eq!(total, 1_000);
+    }
+
+    #[test]
+    fn a_users_byte_limit_gives_the_message_back_and_lets_one_large_message_through() {
+        let user = UserRate::new(2, 1_000);
+        assert!(user.check(600, at(0)).is_ok());
+        let err = user.check(600, at(0)).unwrap_err();
+        assert_eq!(
+            err,
+            RateLimited {
+                limit: "publish_bytes_per_second_per_user",
+                rate: 1_000
+            }
+        );
+        // The refused message did not use one of the two.
+        assert!(user.check(100, at(0)).is_ok());
+        assert_eq!(
+            user.check(1, at(0)).unwrap_err().limit,
+            "publish_messages_per_second_per_user"
+        );
+        // Full again a second later: one message larger than the byte budget passes.
+        assert!(user.check(5_000, at(1_000)).is_ok());
+        assert!(user.check(1, at(1_000)).is_err());
+        assert!(UserRate::new(0, 0).is_unlimited());
     }
 
     #[test]

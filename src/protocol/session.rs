@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::command::{
     echo, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
 };
-use super::rate::PublishLimiter;
+use super::rate::{PublishLimiter, UserRate};
 use super::reply;
 use crate::hub::Message;
 use crate::security::auth::{Authenticator, Identity};
@@ -42,6 +42,11 @@ pub struct AuthPolicy {
     pub max_connections_per_user: usize,
     /// `[auth] max_subscriptions_per_user` (0: no limit).
     pub max_subscriptions_per_user: usize,
+    /// `[auth] publish_messages_per_second_per_user` (0: no limit): one bucket per user,
+    /// shared by its connections.
+    pub publish_messages_per_second_per_user: u64,
+    /// `[auth] publish_bytes_per_second_per_user` (0: no limit).
+    pub publish_bytes_per_second_per_user: u64,
     /// The counts those limits are checked against, shared by the server's sessions.
     pub users: Arc<UserCounts>,
 }
@@ -54,6 +59,8 @@ impl AuthPolicy {
             allow_reply_types: false,
             max_connections_per_user: 0,
             max_subscriptions_per_user: 0,
+            publish_messages_per_second_per_user: 0,
+            publish_bytes_per_second_per_user: 0,
             users: Arc::default(),
         }
     }
@@ -71,6 +78,8 @@ struct AuthState {
     counted: bool,
     /// Subscriptions counted in its user's subscriptions.
     subscriptions: usize,
+    /// The user's publish rate limits, shared by its connections (`None`: none configured).
+    rate: Option<Arc<UserRate>>,
 }
 
 impl Drop for AuthState {
@@ -106,7 +115,11 @@ impl AuthState {
             .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
         if !auth.counted {
             let max = auth.policy.max_connections_per_user;
-            if !auth.policy.users.add_connection(&identity.user, max) {
+            let rates = (
+                auth.policy.publish_messages_per_second_per_user,
+                auth.policy.publish_bytes_per_second_per_user,
+            );
+            let Some(rate) = auth.policy.users.add_connection(&identity.user, max, rates) else {
                 return Ok(Action::CloseOnLimit {
                         request_id: id,
                         limit: "max_connections_per_user",
@@ -115,8 +128,9 @@ impl AuthState {
                             echo(&identity.user)
                         ),
                     });
-            }
+            };
             auth.counted = true;
+            auth.rate = (!rate.is_unlimited()).then_some(rate);
         }
         let reply = reply::authenticated(id.as_ref(), &identity.user, expires);
         auth.identity = Some(identity);
@@ -139,22 +153,37 @@ struct Extra {
 /// `[auth] max_connections_per_user` and `max_subscriptions_per_user`).
 #[derive(Debug, Default)]
 pub struct UserCounts {
-    counts: parking_lot::Mutex<std::collections::HashMap<String, (usize, usize)>>,
+    counts: parking_lot::Mutex<std::collections::HashMap<String, UserEntry>>,
+}
+
+/// One user's connections and subscriptions, and its publish rate limits, while it has a
+/// connection.
+#[derive(Debug)]
+struct UserEntry {
+    connections: usize,
+    subscriptions: usize,
+    rate: Arc<UserRate>,
 }
 
 impl UserCounts {
-    /// Counts a connection of `user`, unless it has `max` already (0: no limit).
-    fn add_connection(&self, user: &str, max: usize) -> bool {
+    /// Counts a connection of `user`, unless it has `max` already (0: no limit), and gives the
+    /// user's rate limits (made with `rates`, messages and bytes per second, by its first
+    /// connection).
+    fn add_connection(&self, user: &str, max: usize, rates: (u64, u64)) -> Option<Arc<UserRate>> {
         let mut counts = self.counts.lock();
-        let entry = counts.entry(user.to_owned()).or_default();
-        if max > 0 && entry.0 >= max {
-            if entry.0 == 0 {
+        let entry = counts.entry(user.to_owned()).or_insert_with(|| UserEntry {
+            connections: 0,
+            subscriptions: 0,
+            rate: Arc::new(UserRate::new(rates.0, rates.1)),
+        });
+        if max > 0 && entry.connections >= max {
+            if entry.connections == 0 {
                 counts.remove(user);
             }
-            return false;
+            return None;
         }
-        entry.0 += 1;
-        true
+        entry.connections += 1;
+        Some(Arc::clone(&entry.rate))
     }
 
     /// Counts a subscription of `user`, unless it has `max` already (0: no limit).
@@ -163,16 +192,16 @@ impl UserCounts {
         let Some(entry) = counts.get_mut(user) else {
             return false;
         };
-        if max > 0 && entry.1 >= max {
+        if max > 0 && entry.subscriptions >= max {
             return false;
         }
-        entry.1 += 1;
+        entry.subscriptions += 1;
         true
     }
 
     fn remove_subscription(&self, user: &str) {
         if let Some(entry) = self.counts.lock().get_mut(user) {
-            entry.1 = entry.1.saturating_sub(1);
+            entry.subscriptions = entry.subscriptions.saturating_sub(1);
         }
     }
 
@@ -180,9 +209,9 @@ impl UserCounts {
     fn release(&self, user: &str, subscriptions: usize) {
         let mut counts = self.counts.lock();
         if let Some(entry) = counts.get_mut(user) {
-            entry.0 = entry.0.saturating_sub(1);
-            entry.1 = entry.1.saturating_sub(subscriptions);
-            if entry.0 == 0 {
+            entry.connections = entry.connections.saturating_sub(1);
+            entry.subscriptions = entry.subscriptions.saturating_sub(subscriptions);
+            if entry.connections == 0 {
                 counts.remove(user);
             }
         }
@@ -190,7 +219,10 @@ impl UserCounts {
 
     /// `user`'s open connections and subscriptions.
     pub fn of(&self, user: &str) -> (usize, usize) {
-        self.counts.lock().get(user).copied().unwrap_or_default()
+        self.counts
+            .lock()
+            .get(user)
+            .map_or((0, 0), |e| (e.connections, e.subscriptions))
     }
 }
 
@@ -450,6 +482,7 @@ impl Session {
             cache: PublishCache::new(),
             counted: false,
             subscriptions: 0,
+            rate: None,
         };
         match &mut self.extra {
             Some(extra) => extra.auth = Some(auth),
@@ -771,7 +804,16 @@ impl Session {
         let Some(extra) = self.extra.as_deref_mut() else {
             return Ok(None);
         };
-        match extra.limiter.check(len, now) {
+        let user = extra.auth.as_ref().and_then(|a| a.rate.as_deref());
+        let limiter = &mut extra.limiter;
+        let checked = limiter.check(len, now).and_then(|()| {
+            user.map_or(Ok(()), |user| user.check(len, now))
+                .inspect_err(|_| {
+                    // The user's limit refused what the connection's took: it gives it back.
+                    limiter.give_back(len);
+                })
+        });
+        match checked {
             Ok(()) => {
                 extra.strikes = 0;
                 Ok(None)

@@ -192,6 +192,8 @@ fn auth_policy(config: &AuthConfig) -> Result<AuthPolicy, AuthConfigError> {
     policy.allow_reply_types = config.allow_reply_types;
     policy.max_connections_per_user = config.max_connections_per_user;
     policy.max_subscriptions_per_user = config.max_subscriptions_per_user;
+    policy.publish_messages_per_second_per_user = config.publish_messages_per_second_per_user;
+    policy.publish_bytes_per_second_per_user = config.publish_bytes_per_second_per_user;
     Ok(policy)
 }
 

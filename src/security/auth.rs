@@ -126,6 +126,17 @@ pub struct AuthConfig {
     /// `limit_exceeded` error naming this key (the connection stays). 0 (the default): no limit.
     #[serde(default)]
     pub max_subscriptions_per_user: usize,
+    /// Most messages one user may publish per second, summed over its connections on every
+    /// shard (a token bucket of one second's worth); a publish past it gets a
+    /// `limit_exceeded` error naming this key, as the per-connection
+    /// `limits.publish_messages_per_second`, and counts towards
+    /// `limits.publish_violations_before_close`. 0 (the default): no limit.
+    #[serde(default)]
+    pub publish_messages_per_second_per_user: u64,
+    /// Most bytes of messages one user may publish per second, summed over its connections, as
+    /// [`AuthConfig::publish_messages_per_second_per_user`]. 0 (the default): no limit.
+    #[serde(default)]
+    pub publish_bytes_per_second_per_user: u64,
 }
 
 impl fmt::Debug for AuthConfig {
@@ -139,6 +150,14 @@ impl fmt::Debug for AuthConfig {
             .field(
                 "max_subscriptions_per_user",
                 &self.max_subscriptions_per_user,
+            )
+            .field(
+                "publish_messages_per_second_per_user",
+                &self.publish_messages_per_second_per_user,
+            )
+            .field(
+                "publish_bytes_per_second_per_user",
+                &self.publish_bytes_per_second_per_user,
             )
             .finish()
     }
