@@ -17,7 +17,8 @@ use mio::{Events, Interest, Poll, Token};
 use crate::clock::{now_ns, precise_sleeps, wait_until};
 use crate::payload::{parse_stamp, Template};
 use crate::procfs::{self, RssPoint, RssSampler};
-use crate::systems::{connect, Decoder, Target};
+use crate::systems::{Decoder, Target};
+use crate::tls::{SubStream, TlsWriter};
 
 /// Messages per publisher write: the same pipelining depth for every system.
 pub(crate) const PIPELINE: usize = 64;
@@ -87,7 +88,7 @@ pub(crate) struct Fleet {
 
 struct Conn {
     idx: usize,
-    stream: MioStream,
+    stream: SubStream,
     buf: Vec<u8>,
     filled: usize,
     decoder: Box<dyn Decoder>,
@@ -169,7 +170,7 @@ impl Conn {
                 self.stream.write_all(&self.reply)?;
                 self.reply.clear();
             }
-            if n < room {
+            if n < room && matches!(self.stream, SubStream::Plain(_)) {
                 // A short read drained the socket: bytes that arrive later raise a new
                 // readiness edge, so the read that would only return `WouldBlock` is skipped
                 // (it was every second system call of a reader).
@@ -200,7 +201,7 @@ fn reader_loop(shared: Arc<FleetShared>, mut conns: Vec<Conn>) -> ReaderOut {
     for (i, c) in conns.iter_mut().enumerate() {
         if let Err(e) = poll
             .registry()
-            .register(&mut c.stream, Token(i), Interest::READABLE)
+            .register(c.stream.socket(), Token(i), Interest::READABLE)
         {
             errors.push(format!("register: {e}"));
         }
@@ -247,7 +248,7 @@ fn slow_loop(shared: Arc<FleetShared>, mut conns: Vec<Conn>) -> ReaderOut {
                     }
                 }
                 ReadMode::Never => {
-                    if peer_closed(&c.stream) {
+                    if peer_closed(c.stream.socket()) {
                         c.close(&shared);
                     }
                 }
@@ -344,11 +345,11 @@ impl Fleet {
             })
             .collect();
         for (idx, &mode) in modes.iter().enumerate() {
-            let mut s = connect(target.addr)?;
+            let mut s = target.open()?;
             let leftover = target.wire.subscribe(&mut s, topic).map_err(|e| {
                 io::Error::new(e.kind(), format!("{} subscriber {idx}: {e}", target.kind))
             })?;
-            s.set_nonblocking(true)?;
+            let s = s.into_sub()?;
             let mut buf = vec![0u8; 64 << 10];
             if leftover.len() > buf.len() {
                 buf.resize(leftover.len(), 0);
@@ -356,7 +357,7 @@ impl Fleet {
             buf[..leftover.len()].copy_from_slice(&leftover);
             let conn = Conn {
                 idx,
-                stream: MioStream::from_std(s),
+                stream: s,
                 buf,
                 filled: leftover.len(),
                 decoder: target.wire.decoder(),
@@ -541,19 +542,25 @@ fn publisher_thread(
     stop: Arc<AtomicBool>,
     progress: Arc<dyn Fn() -> u64 + Send + Sync>,
 ) -> io::Result<JoinHandle<PubOut>> {
-    let mut s = connect(target.addr)?;
-    target.wire.hello_publisher(&mut s)?;
-    s.set_read_timeout(None)?;
+    let mut link = target.open()?;
+    target.wire.hello_publisher(&mut link)?;
     // Replies (Redis `:N`, acknowledgements) are read and discarded so they never back up.
-    let mut replies = s.try_clone()?;
-    std::thread::spawn(move || {
-        let mut sink = vec![0u8; 64 << 10];
-        while let Ok(n) = replies.read(&mut sink) {
-            if n == 0 {
-                break;
-            }
+    let mut s = match TlsWriter::from_link(link)? {
+        Ok(tls) => PubStream::Tls(tls),
+        Err(s) => {
+            s.set_read_timeout(None)?;
+            let mut replies = s.try_clone()?;
+            std::thread::spawn(move || {
+                let mut sink = vec![0u8; 64 << 10];
+                while let Ok(n) = replies.read(&mut sink) {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+            PubStream::Plain(s)
         }
-    });
+    };
     let wire = target.wire.clone();
     Ok(std::thread::spawn(move || {
         precise_sleeps();
@@ -632,9 +639,33 @@ fn publisher_thread(
             }
         }
         res.secs = (now_ns() - start) as f64 / 1e9;
-        let _ = s.shutdown(Shutdown::Write);
+        s.shutdown();
         res
     }))
+}
+
+/// A publisher's connection: a socket, or TLS over one.
+enum PubStream {
+    Plain(std::net::TcpStream),
+    Tls(TlsWriter),
+}
+
+impl PubStream {
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        match self {
+            PubStream::Plain(s) => s.write_all(bytes),
+            PubStream::Tls(t) => t.write_all(bytes),
+        }
+    }
+
+    fn shutdown(&self) {
+        match self {
+            PubStream::Plain(s) => {
+                let _ = s.shutdown(Shutdown::Write);
+            }
+            PubStream::Tls(t) => t.shutdown(),
+        }
+    }
 }
 
 /// Run one case against `target`. `on_tick` is called about every 100 ms with the fraction done.
@@ -758,6 +789,7 @@ mod tests {
                     backend: String::new(),
                     child: None,
                     policies: Vec::new(),
+                    tls: None,
                 },
                 stop,
             }

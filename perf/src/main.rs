@@ -11,7 +11,7 @@
 
 use std::io::{self, BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +28,7 @@ mod procfs;
 mod report;
 mod scenarios;
 mod systems;
+mod tls;
 
 use scenarios::{Ctx, ScreensProfile};
 use systems::{raw::RawWire, SystemKind, Target};
@@ -156,7 +157,65 @@ fn start_raw() -> io::Result<Target> {
         backend: String::new(),
         child: Some(child),
         policies: Vec::new(),
+        tls: None,
     })
+}
+
+/// `nats-server` with TLS on a free loopback port, configured as `perf/peers.sh` configures the
+/// plaintext one (`max_payload`, `max_connections`, `GOMAXPROCS` = `PERF_THREADS`, default 1),
+/// plus the run's test certificate.
+fn start_nats_tls(files: Option<&tls::TlsFiles>, dir: &Path) -> io::Result<Target> {
+    let files = files.ok_or_else(|| io::Error::other("no test certificate made"))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    let conf = dir.join("nats-tls.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "max_payload: 8388608\nmax_connections: 100000\ntls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n  timeout: 5\n}}\n",
+            files.cert.display(),
+            files.key.display()
+        ),
+    )?;
+    let log = std::fs::File::create(dir.join("nats-tls.log"))?;
+    let threads = std::env::var("PERF_THREADS").unwrap_or_else(|_| "1".to_owned());
+    let child = Command::new("nats-server")
+        .arg("-c")
+        .arg(&conf)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .env("GOMAXPROCS", threads)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot run nats-server (perf/peers.sh installs it): {e}"),
+            )
+        })?;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let target = Target {
+        kind: SystemKind::NatsTls,
+        addr,
+        pid: child.id(),
+        wire: SystemKind::NatsTls.wire(),
+        backend: String::new(),
+        child: Some(child),
+        policies: Vec::new(),
+        tls: Some(Arc::clone(&files.client)),
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(addr).is_err() {
+        if std::time::Instant::now() > deadline {
+            return Err(io::Error::other(
+                "nats-server (TLS) did not start listening",
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(target)
 }
 
 fn peer(kind: SystemKind, addr: Option<SocketAddr>, pid: Option<u32>) -> io::Result<Target> {
@@ -174,6 +233,7 @@ fn peer(kind: SystemKind, addr: Option<SocketAddr>, pid: Option<u32>) -> io::Res
         backend: String::new(),
         child: None,
         policies: Vec::new(),
+        tls: None,
     })
 }
 
@@ -252,7 +312,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
     for s in &args.systems {
         kinds.push(SystemKind::parse(s).ok_or_else(|| {
             io::Error::other(format!(
-                "unknown system {s:?} in --systems; the systems are powerhub, powerhub-epoll, powerhub-auth, redis, nats, raw"
+                "unknown system {s:?} in --systems; the systems are powerhub, powerhub-epoll, powerhub-auth, powerhub-tls, redis, nats, nats-tls, raw"
             ))
         })?);
     }
@@ -287,6 +347,11 @@ fn run(args: Args) -> io::Result<ExitCode> {
         procfs::pin(None, &(0..cpus - 1).collect::<Vec<_>>())?;
     }
     let server_cpu = (args.budget == Budget::Pinned && cpus > 1).then(|| cpus - 1);
+    let tls = if kinds.iter().any(|k| k.is_tls()) {
+        Some(tls::TlsFiles::make(&results)?)
+    } else {
+        None
+    };
     let launcher = systems::powerhub::Launcher {
         bin: args
             .powerhub_bin
@@ -295,6 +360,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         shards: threads,
         pin: server_cpu,
         dir: results.clone(),
+        tls: tls.clone(),
     };
     let mut failures = Vec::new();
     let mut targets = Vec::new();
@@ -305,7 +371,11 @@ fn run(args: Args) -> io::Result<ExitCode> {
                 SystemKind::Raw => start_raw(),
                 SystemKind::Redis => peer(k, args.redis, args.redis_pid),
                 SystemKind::Nats => peer(k, args.nats, args.nats_pid),
-                SystemKind::Powerhub | SystemKind::PowerhubEpoll | SystemKind::PowerhubAuth => {
+                SystemKind::NatsTls => start_nats_tls(tls.as_ref(), &results),
+                SystemKind::Powerhub
+                | SystemKind::PowerhubEpoll
+                | SystemKind::PowerhubAuth
+                | SystemKind::PowerhubTls => {
                     launcher.start(k, systems::powerhub::Flavor::Throughput)
                 }
             };

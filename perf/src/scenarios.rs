@@ -152,7 +152,7 @@ fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool)
         is_powerhub: target.kind.is_powerhub(),
         is_peer: matches!(
             target.kind,
-            SystemKind::Redis | SystemKind::Nats | SystemKind::Raw
+            SystemKind::Redis | SystemKind::Nats | SystemKind::NatsTls | SystemKind::Raw
         ),
         throughput: Some(out.throughput()),
         lost: Some(out.lost),
@@ -411,6 +411,7 @@ fn scaling(ctx: &Ctx) -> io::Result<Scenario> {
             shards: k,
             pin: None,
             dir: base.dir.clone(),
+            tls: None,
         };
         let case = format!("N={n} {size}B {k} shards");
         let target = match launcher.start(SystemKind::Powerhub, Flavor::Throughput) {
@@ -503,6 +504,12 @@ fn fanout(ctx: &Ctx) -> io::Result<Scenario> {
                 }
             }
         }
+    }
+    if ctx.targets.iter().any(|t| t.kind.is_tls()) {
+        sc.notes.push(format!(
+            "TLS systems: TLS 1.3, the same rustls client (ring) for each; powerhub's records: {}.",
+            powerhub::security::tls::RecordLayer::current()
+        ));
     }
     sc.notes.push(format!(
         "Closed loop: the publisher writes {} messages per write and stays at most a window of about 1 MiB of messages ahead of the slowest subscriber; latency is from the actual send time.",
@@ -1024,6 +1031,14 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
     let cap = procfs::nofile_hard().saturating_sub(1024) as usize;
     let mut rss = Vec::new();
     for (sys, t) in ctx.targets.iter().enumerate() {
+        if t.kind.is_tls() {
+            sc.failures.push(format!(
+                "idle-connections {}: not run (the idle holders connect in plaintext)",
+                t.kind
+            ));
+            ctx.pb.inc(1);
+            continue;
+        }
         // powerhub: a server of its own with a one-second keepalive, so that pings and pongs
         // run on every connection during the hold.
         let dedicated = match (t.kind.is_powerhub(), &ctx.launcher) {

@@ -645,7 +645,15 @@ impl Engine {
             if let ListenAddr::Unix(p) = &local {
                 unix_paths.push(p.clone());
             }
-            tracing::info!(protocol = %l.protocol, addr = %local, "listening");
+            match &tls {
+                Some(_) => tracing::info!(
+                    protocol = %l.protocol,
+                    addr = %local,
+                    tls = %crate::security::tls::RecordLayer::current(),
+                    "listening"
+                ),
+                None => tracing::info!(protocol = %l.protocol, addr = %local, "listening"),
+            }
             bound.push(BoundListener {
                 protocol: l.protocol.clone(),
                 addr: local.clone(),

@@ -31,6 +31,8 @@ pub(crate) struct TlsLayer {
     pub(crate) stalled: bool,
     /// Reused for decrypted bytes and taken ciphertext.
     scratch: Vec<u8>,
+    /// Plaintext bytes encrypted since ciphertext was last taken.
+    encrypted: usize,
 }
 
 impl std::fmt::Debug for TlsLayer {
@@ -44,13 +46,19 @@ impl std::fmt::Debug for TlsLayer {
 
 impl TlsLayer {
     pub(crate) fn new(config: Arc<ServerConfig>) -> Result<TlsLayer, TlsSessionError> {
+        let mut session = TlsSession::new(config)?;
+        // The shard bounds what is encrypted (one transmit of the outbox, and nothing more until
+        // its ciphertext is written), so rustls's own 64 KiB bound only cut transmits short: the
+        // outbox took that for a socket refusing bytes and paused.
+        session.connection_mut().set_buffer_limit(None);
         Ok(TlsLayer {
-            session: TlsSession::new(config)?,
+            session,
             pending: Bytes::new(),
             close_notified: false,
             failed: false,
             stalled: false,
             scratch: Vec::new(),
+            encrypted: 0,
         })
     }
 
@@ -71,17 +79,12 @@ impl TlsLayer {
         received.map(|r| r.peer_closed)
     }
 
-    /// Encrypts `parts` in order until rustls's buffer is full; returns how many plaintext bytes
-    /// it took (of the parts' total).
+    /// Encrypts `parts` in order until rustls's buffer is full, in records as full as the
+    /// parts allow (not one per part); returns how many plaintext bytes it took (of the parts'
+    /// total).
     pub(crate) fn encrypt(&mut self, parts: &[Bytes]) -> usize {
-        let mut taken = 0;
-        for part in parts {
-            let n = self.session.send(part);
-            taken += n;
-            if n < part.len() {
-                break;
-            }
-        }
+        let taken = self.session.send_vectored(parts);
+        self.encrypted += taken;
         taken
     }
 
@@ -92,6 +95,13 @@ impl TlsLayer {
             return;
         }
         self.scratch.clear();
+        // Room for the records of what was encrypted since (a 16 KiB record adds 22 bytes; 64
+        // more per record for alerts and tickets) at once: grown from nothing, the buffer would
+        // be copied at every doubling.
+        let plain = std::mem::take(&mut self.encrypted);
+        let records = plain / (16 << 10) + 1;
+        self.scratch
+            .reserve(self.pending.len() + plain + records * 64 + 256);
         if !self.pending.is_empty() {
             self.scratch.extend_from_slice(&self.pending);
         }
@@ -133,5 +143,35 @@ impl TlsLayer {
         if self.scratch.capacity() > 64 << 10 {
             self.scratch = Vec::new();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::security::tls::server_config_with;
+    use crate::security::tls::tests::{client_config, files, pki, pump, reader};
+
+    /// The shard hands one transmit of the outbox (its write bound, 64 KiB, plus the message
+    /// that crosses it, which may be large) to the layer: it is encrypted whole, however much
+    /// it is, so that the outbox never reads rustls's buffer as a socket refusing bytes (and
+    /// pauses, re-admitting its queue message by message, at every send).
+    #[test]
+    fn one_transmit_is_encrypted_whole_past_rustls_buffer_limit() {
+        let pki = pki();
+        let config = server_config_with(&files(false), reader(&pki)).unwrap();
+        let mut layer = TlsLayer::new(config).unwrap();
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let mut client = rustls::ClientConnection::new(
+            client_config(&pki, false, &[&rustls::version::TLS13]),
+            name,
+        )
+        .unwrap();
+        pump(&mut client, &mut layer.session, &mut Vec::new()).unwrap();
+        assert!(!layer.is_handshaking());
+        let parts: Vec<Bytes> = (0..300).map(|_| Bytes::from(vec![b'x'; 1024])).collect();
+        assert_eq!(layer.encrypt(&parts), 300 * 1024);
+        layer.take_ciphertext();
+        assert!(layer.pending.len() > 300 * 1024, "{}", layer.pending.len());
     }
 }

@@ -343,6 +343,51 @@ fn certificates(
     Ok(certs)
 }
 
+/// Where a TLS listener's records are encrypted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordLayer {
+    /// rustls in user space, in the shard: the only one implemented. `kernel_offers_ktls` says
+    /// whether this kernel lists the `tls` upper-layer protocol (`tcp_available_ulp`), under
+    /// which the session keys could be handed to the kernel (kTLS) so that a shared frame went
+    /// to it unencrypted, once per connection without a user-space copy.
+    UserSpace {
+        /// The kernel lists `tls` in `/proc/sys/net/ipv4/tcp_available_ulp`.
+        kernel_offers_ktls: bool,
+    },
+}
+
+impl RecordLayer {
+    /// The record layer of this process's TLS listeners, with what the kernel offers.
+    ///
+    /// ```
+    /// use powerhub::security::tls::RecordLayer;
+    ///
+    /// let RecordLayer::UserSpace { kernel_offers_ktls } = RecordLayer::current() else { unreachable!() };
+    /// println!("kTLS offered by the kernel: {kernel_offers_ktls}");
+    /// ```
+    pub fn current() -> RecordLayer {
+        let ulps =
+            std::fs::read_to_string("/proc/sys/net/ipv4/tcp_available_ulp").unwrap_or_default();
+        RecordLayer::UserSpace {
+            kernel_offers_ktls: ulps.split_whitespace().any(|u| u == "tls"),
+        }
+    }
+}
+
+impl fmt::Display for RecordLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RecordLayer::UserSpace {
+                kernel_offers_ktls: false,
+            } => f.write_str("rustls in user space (the kernel offers no kTLS)"),
+            RecordLayer::UserSpace {
+                kernel_offers_ktls: true,
+            } => f.write_str("rustls in user space (the kernel offers kTLS; not used)"),
+        }
+    }
+}
+
 /// The subject of a (client) certificate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSubject {
@@ -561,6 +606,27 @@ impl TlsSession {
         self.conn.writer().write(data).unwrap_or(0)
     }
 
+    /// [`TlsSession::send`] of the concatenation of `parts`, cut into as few records as rustls
+    /// allows (up to 16 KiB of plaintext each) however small the parts are: one record per
+    /// part would cost an encryption and 22 bytes each. Returns how much rustls took.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # fn demo(config: Arc<rustls::ServerConfig>) -> Result<(), Box<dyn std::error::Error>> {
+    /// use powerhub::security::tls::TlsSession;
+    ///
+    /// let mut tls = TlsSession::new(config)?;
+    /// let lines: [&[u8]; 3] = [b"{\"n\":1}\n", b"{\"n\":2}\n", b"{\"n\":3}\n"];
+    /// let taken = tls.send_vectored(&lines);
+    /// assert!(taken <= 24);
+    /// # Ok(()) }
+    /// ```
+    pub fn send_vectored(&mut self, parts: &[impl AsRef<[u8]>]) -> usize {
+        let slices: Vec<io::IoSlice<'_>> =
+            parts.iter().map(|p| io::IoSlice::new(p.as_ref())).collect();
+        self.conn.writer().write_vectored(&slices).unwrap_or(0)
+    }
+
     /// Appends everything rustls has to send (handshake messages, records, alerts) to `out`;
     /// returns how many bytes.
     pub fn take_ciphertext(&mut self, out: &mut Vec<u8>) -> usize {
@@ -615,7 +681,7 @@ impl TlsSession {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use rcgen::{
         BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
@@ -626,7 +692,7 @@ mod tests {
 
     /// A CA, a server certificate for `localhost` and a client certificate for `alice`, all
     /// made here.
-    struct Pki {
+    pub(crate) struct Pki {
         ca_pem: String,
         server_cert_pem: String,
         server_key_pem: String,
@@ -635,7 +701,7 @@ mod tests {
         ca_der: CertificateDer<'static>,
     }
 
-    fn pki() -> Pki {
+    pub(crate) fn pki() -> Pki {
         let ca_key = KeyPair::generate().unwrap();
         let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
         ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -670,7 +736,7 @@ mod tests {
         }
     }
 
-    fn files(client_ca: bool) -> TlsFiles {
+    pub(crate) fn files(client_ca: bool) -> TlsFiles {
         TlsFiles {
             cert: "server.pem".into(),
             key: "server.key".into(),
@@ -678,7 +744,7 @@ mod tests {
         }
     }
 
-    fn reader(pki: &Pki) -> impl FnMut(&Path) -> io::Result<Vec<u8>> + '_ {
+    pub(crate) fn reader(pki: &Pki) -> impl FnMut(&Path) -> io::Result<Vec<u8>> + '_ {
         move |p| {
             let text = match p.to_str() {
                 Some("server.pem") => &pki.server_cert_pem,
@@ -690,7 +756,7 @@ mod tests {
         }
     }
 
-    fn client_config(
+    pub(crate) fn client_config(
         pki: &Pki,
         with_cert: bool,
         versions: &[&'static rustls::SupportedProtocolVersion],
@@ -714,7 +780,7 @@ mod tests {
 
     /// Moves bytes both ways until neither side has anything to say. Returns the server's
     /// plaintext and its first error.
-    fn pump(
+    pub(crate) fn pump(
         client: &mut ClientConnection,
         server: &mut TlsSession,
         server_plaintext: &mut Vec<u8>,
@@ -948,6 +1014,44 @@ mod tests {
         let got = server.receive(&c2s, &mut plaintext).unwrap();
         assert_eq!(got.plaintext, big.len());
         assert_eq!(plaintext, big);
+    }
+
+    #[test]
+    fn small_parts_sent_together_share_records_and_arrive_in_order() {
+        let pki = pki();
+        let config = server_config_with(&files(false), reader(&pki)).unwrap();
+        let mut server = TlsSession::new(config).unwrap();
+        let name = ServerName::try_from("localhost").unwrap();
+        let mut client =
+            ClientConnection::new(client_config(&pki, false, &[&rustls::version::TLS13]), name)
+                .unwrap();
+        pump(&mut client, &mut server, &mut Vec::new()).unwrap();
+        let lines: Vec<Vec<u8>> = (0..200)
+            .map(|i| format!("{{\"n\":{i},\"pad\":\"{}\"}}\n", "x".repeat(100)).into_bytes())
+            .collect();
+        let total: usize = lines.iter().map(Vec::len).sum();
+        assert_eq!(server.send_vectored(&lines), total);
+        let mut s2c = Vec::new();
+        server.take_ciphertext(&mut s2c);
+        // Application-data records (type 23): as many as 16 KiB records need, not one per line.
+        let mut records = 0;
+        let mut at = 0;
+        while at + 5 <= s2c.len() {
+            records += usize::from(s2c[at] == 23);
+            at += 5 + usize::from(u16::from_be_bytes([s2c[at + 3], s2c[at + 4]]));
+        }
+        assert!(
+            records <= total.div_ceil(16 << 10) + 1,
+            "{records} records for {total} bytes"
+        );
+        let mut rd = &s2c[..];
+        let mut received = Vec::new();
+        while !rd.is_empty() {
+            client.read_tls(&mut rd).unwrap();
+            client.process_new_packets().unwrap();
+            received.extend(client_plaintext(&mut client));
+        }
+        assert_eq!(received, lines.concat());
     }
 
     #[test]

@@ -12,6 +12,8 @@ use std::process::Child;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub(crate) use crate::tls::Link;
+
 pub(crate) mod nats;
 pub(crate) mod powerhub;
 pub(crate) mod raw;
@@ -27,8 +29,12 @@ pub(crate) enum SystemKind {
     /// `powerhub serve` (default backend) with authentication on: every connection presents a
     /// static token first, and every subscribe and publish is checked against its permissions.
     PowerhubAuth,
+    /// `powerhub serve` (default backend) with TLS on its NDJSON listener (rustls, TLS 1.3).
+    PowerhubTls,
     Redis,
     Nats,
+    /// `nats-server` with TLS, started by the perf tool (the client upgrades after `INFO`).
+    NatsTls,
     Raw,
 }
 
@@ -38,8 +44,10 @@ impl SystemKind {
             SystemKind::Powerhub => "powerhub",
             SystemKind::PowerhubEpoll => "powerhub-epoll",
             SystemKind::PowerhubAuth => "powerhub-auth",
+            SystemKind::PowerhubTls => "powerhub-tls",
             SystemKind::Redis => "redis",
             SystemKind::Nats => "nats",
+            SystemKind::NatsTls => "nats-tls",
             SystemKind::Raw => "raw-writev",
         }
     }
@@ -49,8 +57,10 @@ impl SystemKind {
             "powerhub" => Some(SystemKind::Powerhub),
             "powerhub-epoll" => Some(SystemKind::PowerhubEpoll),
             "powerhub-auth" => Some(SystemKind::PowerhubAuth),
+            "powerhub-tls" => Some(SystemKind::PowerhubTls),
             "redis" => Some(SystemKind::Redis),
             "nats" => Some(SystemKind::Nats),
+            "nats-tls" => Some(SystemKind::NatsTls),
             "raw" | "raw-writev" => Some(SystemKind::Raw),
             _ => None,
         }
@@ -61,12 +71,12 @@ impl SystemKind {
     /// The client side of this system's protocol.
     pub(crate) fn wire(self) -> Arc<dyn Wire> {
         match self {
-            SystemKind::Powerhub | SystemKind::PowerhubEpoll => {
+            SystemKind::Powerhub | SystemKind::PowerhubEpoll | SystemKind::PowerhubTls => {
                 Arc::new(powerhub::PowerhubWire::default())
             }
             SystemKind::PowerhubAuth => Arc::new(powerhub::PowerhubWire::with_token()),
             SystemKind::Redis => Arc::new(redis::RedisWire),
-            SystemKind::Nats => Arc::new(nats::NatsWire),
+            SystemKind::Nats | SystemKind::NatsTls => Arc::new(nats::NatsWire),
             SystemKind::Raw => Arc::new(raw::RawWire),
         }
     }
@@ -75,8 +85,16 @@ impl SystemKind {
     pub(crate) fn is_powerhub(self) -> bool {
         matches!(
             self,
-            SystemKind::Powerhub | SystemKind::PowerhubEpoll | SystemKind::PowerhubAuth
+            SystemKind::Powerhub
+                | SystemKind::PowerhubEpoll
+                | SystemKind::PowerhubAuth
+                | SystemKind::PowerhubTls
         )
+    }
+
+    /// Whether clients reach this system over TLS.
+    pub(crate) fn is_tls(self) -> bool {
+        matches!(self, SystemKind::PowerhubTls | SystemKind::NatsTls)
     }
 }
 
@@ -107,13 +125,18 @@ impl Policy {
     }
 }
 
+/// A blocking connection a [`Wire`] talks over: a socket, or TLS over one.
+pub(crate) trait Stream: Read + Write {}
+
+impl<T: Read + Write> Stream for T {}
+
 /// How to talk to one system.
 pub(crate) trait Wire: Send + Sync {
     /// Subscribe a fresh connection to `topic` and return once the server confirmed it, with any
     /// bytes read past the confirmation.
-    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>>;
+    fn subscribe(&self, s: &mut dyn Stream, topic: &str) -> io::Result<Vec<u8>>;
     /// Prepare a fresh connection for publishing.
-    fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()>;
+    fn hello_publisher(&self, s: &mut dyn Stream) -> io::Result<()>;
     /// Append the bytes that publish `msg` on `topic`.
     fn encode_publish(&self, topic: &str, msg: &[u8], out: &mut Vec<u8>);
     /// A decoder for one subscriber connection.
@@ -145,6 +168,37 @@ pub(crate) struct Target {
     pub(crate) child: Option<Child>,
     /// Slow-consumer policies this system can be asked for.
     pub(crate) policies: Vec<Policy>,
+    /// The client configuration of a TLS system (`None`: plaintext).
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Target {
+    /// A fresh connection, through TLS for a TLS system (NATS: after its plaintext `INFO`,
+    /// which the link reads again first).
+    pub(crate) fn open(&self) -> io::Result<Link> {
+        let mut tcp = connect(self.addr)?;
+        let Some(config) = &self.tls else {
+            return Ok(Link::Plain(tcp));
+        };
+        let mut replay = Vec::new();
+        if self.kind == SystemKind::NatsTls {
+            let rest = read_until(&mut tcp, &mut replay, "NATS INFO", |b| find_end(b, b"\r\n"))?;
+            if !rest.is_empty() {
+                return Err(io::Error::other(
+                    "NATS sent more than INFO before the TLS upgrade",
+                ));
+            }
+        }
+        let mut link = Link::tls(tcp, config, replay)?;
+        if let Link::Tls { tcp, tls, .. } = &mut link {
+            // The handshake now, so that a TLS failure is said as one.
+            while tls.is_handshaking() {
+                tls.complete_io(tcp)
+                    .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake: {e}")))?;
+            }
+        }
+        Ok(link)
+    }
 }
 
 impl fmt::Debug for Target {
@@ -185,7 +239,7 @@ pub(crate) fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
 
 /// Read from `s` into `buf` until `done(buf)` returns the length of the handshake answer.
 pub(crate) fn read_until(
-    s: &mut TcpStream,
+    s: &mut dyn Stream,
     buf: &mut Vec<u8>,
     what: &str,
     done: impl Fn(&[u8]) -> Option<usize>,
@@ -213,7 +267,7 @@ pub(crate) fn read_until(
 
 /// Write all of `bytes`, then wait for the answer `done` recognises.
 pub(crate) fn request(
-    s: &mut TcpStream,
+    s: &mut dyn Stream,
     bytes: &[u8],
     what: &str,
     done: impl Fn(&[u8]) -> Option<usize>,

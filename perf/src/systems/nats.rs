@@ -2,9 +2,8 @@
 //! server `PING`s.
 
 use std::io;
-use std::net::TcpStream;
 
-use super::{find_end, read_until, request, Decoder, Wire};
+use super::{find_end, read_until, request, Decoder, Stream, Wire};
 
 /// The text wire of NATS.
 #[derive(Debug, Default)]
@@ -12,13 +11,13 @@ pub(crate) struct NatsWire;
 
 const CONNECT: &[u8] = b"CONNECT {\"verbose\":false,\"pedantic\":false,\"echo\":false}\r\n";
 
-fn read_info(s: &mut TcpStream) -> io::Result<()> {
+fn read_info(s: &mut dyn Stream) -> io::Result<()> {
     let mut buf = Vec::new();
     read_until(s, &mut buf, "NATS INFO", |b| find_end(b, b"\r\n")).map(drop)
 }
 
 impl Wire for NatsWire {
-    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
+    fn subscribe(&self, s: &mut dyn Stream, topic: &str) -> io::Result<Vec<u8>> {
         read_info(s)?;
         let mut cmd = CONNECT.to_vec();
         cmd.extend_from_slice(format!("SUB {topic} 1\r\nPING\r\n").as_bytes());
@@ -40,7 +39,7 @@ impl Wire for NatsWire {
         })
     }
 
-    fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()> {
+    fn hello_publisher(&self, s: &mut dyn Stream) -> io::Result<()> {
         read_info(s)?;
         let mut cmd = CONNECT.to_vec();
         cmd.extend_from_slice(b"PING\r\n");

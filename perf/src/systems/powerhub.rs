@@ -5,7 +5,7 @@
 //! in this module.
 
 use std::io::{self, BufRead, BufReader};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +17,7 @@ use powerhub::hub::{Codec, Hub, HubOptions, Message, PublishOptions, SubscribeOp
 use powerhub::plugin::{Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
 use super::raw::LineDecoder;
-use super::{find_end, request, Decoder, Policy, SystemKind, Target, Wire};
+use super::{find_end, request, Decoder, Policy, Stream, SystemKind, Target, Wire};
 use crate::inproc::InprocOut;
 
 /// The static token of the `powerhub-auth` system (see [`AUTH_SECTION`]).
@@ -56,7 +56,7 @@ impl PowerhubWire {
 }
 
 impl Wire for PowerhubWire {
-    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
+    fn subscribe(&self, s: &mut dyn Stream, topic: &str) -> io::Result<Vec<u8>> {
         // The slow-consumer policy is the server's `[subscriptions] slow_consumer`: see `Launcher`.
         let cmd = format!(
             "{}{{\"type\":\"subscribe\",\"id\":\"s\",\"stream\":\"{topic}\"}}\n",
@@ -78,7 +78,7 @@ impl Wire for PowerhubWire {
         Ok(rest)
     }
 
-    fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()> {
+    fn hello_publisher(&self, s: &mut dyn Stream) -> io::Result<()> {
         let cmd = format!("{}{{\"type\":\"ping\",\"id\":1}}\n", self.hello());
         request(s, cmd.as_bytes(), "powerhub `pong` reply", |b| {
             let at = memchr::memmem::find(b, b"\"type\":\"pong\"")?;
@@ -113,6 +113,8 @@ pub(crate) struct Launcher {
     pub(crate) pin: Option<usize>,
     /// Where the config file and the server log go.
     pub(crate) dir: PathBuf,
+    /// The certificate of the `powerhub-tls` system, when it runs.
+    pub(crate) tls: Option<crate::tls::TlsFiles>,
 }
 
 impl Launcher {
@@ -124,14 +126,29 @@ impl Launcher {
         } else {
             "auto"
         };
-        let auth = if kind == SystemKind::PowerhubAuth {
-            "-auth"
-        } else {
-            ""
+        let auth = match kind {
+            SystemKind::PowerhubAuth => "-auth",
+            SystemKind::PowerhubTls => "-tls",
+            _ => "",
         };
         let name = format!("powerhub-{backend}{auth}-{}", flavor.name());
         let config = self.dir.join(format!("{name}.toml"));
         let mut text = config_text(self.shards, backend, flavor);
+        let tls = match (kind, &self.tls) {
+            (SystemKind::PowerhubTls, Some(files)) => {
+                // The listener is the config's last section.
+                text.push_str(&format!(
+                    "tls_cert = \"{}\"\ntls_key = \"{}\"\n",
+                    files.cert.display(),
+                    files.key.display()
+                ));
+                Some(Arc::clone(&files.client))
+            }
+            (SystemKind::PowerhubTls, None) => {
+                return Err(io::Error::other("powerhub-tls: no test certificate made"))
+            }
+            _ => None,
+        };
         if kind == SystemKind::PowerhubAuth {
             text.push_str(AUTH_SECTION);
         }
@@ -193,6 +210,7 @@ impl Launcher {
             backend,
             child: Some(child),
             policies: Policy::ALL.to_vec(),
+            tls,
         })
     }
 }

@@ -13,7 +13,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::{request, Decoder, Wire};
+use super::{request, Decoder, Stream, Wire};
 
 /// Unsent bytes kept per subscriber before batches are dropped for it.
 pub(crate) const PENDING_CAP: usize = 8 << 20;
@@ -23,13 +23,13 @@ pub(crate) const PENDING_CAP: usize = 8 << 20;
 pub(crate) struct RawWire;
 
 impl Wire for RawWire {
-    fn subscribe(&self, s: &mut TcpStream, _topic: &str) -> io::Result<Vec<u8>> {
+    fn subscribe(&self, s: &mut dyn Stream, _topic: &str) -> io::Result<Vec<u8>> {
         request(s, b"SUB\n", "raw OK", |b| {
             b.starts_with(b"OK\n").then_some(3)
         })
     }
 
-    fn hello_publisher(&self, s: &mut TcpStream) -> io::Result<()> {
+    fn hello_publisher(&self, s: &mut dyn Stream) -> io::Result<()> {
         request(s, b"PUB\n", "raw OK", |b| {
             b.starts_with(b"OK\n").then_some(3)
         })

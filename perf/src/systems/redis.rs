@@ -1,9 +1,8 @@
 //! Redis pub/sub over RESP2: `SUBSCRIBE`, pipelined `PUBLISH`, and a reader of `message` pushes.
 
 use std::io;
-use std::net::TcpStream;
 
-use super::{find_end, request, Decoder, Wire};
+use super::{find_end, request, Decoder, Stream, Wire};
 
 /// The RESP wire of Redis pub/sub.
 #[derive(Debug, Default)]
@@ -18,7 +17,7 @@ fn bulk(out: &mut Vec<u8>, b: &[u8]) {
 }
 
 impl Wire for RedisWire {
-    fn subscribe(&self, s: &mut TcpStream, topic: &str) -> io::Result<Vec<u8>> {
+    fn subscribe(&self, s: &mut dyn Stream, topic: &str) -> io::Result<Vec<u8>> {
         let mut cmd = b"*2\r\n".to_vec();
         bulk(&mut cmd, b"SUBSCRIBE");
         bulk(&mut cmd, topic.as_bytes());
@@ -30,7 +29,7 @@ impl Wire for RedisWire {
         })
     }
 
-    fn hello_publisher(&self, _s: &mut TcpStream) -> io::Result<()> {
+    fn hello_publisher(&self, _s: &mut dyn Stream) -> io::Result<()> {
         Ok(())
     }
 
