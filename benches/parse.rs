@@ -3,13 +3,23 @@
 //! the message holds a `\u` escape. This is most of the server's work per publish with one
 //! subscriber.
 //!
+//! `session_publish` is the whole command through the push session, as a shard runs it
+//! (`Session::parse` then `Session::handle_command_at`), without and with authentication (a
+//! static token's user, every publish checked against its permissions and the reserved
+//! reply types): the per-publish cost of `[auth]`.
+//!
 //! `cargo bench --bench parse -- --warm-up-time 1 --measurement-time 3`
 
 // `criterion_group!` generates an undocumented public function.
 #![allow(missing_docs)]
 
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use powerhub::protocol::{Command, CommandParser};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use powerhub::protocol::{Action, AuthPolicy, Command, CommandParser, Session, SessionConfig};
+use powerhub::security::auth::{AuthConfig, Authenticator};
 
 /// A publish line whose message is `size` bytes; with `escaped`, its payload string starts with
 /// one `\u0078` ("x") and is otherwise the same.
@@ -49,5 +59,54 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// A session as a shard holds one: without `[auth]`, or authenticated as a user that may
+/// publish to `b` (and to a few other patterns, as a real permission set has).
+fn session(auth: bool) -> Session {
+    let s = Session::new(1, SessionConfig::default());
+    if !auth {
+        return s;
+    }
+    let config: AuthConfig = toml::from_str(
+        r#"
+        [[tokens]]
+        token = "bench-token"
+        user = "bench"
+        permissions = { publish = { allow = ["a/*", "b", "b/>", "c.>"], deny = ["b/secret"] } }
+        "#,
+    )
+    .expect("a valid [auth]");
+    let policy = AuthPolicy::new(Arc::new(
+        Authenticator::from_config(&config).expect("builds"),
+    ));
+    let mut s = s.with_auth(policy);
+    let now = SystemTime::now();
+    let ok = s.handle_line_at(
+        &mut br#"{"type":"auth","token":"bench-token"}"#.to_vec(),
+        now,
+    );
+    assert!(matches!(ok, Action::Reply(_)));
+    assert_eq!(s.user(), Some("bench"));
+    s
+}
+
+fn bench_session(c: &mut Criterion) {
+    let mut group = c.benchmark_group("session_publish");
+    group.throughput(Throughput::Elements(1));
+    let now = SystemTime::now();
+    for size in [64usize, 1024] {
+        let text = Bytes::from(line(size, false));
+        for (name, auth) in [("plain", false), ("auth", true)] {
+            let mut s = session(auth);
+            let mut run = |s: &mut Session| {
+                let cmd = s.parse(black_box(text.clone())).expect("parses");
+                s.handle_command_at(cmd, now)
+            };
+            assert!(matches!(run(&mut s), Action::Publish { .. }));
+            group.bench_function(format!("{name}/{size}B"), |b| b.iter(|| run(&mut s)));
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_session);
 criterion_main!(benches);

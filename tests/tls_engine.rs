@@ -309,6 +309,38 @@ fn mutual_tls_refuses_a_client_without_a_certificate_of_the_ca() {
     });
 }
 
+#[test]
+fn a_tls_connection_over_max_connections_is_told_why_through_tls() {
+    let pki = Pki::new("over-limit");
+    on_both_backends(|backend| {
+        let mut config = tls_config(backend, &pki);
+        config.limits.max_connections = 1;
+        let server = start(config);
+        let tls13 = [&rustls::version::TLS13];
+        let mut first = TlsClient::connect(server.addr, pki.client(false, &tls13));
+        first.send(r#"{"type":"ping","id":1}"#);
+        assert_eq!(first.msg(), json!({"type":"pong","requestId":1}));
+        // The second completes its handshake, reads the limit error, then the end of the stream
+        // (`close_notify`), not a silent close at the close deadline.
+        let mut second = TlsClient::connect(server.addr, pki.client(false, &tls13));
+        let started = std::time::Instant::now();
+        let v = second.msg();
+        assert_eq!(
+            (&v["code"], &v["limit"]),
+            (&json!("limit_exceeded"), &json!("max_connections")),
+            "{v}"
+        );
+        assert_eq!(
+            second.try_line().unwrap(),
+            None,
+            "the end of the stream after the error"
+        );
+        assert!(started.elapsed() < WAIT, "said at once");
+        first.send(r#"{"type":"ping","id":2}"#);
+        assert_eq!(first.msg(), json!({"type":"pong","requestId":2}));
+    });
+}
+
 /// A mutual-TLS listener of a server with `[auth]` holding `certificates`.
 fn mutual_tls_auth_config(backend: BackendChoice, pki: &Pki, auth: &str) -> Config {
     let mut config = base_config(backend);

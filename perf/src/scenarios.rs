@@ -279,6 +279,35 @@ impl Ctx {
         Ok((combine_runs(a), combine_runs(b)))
     }
 
+    /// One case on every target, run round-robin `repeat` times (run 1 of each target, then
+    /// run 2 of each, …) so that a drift of the machine during the case weighs on every system
+    /// alike, not on whichever ran last; each target's runs combined as in [`Ctx::run`]. A
+    /// target whose run fails is not run again.
+    fn run_interleaved(
+        &self,
+        targets: &[Target],
+        label: &str,
+        spec: &CaseSpec,
+    ) -> Vec<io::Result<CaseOut>> {
+        let runs = self.repeat.max(1);
+        let mut outs: Vec<io::Result<Vec<CaseOut>>> = targets
+            .iter()
+            .map(|_| Ok(Vec::with_capacity(runs)))
+            .collect();
+        for i in 0..runs {
+            for (t, out) in targets.iter().zip(outs.iter_mut()) {
+                if let Ok(done) = out {
+                    match self.run_one(t, label, spec, (i, runs)) {
+                        Ok(o) => done.push(o),
+                        Err(e) => *out = Err(e),
+                    }
+                }
+            }
+        }
+        self.pb.inc(targets.len() as u64);
+        outs.into_iter().map(|o| o.map(combine_runs)).collect()
+    }
+
     fn fanout_spec(&self, n: usize, size: usize, warmup: Duration, measure: Duration) -> CaseSpec {
         CaseSpec {
             topic: BENCH.to_owned(),
@@ -492,9 +521,10 @@ fn fanout(ctx: &Ctx) -> io::Result<Scenario> {
     for &n in &ctx.fanout_subs {
         for &size in &ctx.sizes {
             let case = format!("N={n} {size}B");
-            for t in &ctx.targets {
-                let spec = ctx.fanout_spec(n, size, ctx.warmup, ctx.measure);
-                match ctx.run(t, &case, spec) {
+            let spec = ctx.fanout_spec(n, size, ctx.warmup, ctx.measure);
+            let outs = ctx.run_interleaved(&ctx.targets, &case, &spec);
+            for (t, out) in ctx.targets.iter().zip(outs) {
+                match out {
                     Ok(out) => {
                         check(&mut sc, &format!("{case} {}", t.kind), &out);
                         rss.push((format!("{} {case}", t.kind), out.rss.clone()));

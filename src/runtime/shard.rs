@@ -758,6 +758,13 @@ impl<B: Backend> Shard<B> {
             let msg =
                 format!("the server holds its maximum of max_connections = {max} connections");
             self.close_with(index, Ending::limit("max_connections", msg));
+            if self.slots[index as usize]
+                .as_ref()
+                .is_some_and(|c| c.tls.is_some())
+            {
+                // The error goes through TLS once the handshake is done: read it.
+                self.arm_recv(index);
+            }
         } else {
             self.arm_recv(index);
         }
@@ -855,7 +862,22 @@ impl<B: Backend> Shard<B> {
         c.recv_inflight = false;
         match (c.state, result) {
             (State::Dead, _) => self.free_if_idle(token),
-            (State::Lingering(_) | State::Closing(_), Ok((n, _))) if n > 0 => self.arm_recv(token),
+            (State::Closing(_), Ok((n, buf))) if n > 0 => {
+                if let Some(tls) = c.tls.as_deref_mut().filter(|t| t.is_handshaking()) {
+                    // Closed before its TLS handshake completed (over max_connections, say): the
+                    // handshake is read on, so that the error it is closed with can be said
+                    // through it. What the client sends inside is not read.
+                    let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
+                    let mut ignored = BytesMut::new();
+                    if tls.receive(data, &mut ignored).is_err() {
+                        tls.take_ciphertext();
+                        tls.failed = true;
+                    }
+                    self.mark_dirty(token);
+                }
+                self.arm_recv(token);
+            }
+            (State::Lingering(_), Ok((n, _))) if n > 0 => self.arm_recv(token),
             (State::Lingering(_), _) => self.abort(token),
             (State::Closing(_), Ok(_)) => c.peer_eof = true,
             (_, Ok((0, _))) => {
