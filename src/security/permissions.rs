@@ -497,6 +497,9 @@ pub struct PublishCache {
     capacity: usize,
     /// The entry replaced next once the cache is full.
     next: usize,
+    /// The entry of the last decision: a publisher mostly publishes to one subject, which is
+    /// then compared directly, without hashing.
+    last: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -510,8 +513,11 @@ struct CacheEntry {
 
 impl CacheEntry {
     fn is(&self, hash: u64, stream: &str, device: Option<&str>) -> bool {
-        self.hash == hash
-            && self.stream == stream
+        self.hash == hash && self.is_subject(stream, device)
+    }
+
+    fn is_subject(&self, stream: &str, device: Option<&str>) -> bool {
+        self.stream == stream
             && match device {
                 Some(d) => self.has_device && self.device == d,
                 None => !self.has_device,
@@ -560,6 +566,7 @@ impl PublishCache {
             entries: Vec::new(),
             capacity,
             next: 0,
+            last: 0,
         }
     }
 
@@ -571,15 +578,22 @@ impl PublishCache {
         stream: &str,
         device: Option<&str>,
     ) -> Decision {
+        if let Some(e) = self.entries.get(self.last) {
+            if e.is_subject(stream, device) {
+                return e.decision;
+            }
+        }
         let hash = subject_hash(stream, device);
-        if let Some(e) = self.entries.iter().find(|e| e.is(hash, stream, device)) {
-            return e.decision;
+        if let Some(i) = self.entries.iter().position(|e| e.is(hash, stream, device)) {
+            self.last = i;
+            return self.entries[i].decision;
         }
         let decision = permissions.publish(stream, device);
         if self.capacity == 0 {
             return decision;
         }
         if self.entries.len() < self.capacity {
+            self.last = self.entries.len();
             self.entries.push(CacheEntry {
                 hash,
                 stream: stream.to_owned(),
@@ -589,6 +603,7 @@ impl PublishCache {
             });
         } else {
             let e = &mut self.entries[self.next];
+            self.last = self.next;
             self.next = (self.next + 1) % self.capacity;
             e.hash = hash;
             e.stream.clear();
@@ -605,6 +620,7 @@ impl PublishCache {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.next = 0;
+        self.last = 0;
     }
 
     /// How many decisions are remembered.
@@ -815,6 +831,38 @@ mod tests {
         let mut none = PublishCache::with_capacity(0);
         assert!(none.decide(&p, "a", Some("1")).is_allowed());
         assert!(none.is_empty());
+    }
+
+    #[test]
+    fn cache_decides_as_the_permissions_for_any_sequence_of_subjects() {
+        let p = perms(
+            rules(&["a/*", "b", "c/>"], &["a/x"]),
+            RulesConfig::default(),
+        );
+        let streams = ["a", "b", "c", "d"];
+        let devices = [None, Some(""), Some("x"), Some("y")];
+        for capacity in [1, 2, 3, 8] {
+            let mut c = PublishCache::with_capacity(capacity);
+            let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+            for _ in 0..5_000 {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                // Runs of one subject (the last-decision path) mixed with jumps.
+                let (stream, device) = (
+                    streams[(seed % 4) as usize],
+                    devices[((seed >> 8) % 4) as usize],
+                );
+                let repeats = 1 + (seed >> 16) % 3;
+                for _ in 0..repeats {
+                    assert_eq!(
+                        c.decide(&p, stream, device),
+                        p.publish(stream, device),
+                        "{stream} {device:?} (capacity {capacity})"
+                    );
+                }
+            }
+        }
     }
 
     // ---- the plain model: patterns and subjects as lists of segments, matched recursively ----
