@@ -98,7 +98,7 @@ fn bench_session(c: &mut Criterion) {
         let text = Bytes::from(line(size, false));
         for (name, auth) in [("plain", false), ("auth", true)] {
             let mut s = session(auth);
-            let mut run = |s: &mut Session| {
+            let run = |s: &mut Session| {
                 let cmd = s.parse(black_box(text.clone())).expect("parses");
                 s.handle_command_at(cmd, now)
             };
