@@ -976,8 +976,8 @@ pub(crate) mod tests {
         assert!(matches!(err, TlsSessionError::Protocol(_)), "{err:?}");
     }
 
-    #[test]
-    fn large_writes_are_taken_in_part_and_all_arrive() {
+    /// A server session and a client that completed a TLS 1.3 handshake in memory.
+    fn handshaken() -> (TlsSession, ClientConnection) {
         let pki = pki();
         let config = server_config_with(&files(false), reader(&pki)).unwrap();
         let mut server = TlsSession::new(config).unwrap();
@@ -986,6 +986,12 @@ pub(crate) mod tests {
             ClientConnection::new(client_config(&pki, false, &[&rustls::version::TLS13]), name)
                 .unwrap();
         pump(&mut client, &mut server, &mut Vec::new()).unwrap();
+        (server, client)
+    }
+
+    #[test]
+    fn large_writes_are_taken_in_part_and_all_arrive() {
+        let (mut server, mut client) = handshaken();
         let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         let mut offset = 0;
         let mut received = Vec::new();
@@ -1018,14 +1024,7 @@ pub(crate) mod tests {
 
     #[test]
     fn small_parts_sent_together_share_records_and_arrive_in_order() {
-        let pki = pki();
-        let config = server_config_with(&files(false), reader(&pki)).unwrap();
-        let mut server = TlsSession::new(config).unwrap();
-        let name = ServerName::try_from("localhost").unwrap();
-        let mut client =
-            ClientConnection::new(client_config(&pki, false, &[&rustls::version::TLS13]), name)
-                .unwrap();
-        pump(&mut client, &mut server, &mut Vec::new()).unwrap();
+        let (mut server, mut client) = handshaken();
         let lines: Vec<Vec<u8>> = (0..200)
             .map(|i| format!("{{\"n\":{i},\"pad\":\"{}\"}}\n", "x".repeat(100)).into_bytes())
             .collect();
