@@ -681,6 +681,62 @@ fn a_users_publish_rate_is_shared_by_its_connections_and_not_by_other_users() {
 }
 
 #[test]
+fn a_token_may_give_its_user_publish_rates_of_its_own() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.auth = Some(
+            toml::from_str(
+                r#"
+                publish_messages_per_second_per_user = 1000
+                [[tokens]]
+                token = "sensor-token"
+                user = "sensor"
+                permissions = { publish = { allow = ["obs", "obs/>"] } }
+                rates = { publish_messages_per_second = 10 }
+                [[tokens]]
+                token = "service-token"
+                user = "service"
+                permissions = { publish = { allow = ["obs", "obs/>"] } }
+                "#,
+            )
+            .expect("a valid [auth]"),
+        );
+        let server = start(config);
+        let batch: String = (0..50)
+            .map(|seq| {
+                format!(
+                    "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
+                    message("obs", seq, 10)
+                )
+            })
+            .collect();
+        let mut count = |token: &str| {
+            let mut c = authed(server.addr, token);
+            let started = std::time::Instant::now();
+            c.send_raw(batch.as_bytes());
+            let mut published = 0u64;
+            for _ in 0..50 {
+                let v = c.msg();
+                if v["type"] == "published" {
+                    published += 1;
+                } else {
+                    assert_eq!(v["limit"], "publish_messages_per_second_per_user", "{v}");
+                }
+            }
+            (published, started.elapsed().as_secs_f64())
+        };
+        // The sensor's own 10/s: one second's worth at once, then the refill.
+        let (sensor, secs) = count("sensor-token");
+        assert!(
+            (10..=10 + (10.0 * secs).ceil() as u64).contains(&sensor),
+            "{sensor} in {secs:.3} s"
+        );
+        // The service has the [auth] default, 1 000/s: all 50.
+        assert_eq!(count("service-token").0, 50);
+    });
+}
+
+#[test]
 fn connections_and_subscriptions_per_user_are_bounded() {
     on_both_backends(|backend| {
         let mut config = auth_config(

@@ -115,10 +115,10 @@ impl AuthState {
             .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
         if !auth.counted {
             let max = auth.policy.max_connections_per_user;
-            let rates = (
+            let rates = identity.publish_rates.or((
                 auth.policy.publish_messages_per_second_per_user,
                 auth.policy.publish_bytes_per_second_per_user,
-            );
+            ));
             let Some(rate) = auth.policy.users.add_connection(&identity.user, max, rates) else {
                 return Ok(Action::CloseOnLimit {
                         request_id: id,

@@ -174,6 +174,10 @@ pub struct StaticTokenConfig {
     /// What that user may do (default: nothing).
     #[serde(default)]
     pub permissions: PermissionsConfig,
+    /// The user's own publish rates (default: the `[auth]` per-user ones), e.g.
+    /// `rates = { publish_messages_per_second = 50 }`.
+    #[serde(default)]
+    pub rates: UserRates,
 }
 
 impl fmt::Debug for StaticTokenConfig {
@@ -182,6 +186,7 @@ impl fmt::Debug for StaticTokenConfig {
             .field("token", &"<redacted>")
             .field("user", &self.user)
             .field("permissions", &self.permissions)
+            .field("rates", &self.rates)
             .finish()
     }
 }
@@ -203,6 +208,9 @@ pub struct CertificateUserConfig {
     /// What that user may do (default: nothing).
     #[serde(default)]
     pub permissions: PermissionsConfig,
+    /// The user's own publish rates (default: the `[auth]` per-user ones).
+    #[serde(default)]
+    pub rates: UserRates,
 }
 
 /// A JWT signature algorithm the server can be configured to accept (exactly one).
@@ -393,6 +401,41 @@ pub struct Identity {
     /// the configured leeway): the connection is to be closed then unless it presented a fresh
     /// token. `None` for static tokens and JWTs without `exp`.
     pub expires_at: Option<SystemTime>,
+    /// The user's own publish rates, where its entry sets them (`[[auth.tokens]]`,
+    /// `[[auth.certificates]]`); otherwise the `[auth]` `*_per_user` defaults apply.
+    pub publish_rates: UserRates,
+}
+
+/// A user's publish rates across its connections, as an `[[auth.tokens]]` or
+/// `[[auth.certificates]]` entry sets them; `None` takes the `[auth]` default
+/// (`publish_messages_per_second_per_user`, `publish_bytes_per_second_per_user`), `Some(0)` is
+/// no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserRates {
+    /// Messages per second, summed over the user's connections.
+    #[serde(default)]
+    pub publish_messages_per_second: Option<u64>,
+    /// Bytes of messages per second, summed over the user's connections.
+    #[serde(default)]
+    pub publish_bytes_per_second: Option<u64>,
+}
+
+impl UserRates {
+    /// These rates, each falling back to the default given (messages, bytes per second).
+    ///
+    /// ```
+    /// use powerhub::security::auth::UserRates;
+    ///
+    /// let own = UserRates { publish_messages_per_second: Some(10), publish_bytes_per_second: None };
+    /// assert_eq!(own.or((100, 4096)), (10, 4096));
+    /// ```
+    pub fn or(self, defaults: (u64, u64)) -> (u64, u64) {
+        (
+            self.publish_messages_per_second.unwrap_or(defaults.0),
+            self.publish_bytes_per_second.unwrap_or(defaults.1),
+        )
+    }
 }
 
 impl Identity {
@@ -545,6 +588,7 @@ struct StaticEntry {
     digest: [u8; 32],
     user: String,
     permissions: Arc<Permissions>,
+    rates: UserRates,
 }
 
 struct JwtVerifier {
@@ -604,6 +648,7 @@ fn certificate_users(
             user,
             permissions: Arc::new(permissions),
             expires_at: None,
+            publish_rates: e.rates,
         };
         out.push((e.subject.clone(), identity));
     }
@@ -674,6 +719,7 @@ impl Authenticator {
                 digest: d,
                 user: t.user.clone(),
                 permissions: Arc::new(permissions),
+                rates: t.rates,
             });
         }
         let jwt = config
@@ -740,6 +786,7 @@ impl Authenticator {
                 user: entry.user.clone(),
                 permissions: Arc::clone(&entry.permissions),
                 expires_at: None,
+                publish_rates: entry.rates,
             });
         }
         let Some(jwt) = &self.jwt else {
@@ -978,6 +1025,7 @@ impl JwtVerifier {
             permissions: Arc::new(permissions),
             expires_at: exp
                 .map(|e| UNIX_EPOCH + Duration::from_secs(e.saturating_add(self.leeway_secs))),
+            publish_rates: UserRates::default(),
         })
     }
 
@@ -1325,6 +1373,39 @@ mod tests {
             auth.verify("CN=sensor-7,O=Example", at(T0)),
             Err(AuthError::UnknownToken)
         );
+    }
+
+    #[test]
+    fn an_entry_may_set_its_users_publish_rates() {
+        let config: AuthConfig = toml::from_str(
+            r#"
+            [[tokens]]
+            token = "t1"
+            user = "slow"
+            rates = { publish_messages_per_second = 5, publish_bytes_per_second = 0 }
+            [[tokens]]
+            token = "t2"
+            user = "default"
+            [[certificates]]
+            subject = "CN=meter"
+            rates = { publish_bytes_per_second = 2048 }
+            "#,
+        )
+        .unwrap();
+        let auth = Authenticator::from_config(&config).unwrap();
+        let slow = auth.verify("t1", at(T0)).unwrap().publish_rates;
+        assert_eq!(slow.or((100, 100)), (5, 0));
+        let default = auth.verify("t2", at(T0)).unwrap().publish_rates;
+        assert_eq!(default.or((100, 200)), (100, 200));
+        let meter = auth
+            .verify_certificate(&subject("CN=meter", Some("meter")))
+            .unwrap()
+            .publish_rates;
+        assert_eq!(meter.or((100, 200)), (100, 2048));
+        assert!(toml::from_str::<AuthConfig>(
+            "[[tokens]]\ntoken = \"t\"\nuser = \"u\"\nrates = { messages = 1 }"
+        )
+        .is_err());
     }
 
     #[test]
