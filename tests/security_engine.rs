@@ -710,7 +710,7 @@ fn a_token_may_give_its_user_publish_rates_of_its_own() {
                 )
             })
             .collect();
-        let mut count = |token: &str| {
+        let count = |token: &str| {
             let mut c = authed(server.addr, token);
             let started = std::time::Instant::now();
             c.send_raw(batch.as_bytes());
