@@ -90,6 +90,10 @@ pub const MIN_HS256_SECRET_BYTES: usize = 32;
 /// The smallest RSA modulus accepted for RS256, in bits (RFC 7518 §3.3).
 pub const MIN_RSA_BITS: usize = 2048;
 
+/// The JWT claim that may give the user publish rates of its own
+/// (`{"publish_messages_per_second":50}`, the shape of [`UserRates`]).
+pub const RATES_CLAIM: &str = "rates";
+
 /// The `permissions_claim` when none is configured.
 pub const DEFAULT_PERMISSIONS_CLAIM: &str = "permissions";
 
@@ -401,8 +405,9 @@ pub struct Identity {
     /// the configured leeway): the connection is to be closed then unless it presented a fresh
     /// token. `None` for static tokens and JWTs without `exp`.
     pub expires_at: Option<SystemTime>,
-    /// The user's own publish rates, where its entry sets them (`[[auth.tokens]]`,
-    /// `[[auth.certificates]]`); otherwise the `[auth]` `*_per_user` defaults apply.
+    /// The user's own publish rates, where its entry (`[[auth.tokens]]`,
+    /// `[[auth.certificates]]`) or its JWT's [`RATES_CLAIM`] sets them; otherwise the `[auth]`
+    /// `*_per_user` defaults apply.
     pub publish_rates: UserRates,
 }
 
@@ -532,7 +537,8 @@ pub enum AuthError {
     /// The JWT has no `sub` claim (or an empty one): there is no user.
     #[error("the token has no `sub` claim")]
     MissingSub,
-    /// The JWT's permissions claim is not a permission set, or holds an invalid pattern.
+    /// The JWT's permissions claim is not a permission set, or holds an invalid pattern; or its
+    /// [`RATES_CLAIM`] is not a set of rates.
     #[error("the token's `{claim}` claim: {reason}")]
     InvalidPermissions {
         /// The claim's name.
@@ -1020,12 +1026,20 @@ impl JwtVerifier {
                 Permissions::compile(&config).map_err(|e| invalid(e.to_string()))?
             }
         };
+        // The user's own publish rates, as a static token's `rates`.
+        let publish_rates = match claims.get(RATES_CLAIM) {
+            None => UserRates::default(),
+            Some(v) => UserRates::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
+                claim: RATES_CLAIM.to_owned(),
+                reason: format!("not a set of rates ({e})"),
+            })?,
+        };
         Ok(Identity {
             user,
             permissions: Arc::new(permissions),
             expires_at: exp
                 .map(|e| UNIX_EPOCH + Duration::from_secs(e.saturating_add(self.leeway_secs))),
-            publish_rates: UserRates::default(),
+            publish_rates,
         })
     }
 
@@ -1406,6 +1420,29 @@ mod tests {
             "[[tokens]]\ntoken = \"t\"\nuser = \"u\"\nrates = { messages = 1 }"
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_jwt_may_give_its_user_publish_rates_in_its_rates_claim() {
+        let mut config = static_config();
+        config.jwt = Some(hs_config());
+        let auth = Authenticator::from_config(&config).unwrap();
+        let mut claims = good_claims();
+        claims["rates"] = serde_json::json!({"publish_messages_per_second": 7});
+        let who = auth.verify(&hs_token(&claims), at(T0)).unwrap();
+        assert_eq!(who.publish_rates.or((100, 200)), (7, 200));
+        assert_eq!(
+            auth.verify(&hs_token(&good_claims()), at(T0))
+                .unwrap()
+                .publish_rates,
+            UserRates::default()
+        );
+        claims["rates"] = serde_json::json!({"messages": 7});
+        let err = auth.verify(&hs_token(&claims), at(T0)).unwrap_err();
+        assert!(
+            matches!(&err, AuthError::InvalidPermissions { claim, .. } if claim == "rates"),
+            "{err:?}"
+        );
     }
 
     #[test]
