@@ -280,7 +280,7 @@ impl Ctx {
     }
 
     /// One case on every target, run round-robin `repeat` times (run 1 of each target, then
-    /// run 2 of each, …) so that a drift of the machine during the case weighs on every system
+    /// run 2 of each in reverse order, …) so that a drift of the machine during the case weighs on every system
     /// alike, not on whichever ran last; each target's runs combined as in [`Ctx::run`]. A
     /// target whose run fails is not run again.
     fn run_interleaved(
@@ -295,7 +295,13 @@ impl Ctx {
             .map(|_| Ok(Vec::with_capacity(runs)))
             .collect();
         for i in 0..runs {
-            for (t, out) in targets.iter().zip(outs.iter_mut()) {
+            // ABBA: every other round in reverse, so that no system always runs first.
+            let mut order: Vec<(&Target, &mut io::Result<Vec<CaseOut>>)> =
+                targets.iter().zip(outs.iter_mut()).collect();
+            if i % 2 == 1 {
+                order.reverse();
+            }
+            for (t, out) in order {
                 if let Ok(done) = out {
                     match self.run_one(t, label, spec, (i, runs)) {
                         Ok(o) => done.push(o),
