@@ -79,9 +79,9 @@ impl TlsLayer {
         received.map(|r| r.peer_closed)
     }
 
-    /// Encrypts `parts` in order until rustls's buffer is full, in records as full as the
-    /// parts allow (not one per part); returns how many plaintext bytes it took (of the parts'
-    /// total).
+    /// Encrypts `parts` in order, in records as full as the parts allow (not one per part);
+    /// returns how many plaintext bytes rustls took: all of them, its buffer being unbounded
+    /// (the shard offers one transmit at a time).
     pub(crate) fn encrypt(&mut self, parts: &[Bytes]) -> usize {
         let taken = self.session.send_vectored(parts);
         self.encrypted += taken;
