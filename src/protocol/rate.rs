@@ -1,72 +1,12 @@
 //! Publish rate limits: token buckets of messages and bytes per second, on the caller's clock,
 //! of one connection ([`PublishLimiter`], owned by its session) and of one user across its
-//! connections ([`UserRate`], shared by the user's sessions on every shard).
+//! connections ([`UserRate`], shared by the user's sessions on every shard). Both are the same
+//! two buckets, each one atomic kept by the generic cell rate algorithm (`SharedBucket`): an
+//! uncontended compare-exchange costs a connection's limiter a few nanoseconds per publish.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::loom::sync::atomic::{AtomicU64, Ordering};
-
-/// A token bucket holding up to one second of its rate, refilled continuously. Counts in
-/// millionths of a token, so that small rates refill smoothly with integer arithmetic.
-#[derive(Debug, Clone)]
-struct Bucket {
-    /// Tokens per second; 0 = no limit.
-    rate: u64,
-    /// Millionths of a token available.
-    micros: u64,
-    last: Option<SystemTime>,
-}
-
-impl Bucket {
-    fn new(rate: u64) -> Bucket {
-        Bucket {
-            rate,
-            micros: rate.saturating_mul(1_000_000),
-            last: None,
-        }
-    }
-
-    fn refill(&mut self, now: SystemTime) {
-        let capacity = self.rate.saturating_mul(1_000_000);
-        if let Some(last) = self.last {
-            // A clock that steps back refills nothing.
-            let elapsed = now.duration_since(last).unwrap_or_default();
-            // rate tokens per second = rate millionths per microsecond.
-            let add =
-                (elapsed.as_micros().min(u128::from(u64::MAX)) as u64).saturating_mul(self.rate);
-            self.micros = self.micros.saturating_add(add).min(capacity);
-        }
-        if self.last.is_none_or(|last| now > last) {
-            self.last = Some(now);
-        }
-    }
-
-    /// Whether `n` tokens are available (then taken). A request larger than the whole bucket
-    /// passes when the bucket is full, so one message larger than a second's byte budget still
-    /// goes through at the average rate.
-    fn take(&mut self, n: u64, now: SystemTime) -> bool {
-        if self.rate == 0 {
-            return true;
-        }
-        self.refill(now);
-        let capacity = self.rate.saturating_mul(1_000_000);
-        let want = n.saturating_mul(1_000_000).min(capacity);
-        if self.micros >= want {
-            self.micros -= want;
-            true
-        } else {
-            false
-        }
-    }
-
-    fn give_back(&mut self, n: u64) {
-        let capacity = self.rate.saturating_mul(1_000_000);
-        self.micros = self
-            .micros
-            .saturating_add(n.saturating_mul(1_000_000))
-            .min(capacity);
-    }
-}
 
 /// A refused publish: which limit, at what rate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,30 +33,27 @@ pub struct RateLimited {
 /// assert!(limiter.check(10, t + Duration::from_millis(500)).is_ok());
 /// ```
 #[derive(Debug, Clone)]
-pub struct PublishLimiter {
-    messages: Bucket,
-    bytes: Bucket,
-}
+pub struct PublishLimiter(Buckets);
 
 impl PublishLimiter {
     /// Limits of `messages` per second and `bytes` per second (0: that one is unlimited).
     pub fn new(messages: u64, bytes: u64) -> PublishLimiter {
-        PublishLimiter {
-            messages: Bucket::new(messages),
-            bytes: Bucket::new(bytes),
-        }
+        PublishLimiter(Buckets::new(
+            messages,
+            bytes,
+            ["publish_messages_per_second", "publish_bytes_per_second"],
+        ))
     }
 
     /// Whether neither limit is set.
     pub fn is_unlimited(&self) -> bool {
-        self.messages.rate == 0 && self.bytes.rate == 0
+        self.0.is_unlimited()
     }
 
     /// Gives back what [`PublishLimiter::check`] took for a message of `len` bytes (a limit
     /// after this one refused it).
     pub fn give_back(&mut self, len: usize) {
-        self.messages.give_back(1);
-        self.bytes.give_back(len as u64);
+        self.0.give_back(len);
     }
 
     /// Takes one message of `len` bytes at `now`, or says which limit it would pass (then
@@ -126,32 +63,69 @@ impl PublishLimiter {
     ///
     /// The limit the message would pass.
     pub fn check(&mut self, len: usize, now: SystemTime) -> Result<(), RateLimited> {
-        if !self.messages.take(1, now) {
+        self.0.check(len, now)
+    }
+}
+
+/// A message bucket and a byte bucket, and the config keys that name them in a refusal: what
+/// a connection's and a user's limits both are.
+#[derive(Debug, Clone)]
+struct Buckets {
+    messages: SharedBucket,
+    bytes: SharedBucket,
+    keys: [&'static str; 2],
+}
+
+impl Buckets {
+    fn new(messages: u64, bytes: u64, keys: [&'static str; 2]) -> Buckets {
+        Buckets {
+            messages: SharedBucket::new(messages),
+            bytes: SharedBucket::new(bytes),
+            keys,
+        }
+    }
+
+    fn is_unlimited(&self) -> bool {
+        self.messages.rate == 0 && self.bytes.rate == 0
+    }
+
+    /// A clock before the Unix epoch counts as the epoch.
+    fn check(&self, len: usize, now: SystemTime) -> Result<(), RateLimited> {
+        let now_ns = now
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX / 2)) as u64);
+        if !self.messages.take(1, now_ns) {
             return Err(RateLimited {
-                limit: "publish_messages_per_second",
+                limit: self.keys[0],
                 rate: self.messages.rate,
             });
         }
-        if !self.bytes.take(len as u64, now) {
+        if !self.bytes.take(len as u64, now_ns) {
             self.messages.give_back(1);
             return Err(RateLimited {
-                limit: "publish_bytes_per_second",
+                limit: self.keys[1],
                 rate: self.bytes.rate,
             });
         }
         Ok(())
+    }
+
+    fn give_back(&self, len: usize) {
+        self.messages.give_back(1);
+        self.bytes.give_back(len as u64);
     }
 }
 
 /// One second, in the nanoseconds [`SharedBucket`] counts in: the burst a bucket allows.
 const SECOND_NS: u64 = 1_000_000_000;
 
-/// A token bucket shared by threads, as the generic cell rate algorithm (GCRA) keeps it: one
+/// A token bucket that threads may share, as the generic cell rate algorithm (GCRA) keeps it: one
 /// atomic, the theoretical arrival time (`tat`, nanoseconds since the Unix epoch) at which the
 /// bucket is full again. Taking `n` tokens moves it `n` emission intervals (`n / rate` s) later,
 /// from `now` if it lies in the past; a take is refused when that would put it more than a
-/// second (the bucket's capacity, as [`PublishLimiter`]'s) past `now`. As there, a take larger
-/// than the whole bucket passes when the bucket is full.
+/// second (the bucket's capacity) past `now`. A take larger than the whole bucket passes when
+/// the bucket is full, and the time it costs is owed: one message larger than a second's byte
+/// budget goes through at the average rate. A clock that steps back refills nothing.
 ///
 /// Ordering: `Relaxed` everywhere. The atomic is the bucket's whole state and publishes no other
 /// memory; the compare-exchange makes each take one indivisible step on it, so concurrent takes
@@ -161,6 +135,15 @@ struct SharedBucket {
     /// Tokens per second; 0 = no limit.
     rate: u64,
     tat: AtomicU64,
+}
+
+impl Clone for SharedBucket {
+    fn clone(&self) -> SharedBucket {
+        SharedBucket {
+            rate: self.rate,
+            tat: AtomicU64::new(self.tat.load(Ordering::Relaxed)),
+        }
+    }
 }
 
 impl SharedBucket {
@@ -231,23 +214,24 @@ impl SharedBucket {
 /// assert!(user.check(10, t + Duration::from_millis(500)).is_ok());
 /// ```
 #[derive(Debug)]
-pub struct UserRate {
-    messages: SharedBucket,
-    bytes: SharedBucket,
-}
+pub struct UserRate(Buckets);
 
 impl UserRate {
     /// Limits of `messages` per second and `bytes` per second (0: that one is unlimited).
     pub fn new(messages: u64, bytes: u64) -> UserRate {
-        UserRate {
-            messages: SharedBucket::new(messages),
-            bytes: SharedBucket::new(bytes),
-        }
+        UserRate(Buckets::new(
+            messages,
+            bytes,
+            [
+                "publish_messages_per_second_per_user",
+                "publish_bytes_per_second_per_user",
+            ],
+        ))
     }
 
     /// Whether neither limit is set.
     pub fn is_unlimited(&self) -> bool {
-        self.messages.rate == 0 && self.bytes.rate == 0
+        self.0.is_unlimited()
     }
 
     /// Takes one message of `len` bytes at `now`, or says which limit it would pass (then
@@ -257,23 +241,7 @@ impl UserRate {
     ///
     /// The limit the message would pass.
     pub fn check(&self, len: usize, now: SystemTime) -> Result<(), RateLimited> {
-        let now_ns = now
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX / 2)) as u64);
-        if !self.messages.take(1, now_ns) {
-            return Err(RateLimited {
-                limit: "publish_messages_per_second_per_user",
-                rate: self.messages.rate,
-            });
-        }
-        if !self.bytes.take(len as u64, now_ns) {
-            self.messages.give_back(1);
-            return Err(RateLimited {
-                limit: "publish_bytes_per_second_per_user",
-                rate: self.bytes.rate,
-            });
-        }
-        Ok(())
+        self.0.check(len, now)
     }
 }
 

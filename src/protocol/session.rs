@@ -100,8 +100,7 @@ impl AuthState {
         id: Option<RequestId>,
         identity: Identity,
     ) -> Result<Action, CommandError> {
-        let auth = self;
-        if let Some(current) = &auth.identity {
+        if let Some(current) = &self.identity {
             if current.user != identity.user {
                 let kind = ErrorKind::UserMismatch {
                     current: echo(&current.user),
@@ -113,28 +112,29 @@ impl AuthState {
         let expires = identity
             .expires_at
             .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
-        if !auth.counted {
-            let max = auth.policy.max_connections_per_user;
+        if !self.counted {
+            let max = self.policy.max_connections_per_user;
             let rates = identity.publish_rates.or((
-                auth.policy.publish_messages_per_second_per_user,
-                auth.policy.publish_bytes_per_second_per_user,
+                self.policy.publish_messages_per_second_per_user,
+                self.policy.publish_bytes_per_second_per_user,
             ));
-            let Some(rate) = auth.policy.users.add_connection(&identity.user, max, rates) else {
+            let Some(rate) = self.policy.users.add_connection(&identity.user, max, rates) else {
+                let user = echo(&identity.user);
+                let message = format!(
+                    "user `{user}` holds its maximum of max_connections_per_user = {max} connections"
+                );
                 return Ok(Action::CloseOnLimit {
-                        request_id: id,
-                        limit: "max_connections_per_user",
-                        message: format!(
-                            "user `{}` holds its maximum of max_connections_per_user = {max} connections",
-                            echo(&identity.user)
-                        ),
-                    });
+                    request_id: id,
+                    limit: "max_connections_per_user",
+                    message,
+                });
             };
-            auth.counted = true;
-            auth.rate = (!rate.is_unlimited()).then_some(rate);
+            self.counted = true;
+            self.rate = (!rate.is_unlimited()).then_some(rate);
         }
         let reply = reply::authenticated(id.as_ref(), &identity.user, expires);
-        auth.identity = Some(identity);
-        auth.cache.clear();
+        self.identity = Some(identity);
+        self.cache.clear();
         Ok(Action::Reply(reply))
     }
 }
