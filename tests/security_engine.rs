@@ -555,6 +555,40 @@ fn allowed_origins_lists_the_origins_a_websocket_listener_accepts() {
 
 // ---- Limits per connection and per user ----
 
+/// `n` publish commands to `obs` in one string, with ids when `ids`.
+fn publishes(n: u64, ids: bool) -> String {
+    (0..n)
+        .map(|seq| match ids {
+            true => format!(
+                "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
+                message("obs", seq, 10)
+            ),
+            false => format!(
+                "{{\"type\":\"publish\",\"message\":{}}}\n",
+                message("obs", seq, 10)
+            ),
+        })
+        .collect()
+}
+
+/// Reads the replies to `n` publishes with ids: how many were published and how many refused,
+/// each refusal a `limit_exceeded` naming `limit`.
+fn published_and_refused(c: &mut Client, n: u64, limit: &str) -> (u64, u64) {
+    let (mut published, mut refused) = (0, 0);
+    for _ in 0..n {
+        let v = c.msg();
+        match v["type"].as_str() {
+            Some("published") => published += 1,
+            _ => {
+                assert_eq!(v["code"], "limit_exceeded", "{v}");
+                assert_eq!(v["limit"], limit, "{v}");
+                refused += 1;
+            }
+        }
+    }
+    (published, refused)
+}
+
 #[test]
 fn a_publisher_over_its_rate_is_refused_by_name_and_closed_after_repeated_violations() {
     on_both_backends(|backend| {
@@ -566,26 +600,9 @@ fn a_publisher_over_its_rate_is_refused_by_name_and_closed_after_repeated_violat
         sub.subscribe("obs");
         let mut c = Client::connect(server.addr);
         // One write of 120 publishes: the bucket holds one second's worth, 100.
-        let mut batch = String::new();
-        for seq in 0..120 {
-            batch.push_str(&format!(
-                "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
-                message("obs", seq, 10)
-            ));
-        }
-        c.send_raw(batch.as_bytes());
-        let (mut published, mut refused) = (0, 0);
-        for _ in 0..120 {
-            let v = c.msg();
-            match v["type"].as_str() {
-                Some("published") => published += 1,
-                _ => {
-                    assert_eq!(v["code"], "limit_exceeded", "{v}");
-                    assert_eq!(v["limit"], "publish_messages_per_second", "{v}");
-                    refused += 1;
-                }
-            }
-        }
+        c.send_raw(publishes(120, true).as_bytes());
+        let (published, refused) =
+            published_and_refused(&mut c, 120, "publish_messages_per_second");
         // The bucket refills while the 120 are read: at least 100 pass, and most of the rest
         // is refused.
         assert!(
@@ -596,14 +613,7 @@ fn a_publisher_over_its_rate_is_refused_by_name_and_closed_after_repeated_violat
             assert_eq!(sub.msg()["type"], "tick");
         }
         // 200 more at once: the 50th refusal in a row closes the connection, naming the limit.
-        let mut batch = String::new();
-        for seq in 0..200 {
-            batch.push_str(&format!(
-                "{{\"type\":\"publish\",\"message\":{}}}\n",
-                message("obs", seq, 10)
-            ));
-        }
-        c.send_raw(batch.as_bytes());
+        c.send_raw(publishes(200, false).as_bytes());
         let mut last = Value::Null;
         while let Some(line) = c.line() {
             last = serde_json::from_str(&line).unwrap();
@@ -637,31 +647,16 @@ fn a_users_publish_rate_is_shared_by_its_connections_and_not_by_other_users() {
             SECRET,
         );
         let mut other = authed(server.addr, &ingest);
-        let batch: String = (0..150)
-            .map(|seq| {
-                format!(
-                    "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
-                    message("obs", seq, 10)
-                )
-            })
-            .collect();
+        let batch = publishes(150, true);
         let started = std::time::Instant::now();
         for c in &mut conns {
             c.send_raw(batch.as_bytes());
         }
         let (mut published, mut refused) = (0u64, 0u64);
         for c in &mut conns {
-            for _ in 0..150 {
-                let v = c.msg();
-                match v["type"].as_str() {
-                    Some("published") => published += 1,
-                    _ => {
-                        assert_eq!(v["code"], "limit_exceeded", "{v}");
-                        assert_eq!(v["limit"], "publish_messages_per_second_per_user", "{v}");
-                        refused += 1;
-                    }
-                }
-            }
+            let (p, r) = published_and_refused(c, 150, "publish_messages_per_second_per_user");
+            published += p;
+            refused += r;
         }
         let elapsed = started.elapsed().as_secs_f64();
         // One second's worth at once, then the refill while the replies were read: never the
@@ -672,7 +667,7 @@ fn a_users_publish_rate_is_shared_by_its_connections_and_not_by_other_users() {
             "{published} published, {refused} refused in {elapsed:.3} s (at most {most})"
         );
         // The other user has a bucket of its own: a full one.
-        let half: String = batch.lines().take(75).map(|l| format!("{l}\n")).collect();
+        let half = publishes(75, true);
         other.send_raw(half.as_bytes());
         for _ in 0..75 {
             assert_eq!(other.msg()["type"], "published");
@@ -702,27 +697,13 @@ fn a_token_may_give_its_user_publish_rates_of_its_own() {
             .expect("a valid [auth]"),
         );
         let server = start(config);
-        let batch: String = (0..50)
-            .map(|seq| {
-                format!(
-                    "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
-                    message("obs", seq, 10)
-                )
-            })
-            .collect();
+        let batch = publishes(50, true);
         let count = |token: &str| {
             let mut c = authed(server.addr, token);
             let started = std::time::Instant::now();
             c.send_raw(batch.as_bytes());
-            let mut published = 0u64;
-            for _ in 0..50 {
-                let v = c.msg();
-                if v["type"] == "published" {
-                    published += 1;
-                } else {
-                    assert_eq!(v["limit"], "publish_messages_per_second_per_user", "{v}");
-                }
-            }
+            let (published, _) =
+                published_and_refused(&mut c, 50, "publish_messages_per_second_per_user");
             (published, started.elapsed().as_secs_f64())
         };
         // The sensor's own 10/s: one second's worth at once, then the refill.
