@@ -289,11 +289,7 @@ fn under_disconnect_a_stalled_tls_reader_is_closed_as_slow_consumer() {
 fn mutual_tls_refuses_a_client_without_a_certificate_of_the_ca() {
     let pki = Pki::new("mutual");
     on_both_backends(|backend| {
-        let mut config = base_config(backend);
-        let mut l = tls_listener("ndjson", &pki);
-        l.tls_client_ca = Some(pki.path("ca.pem"));
-        config.listeners = vec![l];
-        let server = start(config);
+        let server = start(mutual_tls_config(backend, &pki));
         let tls13 = [&rustls::version::TLS13];
         let mut with = TlsClient::connect(server.addr, pki.client(true, &tls13));
         with.send(r#"{"type":"ping","id":1}"#);
@@ -341,12 +337,18 @@ fn a_tls_connection_over_max_connections_is_told_why_through_tls() {
     });
 }
 
-/// A mutual-TLS listener of a server with `[auth]` holding `certificates`.
-fn mutual_tls_auth_config(backend: BackendChoice, pki: &Pki, auth: &str) -> Config {
+/// A server whose one listener is mutual TLS (clients need a certificate of the test CA).
+fn mutual_tls_config(backend: BackendChoice, pki: &Pki) -> Config {
     let mut config = base_config(backend);
     let mut l = tls_listener("ndjson", pki);
     l.tls_client_ca = Some(pki.path("ca.pem"));
     config.listeners = vec![l];
+    config
+}
+
+/// [`mutual_tls_config`] with `[auth]` holding `auth`.
+fn mutual_tls_auth_config(backend: BackendChoice, pki: &Pki, auth: &str) -> Config {
+    let mut config = mutual_tls_config(backend, pki);
     config.auth = Some(toml::from_str(auth).expect("a valid [auth]"));
     config
 }
