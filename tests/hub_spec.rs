@@ -1799,6 +1799,34 @@ fn handlers_and_close_adapters_may_subscribe_and_unsubscribe() {
 }
 
 #[test]
+fn flush_waits_for_a_handler_that_unsubscribed_itself_to_return() {
+    // Under the thread driver a handler runs on the pool; once it unsubscribed itself its
+    // subscription is closed, but what it does before it returns still belongs to the flush.
+    let hub = Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Thread)).unwrap();
+    let h = hub.clone();
+    let returned = Arc::new(AtomicBool::new(false));
+    let r = Arc::clone(&returned);
+    hub.subscribe(
+        "t",
+        move |_| {
+            h.unsubscribe("once");
+            std::thread::sleep(Duration::from_millis(50));
+            r.store(true, Ordering::SeqCst);
+        },
+        SubscribeOptions::default().id("once"),
+    )
+    .unwrap()
+    .detach();
+    publish(&hub, "t", 1);
+    hub.flush().unwrap();
+    assert!(
+        returned.load(Ordering::SeqCst),
+        "flush returned while the handler ran"
+    );
+    hub.close();
+}
+
+#[test]
 fn flush_from_inside_a_handler_is_an_error_not_a_deadlock() {
     let (opts, _errors) = with_errors(HubOptions::default());
     let (hub, _spy) = manual(opts);

@@ -182,6 +182,10 @@ pub(crate) struct Sub {
     pub(crate) closed: AtomicBool,
     /// `generation << 3 | phase`; see [`phase`].
     send_state: AtomicU64,
+    /// A handler job of this subscriber is running on the handler pool. A flush waits for it
+    /// even after the subscription ended (a handler may unsubscribe itself and go on to
+    /// subscribe or publish): what the handler does before it returns belongs to the flush.
+    handling: AtomicBool,
     dropped: AtomicU64,
     bytes_sent: AtomicU64,
     /// Entries that left the queue (popped or evicted); `flush` uses it to know when what was
@@ -593,6 +597,7 @@ impl Inner {
             ack: opts.bytes_acknowledged,
             closed: AtomicBool::new(false),
             send_state: AtomicU64::new(0),
+            handling: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             removed: AtomicU64::new(0),
@@ -1467,11 +1472,16 @@ impl Inner {
             generation,
         } = job;
         if let Consumer::Each(handler) = &sub.consumer {
-            if !sub.closed.load(Ordering::Acquire) && !self.is_closed() {
+            // Set before `closed` is read, SeqCst both: a flush that reads `closed` set (by
+            // this handler unsubscribing itself, or by anyone once the handler started) and
+            // then `handling` sees the handler running until it returned.
+            sub.handling.store(true, Ordering::SeqCst);
+            if !sub.closed.load(Ordering::SeqCst) && !self.is_closed() {
                 // A handler that calls `flush` would wait for its own subscriber.
                 let _guard = DrainingGuard::enter();
                 self.run_handler(&sub, handler, &batch);
             }
+            sub.handling.store(false, Ordering::SeqCst);
         }
         drop(batch);
         self.finished(&sub, generation, false);
@@ -1533,7 +1543,7 @@ impl Inner {
             })
             .collect();
         let done = |s: &Sub, target: u64| {
-            s.closed.load(Ordering::SeqCst)
+            (s.closed.load(Ordering::SeqCst) && !s.handling.load(Ordering::SeqCst))
                 || (!s.in_flight()
                     && (s.removed.load(Ordering::Relaxed) >= target || s.queue.is_empty()))
         };
