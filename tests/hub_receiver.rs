@@ -214,6 +214,44 @@ fn dropping_a_receiver_unsubscribes() {
 }
 
 #[test]
+fn a_dropped_receiver_frees_its_subscriber_under_every_policy() {
+    // The subscriber's transport context is held by the subscriber only: once the receiver
+    // and the hub are gone, nothing may hold it (a reference cycle between the subscriber and
+    // its channel would keep it, and the hub's allocation, forever).
+    for policy in [
+        SlowConsumer::DropOldest,
+        SlowConsumer::DropNewest,
+        SlowConsumer::Disconnect,
+    ] {
+        for unsubscribe_first in [true, false] {
+            let context = std::sync::Arc::new(());
+            let hub = manual();
+            let opts = SubscribeOptions::default()
+                .slow_consumer(policy)
+                .transport(context.clone());
+            let mut rx = hub.receiver("t", opts).unwrap();
+            publish(&hub, "t", 1);
+            turn(&hub);
+            assert!(rx.try_recv().is_ok(), "{policy:?}");
+            publish(&hub, "t", 2);
+            turn(&hub);
+            if unsubscribe_first {
+                drop(rx);
+                drop(hub);
+            } else {
+                drop(hub);
+                drop(rx);
+            }
+            assert_eq!(
+                std::sync::Arc::strong_count(&context),
+                1,
+                "{policy:?}: the subscriber outlived its receiver and its hub"
+            );
+        }
+    }
+}
+
+#[test]
 fn recv_timeout_times_out_when_nothing_comes() {
     let hub = manual();
     let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();

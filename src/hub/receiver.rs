@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
@@ -146,8 +146,10 @@ struct Chan {
     ready: Condvar,
     /// The subscriber's slow-consumer policy.
     policy: SlowConsumer,
-    /// The subscriber, for its drop count (set once subscribed).
-    sub: OnceLock<Arc<Sub>>,
+    /// The subscriber, for its drop count (set once subscribed). Weak: the subscriber holds
+    /// this channel (its sink and its consumer), so a strong reference would be a cycle that
+    /// outlives the subscription and the hub.
+    sub: OnceLock<Weak<Sub>>,
 }
 
 impl std::fmt::Debug for Chan {
@@ -160,12 +162,18 @@ impl std::fmt::Debug for Chan {
 
 impl Chan {
     fn dropped(&self) -> u64 {
-        self.sub.get().map_or(0, |s| s.dropped_count())
+        self.sub
+            .get()
+            .and_then(Weak::upgrade)
+            .map_or(0, |s| s.dropped_count())
     }
 
     /// Messages the hub holds in the subscriber's queue.
     fn queued(&self) -> usize {
-        self.sub.get().map_or(0, |s| s.queued())
+        self.sub
+            .get()
+            .and_then(Weak::upgrade)
+            .map_or(0, |s| s.queued())
     }
 
     /// Wakes the consumer (blocked or async); called with the state locked.
@@ -422,7 +430,7 @@ impl Receiver {
         let options = options.sink(Arc::new(HandOff(Arc::clone(&chan))));
         let take = Consumer::Batch(Arc::new(move |b: &SharedBatch| hand_chan.hand(b)));
         let sub = hub.subscribe_consumer(topic, take, options)?;
-        let _ = chan.sub.set(Arc::clone(&sub.sub));
+        let _ = chan.sub.set(Arc::downgrade(&sub.sub));
         Ok(Receiver {
             sub,
             mode: Mode::HandOff(HandOffRx {
