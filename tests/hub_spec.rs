@@ -1799,6 +1799,39 @@ fn handlers_and_close_adapters_may_subscribe_and_unsubscribe() {
 }
 
 #[test]
+fn a_flush_begun_after_a_handler_unsubscribed_itself_waits_for_it_to_return() {
+    // The subscription has left the hub's list when the flush begins; its handler has not
+    // returned. What the handler does before it returns still belongs to the flush.
+    let hub = Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Thread)).unwrap();
+    let h = hub.clone();
+    let (gone_tx, gone_rx) = std::sync::mpsc::sync_channel::<()>(1);
+    let returned = Arc::new(AtomicBool::new(false));
+    let r = Arc::clone(&returned);
+    hub.subscribe(
+        "t",
+        move |_| {
+            h.unsubscribe("once");
+            let _ = gone_tx.try_send(());
+            std::thread::sleep(Duration::from_millis(100));
+            r.store(true, Ordering::SeqCst);
+        },
+        SubscribeOptions::default().id("once"),
+    )
+    .unwrap()
+    .detach();
+    publish(&hub, "t", 1);
+    gone_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the handler ran");
+    hub.flush().unwrap();
+    assert!(
+        returned.load(Ordering::SeqCst),
+        "flush returned while the handler ran"
+    );
+    hub.close();
+}
+
+#[test]
 fn flush_waits_for_a_handler_that_unsubscribed_itself_to_return() {
     // Under the thread driver a handler runs on the pool; once it unsubscribed itself its
     // subscription is closed, but what it does before it returns still belongs to the flush.
@@ -2024,6 +2057,12 @@ fn closing_from_a_handler_during_flush_does_not_deadlock() {
     let _ = hub.flush();
     hub.close();
     assert!(hub.is_closed());
+    // The handler's close may still be telling the adapters when this thread's close (which
+    // lost the race to close) returns: wait for the adapter, bounded.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while spy.closes().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
     assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
 }
 

@@ -449,6 +449,10 @@ pub(crate) struct Inner {
     /// Topic names come from clients: a fast hash, seeded per process.
     topics: RwLock<TopicMap>,
     ids: Mutex<HashMap<Arc<str>, Arc<Sub>>>,
+    /// Subscribers removed while one of their handlers ran on the pool (a handler that
+    /// unsubscribes itself): out of `ids`, but a flush waits for that handler to return. Taken
+    /// off when it returned. Lock order: `ids` before `retiring`.
+    retiring: Mutex<Vec<Arc<Sub>>>,
     /// Lock order: `topics` before `ready`.
     ready: Mutex<Ready>,
     counters: Counters,
@@ -481,6 +485,7 @@ impl Inner {
             next_sub: AtomicU64::new(0),
             topics: RwLock::new(HashMap::default()),
             ids: Mutex::new(HashMap::new()),
+            retiring: Mutex::new(Vec::new()),
             ready: Mutex::new(Ready::default()),
             counters: Counters::default(),
             work: AtomicBool::new(false),
@@ -732,6 +737,15 @@ impl Inner {
                 }
             }
             let mut ids = self.ids.lock();
+            {
+                // Read under the lock that `run_job` takes to clear a closed subscriber's
+                // entry: `closed` was set (SeqCst) before this read; a handler still running
+                // now sees it when it returns and takes the entry off (see `run_job`).
+                let mut retiring = self.retiring.lock();
+                if sub.handling.load(Ordering::SeqCst) {
+                    retiring.push(Arc::clone(sub));
+                }
+            }
             if ids.get(sub.sref.id()).is_some_and(|s| Arc::ptr_eq(s, sub)) {
                 ids.remove(sub.sref.id());
             }
@@ -1482,6 +1496,11 @@ impl Inner {
                 self.run_handler(&sub, handler, &batch);
             }
             sub.handling.store(false, Ordering::SeqCst);
+            if sub.closed.load(Ordering::SeqCst) {
+                // Removed while its handler ran (or about to be): `remove` decided under this
+                // lock whether it listed the subscriber, after `closed` and before this.
+                self.retiring.lock().retain(|s| !Arc::ptr_eq(s, &sub));
+            }
         }
         drop(batch);
         self.finished(&sub, generation, false);
@@ -1533,15 +1552,15 @@ impl Inner {
         }
         // What each subscriber must have got rid of: everything queued now. `removed` is read
         // before the length so a concurrent pop can only make the target smaller.
-        let targets: Vec<(Arc<Sub>, u64)> = self
-            .ids
-            .lock()
-            .values()
-            .map(|s| {
-                let removed = s.removed.load(Ordering::Relaxed);
-                (Arc::clone(s), removed + s.queue.len() as u64)
-            })
-            .collect();
+        let target = |s: &Arc<Sub>| {
+            let removed = s.removed.load(Ordering::Relaxed);
+            (Arc::clone(s), removed + s.queue.len() as u64)
+        };
+        let targets: Vec<(Arc<Sub>, u64)> = {
+            let ids = self.ids.lock();
+            let retiring = self.retiring.lock();
+            ids.values().chain(retiring.iter()).map(target).collect()
+        };
         let done = |s: &Sub, target: u64| {
             (s.closed.load(Ordering::SeqCst) && !s.handling.load(Ordering::SeqCst))
                 || (!s.in_flight()
@@ -1559,15 +1578,18 @@ impl Inner {
                 self.work.swap(false, Ordering::AcqRel);
                 self.mark_all_ready();
                 let m = self.drain_pass(&mut st);
+                // Checked under the drain lock: a drainer pops a batch and starts its send
+                // under it, so no batch is between its queue and its send now.
+                let finished = self.is_closed() || targets.iter().all(|(s, t)| done(s, *t));
                 drop(guard);
                 drop(st);
                 self.emit_metrics(m);
-            }
-            if self.is_closed() {
-                return Err(FlushError::Closed);
-            }
-            if targets.iter().all(|(s, t)| done(s, *t)) {
-                break;
+                if self.is_closed() {
+                    return Err(FlushError::Closed);
+                }
+                if finished {
+                    break;
+                }
             }
             // Wait for an outstanding send to complete, then drain again.
             let mut g = self.flush_mx.lock();
