@@ -1580,7 +1580,7 @@ impl Inner {
                 let m = self.drain_pass(&mut st);
                 // Checked under the drain lock: a drainer pops a batch and starts its send
                 // under it, so no batch is between its queue and its send now.
-                let finished = self.is_closed() || targets.iter().all(|(s, t)| done(s, *t));
+                let finished = targets.iter().all(|(s, t)| done(s, *t));
                 drop(guard);
                 drop(st);
                 self.emit_metrics(m);
