@@ -121,7 +121,15 @@ fn over_websocket(addr: SocketAddr) {
     stream.set_read_timeout(Some(WAIT)).unwrap();
     let (mut ws, _) = tungstenite::client(format!("ws://{addr}/"), stream).expect("upgrade");
     let next = |ws: &mut tungstenite::WebSocket<TcpStream>| loop {
-        match ws.read().expect("a reply") {
+        let message = match ws.read() {
+            // A signal delivered to this thread (the test process runs servers) interrupts the
+            // blocking read; the socket is intact: read again.
+            Err(tungstenite::Error::Io(e)) if e.kind() == std::io::ErrorKind::Interrupted => {
+                continue
+            }
+            other => other.expect("a reply"),
+        };
+        match message {
             tungstenite::Message::Text(t) => break serde_json::from_str::<Value>(&t).unwrap(),
             tungstenite::Message::Ping(_) | tungstenite::Message::Pong(_) => continue,
             other => panic!("unexpected {other:?}"),
