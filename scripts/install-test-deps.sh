@@ -22,8 +22,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 
-if ! python3 -c 'import websockets' >/dev/null 2>&1; then
+if ! python3 -c 'import websockets.asyncio.client' >/dev/null 2>&1; then
   echo "installing: python websockets"
-  python3 -m pip install --quiet --disable-pip-version-check 'websockets>=12' \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages 'websockets>=12'
+  python3 -m pip install --quiet --disable-pip-version-check 'websockets>=13' \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages 'websockets>=13'
 fi

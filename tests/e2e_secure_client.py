@@ -10,6 +10,7 @@ Usage: e2e_secure_client.py CONFIG CA_PEM PLAIN_NDJSON TLS_NDJSON TLS_WEBSOCKET 
 the SIGHUP check. Exit status 0 when every check passes; on failure a message and status 1.
 """
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -21,8 +22,8 @@ import ssl
 import sys
 import time
 
+import websockets.asyncio.client
 import websockets.exceptions
-import websockets.sync.client
 
 TIMEOUT = 20.0  # a bound on every blocking read, not a timing assertion
 SECRET = b"a shared secret of at least thirty-two bytes"
@@ -44,6 +45,36 @@ def signed(header, payload, secret=SECRET):
     head, body = b64(header), b64(payload)
     sig = hmac.new(secret, f"{head}.{body}".encode(), hashlib.sha256).digest()
     return f"{head}.{body}.{b64(sig)}"
+
+
+async def wss_checks(ctx, uri):
+    """The `wss://` checks, with the library's asyncio client: it drives its TLS socket from one
+    thread (its threaded client reads and writes one `ssl` socket from two threads at once,
+    which OpenSSL does not allow: a TLS 1.3 session ticket read by its reader thread while the
+    other writes the upgrade request can fail the connection with `internal error`)."""
+    async def recv(ws):
+        return json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+
+    async with websockets.asyncio.client.connect(
+            uri, ssl=ctx, additional_headers={"Authorization": "Bearer reader-token"},
+            open_timeout=TIMEOUT) as ws:
+        m = await recv(ws)
+        check(m == {"type": "authenticated", "user": "reader", "expiresAt": None}, f"wss: {m}")
+        await ws.send(json.dumps({"type": "subscribe", "id": 1, "stream": "obs"}))
+        m = await recv(ws)
+        check(m.get("type") == "subscribed", f"wss subscribed: {m}")
+    try:
+        async with websockets.asyncio.client.connect(uri, ssl=ctx, origin="https://evil.example",
+                                                     open_timeout=TIMEOUT):
+            pass
+        check(False, "a foreign origin is refused")
+    except websockets.exceptions.InvalidStatus as e:
+        check(e.response.status_code == 403, f"403 for a foreign origin: {e}")
+    async with websockets.asyncio.client.connect(uri + "?token=reader-token", ssl=ctx,
+                                                 origin="https://app.example",
+                                                 open_timeout=TIMEOUT) as ws:
+        m = await recv(ws)
+        check(m.get("user") == "reader", f"a listed origin, the token in the query: {m}")
 
 
 def addr(text):
@@ -184,27 +215,7 @@ def main():
         check(c.closed(), f"closed after {code}")
 
     # wss:// with the `websockets` library: the token in the handshake, and origins.
-    ctx = tls_context(ca)
-    uri = f"wss://localhost:{tls_ws[1]}/"
-    with websockets.sync.client.connect(
-            uri, ssl=ctx, additional_headers={"Authorization": "Bearer reader-token"},
-            open_timeout=TIMEOUT) as ws:
-        m = json.loads(ws.recv(timeout=TIMEOUT))
-        check(m == {"type": "authenticated", "user": "reader", "expiresAt": None}, f"wss: {m}")
-        ws.send(json.dumps({"type": "subscribe", "id": 1, "stream": "obs"}))
-        m = json.loads(ws.recv(timeout=TIMEOUT))
-        check(m.get("type") == "subscribed", f"wss subscribed: {m}")
-    try:
-        websockets.sync.client.connect(uri, ssl=ctx, origin="https://evil.example",
-                                       open_timeout=TIMEOUT)
-        check(False, "a foreign origin is refused")
-    except websockets.exceptions.InvalidStatus as e:
-        check(e.response.status_code == 403, f"403 for a foreign origin: {e}")
-    with websockets.sync.client.connect(uri + "?token=reader-token", ssl=ctx,
-                                        origin="https://app.example",
-                                        open_timeout=TIMEOUT) as ws:
-        m = json.loads(ws.recv(timeout=TIMEOUT))
-        check(m.get("user") == "reader", f"a listed origin, the token in the query: {m}")
+    asyncio.run(wss_checks(tls_context(ca), f"wss://localhost:{tls_ws[1]}/"))
 
     # Mutual TLS: the client certificate (CN=alice) is listed in [[auth.certificates]], so the
     # connection is alice's with no token, and her permissions apply.

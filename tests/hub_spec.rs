@@ -2042,13 +2042,62 @@ fn closing_from_a_handler_during_flush_does_not_deadlock() {
     let _ = hub.flush();
     hub.close();
     assert!(hub.is_closed());
-    // The handler's close may still be telling the adapters when this thread's close (which
-    // lost the race to close) returns: wait for the adapter, bounded.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while spy.closes().is_empty() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    // Whichever close won, this one returns after the adapters were told.
     assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
+}
+
+/// A transport whose close adapter takes its time: it says when it started, then records the
+/// close 200 ms later.
+#[derive(Debug, Default)]
+struct SlowCloseSink {
+    entered: AtomicBool,
+    closed: Mutex<Vec<String>>,
+}
+
+impl powerhub_plugin::Sink for SlowCloseSink {
+    fn send(
+        &self,
+        _: &SubscriberRef,
+        _: powerhub_plugin::Frame,
+        _: powerhub_plugin::Completion,
+    ) -> powerhub_plugin::SendOutcome {
+        powerhub_plugin::SendOutcome::Accepted
+    }
+
+    fn close(&self, sub: &SubscriberRef, _: CloseReason) {
+        self.entered.store(true, Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(200));
+        self.closed.lock().unwrap().push(sub.id().to_owned());
+    }
+}
+
+/// `close()` detaches everything and calls the close adapter: a `close()` that loses the race
+/// to another thread's returns only once the winner has told every adapter, so a caller never
+/// sees a hub that says it is closed while its subscribers are still being closed.
+#[test]
+fn a_close_that_loses_the_race_returns_after_the_adapters_were_told() {
+    let sink = Arc::new(SlowCloseSink::default());
+    let hub = Hub::new(Arc::clone(&sink), HubOptions::default()).unwrap();
+    sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
+    let winner = {
+        let hub = hub.clone();
+        std::thread::spawn(move || hub.close())
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sink.entered.load(Ordering::SeqCst) {
+        assert!(
+            Instant::now() < deadline,
+            "the first close never reached the adapter"
+        );
+        std::thread::yield_now();
+    }
+    hub.close();
+    assert_eq!(
+        *sink.closed.lock().unwrap(),
+        ["a"],
+        "returned before the adapter finished"
+    );
+    winner.join().unwrap();
 }
 
 #[test]

@@ -438,6 +438,15 @@ struct Counters {
 type TopicMap = HashMap<Arc<str>, Topic, foldhash::fast::RandomState>;
 
 /// The hub's shared state.
+/// How far the first [`Inner::close`] got.
+#[derive(Debug, Default)]
+struct Closing {
+    /// The thread that runs it.
+    by: Option<std::thread::ThreadId>,
+    /// It returned: every subscriber was closed and its adapter told.
+    done: bool,
+}
+
 pub(crate) struct Inner {
     /// A weak handle to this hub, captured by send completions.
     me: Weak<Inner>,
@@ -466,6 +475,11 @@ pub(crate) struct Inner {
     /// Flushes waiting on `flush_cv`; completions only take `flush_mx` when there are some.
     flush_waiters: AtomicUsize,
     thread: Mutex<Option<JoinHandle<()>>>,
+    /// The `close` that won the race: its thread, and whether it has torn everything down. A
+    /// concurrent `close` waits on `closing_cv` until it has, so that every `close` returns
+    /// after the close adapters were told.
+    closing: Mutex<Closing>,
+    closing_cv: Condvar,
     /// Where handlers run under [`Driver::Thread`] (under [`Driver::Manual`], in the turn).
     handlers: Option<Arc<Pool<Job>>>,
 }
@@ -496,6 +510,8 @@ impl Inner {
             flush_cv: Condvar::new(),
             flush_waiters: AtomicUsize::new(0),
             thread: Mutex::new(None),
+            closing: Mutex::new(Closing::default()),
+            closing_cv: Condvar::new(),
             handlers: (driver == Driver::Thread && !inline).then(|| {
                 let hub = me.clone();
                 Pool::new(move |job: Job| match hub.upgrade() {
@@ -1615,9 +1631,29 @@ impl Inner {
     }
 
     pub(crate) fn close(&self) {
-        if self.closed.swap(true, Ordering::SeqCst) {
-            return;
+        {
+            // Under `closing`, so that a `close` that loses the race finds the winner's thread.
+            let mut closing = self.closing.lock();
+            if self.closed.swap(true, Ordering::SeqCst) {
+                // Not from inside the winner's own teardown (an adapter or handler it called),
+                // nor from a drain (the winner may be joining the drain thread): those return
+                // at once, as before.
+                if closing.by != Some(std::thread::current().id()) && !draining() {
+                    while !closing.done {
+                        self.closing_cv.wait(&mut closing);
+                    }
+                }
+                return;
+            }
+            closing.by = Some(std::thread::current().id());
         }
+        self.tear_down();
+        self.closing.lock().done = true;
+        self.closing_cv.notify_all();
+    }
+
+    /// What the first `close` does.
+    fn tear_down(&self) {
         {
             let _g = self.wake.lock();
             self.wake_cv.notify_all();
