@@ -400,7 +400,9 @@ impl Hub {
 
     /// Closes the hub, not gracefully: pending batches are dropped, every subscriber is
     /// detached and its close adapter called with reason `hub-closed`, retained logs are
-    /// released. Idempotent.
+    /// released. Idempotent: when several threads close the hub at once, each call returns
+    /// once every close adapter was told (a call from inside that teardown, such as a close
+    /// adapter or handler that closes the hub again, returns at once).
     pub fn close(&self) {
         self.inner().close()
     }
