@@ -137,6 +137,43 @@ fn a_reply_never_overtakes_messages_published_before_its_command() {
     });
 }
 
+/// The same rule for a connection's own publishes: a publish and a command in one write (one
+/// receive, several commands) get the delivery first, then the reply; a publish with an id gets
+/// its delivery before the `published` reply of the next one.
+#[test]
+fn a_reply_never_overtakes_the_delivery_of_an_earlier_publish_in_the_same_write() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        let mut c = stalled_client(&server, "own");
+        c.send_raw(
+            concat!(
+                r#"{"type":"publish","message":{"type":"m","stream":"own","n":0}}"#,
+                "\n",
+                r#"{"type":"ping","id":1}"#,
+                "\n",
+                r#"{"type":"publish","id":2,"message":{"type":"m","stream":"own","n":1}}"#,
+                "\n",
+                r#"{"type":"publish","id":3,"message":{"type":"m","stream":"own","n":2}}"#,
+                "\n",
+            )
+            .as_bytes(),
+        );
+        let got = read_until(&mut c, |v| v["requestId"] == 3);
+        let order: Vec<String> = got
+            .iter()
+            .map(|v| match v["type"].as_str().unwrap() {
+                "m" => format!("m{}", v["n"]),
+                kind => format!("{kind}{}", v["requestId"]),
+            })
+            .collect();
+        assert_eq!(
+            order,
+            ["m0", "pong1", "published2", "m1", "published3"],
+            "each delivery before the replies to the commands after its publish"
+        );
+    });
+}
+
 #[test]
 fn a_screenshot_waiting_behind_a_backlog_is_replaced_by_the_next_for_its_slot() {
     on_both_backends(|backend| {

@@ -528,8 +528,17 @@ fn tls_configuration_errors_name_the_key_and_the_file() {
         .with_tls(pki.path("server.pem"), pki.path("server.key"));
     l.address = None;
     config.listeners = vec![l];
-    let err = start_error(config);
+    let err = start_error(config.clone());
     assert!(err.contains("tls_cert") && err.contains("Unix"), "{err}");
+    assert!(!err.contains("Some("), "the path as written: {err}");
+    // Said before the files are read: a Unix listener with TLS is refused even when they are
+    // missing.
+    let mut l = ListenerConfig::unix("ndjson", pki.path("push2.sock"))
+        .with_tls(pki.path("missing.pem"), pki.path("missing.key"));
+    l.address = None;
+    config.listeners = vec![l];
+    let err = start_error(config);
+    assert!(err.contains("Unix") && err.contains("missing.pem"), "{err}");
 }
 
 #[test]

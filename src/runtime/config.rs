@@ -536,11 +536,15 @@ impl Config {
                 "must be at least 1",
             ));
         }
-        if l.max_outbox_bytes <= l.backpressure_bytes {
+        // Only `disconnect` reads `backpressure_bytes`: there it must come before the limit
+        // that closes a connection for its memory.
+        if self.subscriptions.slow_consumer == SlowConsumerChoice::Disconnect
+            && l.max_outbox_bytes <= l.backpressure_bytes
+        {
             return Err(invalid(
                 "limits.max_outbox_bytes",
                 l.max_outbox_bytes,
-                "must be larger than limits.backpressure_bytes",
+                "must be larger than limits.backpressure_bytes under subscriptions.slow_consumer = \"disconnect\"",
             ));
         }
         if l.first_message_timeout_ms == 0 {
@@ -669,6 +673,23 @@ mod tests {
         assert!(err.to_string().contains("listener[0].address"), "{err}");
         let err = Config::from_toml("[engine]\nbackend = \"kqueue\"\n", None).unwrap_err();
         assert!(err.to_string().contains("kqueue"), "{err}");
+    }
+
+    #[test]
+    fn max_outbox_bytes_must_pass_backpressure_bytes_only_where_disconnect_reads_it() {
+        let small = "[limits]\nmax_outbox_bytes = 4194304\n";
+        let c = Config::from_toml(small, None).unwrap();
+        assert_eq!(c.limits.max_outbox_bytes, 4 << 20);
+        let err = Config::from_toml(
+            &format!("{small}\n[subscriptions]\nslow_consumer = \"disconnect\"\n"),
+            None,
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(
+            msg.contains("limits.max_outbox_bytes") && msg.contains("disconnect"),
+            "{msg}"
+        );
     }
 
     #[test]

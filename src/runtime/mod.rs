@@ -631,16 +631,16 @@ impl Engine {
                 .map_err(|message| EngineError::Listener { index, message })?
                 .unwrap_or(factory);
             let addr = l.listen_addr(index)?;
-            let tls = listener_tls(l)
-                .map_err(|source| EngineError::Tls { index, source })?
-                .map(|(files, config)| (files, RwLock::new(config)));
-            if tls.is_some() && matches!(addr, ListenAddr::Unix(_)) {
+            if let (Some(cert), ListenAddr::Unix(_)) = (&l.tls_cert, &addr) {
                 return Err(EngineError::Config(ConfigError::Invalid {
                     key: format!("listener[{index}].tls_cert"),
-                    value: format!("{:?}", l.tls_cert),
+                    value: cert.display().to_string(),
                     reason: "TLS is for TCP listeners; a Unix socket listener has none".into(),
                 }));
             }
+            let tls = listener_tls(l)
+                .map_err(|source| EngineError::Tls { index, source })?
+                .map(|(files, config)| (files, RwLock::new(config)));
             let (fd, local) = bind(index, &l.protocol, &addr)?;
             if let ListenAddr::Unix(p) = &local {
                 unix_paths.push(p.clone());

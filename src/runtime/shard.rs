@@ -1007,7 +1007,21 @@ impl<B: Backend> Shard<B> {
         });
         let max_outbox = self.shared.config.limits.max_outbox_bytes;
         let mut events = std::mem::take(&mut self.output.events);
-        for event in events.drain(..) {
+        for (i, event) in events.drain(..).enumerate() {
+            let Some(c) = self.slots[token as usize].as_deref_mut() else {
+                break;
+            };
+            if i > 0 && !self.handle.topics.is_empty() && c.session.subscriptions().next().is_some()
+            {
+                // An earlier command of this input published (or another thread did since):
+                // that fan-out goes first, so that the reply to this command does not overtake
+                // a delivery published before it.
+                self.fan_out_listed(now);
+                match self.slots[token as usize].as_deref_mut() {
+                    Some(c) if c.state == State::Open => {}
+                    _ => break,
+                }
+            }
             let Some(c) = self.slots[token as usize].as_deref_mut() else {
                 break;
             };

@@ -464,6 +464,18 @@ pub enum TokenPart {
     Signature,
 }
 
+impl TokenPart {
+    /// The part in an error message: "token", "token header", ...
+    fn noun(self) -> &'static str {
+        match self {
+            TokenPart::Token => "token",
+            TokenPart::Header => "token header",
+            TokenPart::Payload => "token payload",
+            TokenPart::Signature => "token signature",
+        }
+    }
+}
+
 impl fmt::Display for TokenPart {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -516,7 +528,7 @@ pub enum AuthError {
     },
     /// The token is not a well-formed JWT: not three base64url parts, a part that does not
     /// decode, a header or payload that is not a JSON object, or a claim of the wrong type.
-    #[error("malformed token {part}: {reason}")]
+    #[error("malformed {}: {reason}", part.noun())]
     Malformed {
         /// The part at fault.
         part: TokenPart,

@@ -315,17 +315,19 @@ fn respond(
 
 /// The credential an upgrade request carries: the token of an `Authorization: Bearer` header
 /// (RFC 6750 §2.1), else the percent-decoded value of the first `token` query parameter (§2.3;
-/// a browser's WebSocket API cannot set headers). A header that is not one `Bearer` value, or a
-/// value that is not UTF-8, is passed on as it is, for the server to refuse by name.
+/// a browser's WebSocket API cannot set headers). A header of another scheme (`Basic`, which a
+/// proxy in front may add) is not this server's and is ignored; a value with no scheme, or one
+/// that is not UTF-8, is passed on as it is, for the server to refuse by name.
 fn credential(req: &httparse::Request<'_, '_>, target: &str) -> Option<String> {
     if let Some(value) = values(req, "authorization").next() {
         let value = String::from_utf8_lossy(value.trim_ascii());
-        return Some(match value.split_once(' ') {
+        match value.split_once(' ') {
             Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
-                token.trim().to_owned()
+                return Some(token.trim().to_owned());
             }
-            _ => value.into_owned(),
-        });
+            Some(_) => {}
+            None => return Some(value.into_owned()),
+        }
     }
     let (_, query) = target.split_once('?')?;
     query

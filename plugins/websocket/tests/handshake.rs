@@ -411,16 +411,30 @@ fn a_token_query_parameter_is_percent_decoded_and_the_path_still_matches() {
             "{target}"
         );
     }
-    // An Authorization header wins over the query; a scheme other than Bearer is passed on
-    // whole, for the server to refuse.
+    // A Bearer header wins over the query.
+    let step = feed(
+        connection(WebSocketConfig::default()).as_mut(),
+        request("/?token=q", "Authorization: Bearer h\r\n").as_bytes(),
+    );
+    assert_eq!(step.events, vec![Inbound::Credential("h".into())]);
+    // A header of another scheme (a proxy's `Basic`) is not a token: ignored, so the query's
+    // token, or none (the client may still send `auth`).
     let step = feed(
         connection(WebSocketConfig::default()).as_mut(),
         request("/?token=q", "Authorization: Basic dXNlcjpwdw==\r\n").as_bytes(),
     );
-    assert_eq!(
-        step.events,
-        vec![Inbound::Credential("Basic dXNlcjpwdw==".into())]
+    assert_eq!(step.events, vec![Inbound::Credential("q".into())]);
+    let step = feed(
+        connection(WebSocketConfig::default()).as_mut(),
+        request("/", "Authorization: Basic dXNlcjpwdw==\r\n").as_bytes(),
     );
+    assert!(step.events.is_empty(), "{:?}", step.events);
+    // A value with no scheme is passed on whole, for the server to refuse by name.
+    let step = feed(
+        connection(WebSocketConfig::default()).as_mut(),
+        request("/", "Authorization: raw-token\r\n").as_bytes(),
+    );
+    assert_eq!(step.events, vec![Inbound::Credential("raw-token".into())]);
     // No credential, no event.
     let step = feed(
         connection(WebSocketConfig::default()).as_mut(),
