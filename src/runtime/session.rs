@@ -54,7 +54,15 @@ pub(crate) enum After {
 }
 
 /// Handles one inbound JSON message (an NDJSON line, a frame's element, a WebSocket text).
-pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instant) -> After {
+/// `now` and `wall` are the receive's time (one clock read per receive, not per command: the
+/// commands of one receive arrived together).
+pub(crate) fn on_text(
+    conn: &mut Conn,
+    shared: &Shared,
+    line: Bytes,
+    now: Instant,
+    wall: SystemTime,
+) -> After {
     // A usual publish is read where it lies (the line may share one receive with others); any
     // other line is parsed in place, copied first only if its bytes are shared.
     let cmd = match conn.session.parse(line) {
@@ -65,7 +73,7 @@ pub(crate) fn on_text(conn: &mut Conn, shared: &Shared, line: Bytes, now: Instan
         }
     };
     let request_id = cmd.request_id().cloned();
-    let action = conn.session.handle_command_at(cmd, SystemTime::now());
+    let action = conn.session.handle_command_at(cmd, wall);
     perform(conn, shared, action, request_id, now)
 }
 

@@ -996,6 +996,7 @@ impl<B: Backend> Shard<B> {
             c.urgent.push(self.output.urgent.split().freeze());
         }
         let now = Instant::now();
+        let wall = SystemTime::now();
         let mut close = None;
         // A message meets the first-message deadline (once the connection authenticated, where
         // the server requires it); a keepalive pong does not.
@@ -1028,7 +1029,7 @@ impl<B: Backend> Shard<B> {
             match event {
                 Inbound::Text(line) => {
                     c.messages_in = c.messages_in.saturating_add(1);
-                    match session::on_text(c, &self.shared, line, now) {
+                    match session::on_text(c, &self.shared, line, now, wall) {
                         After::Continue => {}
                         After::Close(ending) => {
                             close = Some(ending);
