@@ -55,11 +55,31 @@ fn push_subscribers_of_a_topic_read_one_shared_encode_per_batch() {
             assert_eq!(c.line().unwrap(), m2);
         }
         assert_eq!(subs[2].line().unwrap(), m1);
+        let stats = server.engine.hub().stats();
         assert_eq!(
-            server.engine.hub().stats().encoded - encoded_before,
+            stats.encoded - encoded_before,
             2,
             "one encode for topic obs (two subscribers), one for obs/d1"
         );
+        // Each push subscription's row counts the bytes fanned out to it (its lines), and
+        // `bytes_out` is their sum.
+        let line = |m: &str| m.len() as u64 + 1;
+        let mut sent: Vec<(String, u64)> = stats
+            .list
+            .iter()
+            .map(|s| (s.topic.clone(), s.bytes_sent))
+            .collect();
+        sent.sort();
+        let both = line(m1) + line(m2);
+        assert_eq!(
+            sent,
+            [
+                ("obs".to_owned(), both),
+                ("obs".to_owned(), both),
+                ("obs/d1".to_owned(), line(m1))
+            ]
+        );
+        assert_eq!(stats.bytes_out, 2 * both + line(m1));
     });
 }
 

@@ -74,6 +74,9 @@ pub(crate) trait Tap: Send + Sync {
 pub(crate) struct TapMember {
     pub(crate) id: Arc<str>,
     pub(crate) transport: Arc<dyn std::any::Any + Send + Sync>,
+    /// Bytes handed to the subscription's transport (its connection's outbox), for
+    /// `bytes_sent`. Written by the tap's owner only; read by `stats()`.
+    pub(crate) bytes_sent: Arc<AtomicU64>,
 }
 
 thread_local! {
@@ -1737,7 +1740,7 @@ impl Inner {
                     topic: topic.to_string(),
                     queued: 0,
                     dropped: 0,
-                    bytes_sent: 0,
+                    bytes_sent: m.bytes_sent.load(Ordering::Relaxed),
                     in_flight: false,
                     priority: 0,
                 }),

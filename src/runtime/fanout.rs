@@ -31,7 +31,7 @@
 //! this module's loom tests checks it with two publishers.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc;
 
 use crossbeam_queue::SegQueue;
@@ -113,6 +113,18 @@ pub(crate) struct LocalSub {
     pub(crate) hub_id: Arc<str>,
     /// The connection's wire form is the hub's binary frame.
     pub(crate) hub_frames: bool,
+    /// Bytes fanned out to it (its stats row's `bytes_sent`): written by the shard thread
+    /// only (a load and a store, no read-modify-write), read by `stats()`.
+    pub(crate) bytes_sent: Arc<AtomicU64>,
+}
+
+impl LocalSub {
+    /// Counts `n` more bytes handed to the subscription's outbox.
+    pub(crate) fn count_sent(&self, n: usize) {
+        // Relaxed: a statistic; this thread is its only writer.
+        let total = self.bytes_sent.load(StdOrdering::Relaxed) + n as u64;
+        self.bytes_sent.store(total, StdOrdering::Relaxed);
+    }
 }
 
 /// A topic some local connection subscribes to.
@@ -204,6 +216,7 @@ impl Fanout {
         t.tap.members.lock().push(TapMember {
             id: Arc::clone(&sub.hub_id),
             transport,
+            bytes_sent: Arc::clone(&sub.bytes_sent),
         });
         t.tap.count.fetch_add(1, StdOrdering::Relaxed);
         t.hub_frame_subs += usize::from(sub.hub_frames);

@@ -1154,6 +1154,7 @@ impl<B: Backend> Shard<B> {
             id: Arc::clone(&subscription_id),
             hub_id,
             hub_frames: c.hub_frames,
+            bytes_sent: Arc::default(),
         };
         let transport: Arc<dyn std::any::Any + Send + Sync> =
             Arc::new(Arc::clone(&subscription_id));
@@ -1255,8 +1256,10 @@ impl<B: Backend> Shard<B> {
                     // One frame per batch: lossless and in order with the replies, written as
                     // it is (the frame protocol's wire form is the hub frame).
                     c.outbox.push_wire(frame.clone(), now);
+                    sub.count_sent(frame.len());
                 } else if let Some(lines) = &lines {
                     c.outbox.push_shared(&sub.id, lines.clone(), now);
+                    sub.count_sent(lines.len());
                 }
                 c.deliveries = c.deliveries.saturating_add(1);
                 deliveries += 1;
