@@ -1142,8 +1142,12 @@ fn public_key(algorithm: JwtAlgorithm, pem_bytes: &[u8]) -> Result<DecodingKey, 
         JwtAlgorithm::Rs256 => {
             use rsa::pkcs8::DecodePublicKey as _;
             use rsa::traits::PublicKeyParts as _;
-            let key = rsa::RsaPublicKey::from_public_key_der(&spki)
-                .map_err(|e| format!("not an RSA public key, as RS256 needs ({e})"))?;
+            let key = rsa::RsaPublicKey::from_public_key_der(&spki).map_err(|e| {
+                format!(
+                    "not an RSA public key, as RS256 needs ({})",
+                    key_kind(&spki).unwrap_or_else(|| e.to_string())
+                )
+            })?;
             let bits = key.n().bits();
             if bits < MIN_RSA_BITS {
                 return Err(format!(
@@ -1158,14 +1162,45 @@ fn public_key(algorithm: JwtAlgorithm, pem_bytes: &[u8]) -> Result<DecodingKey, 
         JwtAlgorithm::Es256 => {
             use p256::elliptic_curve::sec1::ToEncodedPoint as _;
             use p256::pkcs8::DecodePublicKey as _;
-            let key = p256::PublicKey::from_public_key_der(&spki)
-                .map_err(|e| format!("not a P-256 public key, as ES256 needs ({e})"))?;
+            let key = p256::PublicKey::from_public_key_der(&spki).map_err(|e| {
+                format!(
+                    "not a P-256 public key, as ES256 needs ({})",
+                    key_kind(&spki).unwrap_or_else(|| e.to_string())
+                )
+            })?;
             Ok(DecodingKey::from_ec_der(
                 key.to_encoded_point(false).as_bytes(),
             ))
         }
         JwtAlgorithm::Hs256 => unreachable!("HS256 has no public key"),
     }
+}
+
+/// What kind of key a DER `SubjectPublicKeyInfo` holds, for an error message ("the file holds
+/// an RSA key"); `None` when it does not parse.
+fn key_kind(spki: &[u8]) -> Option<String> {
+    use x509_cert::der::Decode as _;
+    let info = x509_cert::spki::SubjectPublicKeyInfoRef::from_der(spki).ok()?;
+    let oid = info.algorithm.oid.to_string();
+    let kind = match oid.as_str() {
+        "1.2.840.113549.1.1.1" => "an RSA key".to_owned(),
+        "1.2.840.10045.2.1" => {
+            let curve = info
+                .algorithm
+                .parameters_oid()
+                .map(|c| match c.to_string().as_str() {
+                    "1.2.840.10045.3.1.7" => "P-256".to_owned(),
+                    "1.3.132.0.34" => "P-384".to_owned(),
+                    "1.3.132.0.35" => "P-521".to_owned(),
+                    other => format!("curve {other}"),
+                })
+                .unwrap_or_else(|_| "an unnamed curve".to_owned());
+            format!("an EC key on {curve}")
+        }
+        "1.3.101.112" => "an Ed25519 key".to_owned(),
+        other => format!("a key of algorithm {other}"),
+    };
+    Some(format!("the file holds {kind}"))
 }
 
 #[cfg(test)]
@@ -2011,8 +2046,13 @@ mod tests {
         let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
         let r = key_reason(rs_config(), &[("rsa.pub.pem", &ec.public_key_pem())]);
         assert!(r.contains("not an RSA public key"), "{r}");
+        assert!(r.contains("the file holds an EC key on P-256"), "{r}");
         let r = key_reason(es_config(), &[("ec.pub.pem", RSA_PUBLIC)]);
         assert!(r.contains("not a P-256 public key"), "{r}");
+        assert!(r.contains("the file holds an RSA key"), "{r}");
+        let p384 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let r = key_reason(es_config(), &[("ec.pub.pem", &p384.public_key_pem())]);
+        assert!(r.contains("the file holds an EC key on P-384"), "{r}");
         // An HS256 secret from a file, its trailing line break dropped.
         let secret_file = format!("{SECRET}\n");
         let auth = with_jwt_files(

@@ -90,7 +90,7 @@ pub enum FrameError {
         available: usize,
     },
     /// The frame does not start with `PH`.
-    #[error("bad frame magic {0:02x?}, expected \"PH\"")]
+    #[error("bad frame magic {:#04x} {:#04x}, expected \"PH\" (0x50 0x48)", .0[0], .0[1])]
     BadMagic([u8; 2]),
     /// The header's version is not [`VERSION`].
     #[error("unsupported frame version {0}, expected {VERSION}")]
@@ -583,6 +583,19 @@ mod tests {
                 header: 3,
                 found: 2
             })
+        );
+    }
+
+    #[test]
+    fn bad_magic_is_named_in_hex() {
+        let mut f = encode_raw(b"x").unwrap().to_vec();
+        f[0] = b'X';
+        f[1] = b'X';
+        let err = decode(&f).unwrap_err();
+        assert_eq!(err, FrameError::BadMagic(*b"XX"));
+        assert_eq!(
+            err.to_string(),
+            r#"bad frame magic 0x58 0x58, expected "PH" (0x50 0x48)"#
         );
     }
 
