@@ -477,3 +477,67 @@ fn an_ended_receiver_behind_what_the_log_keeps_hears_the_loss_then_closed() {
     assert_eq!(received + missed, 300);
     assert!(missed > 0);
 }
+
+/// `dropped` is a counter to alert on: it never goes back. What a default (drop-oldest)
+/// receiver's bound dropped counts as dropped in `stats()` before the receiver hears of it,
+/// and still after its subscription ends, whether the receiver is dropped (what it never
+/// received past its bound is committed then), unsubscribed by id or closed with the hub (it
+/// counts until the receiver hears the loss as `Lagged`, and once).
+#[test]
+fn a_receivers_drops_stay_counted_after_its_subscription_ends() {
+    for end in ["drop", "unsubscribe", "close"] {
+        let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+        let opts = SubscribeOptions::default().id("r").max_queue(2);
+        let mut rx = Some(hub.receiver("t", opts).unwrap());
+        for n in 0..10 {
+            publish(&hub, "t", n);
+        }
+        assert_eq!(hub.stats().dropped, 8, "{end}: before the end");
+        match end {
+            "drop" => drop(rx.take()),
+            "unsubscribe" => assert!(hub.unsubscribe("r")),
+            _ => hub.close(),
+        }
+        assert_eq!(hub.stats().dropped, 8, "{end}: after the end");
+        if let Some(mut rx) = rx {
+            assert_eq!(
+                rx.try_recv().unwrap_err(),
+                TryRecvError::Lagged { missed: 8 }
+            );
+            assert_eq!(hub.stats().dropped, 8, "{end}: heard, counted once");
+            assert_eq!(n_of(&rx.try_recv().unwrap()), 8);
+            assert_eq!(n_of(&rx.try_recv().unwrap()), 9);
+            assert!(matches!(rx.try_recv(), Err(TryRecvError::Closed { .. })));
+            if end == "unsubscribe" {
+                // (A closed hub's `delivered` is not read here: its subscribers are gone.)
+                assert_eq!(hub.stats().delivered, 2, "{end}: received after its end");
+            }
+            drop(rx);
+            assert_eq!(hub.stats().dropped, 8, "{end}: after its drop");
+        }
+    }
+}
+
+/// A `flush_async` (or `shutdown_async`) given up on does not keep the hub open: dropping the
+/// last `Hub` handle still closes it (the close adapters are told), and the abandoned flush
+/// ends with `Closed`.
+#[test]
+fn an_abandoned_flush_async_does_not_keep_the_hub_open() {
+    use powerhub::transport::SpyMode;
+    let spy = SpySink::new();
+    spy.set_mode(SpyMode::Pending);
+    let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
+    hub.subscribe_sink("t", SubscribeOptions::default().id("a"))
+        .unwrap()
+        .detach();
+    publish(&hub, "t", 1);
+    let task = hub.flush_async();
+    let shutdown = hub.shutdown_async();
+    drop(hub);
+    assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert_eq!(rt.block_on(task), Err(FlushError::Closed));
+    assert_eq!(rt.block_on(shutdown), Err(FlushError::Closed));
+}

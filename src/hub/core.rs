@@ -465,6 +465,11 @@ pub(crate) struct Inner {
     /// unsubscribes itself): out of `ids`, but a flush waits for that handler to return. Taken
     /// off when it returned. Lock order: `ids` before `retiring`.
     retiring: Mutex<Vec<Arc<Sub>>>,
+    /// The cursors of direct receivers whose subscription ended while the receiver lives: its
+    /// losses past the bound (not received yet, so not committed) and what it received since
+    /// still count in `stats()`. Pruned once only this list holds a cursor (the receiver
+    /// dropped, and counted what was left).
+    ended_direct: Mutex<Vec<Arc<DirectCursor>>>,
     /// Lock order: `topics` before `ready`.
     ready: Mutex<Ready>,
     counters: Counters,
@@ -503,6 +508,7 @@ impl Inner {
             topics: RwLock::new(HashMap::default()),
             ids: Mutex::new(HashMap::new()),
             retiring: Mutex::new(Vec::new()),
+            ended_direct: Mutex::new(Vec::new()),
             ready: Mutex::new(Ready::default()),
             counters: Counters::default(),
             work: AtomicBool::new(false),
@@ -708,6 +714,7 @@ impl Inner {
                     // Its end is the log's head now, under the lock that keeps publishes out:
                     // what is published after this is not for it.
                     dc.close(reason);
+                    self.ended(dc);
                     // What it received so far joins the hub's count (the rest, at its drop).
                     let received = dc.received.load(Ordering::Relaxed);
                     let folded = dc.folded.swap(received, Ordering::Relaxed);
@@ -1668,6 +1675,9 @@ impl Inner {
             if !sub.closed.swap(true, Ordering::AcqRel) {
                 sub.queue.clear();
                 self.close_adapter(sub, CloseReason::HubClosed);
+                if let Consumer::Direct(dc) = &sub.consumer {
+                    self.ended(dc);
+                }
             }
         }
         for t in topics.values() {
@@ -1700,12 +1710,27 @@ impl Inner {
         subs
     }
 
+    /// A direct receiver's subscription ended: its cursor joins `ended_direct`.
+    fn ended(&self, dc: &Arc<DirectCursor>) {
+        let mut ended = self.ended_direct.lock();
+        ended.retain(|c| Arc::strong_count(c) > 1);
+        ended.push(Arc::clone(dc));
+    }
+
     pub(crate) fn stats(&self) -> Stats {
         let subs = self.ordered_subs();
         // Evictions a cursor queue has not committed yet count as dropped already.
         let mut uncommitted = 0;
         // What live direct receivers received and the counter has not taken in yet.
         let mut received = 0;
+        // So do those of ended direct receivers that still live (they are in no list).
+        for dc in self.ended_direct.lock().iter() {
+            received += dc
+                .received
+                .load(Ordering::Relaxed)
+                .saturating_sub(dc.folded.load(Ordering::Relaxed));
+            uncommitted += dc.backlog().1 as u64;
+        }
         let mut list: Vec<SubscriberStats> = subs
             .iter()
             .map(|s| {

@@ -256,6 +256,24 @@ impl DirectCursor {
         (total.min(self.cap), total.saturating_sub(self.cap))
     }
 
+    /// After the receiver is gone (its drop), once its subscription ended: the messages beyond
+    /// its bound that it will never receive, which the policy drops. Its position moves past
+    /// them (the replay first, then live publications, as a receive would), so they are
+    /// counted once.
+    pub(crate) fn take_overflow(&self) -> u64 {
+        let (_, over) = self.backlog();
+        if over > 0 {
+            // Relaxed: the reader, the only other writer, is gone; `stats()` reads a statistic.
+            let replay = self.replay_left.load(Ordering::Relaxed);
+            let from_replay = over.min(replay);
+            self.replay_left
+                .store(replay - from_replay, Ordering::Relaxed);
+            self.pos
+                .fetch_add((over - from_replay) as u64, Ordering::Relaxed);
+        }
+        over as u64
+    }
+
     /// The subscription ended: record where, and wake the receiver.
     pub(crate) fn close(&self, reason: CloseReason) {
         if let Some(log) = self.log.get() {

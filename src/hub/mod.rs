@@ -361,12 +361,16 @@ impl Hub {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn flush_async(&self) -> HubTask {
-        HubTask::spawn(self.clone(), Hub::flush)
+        HubTask::spawn(Arc::clone(self.inner()), |inner| inner.flush(None))
     }
 
     /// [`shutdown`](Hub::shutdown) as a future, as [`flush_async`](Hub::flush_async).
     pub fn shutdown_async(&self) -> HubTask {
-        HubTask::spawn(self.clone(), Hub::shutdown)
+        HubTask::spawn(Arc::clone(self.inner()), |inner| {
+            let flushed = inner.flush(None);
+            inner.close();
+            flushed
+        })
     }
 
     /// Unsubscribes the subscriber `id`; `false` if there is none. Its close adapter is called

@@ -380,8 +380,12 @@ impl Drop for DirectRx {
             return;
         }
         let folded = cursor.folded.swap(self.received, Ordering::Relaxed);
-        if self.received > folded {
-            self.sub.count_direct(self.received - folded, 0);
+        // What its bound dropped and it never received is dropped now (counted once: `stats()`
+        // counted it as uncommitted until here).
+        let dropped = cursor.take_overflow();
+        if self.received > folded || dropped > 0 {
+            self.sub
+                .count_direct(self.received.saturating_sub(folded), dropped);
         }
     }
 }

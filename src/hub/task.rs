@@ -1,7 +1,9 @@
 //! Futures of the hub's blocking operations ([`Hub::flush_async`](super::Hub::flush_async),
 //! [`Hub::shutdown_async`](super::Hub::shutdown_async)) for async callers, without a runtime:
 //! the operation runs on a thread of its own (it may wait for transports) and wakes the task's
-//! `Waker` when it is done.
+//! `Waker` when it is done. The thread holds the hub's internals, not a [`Hub`](super::Hub)
+//! handle: a task given up on does not keep the hub open once the caller drops its last handle
+//! (that closes the hub, and the waiting flush returns `Closed`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -10,7 +12,8 @@ use std::task::{Context, Poll, Waker};
 
 use parking_lot::Mutex;
 
-use super::{FlushError, Hub};
+use super::core::Inner;
+use super::FlushError;
 
 #[derive(Debug, Default)]
 struct Slot {
@@ -28,11 +31,11 @@ pub struct HubTask {
 }
 
 impl HubTask {
-    pub(super) fn spawn(hub: Hub, op: fn(&Hub) -> Result<(), FlushError>) -> HubTask {
+    pub(super) fn spawn(inner: Arc<Inner>, op: fn(&Inner) -> Result<(), FlushError>) -> HubTask {
         let slot = Arc::new(Mutex::new(Slot::default()));
         let done = Arc::clone(&slot);
         let run = move || {
-            let result = op(&hub);
+            let result = op(&inner);
             let waker = {
                 let mut s = done.lock();
                 s.result = Some(result);
