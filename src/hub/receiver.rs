@@ -257,9 +257,13 @@ impl Sink for HandOff {
 ///   returns [`RecvError::Lagged`] with their count first, then the messages after the gap.
 ///   Every [`Received`] also carries its [`topic_seq`](Received::topic_seq): consecutive unless
 ///   something was dropped.
-/// - **The end is said.** After `disconnect`, an unsubscribe or the hub's close, what was
-///   published (or handed over) before it is still received, then [`RecvError::Closed`] with
-///   the reason.
+/// - **The end is said.** After `disconnect`, an unsubscribe or the hub's close, the rest is
+///   received, then [`RecvError::Closed`] with the reason. The rest is, for a FIFO drop-oldest
+///   receiver (the default, which reads its topic itself), everything published before the end
+///   within its bound; for the others (drop-newest, disconnect, `message_priority`), what the
+///   hub had handed over to the receiver: messages still in the subscriber's queue at the end
+///   are discarded with it, as a sink subscriber's are (and, like those, not counted as
+///   dropped).
 /// - **Dropping the receiver unsubscribes.**
 ///
 /// The async side needs no particular runtime: [`Receiver::recv_async`] is a future woken by
