@@ -317,3 +317,84 @@ fn websocket_page_in_chromium_over_tls_with_a_token() {
     let _ = engine.shutdown();
     let _ = std::fs::remove_dir_all(&profile);
 }
+
+/// With authentication on, the web page opened without a token asks for one (the server said
+/// `auth_required`), connects again with the token entered, and shows what is published.
+#[test]
+fn websocket_page_asks_for_a_token_when_the_server_needs_one() {
+    if std::env::var_os("POWERHUB_SKIP_BROWSER").is_some() {
+        eprintln!("POWERHUB_SKIP_BROWSER is set: the browser test is skipped");
+        return;
+    }
+    let dir = out_dir("websocket_page_token");
+    let mut registry = ProtocolRegistry::with_builtins();
+    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
+        .expect("a valid websocket config");
+    registry.register(Arc::new(websocket)).unwrap();
+    let mut config = Config::default();
+    config.engine.shards = 1;
+    config.engine.stats_interval_ms = 200;
+    config
+        .listeners
+        .push(ListenerConfig::tcp("websocket", "127.0.0.1:0"));
+    config.auth = Some(
+        toml::from_str(
+            r#"
+            [[tokens]]
+            token = "typed-token"
+            user = "page"
+            permissions = { subscribe = { allow = ["demo", "$stats"] } }
+            "#,
+        )
+        .unwrap(),
+    );
+    let engine = Engine::start(config, &registry).expect("the engine starts");
+    let ListenAddr::Tcp(addr) = engine.listeners()[0].addr.clone() else {
+        panic!("tcp")
+    };
+    let profile = dir.join(format!("profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    std::fs::create_dir_all(&profile).unwrap();
+    let (_browser, mut page) = devtools::launch_chromium(&profile);
+    page.open(&format!("http://{addr}/?stream=demo"));
+    let deadline = Instant::now() + DEADLINE;
+    page.wait_for(
+        "document.body && document.body.dataset.state === 'auth' \
+         && !document.getElementById('token-form').hidden",
+        "asked for a token",
+        deadline,
+    );
+    let png = page.screenshot(&dir.join("page-token.png"));
+    assert!(png.starts_with(b"\x89PNG"));
+    page.eval(
+        "document.getElementById('token').value = 'typed-token'; \
+         document.getElementById('token-form').requestSubmit(); true",
+    );
+    page.wait_for(
+        "document.body.dataset.state === 'open' && document.getElementById('token-form').hidden",
+        "connected with the token entered",
+        deadline,
+    );
+    let message = json!({ "type": "price", "stream": "demo", "price": 9 });
+    let m = powerhub::hub::Message::json(message.to_string()).unwrap();
+    while engine
+        .hub()
+        .publish("demo", m.clone(), powerhub::hub::PublishOptions::default())
+        .unwrap()
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the page never subscribed to demo"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    page.wait_for(
+        "Number(document.body.dataset.received) >= 1",
+        "showed the published message",
+        deadline,
+    );
+    drop(page);
+    let _ = engine.shutdown();
+    let _ = std::fs::remove_dir_all(&profile);
+}
