@@ -518,9 +518,26 @@ fn a_receivers_drops_stay_counted_after_its_subscription_ends() {
     }
 }
 
-/// A `flush_async` (or `shutdown_async`) given up on does not keep the hub open: dropping the
-/// last `Hub` handle still closes it (the close adapters are told), and the abandoned flush
-/// ends with `Closed`.
+/// A receiver dropped in the middle of a chunk it was reading commits only what its bound
+/// really dropped (none here: two received, two waiting, a bound of two).
+#[test]
+fn a_receiver_dropped_mid_run_commits_no_drop_it_did_not_make() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(2))
+        .unwrap();
+    publish(&hub, "t", 0);
+    publish(&hub, "t", 1);
+    assert_eq!(n_of(&rx.try_recv().unwrap()), 0);
+    assert_eq!(n_of(&rx.try_recv().unwrap()), 1);
+    publish(&hub, "t", 2);
+    publish(&hub, "t", 3);
+    drop(rx);
+    assert_eq!(hub.stats().dropped, 0);
+}
+
+/// A `flush_async` given up on does not keep the hub open: dropping the last `Hub` handle still
+/// closes it (the close adapters are told), and the abandoned flush ends with `Closed`.
 #[test]
 fn an_abandoned_flush_async_does_not_keep_the_hub_open() {
     use powerhub::transport::SpyMode;
@@ -532,12 +549,38 @@ fn an_abandoned_flush_async_does_not_keep_the_hub_open() {
         .detach();
     publish(&hub, "t", 1);
     let task = hub.flush_async();
-    let shutdown = hub.shutdown_async();
     drop(hub);
     assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     assert_eq!(rt.block_on(task), Err(FlushError::Closed));
-    assert_eq!(rt.block_on(shutdown), Err(FlushError::Closed));
+}
+
+/// `shutdown_async` stays graceful when the caller drops its handles: it flushes (the send in
+/// flight completes), then closes.
+#[test]
+fn shutdown_async_flushes_then_closes_even_when_the_caller_drops_its_handle() {
+    use powerhub::transport::SpyMode;
+    let spy = SpySink::new();
+    spy.set_mode(SpyMode::Pending);
+    let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
+    hub.subscribe_sink("t", SubscribeOptions::default().id("a"))
+        .unwrap()
+        .detach();
+    publish(&hub, "t", 1);
+    let shutdown = hub.shutdown_async();
+    drop(hub);
+    assert!(spy.closes().is_empty(), "not closed while the flush waits");
+    let deadline = Instant::now() + WAIT;
+    while spy.pending() == 0 {
+        assert!(Instant::now() < deadline, "the send never started");
+        std::thread::yield_now();
+    }
+    spy.complete_all();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    assert_eq!(rt.block_on(shutdown), Ok(()));
+    assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
 }

@@ -223,6 +223,13 @@ impl Sub {
         }
     }
 
+    /// Its direct receiver is gone and committed its counts: the hub forgets its cursor.
+    pub(crate) fn forget_ended(&self, dc: &Arc<DirectCursor>) {
+        if let Some(hub) = self.hub.upgrade() {
+            hub.forget_ended(dc);
+        }
+    }
+
     fn in_flight(&self) -> bool {
         // SeqCst pairs with the flush waiter count (see `Inner::notify_flush`).
         self.send_state.load(Ordering::SeqCst) & phase::MASK != phase::IDLE
@@ -440,16 +447,27 @@ struct Counters {
 /// The topics by name.
 type TopicMap = HashMap<Arc<str>, Topic, foldhash::fast::RandomState>;
 
-/// The hub's shared state.
 /// How far the first [`Inner::close`] got.
 #[derive(Debug, Default)]
 struct Closing {
     /// The thread that runs it.
     by: Option<std::thread::ThreadId>,
-    /// It returned: every subscriber was closed and its adapter told.
+    /// It returned (or panicked): every subscriber was closed and its adapter told.
     done: bool,
 }
 
+/// Marks the first close done when dropped, so that a teardown that panics (a user's close
+/// adapter is caught, but a closure's destructor is not) does not leave later closes waiting.
+struct CloseDone<'a>(&'a Inner);
+
+impl Drop for CloseDone<'_> {
+    fn drop(&mut self) {
+        self.0.closing.lock().done = true;
+        self.0.closing_cv.notify_all();
+    }
+}
+
+/// The hub's shared state.
 pub(crate) struct Inner {
     /// A weak handle to this hub, captured by send completions.
     me: Weak<Inner>,
@@ -714,7 +732,6 @@ impl Inner {
                     // Its end is the log's head now, under the lock that keeps publishes out:
                     // what is published after this is not for it.
                     dc.close(reason);
-                    self.ended(dc);
                     // What it received so far joins the hub's count (the rest, at its drop).
                     let received = dc.received.load(Ordering::Relaxed);
                     let folded = dc.folded.swap(received, Ordering::Relaxed);
@@ -774,6 +791,11 @@ impl Inner {
             }
             if ids.get(sub.sref.id()).is_some_and(|s| Arc::ptr_eq(s, sub)) {
                 ids.remove(sub.sref.id());
+            }
+            if let Consumer::Direct(dc) = &sub.consumer {
+                // Under `ids`, as it leaves it: `stats()` reads both under that lock, so it
+                // counts the receiver once, in one list or the other.
+                self.ended(dc);
             }
         }
         self.commit_overflow(sub);
@@ -1657,9 +1679,8 @@ impl Inner {
             }
             closing.by = Some(std::thread::current().id());
         }
+        let _done = CloseDone(self);
         self.tear_down();
-        self.closing.lock().done = true;
-        self.closing_cv.notify_all();
     }
 
     /// What the first `close` does.
@@ -1669,15 +1690,22 @@ impl Inner {
             self.wake_cv.notify_all();
         }
         let topics = std::mem::take(&mut *self.topics.write());
-        let mut subs: Vec<Arc<Sub>> = self.ids.lock().drain().map(|(_, s)| s).collect();
+        let mut subs: Vec<Arc<Sub>> = {
+            let mut ids = self.ids.lock();
+            let subs: Vec<Arc<Sub>> = ids.drain().map(|(_, s)| s).collect();
+            // Direct receivers leave `ids` here: `stats()` finds them in `ended_direct`.
+            for sub in &subs {
+                if let Consumer::Direct(dc) = &sub.consumer {
+                    self.ended(dc);
+                }
+            }
+            subs
+        };
         subs.sort_by_key(|s| s.order);
         for sub in &subs {
             if !sub.closed.swap(true, Ordering::AcqRel) {
                 sub.queue.clear();
                 self.close_adapter(sub, CloseReason::HubClosed);
-                if let Consumer::Direct(dc) = &sub.consumer {
-                    self.ended(dc);
-                }
             }
         }
         for t in topics.values() {
@@ -1704,27 +1732,41 @@ impl Inner {
 
     // ---- observation ------------------------------------------------------------------------------
 
-    fn ordered_subs(&self) -> Vec<Arc<Sub>> {
-        let mut subs: Vec<Arc<Sub>> = self.ids.lock().values().cloned().collect();
-        subs.sort_by_key(|s| (Reverse(s.priority), s.order));
-        subs
+    /// A direct receiver's subscription ended: its cursor joins `ended_direct` (called under
+    /// the `ids` lock; lock order `ids` before `ended_direct`).
+    fn ended(&self, dc: &Arc<DirectCursor>) {
+        self.ended_direct.lock().push(Arc::clone(dc));
     }
 
-    /// A direct receiver's subscription ended: its cursor joins `ended_direct`.
-    fn ended(&self, dc: &Arc<DirectCursor>) {
-        let mut ended = self.ended_direct.lock();
-        ended.retain(|c| Arc::strong_count(c) > 1);
-        ended.push(Arc::clone(dc));
+    /// The receiver of an ended subscription is gone and committed its counts: its cursor
+    /// leaves `ended_direct` (and with it the log it holds).
+    pub(crate) fn forget_ended(&self, dc: &Arc<DirectCursor>) {
+        let _ids = self.ids.lock();
+        let gone = {
+            let mut ended = self.ended_direct.lock();
+            let at = ended.iter().position(|c| Arc::ptr_eq(c, dc));
+            at.map(|i| ended.swap_remove(i))
+        };
+        drop(_ids);
+        // Dropped outside the locks: it may hold the topic's last chunks.
+        drop(gone);
     }
 
     pub(crate) fn stats(&self) -> Stats {
-        let subs = self.ordered_subs();
+        // The subscribers and the ended receivers in one look under `ids`: a receiver leaves
+        // one for the other under that lock, so it is counted once.
+        let (mut subs, ended) = {
+            let ids = self.ids.lock();
+            let subs: Vec<Arc<Sub>> = ids.values().cloned().collect();
+            (subs, self.ended_direct.lock().clone())
+        };
+        subs.sort_by_key(|s| (Reverse(s.priority), s.order));
         // Evictions a cursor queue has not committed yet count as dropped already.
         let mut uncommitted = 0;
         // What live direct receivers received and the counter has not taken in yet.
         let mut received = 0;
         // So do those of ended direct receivers that still live (they are in no list).
-        for dc in self.ended_direct.lock().iter() {
+        for dc in &ended {
             received += dc
                 .received
                 .load(Ordering::Relaxed)

@@ -256,7 +256,8 @@ impl DirectCursor {
         (total.min(self.cap), total.saturating_sub(self.cap))
     }
 
-    /// After the receiver is gone (its drop), once its subscription ended: the messages beyond
+    /// As the receiver goes (its drop, after [`DirectReader::sync_cursor`]), once its
+    /// subscription ended: the messages beyond
     /// its bound that it will never receive, which the policy drops. Its position moves past
     /// them (the replay first, then live publications, as a receive would), so they are
     /// counted once.
@@ -377,6 +378,15 @@ impl DirectReader {
         Some(e)
     }
 
+    /// Publishes the exact position to the cursor (inside a run it lags by what the run
+    /// received): for a count taken when the reader goes.
+    pub(crate) fn sync_cursor(&self) {
+        self.cursor.pos.store(self.pos, Ordering::Relaxed);
+        self.cursor
+            .replay_left
+            .store(self.replay.len(), Ordering::Relaxed);
+    }
+
     /// The next receive; `dropped` is called with the messages the policy drops now.
     ///
     /// Inside a run (see `run_end`) a receive is a comparison and an increment: the bound, the
@@ -455,6 +465,7 @@ impl DirectReader {
                     let to = first.min(limit);
                     let missed = to - pos;
                     self.pos = to;
+                    self.cursor.pos.store(self.pos, Ordering::Relaxed);
                     dropped(missed);
                     Next::Lagged(missed)
                 }

@@ -365,12 +365,13 @@ impl Hub {
     }
 
     /// [`shutdown`](Hub::shutdown) as a future, as [`flush_async`](Hub::flush_async).
+    ///
+    /// Unlike [`flush_async`](Hub::flush_async), the task holds a [`Hub`] handle until the hub is
+    /// closed: the shutdown stays graceful (flush, then close) even if the caller drops its
+    /// handles meanwhile.
     pub fn shutdown_async(&self) -> HubTask {
-        HubTask::spawn(Arc::clone(self.inner()), |inner| {
-            let flushed = inner.flush(None);
-            inner.close();
-            flushed
-        })
+        let hub = self.clone();
+        HubTask::spawn(Arc::clone(self.inner()), move |_| hub.shutdown())
     }
 
     /// Unsubscribes the subscriber `id`; `false` if there is none. Its close adapter is called
@@ -406,7 +407,8 @@ impl Hub {
     /// detached and its close adapter called with reason `hub-closed`, retained logs are
     /// released. Idempotent: when several threads close the hub at once, each call returns
     /// once every close adapter was told (a call from inside that teardown, such as a close
-    /// adapter or handler that closes the hub again, returns at once).
+    /// adapter or handler that closes the hub again, returns at once). So a thread must not
+    /// call `close` while it holds something a close adapter waits for.
     pub fn close(&self) {
         self.inner().close()
     }

@@ -385,12 +385,14 @@ impl Drop for DirectRx {
         }
         let folded = cursor.folded.swap(self.received, Ordering::Relaxed);
         // What its bound dropped and it never received is dropped now (counted once: `stats()`
-        // counted it as uncommitted until here).
+        // counted it as uncommitted until here), from its exact position.
+        self.reader.sync_cursor();
         let dropped = cursor.take_overflow();
         if self.received > folded || dropped > 0 {
             self.sub
                 .count_direct(self.received.saturating_sub(folded), dropped);
         }
+        self.sub.forget_ended(cursor);
     }
 }
 

@@ -1,9 +1,10 @@
 //! Futures of the hub's blocking operations ([`Hub::flush_async`](super::Hub::flush_async),
 //! [`Hub::shutdown_async`](super::Hub::shutdown_async)) for async callers, without a runtime:
 //! the operation runs on a thread of its own (it may wait for transports) and wakes the task's
-//! `Waker` when it is done. The thread holds the hub's internals, not a [`Hub`](super::Hub)
-//! handle: a task given up on does not keep the hub open once the caller drops its last handle
-//! (that closes the hub, and the waiting flush returns `Closed`).
+//! `Waker` when it is done. A flush's thread holds the hub's internals, not a
+//! [`Hub`](super::Hub) handle: a flush given up on does not keep the hub open once the caller
+//! drops its last handle (that closes the hub, and the waiting flush returns `Closed`). A
+//! shutdown's holds a handle until it closed the hub.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,7 +32,10 @@ pub struct HubTask {
 }
 
 impl HubTask {
-    pub(super) fn spawn(inner: Arc<Inner>, op: fn(&Inner) -> Result<(), FlushError>) -> HubTask {
+    pub(super) fn spawn(
+        inner: Arc<Inner>,
+        op: impl FnOnce(&Inner) -> Result<(), FlushError> + Send + 'static,
+    ) -> HubTask {
         let slot = Arc::new(Mutex::new(Slot::default()));
         let done = Arc::clone(&slot);
         let run = move || {

@@ -141,6 +141,7 @@ fn perform(
         } => {
             let mut total = 0;
             let mut failure = None;
+            conn.published = true;
             for topic in &topics {
                 match shared
                     .hub

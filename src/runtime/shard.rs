@@ -289,6 +289,8 @@ pub(crate) struct Conn {
     /// A complete message arrived (after the protocol's handshake, where it has one): the
     /// first-message deadline no longer applies.
     greeted: bool,
+    /// A command of the input being handled published (see `after_input`).
+    pub(crate) published: bool,
     /// Why the connection closes, once that is decided (boxed: most of a connection's life it
     /// is `None`, 8 bytes).
     ending: Option<Box<Ending>>,
@@ -746,6 +748,7 @@ impl<B: Backend> Shard<B> {
             last_inbound_ms: millis(self.epoch, now),
             counted: !over_limit,
             greeted: false,
+            published: false,
             ending: None,
             bytes_in: 0,
             messages_in: 0,
@@ -975,6 +978,7 @@ impl<B: Backend> Shard<B> {
             c.inbuf.clear();
             return;
         }
+        c.published = false;
         if c.session.subscriptions().next().is_some() {
             // What was published before this input reaches the connection's outbox before the
             // replies to it: a reply never overtakes a delivery published before its command.
@@ -1012,11 +1016,14 @@ impl<B: Backend> Shard<B> {
             let Some(c) = self.slots[token as usize].as_deref_mut() else {
                 break;
             };
-            if i > 0 && !self.handle.topics.is_empty() && c.session.subscriptions().next().is_some()
+            if i > 0
+                && std::mem::take(&mut c.published)
+                && c.session.subscriptions().next().is_some()
             {
-                // An earlier command of this input published (or another thread did since):
+                // The command before this one published, and the connection is subscribed:
                 // that fan-out goes first, so that the reply to this command does not overtake
-                // a delivery published before it.
+                // a delivery published before it. (A connection that does not subscribe, as
+                // most publishers, keeps its batches whole.)
                 self.fan_out_listed(now);
                 match self.slots[token as usize].as_deref_mut() {
                     Some(c) if c.state == State::Open => {}

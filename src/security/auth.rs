@@ -1145,7 +1145,7 @@ fn public_key(algorithm: JwtAlgorithm, pem_bytes: &[u8]) -> Result<DecodingKey, 
             let key = rsa::RsaPublicKey::from_public_key_der(&spki).map_err(|e| {
                 format!(
                     "not an RSA public key, as RS256 needs ({})",
-                    key_kind(&spki).unwrap_or_else(|| e.to_string())
+                    other_kind(&spki, RSA_OID, None).unwrap_or_else(|| e.to_string())
                 )
             })?;
             let bits = key.n().bits();
@@ -1165,7 +1165,7 @@ fn public_key(algorithm: JwtAlgorithm, pem_bytes: &[u8]) -> Result<DecodingKey, 
             let key = p256::PublicKey::from_public_key_der(&spki).map_err(|e| {
                 format!(
                     "not a P-256 public key, as ES256 needs ({})",
-                    key_kind(&spki).unwrap_or_else(|| e.to_string())
+                    other_kind(&spki, EC_OID, Some(P256_OID)).unwrap_or_else(|| e.to_string())
                 )
             })?;
             Ok(DecodingKey::from_ec_der(
@@ -1176,26 +1176,33 @@ fn public_key(algorithm: JwtAlgorithm, pem_bytes: &[u8]) -> Result<DecodingKey, 
     }
 }
 
-/// What kind of key a DER `SubjectPublicKeyInfo` holds, for an error message ("the file holds
-/// an RSA key"); `None` when it does not parse.
-fn key_kind(spki: &[u8]) -> Option<String> {
+const RSA_OID: &str = "1.2.840.113549.1.1.1";
+const EC_OID: &str = "1.2.840.10045.2.1";
+const P256_OID: &str = "1.2.840.10045.3.1.7";
+
+/// What a DER `SubjectPublicKeyInfo` holds when it is not the key expected (algorithm
+/// `want`, and curve `curve` for an EC key), for an error message ("the file holds an RSA
+/// key"); `None` when it is the expected kind (the parser's own reason then says what is
+/// wrong) or does not parse.
+fn other_kind(spki: &[u8], want: &str, curve: Option<&str>) -> Option<String> {
     use x509_cert::der::Decode as _;
     let info = x509_cert::spki::SubjectPublicKeyInfoRef::from_der(spki).ok()?;
     let oid = info.algorithm.oid.to_string();
+    let params = info.algorithm.parameters_oid().ok().map(|c| c.to_string());
+    if oid == want && (curve.is_none() || params.as_deref() == curve) {
+        return None;
+    }
     let kind = match oid.as_str() {
-        "1.2.840.113549.1.1.1" => "an RSA key".to_owned(),
-        "1.2.840.10045.2.1" => {
-            let curve = info
-                .algorithm
-                .parameters_oid()
-                .map(|c| match c.to_string().as_str() {
-                    "1.2.840.10045.3.1.7" => "P-256".to_owned(),
-                    "1.3.132.0.34" => "P-384".to_owned(),
-                    "1.3.132.0.35" => "P-521".to_owned(),
-                    other => format!("curve {other}"),
-                })
-                .unwrap_or_else(|_| "an unnamed curve".to_owned());
-            format!("an EC key on {curve}")
+        RSA_OID => "an RSA key".to_owned(),
+        EC_OID => {
+            let name = match params.as_deref() {
+                Some(P256_OID) => "P-256".to_owned(),
+                Some("1.3.132.0.34") => "P-384".to_owned(),
+                Some("1.3.132.0.35") => "P-521".to_owned(),
+                Some(other) => format!("curve {other}"),
+                None => "an unnamed curve".to_owned(),
+            };
+            format!("an EC key on {name}")
         }
         "1.3.101.112" => "an Ed25519 key".to_owned(),
         other => format!("a key of algorithm {other}"),

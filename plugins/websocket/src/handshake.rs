@@ -316,18 +316,27 @@ fn respond(
 /// The credential an upgrade request carries: the token of an `Authorization: Bearer` header
 /// (RFC 6750 §2.1), else the percent-decoded value of the first `token` query parameter (§2.3;
 /// a browser's WebSocket API cannot set headers). A header of another scheme (`Basic`, which a
-/// proxy in front may add) is not this server's and is ignored; a value with no scheme, or one
-/// that is not UTF-8, is passed on as it is, for the server to refuse by name.
+/// proxy in front may add) is not this server's and is ignored, wherever it stands among the
+/// `Authorization` fields; a value with no scheme, or one that is not UTF-8, is passed on as it
+/// is, for the server to refuse by name.
 fn credential(req: &httparse::Request<'_, '_>, target: &str) -> Option<String> {
-    if let Some(value) = values(req, "authorization").next() {
+    // The first Bearer value of any `Authorization` field (a proxy's `Basic` may come first),
+    // else the first value with no scheme.
+    let mut bare = None;
+    for value in values(req, "authorization") {
         let value = String::from_utf8_lossy(value.trim_ascii());
         match value.split_once(' ') {
             Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
                 return Some(token.trim().to_owned());
             }
             Some(_) => {}
-            None => return Some(value.into_owned()),
+            None => {
+                bare.get_or_insert_with(|| value.into_owned());
+            }
         }
+    }
+    if bare.is_some() {
+        return bare;
     }
     let (_, query) = target.split_once('?')?;
     query

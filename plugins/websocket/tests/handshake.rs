@@ -429,6 +429,16 @@ fn a_token_query_parameter_is_percent_decoded_and_the_path_still_matches() {
         request("/", "Authorization: Basic dXNlcjpwdw==\r\n").as_bytes(),
     );
     assert!(step.events.is_empty(), "{:?}", step.events);
+    // A proxy's Basic field before the client's Bearer one does not hide the token.
+    let step = feed(
+        connection(WebSocketConfig::default()).as_mut(),
+        request(
+            "/",
+            "Authorization: Basic dXNlcjpwdw==\r\nAuthorization: Bearer b\r\n",
+        )
+        .as_bytes(),
+    );
+    assert_eq!(step.events, vec![Inbound::Credential("b".into())]);
     // A value with no scheme is passed on whole, for the server to refuse by name.
     let step = feed(
         connection(WebSocketConfig::default()).as_mut(),
