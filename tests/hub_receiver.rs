@@ -536,18 +536,23 @@ fn a_receiver_dropped_mid_run_commits_no_drop_it_did_not_make() {
     assert_eq!(hub.stats().dropped, 0);
 }
 
-/// A `flush_async` given up on does not keep the hub open: dropping the last `Hub` handle still
-/// closes it (the close adapters are told), and the abandoned flush ends with `Closed`.
-#[test]
-fn an_abandoned_flush_async_does_not_keep_the_hub_open() {
-    use powerhub::transport::SpyMode;
+/// A hub whose one sink subscriber `a` has a send of one message pending in its transport.
+fn one_send_pending() -> (Hub, SpySink) {
     let spy = SpySink::new();
-    spy.set_mode(SpyMode::Pending);
+    spy.set_mode(powerhub::transport::SpyMode::Pending);
     let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
     hub.subscribe_sink("t", SubscribeOptions::default().id("a"))
         .unwrap()
         .detach();
     publish(&hub, "t", 1);
+    (hub, spy)
+}
+
+/// A `flush_async` given up on does not keep the hub open: dropping the last `Hub` handle still
+/// closes it (the close adapters are told), and the abandoned flush ends with `Closed`.
+#[test]
+fn an_abandoned_flush_async_does_not_keep_the_hub_open() {
+    let (hub, spy) = one_send_pending();
     let task = hub.flush_async();
     drop(hub);
     assert_eq!(spy.closes(), vec![("a".to_owned(), CloseReason::HubClosed)]);
@@ -561,14 +566,7 @@ fn an_abandoned_flush_async_does_not_keep_the_hub_open() {
 /// flight completes), then closes.
 #[test]
 fn shutdown_async_flushes_then_closes_even_when_the_caller_drops_its_handle() {
-    use powerhub::transport::SpyMode;
-    let spy = SpySink::new();
-    spy.set_mode(SpyMode::Pending);
-    let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
-    hub.subscribe_sink("t", SubscribeOptions::default().id("a"))
-        .unwrap()
-        .detach();
-    publish(&hub, "t", 1);
+    let (hub, spy) = one_send_pending();
     let shutdown = hub.shutdown_async();
     drop(hub);
     assert!(spy.closes().is_empty(), "not closed while the flush waits");
