@@ -10,6 +10,7 @@ pub mod hub;
 mod loom;
 pub mod outbox;
 pub mod protocol;
+pub mod push;
 pub mod ring;
 pub mod runtime;
 pub mod security;

@@ -559,3 +559,433 @@ proptest! {
         run(&ops, hw, Framing::Protocol, Marked, false)?;
     }
 }
+
+// ---- the push connection against the model ----------------------------------------------------
+//
+// The same outbox model, one level up: commands go to a real `PushConnection` as input, this test
+// is its driver (the server's shard: it answers subscribes, unsubscribes and publishes, and fans
+// out what is published, in batches, when the connection asks or on its own turn), and the model
+// says what the client reads. The connection-level rules the model adds: every command's reply
+// is queued in command order; what was published before a command (and reaches a subscription
+// of this connection) is delivered before that command's reply; a subscription gets nothing
+// published before its `subscribe`; an unsubscribe delivers what was published before it.
+
+use powerhub::plugin::ProtocolFactory;
+use powerhub::protocol::{reply, RequestId, Session, SessionConfig};
+use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState, Request};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, SystemTime};
+
+/// Messages per fan-out batch.
+const BATCH: usize = 3;
+
+#[derive(Debug, Clone)]
+enum Cmd {
+    /// Subscribe to stream `t`.
+    Subscribe(u8),
+    /// Unsubscribe the newest subscription to stream `t`, if there is one.
+    Unsubscribe(u8),
+    /// Publish to stream `t`, with an id (a reply) or without.
+    Publish(u8, Msg, bool),
+    Ping,
+}
+
+#[derive(Debug, Clone)]
+enum PushOp {
+    /// Commands arriving in one input.
+    Input(Vec<Cmd>),
+    /// Another client publishes to stream `t`.
+    Elsewhere(u8, Vec<Msg>),
+    /// The driver's own fan-out turn.
+    Turn,
+    Write(usize),
+    Writable,
+    Tick(u64),
+    Pong,
+}
+
+fn cmd() -> impl Strategy<Value = Cmd> {
+    prop_oneof![
+        2 => (0u8..2).prop_map(Cmd::Subscribe),
+        1 => (0u8..2).prop_map(Cmd::Unsubscribe),
+        4 => (0u8..2, msg(), any::<bool>()).prop_map(|(t, m, id)| Cmd::Publish(t, m, id)),
+        1 => Just(Cmd::Ping),
+    ]
+}
+
+fn push_op() -> impl Strategy<Value = PushOp> {
+    prop_oneof![
+        6 => prop::collection::vec(cmd(), 1..4).prop_map(PushOp::Input),
+        3 => (0u8..2, prop::collection::vec(msg(), 1..4)).prop_map(|(t, m)| PushOp::Elsewhere(t, m)),
+        2 => Just(PushOp::Turn),
+        4 => prop_oneof![0usize..300, Just(usize::MAX)].prop_map(PushOp::Write),
+        3 => Just(PushOp::Writable),
+        2 => (0u64..20_000).prop_map(PushOp::Tick),
+        1 => Just(PushOp::Pong),
+    ]
+}
+
+/// Published and not yet fanned out, per stream; the subscriptions per stream (oldest first).
+#[derive(Default)]
+struct Topics {
+    pending: BTreeMap<u8, Vec<(Msg, String)>>,
+    subs: BTreeMap<u8, Vec<u8>>,
+}
+
+impl Topics {
+    /// Fans out what stream `t` holds: each batch's lines, once, to every subscription.
+    fn fan_out(&mut self, t: u8) -> Vec<(u8, Vec<(Msg, String)>)> {
+        let pending = self.pending.remove(&t).unwrap_or_default();
+        let subs = self.subs.get(&t).cloned().unwrap_or_default();
+        let mut out = Vec::new();
+        for batch in pending.chunks(BATCH) {
+            for &sub in &subs {
+                out.push((sub, batch.to_vec()));
+            }
+        }
+        out
+    }
+
+    fn fan_out_all(&mut self) -> Vec<(u8, Vec<(Msg, String)>)> {
+        let streams: Vec<u8> = self.pending.keys().copied().collect();
+        streams.into_iter().flat_map(|t| self.fan_out(t)).collect()
+    }
+
+    fn subscribed(&self) -> bool {
+        self.subs.values().any(|s| !s.is_empty())
+    }
+}
+
+fn lines(batch: &[(Msg, String)]) -> Bytes {
+    let mut s = String::new();
+    for (_, json) in batch {
+        s.push_str(json);
+        s.push('\n');
+    }
+    Bytes::from(s)
+}
+
+/// The model's side of a delivery (a shared chunk, as the outbox model takes it).
+fn model_deliver(m: &mut Model, sub: u8, batch: Vec<(Msg, String)>) {
+    if m.reaped {
+        return;
+    }
+    m.observe();
+    let item = Item::Chunk { sub, lines: batch };
+    if m.paused {
+        m.admit(item);
+    } else {
+        m.enqueue(item);
+    }
+}
+
+/// The driver: the connection's fan-out, as the shard runs it.
+struct PushDriver {
+    conn: PushConnection,
+    topics: Topics,
+    /// Every message published, by its JSON.
+    known: std::collections::HashMap<String, Msg>,
+    read: Vec<u8>,
+    now: Instant,
+}
+
+impl PushDriver {
+    fn deliver(&mut self, out: Vec<(u8, Vec<(Msg, String)>)>) {
+        for (sub, batch) in out {
+            self.conn
+                .deliver_lines(&sub_name(sub), lines(&batch), self.now);
+        }
+    }
+
+    fn input(&mut self, bytes: &[u8], stream_of: &BTreeMap<String, u8>) {
+        let now = self.now;
+        self.conn.handle_input(bytes, now);
+        while let Some(request) = self.conn.poll(now, SystemTime::now()) {
+            match request {
+                Request::FanOut => {
+                    let out = self.topics.fan_out_all();
+                    self.deliver(out);
+                }
+                Request::Subscribe {
+                    subscription_id,
+                    topic,
+                    ..
+                } => {
+                    let t = stream_of[&topic];
+                    let out = self.topics.fan_out(t);
+                    self.deliver(out);
+                    let sub: u8 = subscription_id[3..].parse().unwrap();
+                    self.topics.subs.entry(t).or_default().push(sub);
+                    self.conn.subscribe_done(Ok(()), now);
+                }
+                Request::Unsubscribe {
+                    subscription_id,
+                    topic,
+                } => {
+                    let t = stream_of[&topic];
+                    let out = self.topics.fan_out(t);
+                    self.deliver(out);
+                    let sub: u8 = subscription_id[3..].parse().unwrap();
+                    self.topics.subs.entry(t).or_default().retain(|s| *s != sub);
+                    self.conn.unsubscribe_done(now);
+                }
+                Request::Publish { topics, message } => {
+                    let mut delivered = 0;
+                    for topic in &topics {
+                        if let Some(&t) = stream_of.get(topic) {
+                            delivered += self.topics.subs.get(&t).map_or(0, Vec::len);
+                            let json = String::from_utf8(message.bytes().to_vec()).unwrap();
+                            let msg = self.known[&json].clone();
+                            self.topics.pending.entry(t).or_default().push((msg, json));
+                        }
+                    }
+                    self.conn.publish_done(Ok(delivered), now);
+                }
+                other => panic!("unexpected request {other:?}"),
+            }
+        }
+    }
+
+    fn write(&mut self, cap: usize) {
+        let mut out = Vec::new();
+        let Some(t) = self.conn.poll_transmit(&mut out, 1024, self.now) else {
+            return;
+        };
+        let mut left = cap.min(t.len());
+        let taken = left;
+        for b in &out {
+            let n = left.min(b.len());
+            self.read.extend_from_slice(&b[..n]);
+            left -= n;
+        }
+        self.conn.on_written(t, taken, self.now);
+    }
+}
+
+fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
+    let outbox = OutboxConfig {
+        high_water_bytes: hw,
+        ..OutboxConfig::default()
+    };
+    // No first-message or idle deadline here: the outbox's timers are the model's.
+    let limits = PushLimits::default()
+        .with_first_message_timeout_ms(u64::MAX / 4)
+        .with_idle_timeout_ms(0);
+    let config = Arc::new(PushConfig::new(limits, outbox, Arc::new(PayloadFactory)).unwrap());
+    let t0 = Instant::now();
+    let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    let session = Session::new(1, SessionConfig::default());
+    let mut d = PushDriver {
+        conn: PushConnection::new(proto, session, &config, t0).unwrap(),
+        topics: Topics::default(),
+        known: std::collections::HashMap::new(),
+        read: Vec::new(),
+        now: t0,
+    };
+    let mut m = Model {
+        hw,
+        ndjson: true,
+        paused: false,
+        awaiting: false,
+        queue: Vec::new(),
+        wire: Vec::new(),
+        notified: Vec::new(),
+        client: Vec::new(),
+        now: 0,
+        last_alive: 0,
+        next_ping: 15_000,
+        reaped: false,
+    };
+    let mut mt = Topics::default();
+    let stream_of: BTreeMap<String, u8> = (0u8..2).map(|t| (format!("st{t}"), t)).collect();
+    let mut seq = 0u64;
+    let mut next_sub = 0u8;
+    let render_on = |m: &Msg, t: u8, seq: u64| -> String {
+        let json = render(m, seq);
+        format!("{{\"stream\":\"st{t}\",{}", &json[1..])
+    };
+    for op in ops {
+        match op {
+            PushOp::Input(cmds) => {
+                let mut input = String::new();
+                let mut published = false;
+                let mut sent = 0;
+                for c in cmds {
+                    if let Cmd::Unsubscribe(t) = c {
+                        if mt.subs.get(t).is_none_or(Vec::is_empty) {
+                            // Nothing to unsubscribe: not sent.
+                            continue;
+                        }
+                    }
+                    sent += 1;
+                    // The model: what was published before the input (or before this command,
+                    // by an earlier command of the input) reaches the connection's
+                    // subscriptions before the replies to it.
+                    if (sent == 1 || std::mem::take(&mut published)) && mt.subscribed() {
+                        for (sub, batch) in mt.fan_out_all() {
+                            model_deliver(&mut m, sub, batch);
+                        }
+                    }
+                    published = false;
+                    seq += 1;
+                    let id = RequestId::Int(seq as i64);
+                    match c {
+                        Cmd::Subscribe(t) => {
+                            let sub = next_sub;
+                            next_sub += 1;
+                            input.push_str(&format!(
+                                r#"{{"type":"subscribe","id":{seq},"stream":"st{t}","subscriptionId":"{}"}}"#,
+                                sub_name(sub)
+                            ));
+                            for (s, batch) in mt.fan_out(*t) {
+                                model_deliver(&mut m, s, batch);
+                            }
+                            mt.subs.entry(*t).or_default().push(sub);
+                            let r = reply::subscribed(
+                                Some(&id),
+                                &sub_name(sub),
+                                &format!("st{t}"),
+                                None,
+                            );
+                            m.control(String::from_utf8(r.to_vec()).unwrap());
+                        }
+                        Cmd::Unsubscribe(t) => {
+                            let sub = *mt.subs[t].last().expect("checked above");
+                            input.push_str(&format!(
+                                r#"{{"type":"unsubscribe","id":{seq},"subscriptionId":"{}"}}"#,
+                                sub_name(sub)
+                            ));
+                            for (s, batch) in mt.fan_out(*t) {
+                                model_deliver(&mut m, s, batch);
+                            }
+                            mt.subs.entry(*t).or_default().retain(|s| *s != sub);
+                            let ack = reply::unsubscribed(Some(&id), &sub_name(sub));
+                            m.unsubscribe(sub, String::from_utf8(ack.to_vec()).unwrap());
+                        }
+                        Cmd::Publish(t, msg, with_id) => {
+                            let json = render_on(msg, *t, seq);
+                            d.known.insert(json.clone(), msg.clone());
+                            if *with_id {
+                                input.push_str(&format!(
+                                    r#"{{"type":"publish","id":{seq},"message":{json}}}"#
+                                ));
+                            } else {
+                                input
+                                    .push_str(&format!(r#"{{"type":"publish","message":{json}}}"#));
+                            }
+                            let delivered = mt.subs.get(t).map_or(0, Vec::len);
+                            mt.pending.entry(*t).or_default().push((msg.clone(), json));
+                            published = true;
+                            if *with_id {
+                                let r = reply::published(Some(&id), delivered);
+                                m.control(String::from_utf8(r.to_vec()).unwrap());
+                            }
+                        }
+                        Cmd::Ping => {
+                            input.push_str(&format!(r#"{{"type":"ping","id":{seq}}}"#));
+                            let r = reply::pong(Some(&id));
+                            m.control(String::from_utf8(r.to_vec()).unwrap());
+                        }
+                    }
+                    input.push('\n');
+                }
+                if input.is_empty() {
+                    continue;
+                }
+                d.input(input.as_bytes(), &stream_of);
+            }
+            PushOp::Elsewhere(t, msgs) => {
+                for msg in msgs {
+                    seq += 1;
+                    let json = render_on(msg, *t, seq);
+                    d.known.insert(json.clone(), msg.clone());
+                    d.topics
+                        .pending
+                        .entry(*t)
+                        .or_default()
+                        .push((msg.clone(), json.clone()));
+                    mt.pending.entry(*t).or_default().push((msg.clone(), json));
+                }
+            }
+            PushOp::Turn => {
+                let out = d.topics.fan_out_all();
+                d.deliver(out);
+                for (sub, batch) in mt.fan_out_all() {
+                    model_deliver(&mut m, sub, batch);
+                }
+            }
+            PushOp::Write(cap) => {
+                d.write(*cap);
+                m.write(*cap);
+            }
+            PushOp::Writable => {
+                d.conn.on_writable(d.now);
+                m.writable();
+            }
+            PushOp::Tick(ms) => {
+                d.now += Duration::from_millis(*ms);
+                d.conn.handle_timeout(d.now, SystemTime::now());
+                if m.tick(*ms) {
+                    // Reaped: the connection closes (saying so, or not, by where its stream
+                    // stands); the model says nothing of that.
+                    prop_assert_ne!(d.conn.state(), PushState::Open);
+                    return Ok(());
+                }
+                prop_assert_eq!(d.conn.state(), PushState::Open);
+            }
+            PushOp::Pong => {
+                if mt.subscribed() {
+                    for (sub, batch) in mt.fan_out_all() {
+                        model_deliver(&mut m, sub, batch);
+                    }
+                }
+                d.input(b"{\"type\":\"pong\"}\n", &stream_of);
+                if !m.reaped {
+                    m.last_alive = m.now;
+                }
+            }
+        }
+        m.check_bound();
+        prop_assert_eq!(
+            String::from_utf8_lossy(&d.read),
+            String::from_utf8_lossy(&m.client),
+            "client bytes after {:?}",
+            op
+        );
+        prop_assert_eq!(d.conn.outbox().unsent_bytes(), m.wire.len());
+        prop_assert_eq!(d.conn.outbox().is_paused(), m.paused);
+        prop_assert_eq!(
+            d.conn.stats().queued,
+            m.queue.len(),
+            "queued after {:?}",
+            op
+        );
+    }
+    // Finally everything is fanned out and drained: both agree on the whole stream.
+    let out = d.topics.fan_out_all();
+    d.deliver(out);
+    for (sub, batch) in mt.fan_out_all() {
+        model_deliver(&mut m, sub, batch);
+    }
+    for _ in 0..100 {
+        d.conn.on_writable(d.now);
+        m.writable();
+        d.write(usize::MAX);
+        m.write(usize::MAX);
+    }
+    prop_assert_eq!(
+        String::from_utf8_lossy(&d.read),
+        String::from_utf8_lossy(&m.client)
+    );
+    prop_assert!(d.conn.is_written());
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn push_connection_matches_the_reference_model(ops in prop::collection::vec(push_op(), 1..60), hw in prop_oneof![Just(60usize), Just(300), Just(1 << 20)]) {
+        run_push(&ops, hw)?;
+    }
+}

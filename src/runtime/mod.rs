@@ -52,20 +52,18 @@ use powerhub_plugin::{
 use crate::hub::{DeliveryError, Driver, Hub, HubOptions, OptionsError};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 use crate::protocol::{AuthPolicy, SessionConfig};
+use crate::push::{PushConfig, PushLimits};
 use crate::security::auth::{AuthConfig, AuthConfigError, Authenticator};
 use crate::security::tls::{server_config, TlsError, TlsFiles};
 
 mod alloc;
-mod close;
 mod config;
 mod fanout;
 mod parker;
 mod registry;
-mod session;
 mod shard;
 mod sys;
 mod tls;
-mod writeq;
 
 pub use config::{
     BackendChoice, Config, ConfigError, EngineSection, Limits, ListenAddr, ListenerConfig,
@@ -296,11 +294,8 @@ pub(crate) struct Shared {
     pub(crate) hub: Hub,
     /// Shard 0 runs the hub's turns (the engine's own hub, [`Driver::Manual`]).
     pub(crate) drives_hub: bool,
-    /// Outbox settings for connections whose protocol frames JSON as NDJSON lines.
-    pub(crate) outbox_ndjson: Arc<OutboxConfig>,
-    /// Outbox settings for every other protocol.
-    pub(crate) outbox_protocol: Arc<OutboxConfig>,
-    pub(crate) message_factory: Arc<dyn MessageFactory>,
+    /// What every push connection shares: its limits, outbox settings and notifications.
+    pub(crate) push_config: Arc<PushConfig>,
     pub(crate) next_conn_id: AtomicU64,
     /// How connections authenticate: `None` while the config has no `[auth]` section. Read
     /// once per accepted connection; replaced by [`Engine::reload_auth`] (open connections
@@ -567,7 +562,7 @@ impl Engine {
         config.validate()?;
         let backend = choose_backend(config.engine.backend)?;
         let o = &config.outbox;
-        let outbox_protocol = OutboxConfig {
+        let outbox = OutboxConfig {
             coalesce_types: o.coalesce_types.clone(),
             drop_types: o.drop_types.clone(),
             high_water_bytes: o.high_water_bytes,
@@ -575,13 +570,18 @@ impl Engine {
             liveness_timeout: Duration::from_millis(o.liveness_timeout_ms),
             framing: Framing::Protocol,
         };
-        outbox_protocol
-            .validate()
-            .map_err(|e| EngineError::Outbox(e.to_string()))?;
-        let outbox_ndjson = OutboxConfig {
-            framing: Framing::Ndjson,
-            ..outbox_protocol.clone()
-        };
+        let limits = PushLimits::default()
+            .with_max_outbox_bytes(config.limits.max_outbox_bytes)
+            .with_first_message_timeout_ms(config.limits.first_message_timeout_ms)
+            .with_idle_timeout_ms(config.limits.idle_timeout_ms)
+            .with_disconnect_backlog_bytes(
+                (config.subscriptions.slow_consumer == SlowConsumerChoice::Disconnect)
+                    .then_some(config.limits.backpressure_bytes),
+            );
+        let push_config = Arc::new(
+            PushConfig::new(limits, outbox, factory)
+                .map_err(|e| EngineError::Outbox(e.to_string()))?,
+        );
         let n = config.shard_count();
         let mut handles = Vec::with_capacity(n);
         for index in 0..n {
@@ -684,9 +684,7 @@ impl Engine {
             open: AtomicUsize::new(0),
             hub,
             drives_hub: owns_hub,
-            outbox_ndjson: Arc::new(outbox_ndjson),
-            outbox_protocol: Arc::new(outbox_protocol),
-            message_factory: factory,
+            push_config,
             next_conn_id: AtomicU64::new(1),
             auth: RwLock::new(auth),
             session_config,

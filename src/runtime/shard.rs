@@ -33,29 +33,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use crossbeam_queue::SegQueue;
-use powerhub_plugin::{codes, Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
+use powerhub_plugin::codes;
 
-use super::close::Ending;
-use super::config::SlowConsumerChoice;
 use super::config::SMALL_SEND_BYTES;
 use super::fanout::{Fanout, LocalSub};
 use super::parker::Parker;
-use super::session::{self, After};
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::tls::TlsLayer;
-use super::writeq::{WriteQueue, MAX_IOV};
 use super::Shared;
 use crate::hub::Entry;
-use crate::outbox::{Outbox, TimeoutAction};
 use crate::protocol::Session;
+use crate::push::{Ending, PushConnection, PushState, Request, Transmit, MAX_IOV};
 
 /// How often a shard checks its connections' deadlines.
 pub(crate) const TICK: Duration = Duration::from_millis(50);
-
-/// Inbound events a shard's scratch list keeps capacity for between inputs.
-const KEEP_EVENTS: usize = 1024;
 
 /// Output memory freed by closed connections past which a tick returns free memory to the
 /// system.
@@ -70,9 +63,6 @@ const SHUTDOWN_LINGER: Duration = Duration::from_millis(100);
 /// read (what it sent before the shutdown arrived long before: a receive completes within
 /// microseconds of the bytes' arrival on loopback, and well within this on any network).
 const DRAIN_QUIET: Duration = Duration::from_millis(100);
-/// A partial message kept between receives is copied into a buffer of its own size when the
-/// buffer it sits in is larger than twice its length plus this.
-const KEEP_SLACK: usize = 1024;
 
 /// Identifies a connection across threads: its shard slot and the slot's generation, so a
 /// message for a closed connection never reaches the slot's next tenant.
@@ -220,11 +210,8 @@ struct SendState {
     chunks: Vec<Bytes>,
     iov: Vec<libc::iovec>,
     msg: libc::msghdr,
-    /// Urgent bytes first or last, and how many bytes of each part the send carries (the
-    /// outbox's part is what its `poll_transmit` offered).
-    urgent_first: bool,
-    urgent: usize,
-    outbox: usize,
+    /// The push connection's plaintext the send carries (what its `poll_transmit` offered).
+    transmit: Option<Transmit>,
     /// Bytes of TLS ciphertext the send carries (then it carries nothing else).
     tls: usize,
 }
@@ -241,31 +228,19 @@ impl SendState {
             iov: Vec::new(),
             // SAFETY: an all-zero `msghdr` is valid (null pointers, zero lengths).
             msg: unsafe { std::mem::zeroed() },
-            urgent_first: true,
-            urgent: 0,
-            outbox: 0,
+            transmit: None,
             tls: 0,
         })
     }
 }
 
-/// One connection, owned by its shard.
+/// One connection, owned by its shard: the push connection and its socket's state.
 pub(crate) struct Conn {
-    pub(crate) proto: Box<dyn StreamProtocol>,
-    /// The protocol's wire form is the hub's binary frame (see [`frames_as_hub_frames`]).
-    pub(crate) hub_frames: bool,
-    /// Received bytes the protocol has not decoded yet (a partial message); empty, with no
-    /// allocation, between messages. Receives land in the backend's shared buffers.
-    inbuf: BytesMut,
-    /// Pre-framed control bytes from the protocol plugin (handshake replies, pongs, close
-    /// frames, final errors): written before the outbox's bytes at the next message boundary.
-    urgent: WriteQueue,
-    /// The push-stream outbox: replies, deliveries, keepalive, coalescing while paused.
-    pub(crate) outbox: Outbox,
+    /// Everything of the connection but its socket (protocol, session, outbox, deadlines).
+    pub(crate) push: PushConnection,
     /// TLS, on a listener with `tls_cert`: the record layer between the plaintext above and
     /// the socket (see [`super::tls`]).
     tls: Option<Box<TlsLayer>>,
-    pub(crate) session: Session,
     /// The connection's slot and generation.
     pub(crate) key: ConnKey,
     /// The backlog last added to the engine's `unsent` counter (see `sync_backlog`).
@@ -281,24 +256,7 @@ pub(crate) struct Conn {
     /// A writability poll is in flight (after a partial send: the connection is paused).
     poll_inflight: bool,
     state: State,
-    /// When the connection was accepted and when input last arrived, in milliseconds since the
-    /// shard's epoch (see [`Shard::millis`]).
-    accepted_ms: u64,
-    last_inbound_ms: u64,
     counted: bool,
-    /// A complete message arrived (after the protocol's handshake, where it has one): the
-    /// first-message deadline no longer applies.
-    greeted: bool,
-    /// A command of the input being handled published (see `after_input`).
-    pub(crate) published: bool,
-    /// Why the connection closes, once that is decided (boxed: most of a connection's life it
-    /// is `None`, 8 bytes).
-    ending: Option<Box<Ending>>,
-    /// For the close's log line: bytes received, messages received, hub frames queued (the
-    /// bytes sent are the outbox's count).
-    bytes_in: u64,
-    messages_in: u32,
-    deliveries: u32,
 }
 
 impl std::fmt::Debug for Conn {
@@ -311,61 +269,10 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
-    /// Queues one JSON message, framed by the connection's protocol, ahead of queued data.
-    pub(crate) fn push_urgent_text(&mut self, json: &[u8]) {
-        let mut buf = BytesMut::with_capacity(json.len() + 16);
-        self.proto.encode_text(json, &mut buf);
-        self.urgent.push(buf.freeze());
-    }
-
-    /// Bytes the connection holds for the peer: the outbox's unsent and queued bytes.
+    /// Bytes the connection holds for the peer: the push connection's backlog and TLS's
+    /// pending ciphertext.
     fn backlog(&self) -> usize {
-        let stats = self.outbox.stats();
-        stats.unsent_bytes
-            + stats.queued_bytes
-            + self.urgent.unsent()
-            + self.tls.as_ref().map_or(0, |t| t.pending.len())
-    }
-
-    /// The memory the connection's unsent output holds (what `limits.max_outbox_bytes` bounds):
-    /// the backlog's bytes plus the outbox's queue entries.
-    fn output_memory(&self) -> usize {
-        self.outbox.memory_bytes() + self.urgent.unsent()
-    }
-
-    /// The ending of a connection whose unsent output passed `max_outbox` bytes (counted as a
-    /// limit error), if it did.
-    fn over_outbox(&self, max_outbox: usize, counters: &Counters) -> Option<Ending> {
-        let held = self.output_memory();
-        if held <= max_outbox {
-            return None;
-        }
-        counters.limit_errors.fetch_add(1, Ordering::Relaxed);
-        let msg = format!(
-            "{held} bytes of unsent output (with their queue entries) exceed max_outbox_bytes = {max_outbox}"
-        );
-        Some(Ending::limit("max_outbox_bytes", msg))
-    }
-
-    /// Under `subscriptions.slow_consumer = "disconnect"`: the ending of a subscribed connection
-    /// whose socket refused part of a write and that holds more than `limits.backpressure_bytes`
-    /// (a healthy reader, whose socket takes every write, is never behind however much one
-    /// fan-out queued for it).
-    fn behind(&self, shared: &Shared) -> Option<Ending> {
-        let limit = shared.config.limits.backpressure_bytes;
-        let stalled = self.outbox.wants_writable() || self.tls.as_ref().is_some_and(|t| t.stalled);
-        if shared.config.subscriptions.slow_consumer != SlowConsumerChoice::Disconnect
-            || !stalled
-            || self.session.subscriptions().next().is_none()
-        {
-            return None;
-        }
-        let backlog = self.backlog();
-        (backlog > limit).then(|| {
-            Ending::slow_consumer(format!(
-                "{backlog} bytes wait for a connection whose socket is full, more than backpressure_bytes = {limit} under subscriptions.slow_consumer = \"disconnect\""
-            ))
-        })
+        self.push.backlog() + self.tls.as_ref().map_or(0, |t| t.pending.len())
     }
 
     /// Frees what an idle connection keeps for its next write or read (queue capacities,
@@ -375,10 +282,7 @@ impl Conn {
         if std::mem::take(&mut self.sent_recently) || self.send.is_some() {
             return;
         }
-        self.outbox.shrink_idle();
-        if self.inbuf.is_empty() && self.inbuf.capacity() > 0 {
-            self.inbuf = BytesMut::new();
-        }
+        self.push.shrink_idle();
     }
 
     fn sync_backlog(&mut self, counters: &Counters) -> usize {
@@ -397,47 +301,6 @@ impl Conn {
 /// protocol major version 3): no push protocol's first message starts so.
 fn looks_like_tls(data: &[u8]) -> bool {
     data.len() >= 3 && data[0] == 0x16 && data[1] == 0x03 && data[2] <= 0x04
-}
-
-/// How many of `n` written bytes of a send were urgent bytes and how many the outbox's.
-fn split_written_parts(
-    urgent_first: bool,
-    urgent: usize,
-    outbox: usize,
-    n: usize,
-) -> (usize, usize) {
-    if urgent_first {
-        let u = n.min(urgent);
-        (u, n - u)
-    } else {
-        let o = n.min(outbox);
-        (n - o, o)
-    }
-}
-
-/// [`split_written_parts`] of a gathered send.
-fn split_written(s: &SendState, n: usize) -> (usize, usize) {
-    split_written_parts(s.urgent_first, s.urgent, s.outbox, n)
-}
-
-/// Whether a protocol frames a JSON message as the message plus `\n`: then the hub's NDJSON
-/// frames are already framed for it, and the outbox writes them as they are (zero copy).
-fn frames_as_ndjson(proto: &mut dyn StreamProtocol) -> bool {
-    let mut buf = BytesMut::new();
-    proto.encode_text(b"{}", &mut buf);
-    &buf[..] == b"{}\n"
-}
-
-/// Whether a protocol's wire form is the hub's binary frame (it writes a complete hub frame
-/// handed to `encode_text` as it is, like the `frame` plugin): then subscriptions use the hub's
-/// `json` codec and each subscriber batch reaches the wire as the one frame the hub encoded.
-fn frames_as_hub_frames(proto: &mut dyn StreamProtocol) -> bool {
-    let Ok(sample) = powerhub_plugin::frame::encode_json_batch([&b"{}"[..]]) else {
-        return false;
-    };
-    let mut buf = BytesMut::new();
-    proto.encode_text(&sample, &mut buf);
-    buf[..] == sample[..]
 }
 
 /// `t` in milliseconds since `epoch` (0 before it): a connection's timestamps in 8 bytes.
@@ -481,10 +344,6 @@ pub(crate) struct Shard<B: Backend> {
     /// Output memory of connections freed since the allocator was last asked to return free
     /// memory to the system (see [`TICK`]'s handling in `tick`).
     freed_output: usize,
-    output: ProtocolOutput,
-    /// Scratch gather lists, reused every send.
-    scratch: Vec<Bytes>,
-    scratch2: Vec<Bytes>,
     /// The origin of the connections' millisecond timestamps.
     epoch: Instant,
     /// Spare send states (see [`SendState`]), boxed: a box moves to a connection and back
@@ -523,9 +382,6 @@ impl<B: Backend> Shard<B> {
             drain_deadline: None,
             finishing: false,
             freed_output: 0,
-            output: ProtocolOutput::default(),
-            scratch: Vec::new(),
-            scratch2: Vec::new(),
             epoch: Instant::now(),
             spare_sends: Vec::new(),
             pass_sends: 0,
@@ -634,8 +490,12 @@ impl<B: Backend> Shard<B> {
                     self.fan_out_listed(Instant::now());
                     self.finishing = true;
                     let tokens: Vec<Token> = self.live_tokens();
+                    let now = Instant::now();
                     for t in tokens {
-                        self.close_with(t, Ending::shutdown());
+                        if let Some(c) = slot_mut(&mut self.slots, t) {
+                            c.push.shutdown(now);
+                        }
+                        self.settle(t);
                     }
                 }
             }
@@ -667,20 +527,16 @@ impl<B: Backend> Shard<B> {
     fn add_conn(&mut self, fd: OwnedFd, listener: usize, over_limit: bool) {
         let shared = Arc::clone(&self.shared);
         let spec = &shared.listeners[listener];
-        let mut proto = spec.factory.new_connection(&spec.protocol_limits);
-        let hub_frames = frames_as_hub_frames(proto.as_mut());
-        let outbox_config = if frames_as_ndjson(proto.as_mut()) {
-            &shared.outbox_ndjson
-        } else {
-            &shared.outbox_protocol
-        };
+        let proto = spec.factory.new_connection(&spec.protocol_limits);
         let now = Instant::now();
-        let outbox = match Outbox::new(
-            Arc::clone(outbox_config),
-            Arc::clone(&shared.message_factory),
-            now,
-        ) {
-            Ok(o) => o,
+        let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+        let session = Session::with_shared_config(conn_id, Arc::clone(&shared.session_config));
+        let session = match &*shared.auth.read() {
+            Some(policy) => session.with_auth(policy.clone()),
+            None => session,
+        };
+        let push = match PushConnection::new(proto, session, &shared.push_config, now) {
+            Ok(p) => p,
             Err(e) => {
                 // Validated at start; unreachable in practice, and never a panic.
                 tracing::error!(error = %e, "invalid outbox configuration");
@@ -718,24 +574,9 @@ impl<B: Backend> Shard<B> {
             self.release_count(over_limit);
             return;
         }
-        let limits = &shared.config.limits;
-
-        let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
         let conn = Box::new(Conn {
-            proto,
-            hub_frames,
-            inbuf: BytesMut::new(),
-            urgent: WriteQueue::default(),
-            outbox,
+            push,
             tls,
-            session: {
-                let session =
-                    Session::with_shared_config(conn_id, Arc::clone(&shared.session_config));
-                match &*shared.auth.read() {
-                    Some(policy) => session.with_auth(policy.clone()),
-                    None => session,
-                }
-            },
             key,
             reported_backlog: 0,
             send: None,
@@ -744,17 +585,9 @@ impl<B: Backend> Shard<B> {
             peer_eof: false,
             poll_inflight: false,
             state: State::Open,
-            accepted_ms: millis(self.epoch, now),
-            last_inbound_ms: millis(self.epoch, now),
             counted: !over_limit,
-            greeted: false,
-            published: false,
-            ending: None,
-            bytes_in: 0,
-            messages_in: 0,
-            deliveries: 0,
         });
-        let max = limits.max_connections;
+        let max = shared.config.limits.max_connections;
         self.slots[index as usize] = Some(conn);
         self.handle.conns.fetch_add(1, Ordering::Relaxed);
         if over_limit {
@@ -871,7 +704,7 @@ impl<B: Backend> Shard<B> {
                     // handshake is read on, so that the error it is closed with can be said
                     // through it. What the client sends inside is not read.
                     let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
-                    let mut ignored = BytesMut::new();
+                    let mut ignored = bytes::BytesMut::new();
                     if tls.receive(data, &mut ignored).is_err() {
                         tls.take_ciphertext();
                         tls.failed = true;
@@ -893,13 +726,14 @@ impl<B: Backend> Shard<B> {
                     .counters_of(self.handle.index)
                     .bytes_in
                     .fetch_add(n as u64, Ordering::Relaxed);
-                c.bytes_in += n as u64;
                 debug_assert!(buf.is_some(), "a receive with bytes lends a buffer");
                 let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
+                let now = Instant::now();
                 let mut established = false;
                 if let Some(tls) = c.tls.as_deref_mut() {
+                    c.push.count_received(n);
                     let handshaking = tls.is_handshaking();
-                    let received = tls.receive(data, &mut c.inbuf);
+                    let received = tls.receive(data, c.push.inbuf_mut());
                     if let Err(e) = received {
                         // The alert rustls queued goes out; nothing more does.
                         tls.take_ciphertext();
@@ -914,10 +748,11 @@ impl<B: Backend> Shard<B> {
                         // A handshake message to answer, or the handshake just completed.
                         self.dirty.push(token);
                     }
-                } else if c.bytes_in == n as u64 && looks_like_tls(data) {
+                } else if c.push.counts().bytes_in == 0 && looks_like_tls(data) {
                     // A TLS client on a listener without TLS: said at once, in plaintext (the
                     // client reads a broken record and stops), rather than waiting out the
                     // first-message deadline on bytes that are no line.
+                    c.push.count_received(n);
                     let msg = "this listener does not speak TLS (a TLS handshake arrived); \
                                connect without TLS, or to a listener with tls_cert";
                     self.close_with(
@@ -925,36 +760,26 @@ impl<B: Backend> Shard<B> {
                         Ending::refused(codes::TLS_NOT_ENABLED, msg.to_owned()),
                     );
                     return;
-                } else if c.inbuf.is_empty() {
-                    // An allocation of just what arrived: the lines decoded from it share it,
-                    // and it is freed with the last of them.
-                    c.inbuf = BytesMut::from(data);
                 } else {
-                    c.inbuf.extend_from_slice(data);
+                    c.push.receive(data);
                 }
                 if established {
                     // A client certificate listed in `[[auth.certificates]]` authenticates the
                     // connection before any of its commands is read.
                     let subject = c.tls.as_deref().and_then(TlsLayer::peer_subject);
                     if let Some(subject) = subject {
-                        let now = Instant::now();
-                        if let After::Close(ending) =
-                            session::on_certificate(c, &self.shared, &subject, now)
-                        {
-                            self.close_with(token, ending);
+                        c.push.authenticate_certificate(&subject, now);
+                        if c.push.state() != PushState::Open {
+                            self.settle(token);
                             return;
                         }
                     }
                 }
-                let Some(c) = slot_mut(&mut self.slots, token) else {
-                    return;
-                };
-                c.last_inbound_ms = millis(self.epoch, Instant::now());
                 self.after_input(token);
                 if let Some(c) = slot_mut(&mut self.slots, token) {
                     // Input is quiet from when it was handled: handling a large receive can take
                     // longer than a shutdown's quiet period.
-                    c.last_inbound_ms = millis(self.epoch, Instant::now());
+                    c.push.touch_input(Instant::now());
                 }
                 if self.slots[token as usize]
                     .as_ref()
@@ -969,189 +794,70 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    /// Decodes what arrived and runs the push session on it.
+    /// Decodes what arrived and runs the push connection on it: what it asks for (fan-out,
+    /// subscriptions, publishes) is done here, in the order it asks.
     fn after_input(&mut self, token: Token) {
-        let Some(c) = self.slots[token as usize].as_deref_mut() else {
+        let now = Instant::now();
+        let wall = SystemTime::now();
+        let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         if c.state != State::Open {
-            c.inbuf.clear();
+            c.push.inbuf_mut().clear();
             return;
         }
-        c.published = false;
-        if c.session.subscriptions().next().is_some() {
-            // What was published before this input reaches the connection's outbox before the
-            // replies to it: a reply never overtakes a delivery published before its command.
-            self.fan_out_listed(Instant::now());
-        }
-        let Some(c) = self.slots[token as usize].as_deref_mut() else {
-            return;
-        };
-        self.output.clear();
-        let result = c.proto.decode(&mut c.inbuf, &mut self.output);
-        if c.inbuf.is_empty() {
-            // Nothing partial: hold no buffer while waiting for input.
-            c.inbuf = BytesMut::new();
-        } else if c.inbuf.capacity() > 2 * c.inbuf.len() + KEEP_SLACK {
-            // A partial message at the end of a large receive: keep only its bytes.
-            c.inbuf = BytesMut::from(&c.inbuf[..]);
-        }
-        if !self.output.urgent.is_empty() {
-            c.urgent.push(self.output.urgent.split().freeze());
-        }
-        let now = Instant::now();
-        let wall = SystemTime::now();
-        let mut close = None;
-        // A message meets the first-message deadline (once the connection authenticated, where
-        // the server requires it); a keepalive pong does not.
-        let greeting = self.output.events.iter().any(|e| {
-            matches!(
-                e,
-                Inbound::Text(_) | Inbound::Binary(_) | Inbound::Close { .. }
-            )
-        });
-        let max_outbox = self.shared.config.limits.max_outbox_bytes;
-        let mut events = std::mem::take(&mut self.output.events);
-        for (i, event) in events.drain(..).enumerate() {
-            let Some(c) = self.slots[token as usize].as_deref_mut() else {
+        c.push.decode_received(now);
+        loop {
+            let Some(c) = slot_mut(&mut self.slots, token) else {
+                return;
+            };
+            let Some(request) = c.push.poll(now, wall) else {
                 break;
             };
-            if i > 0
-                && std::mem::take(&mut c.published)
-                && c.session.subscriptions().next().is_some()
-            {
-                // The command before this one published, and the connection is subscribed:
-                // that fan-out goes first, so that the reply to this command does not overtake
-                // a delivery published before it. (A connection that does not subscribe, as
-                // most publishers, keeps its batches whole.)
-                self.fan_out_listed(now);
-                match self.slots[token as usize].as_deref_mut() {
-                    Some(c) if c.state == State::Open => {}
-                    _ => break,
-                }
-            }
-            let Some(c) = self.slots[token as usize].as_deref_mut() else {
-                break;
-            };
-            match event {
-                Inbound::Text(line) => {
-                    c.messages_in = c.messages_in.saturating_add(1);
-                    match session::on_text(c, &self.shared, line, now, wall) {
-                        After::Continue => {}
-                        After::Close(ending) => {
-                            close = Some(ending);
-                            break;
+            match request {
+                Request::FanOut => self.fan_out_listed(now),
+                Request::Subscribe {
+                    subscription_id,
+                    hub_id,
+                    topic,
+                } => self.subscribe(token, subscription_id, hub_id, &topic, now),
+                Request::Unsubscribe {
+                    subscription_id,
+                    topic,
+                } => self.unsubscribe(token, subscription_id, &topic, now),
+                Request::Publish { topics, message } => {
+                    let mut result = Ok(0);
+                    for topic in &topics {
+                        match self.shared.hub.publish(
+                            topic,
+                            message.clone(),
+                            crate::hub::PublishOptions::default(),
+                        ) {
+                            Ok(n) => result = result.map(|total| total + n),
+                            Err(e) => result = Err(e),
                         }
-                        After::Subscribe {
-                            subscription_id,
-                            hub_id,
-                            topic,
-                            reply,
-                            request_id,
-                        } => self.subscribe(
-                            token,
-                            subscription_id,
-                            hub_id,
-                            &topic,
-                            reply,
-                            request_id,
-                            now,
-                        ),
-                        After::Unsubscribe {
-                            subscription_id,
-                            topic,
-                            ack,
-                        } => self.unsubscribe(token, subscription_id, &topic, ack, now),
                     }
-                    let Some(c) = self.slots[token as usize].as_deref_mut() else {
-                        break;
-                    };
-                    // One input (a frame of many commands) cannot queue replies past the limit
-                    // before the limit is checked.
-                    if let Some(ending) =
-                        c.over_outbox(max_outbox, self.shared.counters_of(self.handle.index))
-                    {
-                        close = Some(ending);
-                        break;
+                    if let Some(c) = slot_mut(&mut self.slots, token) {
+                        c.push.publish_done(result, now);
                     }
                 }
-                Inbound::Binary(_) => {
-                    c.messages_in = c.messages_in.saturating_add(1);
-                    let err = crate::protocol::reply::error(
-                        None,
-                        powerhub_plugin::codes::UNSUPPORTED,
-                        "binary messages carry no command",
-                    );
-                    c.outbox.push_control(err, now);
-                }
-                Inbound::Pong => c.outbox.on_pong(now),
-                Inbound::Credential(credential) => {
-                    if let After::Close(ending) =
-                        session::on_credential(c, &self.shared, &credential, now)
-                    {
-                        close = Some(ending);
-                        break;
-                    }
-                }
-                Inbound::Close { code, reason } => {
-                    // The protocol queued its answer (a WebSocket close reply).
-                    let detail = format!("close code {code}: {reason}");
-                    close = Some(Ending::unsaid("peer_closed", detail));
-                    break;
-                }
-                _ => {}
             }
-        }
-        events.clear();
-        if let Some(c) = self.slots[token as usize].as_deref_mut() {
-            if greeting && !c.session.awaiting_auth() {
-                c.greeted = true;
-            }
-        }
-        if events.capacity() <= KEEP_EVENTS {
-            // A frame of many messages: the shard keeps no event list that large.
-            self.output.events = events;
-        }
-        if let Err(e) = result {
-            self.shared
-                .counters_of(self.handle.index)
-                .protocol_errors
-                .fetch_add(1, Ordering::Relaxed);
-            // The protocol said it (its final error or close frame is in the urgent bytes); the
-            // log names the limit when one was exceeded.
-            let reason = match e {
-                ProtocolError::TooLarge { limit_name, .. } => {
-                    self.shared
-                        .counters_of(self.handle.index)
-                        .limit_errors
-                        .fetch_add(1, Ordering::Relaxed);
-                    limit_name
-                }
-                _ => "protocol_error",
-            };
-            close = Some(Ending::unsaid(reason, e.to_string()));
         }
         self.mark_dirty(token);
-        if let Some(ending) = close {
-            self.close_with(token, ending);
-        }
+        self.settle(token);
     }
 
-    /// Adds a push subscription of connection `token` to the shard's fan-out of `topic`, then
-    /// queues its `subscribed` reply (before any delivery to it).
-    #[allow(clippy::too_many_arguments)]
+    /// Adds a push subscription of connection `token` to the shard's fan-out of `topic` (after
+    /// delivering what the topic holds, published before it, to the subscriptions there were),
+    /// then answers the connection (its `subscribed` reply goes before any delivery to it).
     fn subscribe(
         &mut self,
         token: Token,
         subscription_id: Arc<str>,
         hub_id: Arc<str>,
         topic: &str,
-        reply: Bytes,
-        request_id: Option<crate::protocol::RequestId>,
         now: Instant,
     ) {
-        // What the topic holds was published before this subscription: it goes to the
-        // subscriptions there were.
         self.fan_out_topic(topic, now);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
@@ -1160,41 +866,54 @@ impl<B: Backend> Shard<B> {
             conn: c.key,
             id: Arc::clone(&subscription_id),
             hub_id,
-            hub_frames: c.hub_frames,
+            hub_frames: c.push.hub_frames(),
             bytes_sent: Arc::default(),
         };
-        let transport: Arc<dyn std::any::Any + Send + Sync> =
-            Arc::new(Arc::clone(&subscription_id));
-        if self.fanout.subscribe(topic, sub, transport) {
-            c.outbox.push_control(reply, now);
+        let transport: Arc<dyn std::any::Any + Send + Sync> = Arc::new(subscription_id);
+        let result = if self.fanout.subscribe(topic, sub, transport) {
+            Ok(())
         } else {
-            let err = c.session.subscribe_failed(
-                &subscription_id,
-                request_id.as_ref(),
-                &crate::hub::SubscribeError::Closed.to_string(),
-            );
-            c.outbox.push_control(err, now);
-        }
-        self.mark_dirty(token);
+            Err(crate::hub::SubscribeError::Closed)
+        };
+        c.push.subscribe_done(result, now);
     }
 
     /// Removes a push subscription after delivering what its topic holds (published before the
-    /// unsubscribe), then lets the outbox drop its pending coalescible frames and queue `ack`.
-    fn unsubscribe(
-        &mut self,
-        token: Token,
-        subscription_id: Arc<str>,
-        topic: &str,
-        ack: Bytes,
-        now: Instant,
-    ) {
+    /// unsubscribe), then answers the connection (the outbox drops the subscription's pending
+    /// coalescible frames and queues the acknowledgement).
+    fn unsubscribe(&mut self, token: Token, subscription_id: Arc<str>, topic: &str, now: Instant) {
         self.fan_out_topic(topic, now);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         self.fanout.unsubscribe(topic, c.key, &subscription_id);
-        c.outbox.unsubscribe(&subscription_id, ack, now);
-        self.mark_dirty(token);
+        c.push.unsubscribe_done(now);
+    }
+
+    /// Brings the socket's state in line with the push connection's after a call into it: its
+    /// error counts go to the shard's counters; a close it decided starts closing the socket
+    /// (its subscriptions leave the fan-out); an abort closes it now.
+    fn settle(&mut self, token: Token) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        let (limit_errors, protocol_errors) = c.push.take_errors();
+        self.freed_output += c.push.take_freed();
+        let (push_state, state) = (c.push.state(), c.state);
+        if limit_errors > 0 || protocol_errors > 0 {
+            let counters = self.shared.counters_of(self.handle.index);
+            counters
+                .limit_errors
+                .fetch_add(u64::from(limit_errors), Ordering::Relaxed);
+            counters
+                .protocol_errors
+                .fetch_add(u64::from(protocol_errors), Ordering::Relaxed);
+        }
+        match (push_state, state) {
+            (PushState::Closing, State::Open) => self.begin_close(token),
+            (PushState::Aborted, s) if s != State::Dead => self.abort(token),
+            _ => {}
+        }
     }
 
     /// Fans out what `topic` holds, if a local connection subscribes to it.
@@ -1262,13 +981,12 @@ impl<B: Backend> Shard<B> {
                     let Some(frame) = &frame else { continue };
                     // One frame per batch: lossless and in order with the replies, written as
                     // it is (the frame protocol's wire form is the hub frame).
-                    c.outbox.push_wire(frame.clone(), now);
+                    c.push.deliver_frame(frame.clone(), now);
                     sub.count_sent(frame.len());
                 } else if let Some(lines) = &lines {
-                    c.outbox.push_shared(&sub.id, lines.clone(), now);
+                    c.push.deliver_lines(&sub.id, lines.clone(), now);
                     sub.count_sent(lines.len());
                 }
-                c.deliveries = c.deliveries.saturating_add(1);
                 deliveries += 1;
                 messages += count as u64;
                 self.dirty.push(sub.conn.index);
@@ -1298,15 +1016,15 @@ impl<B: Backend> Shard<B> {
         }
         for (key, sub) in ended {
             if let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) {
-                let ending = session::sub_ended(c, &sub);
-                self.close_with(key.index, ending);
+                c.push.subscription_ended(&sub, now);
+                self.settle(key.index);
             }
         }
     }
 
     /// Starts one send per dirty connection that has bytes to send and none in flight.
     fn flush_writes(&mut self) {
-        let max_outbox = self.shared.config.limits.max_outbox_bytes;
+        let now = Instant::now();
         let mut dirty = std::mem::take(&mut self.dirty);
         dirty.sort_unstable();
         dirty.dedup();
@@ -1315,14 +1033,14 @@ impl<B: Backend> Shard<B> {
                 continue;
             };
             if c.state == State::Open {
-                if let Some(ending) =
-                    c.over_outbox(max_outbox, self.shared.counters_of(self.handle.index))
-                {
-                    self.close_with(token, ending);
-                } else if let Some(ending) = c.behind(&self.shared) {
+                let (extra, stalled) = c
+                    .tls
+                    .as_ref()
+                    .map_or((0, false), |t| (t.pending.len(), t.stalled));
+                if c.push.check_limits_with(extra, stalled, now) {
                     self.shared.hub.count_tap_disconnect();
-                    self.close_with(token, ending);
                 }
+                self.settle(token);
             }
             self.start_send(token);
         }
@@ -1353,58 +1071,22 @@ impl<B: Backend> Shard<B> {
         self.submit_send(token, s);
     }
 
-    /// The plaintext of the connection's next write, as a send: urgent bytes first at a message
-    /// boundary (nothing of the outbox's half-written), else after what the outbox offers. The
-    /// outbox is offered what is left of the gather list, so everything it offers is in it.
-    /// `None` when there is nothing to write.
+    /// The plaintext of the connection's next write, as a send (see
+    /// [`PushConnection::poll_transmit`]); `None` when there is nothing to write.
     fn gather(&mut self, token: Token) -> Option<Box<SendState>> {
         let c = slot_mut(&mut self.slots, token)?;
-        let now = Instant::now();
-        let at_boundary = c.outbox.unsent_bytes() == 0;
-        let mut urgent_chunks = std::mem::take(&mut self.scratch2);
-        c.urgent.prepare(&mut urgent_chunks);
-        urgent_chunks.truncate(MAX_IOV);
-        let room = if at_boundary {
-            MAX_IOV - urgent_chunks.len()
-        } else {
-            MAX_IOV
-        };
-        let mut outbox_chunks = std::mem::take(&mut self.scratch);
-        outbox_chunks.clear();
-        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
-        let outbox_offered = if room > 0 && (c.proto.is_ready() || c.outbox.unsent_bytes() > 0) {
-            c.outbox
-                .poll_transmit_max(c.proto.as_mut(), &mut outbox_chunks, now, room)
-        } else {
-            0
-        };
-        let empty = urgent_chunks.is_empty() && outbox_chunks.is_empty();
-        let mut send = None;
-        if !empty {
-            let mut s = self.spare_sends.pop().unwrap_or_else(SendState::new);
-            s.urgent_first = at_boundary;
-            let (first, second) = if at_boundary {
-                (&urgent_chunks, &outbox_chunks)
-            } else {
-                (&outbox_chunks, &urgent_chunks)
-            };
-            s.chunks
-                .extend(first.iter().chain(second.iter()).take(MAX_IOV).cloned());
-            let urgent_passed = s.chunks.len() - outbox_chunks.len();
-            s.outbox = outbox_offered;
-            s.urgent = if at_boundary {
-                urgent_chunks.iter().map(Bytes::len).sum()
-            } else {
-                urgent_chunks[..urgent_passed].iter().map(Bytes::len).sum()
-            };
-            s.tls = 0;
-            send = Some(s);
+        let mut s = self.spare_sends.pop().unwrap_or_else(SendState::new);
+        match c.push.poll_transmit(&mut s.chunks, MAX_IOV, Instant::now()) {
+            Some(transmit) => {
+                s.transmit = Some(transmit);
+                s.tls = 0;
+                Some(s)
+            }
+            None => {
+                self.recycle_send(s);
+                None
+            }
         }
-        outbox_chunks.clear();
-        urgent_chunks.clear();
-        self.scratch = outbox_chunks;
-        self.scratch2 = urgent_chunks;
-        send
     }
 
     /// Nothing is left to write: a closing connection's protocol close message goes last (then
@@ -1413,25 +1095,15 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        let written = c.urgent.is_empty()
-            && !c.outbox.has_transmit()
-            && c.outbox.unsent_bytes() == 0
+        // The push connection's close message went with its last bytes (`poll_transmit`).
+        let written = c.push.is_written()
+            && !c.push.close_message_pending()
             && c.tls.as_ref().is_none_or(|t| !t.has_output());
         let failed = c.tls.as_ref().is_some_and(|t| t.failed);
         if !matches!(c.state, State::Closing(_)) || !(written || failed) {
             return;
         }
         if !failed {
-            if let Some(code) = c.ending.as_deref_mut().and_then(|e| e.close_code.take()) {
-                let reason = c.ending.as_deref().map_or("", |e| e.detail.as_str());
-                let mut buf = BytesMut::new();
-                c.proto.encode_close(code, reason, &mut buf);
-                if !buf.is_empty() {
-                    c.urgent.push(buf.freeze());
-                    self.start_send(token);
-                    return;
-                }
-            }
             if let Some(tls) = c.tls.as_deref_mut() {
                 if tls.close_notify() {
                     self.start_send(token);
@@ -1461,10 +1133,8 @@ impl<B: Backend> Shard<B> {
                     return;
                 };
                 let taken = tls.encrypt(&plain.chunks);
-                let (urgent_taken, outbox_taken) = split_written(&plain, taken);
-                c.urgent.advance(urgent_taken);
-                if plain.outbox > 0 {
-                    c.outbox.on_written(outbox_taken, now);
+                if let Some(transmit) = plain.transmit {
+                    c.push.on_written(transmit, taken, now);
                 }
                 self.recycle_send(plain);
             }
@@ -1483,9 +1153,7 @@ impl<B: Backend> Shard<B> {
         }
         let mut s = self.spare_sends.pop().unwrap_or_else(SendState::new);
         s.chunks.push(tls.pending.clone());
-        s.urgent_first = true;
-        s.urgent = 0;
-        s.outbox = 0;
+        s.transmit = None;
         s.tls = tls.pending.len();
         self.submit_send(token, s);
     }
@@ -1497,7 +1165,7 @@ impl<B: Backend> Shard<B> {
             return;
         };
         self.pass_sends += 1;
-        self.pass_bytes += s.urgent + s.outbox + s.tls;
+        self.pass_bytes += s.transmit.map_or(0, |t| t.len()) + s.tls;
         let SendState {
             chunks, iov, msg, ..
         } = &mut *s;
@@ -1526,6 +1194,7 @@ impl<B: Backend> Shard<B> {
     fn recycle_send(&mut self, mut s: Box<SendState>) {
         s.chunks.clear();
         s.iov.clear();
+        s.transmit = None;
         s.msg.msg_iov = std::ptr::null_mut();
         s.msg.msg_iovlen = 0;
         if self.spare_sends.len() < SPARE_SENDS
@@ -1543,8 +1212,7 @@ impl<B: Backend> Shard<B> {
         let Some(send) = c.send.take() else {
             return;
         };
-        let (urgent_first, send_urgent, send_outbox, send_tls) =
-            (send.urgent_first, send.urgent, send.outbox, send.tls);
+        let (transmit, send_tls) = (send.transmit, send.tls);
         self.recycle_send(send);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
@@ -1579,22 +1247,20 @@ impl<B: Backend> Shard<B> {
                 c.poll_inflight = true;
                 self.backend.poll_writable(token);
             } else {
-                if c.outbox.wants_writable() {
+                if c.push.outbox().wants_writable() {
                     // rustls's buffer was full: the outbox's rest goes into the next records.
-                    c.outbox.on_writable(now);
+                    c.push.on_writable(now);
                 }
                 self.mark_dirty(token);
             }
             return;
         }
-        let (urgent_taken, outbox_taken) =
-            split_written_parts(urgent_first, send_urgent, send_outbox, n);
-        c.urgent.advance(urgent_taken);
-        if send_outbox > 0 {
-            c.outbox.on_written(outbox_taken, now);
+        let offered = transmit.map_or(0, |t| t.len());
+        if let Some(transmit) = transmit {
+            c.push.on_written(transmit, n, now);
         }
         c.sync_backlog(self.shared.counters_of(self.handle.index));
-        if n < send_urgent + send_outbox {
+        if n < offered {
             // The socket did not take everything: paused until it drains.
             c.poll_inflight = true;
             self.backend.poll_writable(token);
@@ -1612,54 +1278,27 @@ impl<B: Backend> Shard<B> {
             self.free_if_idle(token);
             return;
         }
-        c.outbox.on_writable(Instant::now());
+        c.push.on_writable(Instant::now());
         self.mark_dirty(token);
     }
 
-    /// Closes for `ending`, saying it in the connection's protocol (see [`super::close`]): its
-    /// error ahead of what is queued or after it, then (once everything is written) the
-    /// protocol's close message; before the protocol's handshake, the protocol's refusal.
-    fn close_with(&mut self, token: Token, mut ending: Ending) {
+    /// Closes for `ending`, saying it in the connection's protocol (see
+    /// [`PushConnection`]'s close), then closes the socket once that is written.
+    fn close_with(&mut self, token: Token, ending: Ending) {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
         if c.state != State::Open {
             return;
         }
-        ending.subscriptions = c.session.subscriptions().count();
-        if let Some(error) = ending.error() {
-            if c.proto.is_ready() {
-                if ending.is_in_order() {
-                    c.outbox.push_control(error, Instant::now());
-                } else if !c.outbox.is_reaped() {
-                    // The final error: after what is already encoded for the wire, and with
-                    // nothing after it (what was queued behind is dropped with the connection).
-                    let before = c.output_memory();
-                    c.outbox.discard_queued();
-                    self.freed_output += before.saturating_sub(c.output_memory());
-                    c.outbox.push_control(error, Instant::now());
-                } else {
-                    c.push_urgent_text(&error);
-                }
-                ending.close_code = ending.websocket_code();
-            } else if let Some(status) = ending.http_status() {
-                let mut buf = BytesMut::new();
-                if c.proto.encode_refusal(status, &ending.detail, &mut buf) {
-                    c.urgent.push(buf.freeze());
-                }
-            }
-        }
-        c.ending = Some(Box::new(ending));
-        self.begin_close(token);
+        c.push.close(ending, Instant::now());
+        self.settle(token);
     }
 
     /// Closes at once for `ending` (unless an ending was decided before), saying nothing.
-    fn abort_with(&mut self, token: Token, mut ending: Ending) {
+    fn abort_with(&mut self, token: Token, ending: Ending) {
         if let Some(c) = slot_mut(&mut self.slots, token) {
-            if c.ending.is_none() {
-                ending.subscriptions = c.session.subscriptions().count();
-                c.ending = Some(Box::new(ending));
-            }
+            c.push.abort(ending);
         }
         self.abort(token);
     }
@@ -1711,7 +1350,7 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        for (id, info) in c.session.close() {
+        for (id, info) in c.push.take_subscriptions() {
             self.fanout.unsubscribe(&info.topic, c.key, &id);
         }
     }
@@ -1743,7 +1382,7 @@ impl<B: Backend> Shard<B> {
             return;
         }
         let c = self.slots[idx].take().expect("checked above");
-        self.freed_output += c.output_memory() + c.inbuf.capacity();
+        self.freed_output += c.push.output_memory() + c.push.input_memory();
         self.backend.remove_conn(token); // closes the socket
         self.generations[idx] = self.generations[idx].wrapping_add(1);
         self.free.push(token);
@@ -1763,22 +1402,23 @@ impl<B: Backend> Shard<B> {
     /// server decided the close (a limit, a deadline, a protocol error, a slow consumer), at
     /// `debug` when the peer closed or the server shut down.
     fn log_close(&self, c: &Conn) {
-        let ending = c.ending.as_deref();
+        let ending = c.push.ending();
         let reason = ending.map_or("closed", |e| e.reason);
         let detail = ending.map_or("", |e| e.detail.as_str());
         let subscriptions = ending.map_or(0, |e| e.subscriptions);
-        let duration_ms = millis(self.epoch, Instant::now()).saturating_sub(c.accepted_ms);
+        let duration_ms = c.push.started().elapsed().as_millis() as u64;
+        let counts = c.push.counts();
         macro_rules! line {
             ($level:ident) => {
                 tracing::$level!(
                     shard = self.handle.index,
-                    protocol = c.proto.name(),
+                    protocol = c.push.proto().name(),
                     reason,
                     detail,
-                    bytes_in = c.bytes_in,
-                    bytes_out = c.outbox.stats().bytes_written,
-                    messages_in = c.messages_in,
-                    deliveries = c.deliveries,
+                    bytes_in = counts.bytes_in,
+                    bytes_out = c.push.stats().bytes_written,
+                    messages_in = counts.messages_in,
+                    deliveries = counts.deliveries,
                     subscriptions,
                     duration_ms,
                     "connection closed"
@@ -1800,24 +1440,21 @@ impl<B: Backend> Shard<B> {
             self.freed_output = 0;
             super::alloc::release_free_memory();
         }
-        let limits = &self.shared.config.limits;
-        let (first_message, idle) = (limits.first_message_timeout(), limits.idle_timeout());
         let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
         let now_ms = millis(self.epoch, now);
         let wall = SystemTime::now();
         if self.drain_deadline.is_some() && !self.finishing && !self.handle.is_quiet() {
-            let quiet_ms = DRAIN_QUIET.as_millis() as u64;
             let quiet = self.slots.iter().flatten().all(|c| {
-                c.state != State::Open || now_ms.saturating_sub(c.last_inbound_ms) >= quiet_ms
+                c.state != State::Open
+                    || now.saturating_duration_since(c.push.last_input()) >= DRAIN_QUIET
             });
             if quiet {
                 // Release pairs with `is_quiet`'s Acquire.
                 self.handle.quiet.store(true, Ordering::Release);
             }
         }
-        let mut to_close = Vec::new();
+        let mut due = Vec::new();
         let mut to_abort = Vec::new();
-        let mut limit_errors = 0;
         for (i, slot) in self.slots.iter_mut().enumerate() {
             let Some(c) = slot.as_deref_mut() else {
                 continue;
@@ -1836,76 +1473,26 @@ impl<B: Backend> Shard<B> {
                     to_abort.push((token, Ending::unsaid("shutdown_timeout_ms", String::new())))
                 }
                 State::Open
-                    if !c.greeted
-                        && now_ms.saturating_sub(c.accepted_ms)
-                            >= first_message.as_millis() as u64 =>
+                    if c.push.poll_timeout().is_some_and(|t| t <= now)
+                        || c.push.session().expires_at().is_some_and(|at| wall >= at) =>
                 {
-                    limit_errors += 1;
-                    let ms = limits.first_message_timeout_ms;
-                    let msg = if c.session.awaiting_auth() && c.proto.is_ready() {
-                        format!("not authenticated within first_message_timeout_ms = {ms}")
-                    } else if c.proto.is_ready() {
-                        format!("no complete message within first_message_timeout_ms = {ms}")
-                    } else {
-                        format!("the opening handshake did not complete within first_message_timeout_ms = {ms}")
-                    };
-                    to_close.push((token, Ending::timeout("first_message_timeout_ms", msg)));
-                }
-                State::Open if c.session.expires_at().is_some_and(|at| wall >= at) => {
-                    let msg = format!(
-                        "the token of user `{}` expired; send a fresh one before it does",
-                        c.session.user().unwrap_or_default()
-                    );
-                    to_close.push((token, Ending::auth(codes::TOKEN_EXPIRED, msg).in_order()));
-                }
-                State::Open
-                    if idle.is_some_and(|idle| {
-                        now_ms.saturating_sub(c.last_inbound_ms) >= idle.as_millis() as u64
-                    }) =>
-                {
-                    limit_errors += 1;
-                    let msg = format!("no input for idle_timeout_ms = {}", limits.idle_timeout_ms);
-                    to_close.push((token, Ending::timeout("idle_timeout_ms", msg)));
-                }
-                State::Open if c.outbox.poll_timeout().is_some_and(|t| t <= now) => {
-                    // Everything encoded was written, so the stream is at a message boundary:
-                    // a final error can follow what the peer got.
-                    let at_boundary = c.outbox.unsent_bytes() == 0 && c.send.is_none();
-                    match c.outbox.handle_timeout(now) {
-                        TimeoutAction::Reap => {
-                            let ms = self.shared.config.outbox.liveness_timeout_ms;
-                            let msg = format!(
-                                "no pong and no write progress for liveness_timeout_ms = {ms}"
-                            );
-                            let key = "liveness_timeout_ms";
-                            if at_boundary {
-                                to_close.push((token, Ending::timeout(key, msg)));
-                            } else {
-                                // Half a message may be on the wire, and the peer reads
-                                // nothing: there is no way to say it.
-                                to_abort.push((token, Ending::unsaid(key, msg)));
-                            }
-                        }
-                        _ => self.dirty.push(token),
-                    }
+                    c.push.handle_timeout(now, wall);
+                    due.push(token);
                 }
                 _ => {}
             }
         }
-        if limit_errors > 0 {
-            self.shared
-                .counters_of(self.handle.index)
-                .limit_errors
-                .fetch_add(limit_errors, Ordering::Relaxed);
-        }
-        for (t, ending) in to_close {
-            self.close_with(t, ending);
+        for t in due {
+            // A keepalive ping to write, or a close to begin.
+            self.mark_dirty(t);
+            self.settle(t);
         }
         for (t, ending) in to_abort {
             self.abort_with(t, ending);
         }
     }
 }
+
 #[cfg(test)]
 mod tests {
     /// A connection's state is what every idle connection costs: it stays within 512 bytes, an

@@ -1,17 +1,16 @@
-//! The push connection fed arbitrary bytes, without sockets: the connection's stream protocol
-//! (ndjson, websocket or frame) decodes what arrives, each inbound text goes through the push
-//! [`Session`], its publishes to a real hub (driven by hand), and what the hub holds for a
-//! subscribed topic is fanned out as the shard's fan-out does (`runtime/shard.rs`,
-//! `fan_out_slot`): cut into batches, each encoded once per wire format, the same `Bytes` into
-//! the connection's [`Outbox`], the subscriptions' only queue. What the outbox writes goes to a
-//! socket that takes all, part or none of it, on a virtual clock. It is the shard's
-//! per-connection path with the IO taken out (the shard's tap of a topic is a hub receiver
-//! here, with room for everything: the tap is lossless).
+//! The push connection fed arbitrary bytes, without sockets: the real
+//! [`PushConnection`](powerhub::push::PushConnection) (stream protocol, push session, outbox and
+//! urgent lane, deadlines) decodes what arrives and runs its commands; this check is its driver,
+//! as the server's shard is: publishes go to a real hub (driven by hand), and what the hub holds
+//! for a subscribed topic is fanned out as the shard's fan-out does (cut into batches, each
+//! encoded once per wire format, the same `Bytes` to every subscription of the topic). What
+//! the connection offers goes to a socket that takes all, part or none of it, on a virtual
+//! clock. (The shard's tap of a topic is a hub receiver here, with room for everything.)
 //!
 //! What must hold: nothing panics; everything written is well framed for the protocol and every
-//! message in it is a JSON object that was either a reply, a published message, a keepalive
-//! ping or a `frames_dropped` notice; every reply is written, in order (replies are lossless);
-//! once drained, the outbox holds nothing.
+//! message in it is a JSON object that was either published or is a message type the server
+//! sends (a reply, a keepalive ping, a `frames_dropped` notice, an error); once drained, the
+//! connection holds nothing; a shutdown after that is said and written in full.
 //!
 //! Input: byte 0 chooses the protocol (bits 0-1: ndjson, websocket, frame, ndjson), whether the
 //! check frames the lines itself (bit 2: the rest is lines, each sent as one message of the
@@ -21,19 +20,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use powerhub::hub::{
     Driver, Hub, HubOptions, PublishOptions, Receiver, SlowConsumer, SubscribeOptions,
     TryRecvError, MAX_QUEUE_LIMIT,
 };
-use powerhub::outbox::{Framing, Outbox, OutboxConfig, PayloadFactory, TimeoutAction, PING_JSON};
+use powerhub::outbox::{OutboxConfig, PayloadFactory};
 use powerhub::plugin::frame::{self, FrameError};
-use powerhub::plugin::{
-    Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput, StreamProtocol,
-};
-use powerhub::protocol::{reply, Action, Session, SessionConfig};
+use powerhub::plugin::{Inbound, ProtocolError, ProtocolFactory, ProtocolLimits};
+use powerhub::protocol::{Session, SessionConfig};
+use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState, Request};
 use powerhub_frame::FrameFactory;
 use powerhub_ndjson::{NdjsonFactory, NdjsonProtocol};
 use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
@@ -78,33 +76,27 @@ impl Limits {
     }
 }
 
-/// The connection: what the runtime's `Conn` holds, less the socket, with the shard's fan-out
-/// of its topics.
+/// The message types the server sends besides what was published.
+const SERVER_TYPES: &[&str] = &[
+    "pong",
+    "published",
+    "subscribed",
+    "unsubscribed",
+    "error",
+    "authenticated",
+    "ping",
+    "frames_dropped",
+];
+
+/// The driver: the push connection, the hub's taps of its topics, and what the socket took.
 struct Conn {
-    proto: Box<dyn StreamProtocol>,
-    hub_frames: bool,
-    inbuf: BytesMut,
-    output: ProtocolOutput,
-    outbox: Outbox,
-    session: Session,
-    limits: Limits,
-    /// `subscriptions.slow_consumer = "disconnect"`.
-    disconnect: bool,
-    /// Room in a tap: more than the messages one input can publish (the shard's tap has no
-    /// bound; the hub allocates a receiver's queue to its room).
+    push: PushConnection,
+    /// Room in a tap: more than the messages one input can publish.
     tap_room: usize,
     /// Per subscribed topic: the tap (what the hub holds for the shard) and the subscriptions.
     topics: HashMap<String, (Receiver, Vec<Arc<str>>)>,
-    /// Still taking commands and deliveries (the runtime's `State::Open`).
-    open: bool,
-    /// The liveness timeout reaped it: nothing more is written.
-    reaped: bool,
-    /// Everything the protocol put in `urgent`, and the urgent messages the connection framed.
-    urgent: Vec<u8>,
-    /// What the socket took of the outbox's bytes, in order.
+    /// What the socket took, in order.
     wire: Vec<u8>,
-    /// Every lossless message pushed to the outbox, in order.
-    controls: Vec<Bytes>,
     /// Every message published.
     published: HashSet<Bytes>,
 }
@@ -119,227 +111,113 @@ impl Conn {
             2 => Box::new(FrameFactory),
             _ => Box::new(NdjsonFactory),
         };
-        let mut proto = factory.new_connection(&protocol_limits);
-        // As the shard tells them apart (`frames_as_ndjson`, `frames_as_hub_frames`).
-        let mut probe = BytesMut::new();
-        proto.encode_text(b"{}", &mut probe);
-        let framing = if &probe[..] == b"{}\n" {
-            Framing::Ndjson
-        } else {
-            Framing::Protocol
-        };
-        let sample = frame::encode_json_batch([&b"{}"[..]]).expect("encodes");
-        let mut probe = BytesMut::new();
-        proto.encode_text(&sample, &mut probe);
-        let hub_frames = probe[..] == sample[..];
-        let config = OutboxConfig {
+        let proto = factory.new_connection(&protocol_limits);
+        let outbox = OutboxConfig {
             high_water_bytes: limits.high_water,
-            framing,
             ..OutboxConfig::default()
         };
-        let outbox = Outbox::new(config, Arc::new(PayloadFactory), now).expect("a valid config");
-        // The session's own limits stay the defaults: the subscription limit is checked before
-        // it (as the shard does), and the framing limits the line.
-        let session = Session::new(7, SessionConfig::default());
+        let push_limits = PushLimits::default()
+            .with_max_outbox_bytes(limits.max_outbox)
+            .with_disconnect_backlog_bytes(disconnect.then_some(limits.backpressure));
+        let config =
+            PushConfig::new(push_limits, outbox, Arc::new(PayloadFactory)).expect("a valid config");
+        let session_config = SessionConfig {
+            max_line_bytes: limits.max_message,
+            max_subscriptions: limits.max_subscriptions,
+            ..SessionConfig::default()
+        };
+        let session = Session::new(7, session_config);
         Conn {
-            proto,
-            hub_frames,
-            inbuf: BytesMut::new(),
-            output: ProtocolOutput::default(),
-            outbox,
-            session,
-            limits,
-            disconnect,
+            push: PushConnection::new(proto, session, &Arc::new(config), now)
+                .expect("a valid config"),
             tap_room: (input + 16).min(MAX_QUEUE_LIMIT),
             topics: HashMap::new(),
-            open: true,
-            reaped: false,
-            urgent: Vec::new(),
             wire: Vec::new(),
-            controls: Vec::new(),
             published: HashSet::new(),
         }
     }
 
-    fn control(&mut self, json: Bytes, now: Instant) {
-        self.controls.push(json.clone());
-        self.outbox.push_control(json, now);
+    fn is_open(&self) -> bool {
+        self.push.state() == PushState::Open
     }
 
-    fn push_urgent_text(&mut self, json: &[u8]) {
-        let mut buf = BytesMut::new();
-        self.proto.encode_text(json, &mut buf);
-        self.urgent.extend_from_slice(&buf);
-    }
-
-    fn backlog(&self) -> usize {
-        let stats = self.outbox.stats();
-        stats.unsent_bytes + stats.queued_bytes
-    }
-
-    /// A limit error, urgent, then the close (the shard's `close_with` of a limit ending).
-    fn close_on_limit(&mut self, hub: &Hub, limit: &str, message: &str) {
-        let v = serde_json::json!({
-            "type": "error", "requestId": null, "code": "limit_exceeded",
-            "limit": limit, "message": message,
-        });
-        self.push_urgent_text(v.to_string().as_bytes());
-        self.begin_close(hub);
-    }
-
-    /// Received bytes: decode them and run the session on each event (the shard's
+    /// Received bytes: the connection decodes them; the driver does what it asks (the shard's
     /// `after_input`).
     fn receive(&mut self, hub: &Hub, bytes: &[u8], now: Instant) {
-        if !self.open {
-            return;
-        }
-        self.inbuf.extend_from_slice(bytes);
-        self.output.clear();
-        let result = self.proto.decode(&mut self.inbuf, &mut self.output);
-        self.urgent.extend_from_slice(&self.output.urgent);
-        let mut close = false;
-        let events = std::mem::take(&mut self.output.events);
-        for event in events {
-            match event {
-                Inbound::Text(line) => {
-                    if self.on_text(hub, line, now) {
-                        close = true;
-                        break;
+        self.push.handle_input(bytes, now);
+        while let Some(request) = self.push.poll(now, SystemTime::now()) {
+            match request {
+                Request::FanOut => self.deliver(hub, now),
+                Request::Subscribe {
+                    subscription_id,
+                    topic,
+                    ..
+                } => {
+                    // What the topic holds was published before this subscription.
+                    self.fan_out(hub, &topic, now);
+                    let result = match self.topics.get_mut(&topic) {
+                        Some((_, subs)) => {
+                            subs.push(subscription_id);
+                            Ok(())
+                        }
+                        None => {
+                            let tap = SubscribeOptions::default()
+                                .max_queue(self.tap_room)
+                                .slow_consumer(SlowConsumer::DropNewest);
+                            hub.receiver(&topic, tap).map(|rx| {
+                                self.topics
+                                    .insert(topic.clone(), (rx, vec![subscription_id]));
+                            })
+                        }
+                    };
+                    self.push.subscribe_done(result, now);
+                }
+                Request::Unsubscribe {
+                    subscription_id,
+                    topic,
+                } => {
+                    // What the topic holds was published before the unsubscribe.
+                    self.fan_out(hub, &topic, now);
+                    if let Some((_, subs)) = self.topics.get_mut(&topic) {
+                        subs.retain(|s| *s != subscription_id);
+                        if subs.is_empty() {
+                            self.topics.remove(&topic);
+                        }
                     }
-                    if self.outbox.memory_bytes() > self.limits.max_outbox {
-                        let msg = "unsent output exceeds max_outbox_bytes";
-                        self.close_on_limit(hub, "max_outbox_bytes", msg);
-                        return;
+                    self.push.unsubscribe_done(now);
+                }
+                Request::Publish { topics, message } => {
+                    assert!(
+                        is_json_object(message.bytes()),
+                        "a published message is not JSON"
+                    );
+                    self.published.insert(message.bytes().clone());
+                    let mut result = Ok(0);
+                    for topic in &topics {
+                        match hub.publish(topic, message.clone(), PublishOptions::default()) {
+                            Ok(n) => result = result.map(|t| t + n),
+                            Err(e) => result = Err(e),
+                        }
                     }
+                    self.push.publish_done(result, now);
                 }
-                Inbound::Binary(_) => {
-                    let err = reply::error(None, "unsupported", "binary messages carry no command");
-                    self.control(err, now);
-                }
-                Inbound::Pong => self.outbox.on_pong(now),
-                Inbound::Close { .. } => {
-                    close = true;
-                    break;
-                }
-                other => panic!("an event this check does not know: {other:?}"),
+                other => panic!("a request this check does not know: {other:?}"),
             }
         }
-        if result.is_err() || close {
-            self.begin_close(hub);
-        }
+        self.settle();
     }
 
-    /// One inbound JSON message (the runtime's `session::on_text`); `true` to close.
-    fn on_text(&mut self, hub: &Hub, line: Bytes, now: Instant) -> bool {
-        let cmd = match self.session.parse(line) {
-            Ok(cmd) => cmd,
-            Err(e) => {
-                self.control(e.to_reply(), now);
-                return false;
-            }
-        };
-        let limit = self.limits.max_subscriptions;
-        if matches!(cmd, powerhub::protocol::Command::Subscribe { .. })
-            && self.session.subscriptions().count() >= limit
-        {
-            let msg = format!("a connection may hold at most {limit} subscriptions");
-            self.close_on_limit(hub, "max_subscriptions_per_connection", &msg);
-            return true;
+    /// A close the connection decided ends its subscriptions (the shard's `release_session`).
+    fn settle(&mut self) {
+        if !self.is_open() {
+            self.push.take_subscriptions();
+            // Dropping a tap ends its hub subscription.
+            self.topics.clear();
         }
-        let request_id = cmd.request_id().cloned();
-        match self.session.handle_command(cmd) {
-            Action::Subscribe {
-                subscription_id,
-                topic,
-                reply,
-                ..
-            } => {
-                // What the topic holds was published before this subscription: it goes to
-                // the subscriptions there were (the shard's `subscribe`).
-                self.fan_out(hub, &topic, now);
-                let tapped = match self.topics.get_mut(&topic) {
-                    Some((_, subs)) => {
-                        subs.push(Arc::clone(&subscription_id));
-                        Ok(())
-                    }
-                    None => {
-                        let tap = SubscribeOptions::default()
-                            .max_queue(self.tap_room)
-                            .slow_consumer(SlowConsumer::DropNewest);
-                        hub.receiver(&topic, tap).map(|rx| {
-                            self.topics
-                                .insert(topic.clone(), (rx, vec![Arc::clone(&subscription_id)]));
-                        })
-                    }
-                };
-                match tapped {
-                    Ok(()) => self.control(reply, now),
-                    Err(e) => {
-                        let err = self.session.subscribe_failed(
-                            &subscription_id,
-                            request_id.as_ref(),
-                            &e.to_string(),
-                        );
-                        self.control(err, now);
-                    }
-                }
-            }
-            Action::Unsubscribe {
-                subscription_id,
-                topic,
-                ack,
-                ..
-            } => {
-                // What the topic holds was published before the unsubscribe (the shard's
-                // `unsubscribe`).
-                self.fan_out(hub, &topic, now);
-                if let Some((_, subs)) = self.topics.get_mut(&topic) {
-                    subs.retain(|s| *s != subscription_id);
-                    if subs.is_empty() {
-                        self.topics.remove(&topic);
-                    }
-                }
-                self.controls.push(ack.clone());
-                self.outbox.unsubscribe(&subscription_id, ack, now);
-            }
-            Action::Publish {
-                request_id,
-                topics,
-                message,
-                ..
-            } => {
-                assert!(
-                    is_json_object(message.bytes()),
-                    "a published message is not JSON"
-                );
-                self.published.insert(message.bytes().clone());
-                let mut total = 0;
-                let mut failure = None;
-                for topic in &topics {
-                    match hub.publish(topic, message.clone(), PublishOptions::default()) {
-                        Ok(n) => total += n,
-                        Err(e) => failure = Some(e),
-                    }
-                }
-                match failure {
-                    None if request_id.is_none() => {}
-                    None => self.control(reply::published(request_id.as_ref(), total), now),
-                    Some(e) => self.control(
-                        reply::error(request_id.as_ref(), "publish_failed", &e.to_string()),
-                        now,
-                    ),
-                }
-            }
-            Action::Reply(bytes) => self.control(bytes, now),
-            Action::Pong => self.outbox.on_pong(now),
-            other => panic!("an action this check does not know: {other:?}"),
-        }
-        false
     }
 
     /// Fans out what the hub holds for `topic` (the shard's `fan_out_slot`): batches of
-    /// [`MAX_BATCH`], each encoded once, the same `Bytes` into the outbox for every
-    /// subscription of the topic.
+    /// [`MAX_BATCH`], each encoded once, the same `Bytes` to every subscription of the topic.
     fn fan_out(&mut self, hub: &Hub, topic: &str, now: Instant) {
         hub.turn(now);
         let Some((rx, subs)) = self.topics.get_mut(topic) else {
@@ -361,87 +239,52 @@ impl Conn {
             }
         }
         let subs = subs.clone();
-        if !self.open {
-            return;
-        }
         for batch in messages.chunks(MAX_BATCH) {
             let texts = || batch.iter().filter(|m| m.is_json()).map(|m| &m.bytes()[..]);
             if texts().count() == 0 {
                 continue;
             }
-            if self.hub_frames {
+            if self.push.hub_frames() {
                 let frame = frame::encode_json_batch(texts()).expect("a batch frames");
                 for _ in &subs {
-                    self.controls.push(frame.clone());
-                    self.outbox.push_wire(frame.clone(), now);
+                    self.push.deliver_frame(frame.clone(), now);
                 }
             } else {
                 let lines = frame::encode_ndjson_batch(texts());
                 for sub in &subs {
-                    self.outbox.push_shared(sub, lines.clone(), now);
+                    self.push.deliver_lines(sub, lines.clone(), now);
                 }
             }
         }
         if closed {
             self.topics.remove(topic);
-            self.begin_close(hub);
+            if let Some(sub) = subs.first() {
+                self.push.subscription_ended(sub, now);
+            }
+            self.settle();
         }
     }
 
-    /// Fans out every subscribed topic, then applies the shard's checks before a write
-    /// (`flush_writes`): `max_outbox_bytes`, and under `disconnect` a connection behind.
+    /// Fans out every subscribed topic, then the checks before a write (`max_outbox_bytes`,
+    /// and under `disconnect` a connection behind).
     fn deliver(&mut self, hub: &Hub, now: Instant) {
         let topics: Vec<String> = self.topics.keys().cloned().collect();
         for topic in &topics {
             self.fan_out(hub, topic, now);
         }
-        if !self.open {
-            return;
-        }
-        if self.outbox.memory_bytes() > self.limits.max_outbox {
-            self.close_on_limit(
-                hub,
-                "max_outbox_bytes",
-                "unsent output exceeds max_outbox_bytes",
-            );
-        } else if self.disconnect
-            && self.outbox.wants_writable()
-            && self.session.subscriptions().next().is_some()
-            && self.backlog() > self.limits.backpressure
-        {
-            let msg = "a connection whose socket is full fell behind under slow_consumer = \"disconnect\"";
-            self.push_urgent_text(&reply::error(None, "slow_consumer", msg));
-            self.begin_close(hub);
-        }
+        self.push.check_limits(now);
+        self.settle();
     }
 
-    /// Stops taking commands and deliveries and drops its subscriptions (`begin_close`).
-    fn begin_close(&mut self, _hub: &Hub) {
-        if !self.open {
-            return;
-        }
-        self.open = false;
-        self.session.close();
-        // Dropping a tap ends its hub subscription.
-        self.topics.clear();
-    }
-
-    /// Whether the outbox's bytes go to the socket: only to a ready protocol (a WebSocket after
-    /// its handshake), but for the rest of a message already begun.
-    fn can_write(&self) -> bool {
-        !self.reaped && (self.proto.is_ready() || self.outbox.unsent_bytes() > 0)
-    }
-
-    /// One write: the outbox offers its bytes, the socket takes `take(offered)` of them.
+    /// One write: the connection offers its bytes, the socket takes `take(offered)` of them.
     fn write(&mut self, now: Instant, take: impl FnOnce(usize) -> usize) {
-        if !self.can_write() {
-            return;
-        }
         let mut chunks = Vec::new();
-        let offered = self
-            .outbox
-            .poll_transmit(self.proto.as_mut(), &mut chunks, now);
+        let Some(transmit) = self.push.poll_transmit(&mut chunks, 64, now) else {
+            return;
+        };
+        let offered = transmit.len();
         assert_eq!(offered, chunks.iter().map(Bytes::len).sum::<usize>());
+        assert!(offered > 0, "an empty transmit");
         let taken = take(offered).min(offered);
         let mut left = taken;
         for chunk in &chunks {
@@ -449,21 +292,14 @@ impl Conn {
             self.wire.extend_from_slice(&chunk[..n]);
             left -= n;
         }
-        if offered > 0 {
-            self.outbox.on_written(taken, now);
-        }
+        self.push.on_written(transmit, taken, now);
     }
 
-    /// The shard's tick for this connection: keepalive and liveness.
-    fn tick(&mut self, hub: &Hub, now: Instant) {
-        if self.reaped || !self.open {
-            return;
-        }
-        if self.outbox.poll_timeout().is_some_and(|t| t <= now)
-            && self.outbox.handle_timeout(now) == TimeoutAction::Reap
-        {
-            self.reaped = true;
-            self.begin_close(hub);
+    /// The shard's tick for this connection.
+    fn tick(&mut self, now: Instant) {
+        if self.push.poll_timeout().is_some_and(|t| t <= now) {
+            self.push.handle_timeout(now, SystemTime::now());
+            self.settle();
         }
     }
 }
@@ -543,11 +379,10 @@ pub(crate) fn check(data: &[u8]) {
     .expect("valid hub options");
 
     let mut at = 0;
-    while at < stream.len() && !conn.reaped {
+    while at < stream.len() && conn.push.state() != PushState::Aborted {
         let n = rng.receive().min(stream.len() - at);
         conn.receive(&hub, &stream[at..at + n], now);
         at += n;
-        hub.turn(now);
         conn.deliver(&hub, now);
         let how = rng.below(8);
         let cut = rng.next() as usize;
@@ -556,79 +391,75 @@ pub(crate) fn check(data: &[u8]) {
             1 => cut % (offered + 1),
             _ => offered,
         });
-        if conn.outbox.wants_writable() && rng.below(4) != 0 {
-            conn.outbox.on_writable(now);
+        if conn.push.outbox().wants_writable() && rng.below(4) != 0 {
+            conn.push.on_writable(now);
         }
         now += match rng.below(64) {
             0 => Duration::from_secs(20),
             1..=3 => Duration::from_secs(5),
             _ => Duration::from_millis(1),
         };
-        conn.tick(&hub, now);
+        conn.tick(now);
     }
 
-    // The end: no more input; the hub's queues are delivered and the outbox written out, at
-    // one instant (no timer fires), until nothing moves.
+    // The end: no more input; the hub's queues are delivered and everything written, at one
+    // instant (no timer fires), until nothing moves.
     let mut rounds = 0;
     loop {
         hub.turn(now);
         conn.deliver(&hub, now);
-        conn.outbox.on_writable(now);
+        conn.push.on_writable(now);
+        let before = conn.wire.len();
         conn.write(now, |offered| offered);
-        // A protocol that is not ready (a WebSocket before or after its handshake) takes no
-        // data, so what its outbox holds stays there.
-        let writes = conn.outbox.has_transmit() && conn.can_write();
-        let idle = hub.poll_timeout().is_none() && !writes;
-        if idle || conn.reaped {
+        let idle = hub.poll_timeout().is_none() && conn.wire.len() == before;
+        if idle {
             break;
         }
         rounds += 1;
-        assert!(rounds < 100_000, "the hub and the outbox never settle");
+        assert!(rounds < 100_000, "the hub and the connection never settle");
     }
-    conn.begin_close(&hub);
+    let drained = conn.push.state() != PushState::Aborted;
+    if drained {
+        // A protocol that is not ready (a WebSocket before its handshake) takes no data; what
+        // its outbox holds stays there until the close.
+        let ready = protocol != 1 || conn.wire.starts_with(b"HTTP/1.1 101 ");
+        if ready && conn.push.state() == PushState::Open {
+            assert!(conn.push.is_written(), "bytes left unsent after the drain");
+            let stats = conn.push.stats();
+            assert_eq!(
+                (stats.queued, stats.queued_bytes),
+                (0, 0),
+                "messages left queued"
+            );
+        }
+        // The shutdown is said, and everything before it written.
+        conn.push.shutdown(now);
+        conn.settle();
+        for _ in 0..10_000 {
+            conn.push.on_writable(now);
+            let before = conn.wire.len();
+            conn.write(now, |offered| offered);
+            if conn.wire.len() == before {
+                break;
+            }
+        }
+        if ready || protocol != 1 {
+            assert!(conn.push.is_written(), "the close was not written in full");
+        }
+    }
     hub.close();
 
-    check_urgent(&conn);
-    // Drained: every byte queued was written (a WebSocket that is closing writes no data).
-    let drained = !conn.reaped && (protocol != 1 || conn.proto.is_ready());
     let messages = wire_messages(protocol, &conn.wire, drained);
     for m in &messages {
         assert!(
             is_json_object(m),
             "a message written is not a JSON object: {m:?}"
         );
-        let known = conn.controls.iter().any(|c| c == m)
-            || conn.published.contains(&m[..])
-            || m[..] == *PING_JSON
-            || is_frames_dropped(m);
+        let known = conn.published.contains(&m[..]) || is_server_message(m);
         assert!(
             known,
             "a message nobody sent: {:?}",
             String::from_utf8_lossy(m)
-        );
-    }
-    if !drained {
-        return;
-    }
-    let stats = conn.outbox.stats();
-    assert_eq!(
-        conn.outbox.unsent_bytes(),
-        0,
-        "bytes left unsent after the drain"
-    );
-    assert_eq!(
-        (stats.queued, stats.queued_bytes),
-        (0, 0),
-        "messages left queued"
-    );
-    assert_eq!(stats.bytes_written, conn.wire.len() as u64);
-    // Replies are lossless and in order: every one appears, in order, among the messages.
-    let mut written = messages.iter();
-    for c in control_messages(&conn) {
-        assert!(
-            written.any(|m| *m == c),
-            "reply {:?} not written (in order)",
-            String::from_utf8_lossy(&c)
         );
     }
 }
@@ -669,54 +500,57 @@ fn ndjson_splits(stream: &[u8], max_line: usize, rng: &mut Rng) {
     }
 }
 
-fn is_frames_dropped(m: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(m)
-        .is_ok_and(|v| v["type"] == "frames_dropped" && v["subscriptionId"].is_string())
+/// A message of a type the server sends.
+fn is_server_message(m: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(m).is_ok_and(|v| {
+        v["type"]
+            .as_str()
+            .is_some_and(|t| SERVER_TYPES.contains(&t))
+    })
 }
 
-/// The messages the lossless pushes stand for: a reply is one, a hub frame its elements.
-fn control_messages(conn: &Conn) -> Vec<Vec<u8>> {
-    let mut out = Vec::new();
-    for c in &conn.controls {
-        if conn.hub_frames && c.starts_with(&frame::MAGIC) {
-            let f = frame::decode(c).expect("the hub writes valid frames");
-            let elements = f.json_messages().expect("the hub's frames hold JSON");
-            out.extend(elements.into_iter().map(<[u8]>::to_vec));
-        } else {
-            out.push(c.to_vec());
-        }
-    }
-    out
-}
-
-/// The JSON messages of what the socket took, framed as `protocol` frames them; unless
-/// `drained`, the last one may be partial (and is left out).
+/// The JSON messages of what the socket took, framed as `protocol` frames them (a WebSocket's
+/// opening handshake response first); unless `drained`, the last one may be partial (and is
+/// left out).
 fn wire_messages(protocol: u8, wire: &[u8], drained: bool) -> Vec<Vec<u8>> {
     match protocol {
         1 => {
-            let (frames, partial) = server_frames(wire);
+            if wire.is_empty() {
+                return Vec::new();
+            }
+            let Some(end) = wire.windows(4).position(|w| w == b"\r\n\r\n") else {
+                assert!(!drained, "a partial HTTP response after the drain");
+                return Vec::new();
+            };
+            if !wire.starts_with(b"HTTP/1.1 101 ") {
+                // A refusal or the page: an HTTP response, and nothing after it.
+                if drained {
+                    check_http_response(wire);
+                }
+                return Vec::new();
+            }
+            let (frames, partial) = server_frames(&wire[end + 4..]);
             assert!(partial == 0 || !drained, "a partial frame after the drain");
-            frames
-                .into_iter()
-                .filter(|f| {
-                    assert!(f.fin, "a fragmented server frame");
-                    match f.opcode {
-                        1 => true,
-                        9 => {
-                            assert!(f.payload.is_empty(), "a keepalive ping with a payload");
-                            false
-                        }
-                        other => panic!("the outbox wrote opcode {other:#x}"),
+            let mut closed = false;
+            let mut out = Vec::new();
+            for f in frames {
+                assert!(f.fin, "a fragmented server frame");
+                assert!(!closed, "a frame after the close frame");
+                match f.opcode {
+                    1 => {
+                        assert!(
+                            std::str::from_utf8(&f.payload).is_ok(),
+                            "a text frame not UTF-8"
+                        );
+                        out.push(f.payload);
                     }
-                })
-                .map(|f| {
-                    assert!(
-                        std::str::from_utf8(&f.payload).is_ok(),
-                        "a text frame not UTF-8"
-                    );
-                    f.payload
-                })
-                .collect()
+                    9 => assert!(f.payload.is_empty(), "a keepalive ping with a payload"),
+                    10 => {}
+                    8 => closed = true,
+                    other => panic!("the server wrote opcode {other:#x}"),
+                }
+            }
+            out
         }
         2 => {
             let mut out = Vec::new();
@@ -747,50 +581,6 @@ fn wire_messages(protocol: u8, wire: &[u8], drained: bool) -> Vec<Vec<u8>> {
                 .filter(|l| !l.is_empty())
                 .map(<[u8]>::to_vec)
                 .collect()
-        }
-    }
-}
-
-/// What the protocol and the connection put in `urgent` is well framed.
-fn check_urgent(conn: &Conn) {
-    let urgent = &conn.urgent[..];
-    if urgent.is_empty() {
-        return;
-    }
-    match conn.proto.name() {
-        "websocket" => {
-            let frames = if urgent.starts_with(b"HTTP/1.1 101 ") {
-                let end = urgent
-                    .windows(4)
-                    .position(|w| w == b"\r\n\r\n")
-                    .expect("a head")
-                    + 4;
-                &urgent[end..]
-            } else {
-                check_http_response(urgent);
-                return;
-            };
-            let (frames, partial) = server_frames(frames);
-            assert_eq!(partial, 0, "a partial urgent frame");
-            for f in frames.iter().filter(|f| f.opcode == 1) {
-                assert!(is_json_object(&f.payload), "an urgent text is not JSON");
-            }
-        }
-        "frame" => {
-            let mut rest = urgent;
-            while !rest.is_empty() {
-                let (f, used) = frame::decode_prefix(rest).expect("whole urgent frames");
-                for m in f.json_messages().expect("urgent frames of JSON") {
-                    assert!(is_json_object(m), "an urgent message is not JSON");
-                }
-                rest = &rest[used..];
-            }
-        }
-        _ => {
-            assert!(urgent.ends_with(b"\n"), "a partial urgent line");
-            for line in urgent.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-                assert!(is_json_object(line), "an urgent line is not JSON: {line:?}");
-            }
         }
     }
 }

@@ -42,27 +42,31 @@ impl WriteQueue {
         self.inner.as_ref().map_or(0, |q| q.unsent)
     }
 
+    /// Whether the kernel took part of the first chunk (a message is half written).
+    pub(crate) fn is_partial(&self) -> bool {
+        self.inner.as_ref().is_some_and(|q| q.front_offset > 0)
+    }
+
     /// Whether nothing is queued.
     pub(crate) fn is_empty(&self) -> bool {
         self.unsent() == 0
     }
 
-    /// Fills `inflight` with the chunks of the next send (the first one trimmed by the offset
-    /// already written), at most [`MAX_IOV`] of them. Returns the bytes offered.
-    pub(crate) fn prepare(&self, inflight: &mut Vec<Bytes>) -> usize {
-        inflight.clear();
+    /// Appends to `out` the chunks of the next send (the first one trimmed by the offset
+    /// already written), at most `max` of them. Returns the bytes offered.
+    pub(crate) fn prepare(&self, out: &mut Vec<Bytes>, max: usize) -> usize {
         let Some(q) = self.inner.as_deref() else {
             return 0;
         };
         let mut offered = 0;
-        for (i, chunk) in q.chunks.iter().take(MAX_IOV).enumerate() {
+        for (i, chunk) in q.chunks.iter().take(max).enumerate() {
             let c = if i == 0 {
                 chunk.slice(q.front_offset..)
             } else {
                 chunk.clone()
             };
             offered += c.len();
-            inflight.push(c);
+            out.push(c);
         }
         offered
     }
@@ -103,7 +107,8 @@ mod tests {
         let mut out = Vec::new();
         let mut inflight = Vec::new();
         while !q.is_empty() {
-            let offered = q.prepare(&mut inflight);
+            inflight.clear();
+            let offered = q.prepare(&mut inflight, MAX_IOV);
             let n = step.min(offered);
             let mut left = n;
             for c in &inflight {

@@ -22,12 +22,11 @@
 //! large, a broken frame) are said by the protocol plugin itself.
 //!
 //! The ending also names the close in its log line: one line per connection, when its slot is
-//! freed (see `Shard::log_close`).
+//! freed.
 
 use bytes::Bytes;
 use powerhub_plugin::codes;
 
-use super::session::limit_error;
 use crate::protocol::{reply, RequestId};
 
 /// WebSocket close codes the runtime sends (RFC 6455 section 7.4.1).
@@ -70,6 +69,13 @@ pub(crate) struct Ending {
     pub(crate) close_code: Option<u16>,
     /// Subscriptions the connection held when the close began.
     pub(crate) subscriptions: usize,
+}
+
+/// A limit error: the push protocol's `error` (code `limit_exceeded`) answering `request_id`,
+/// plus a `limit` field naming the config key:
+/// `{"type":"error","requestId":..,"code":"limit_exceeded","message":..,"limit":"<key>"}`.
+pub(crate) fn limit_error(request_id: Option<&RequestId>, limit: &str, message: &str) -> Bytes {
+    reply::error_with_limit(request_id, codes::LIMIT_EXCEEDED, message, Some(limit))
 }
 
 impl Ending {

@@ -1,0 +1,1610 @@
+//! The push connection: one client of the push server, without its socket.
+//!
+//! [`PushConnection`] is the whole per-connection state machine of the push protocol, sans-IO in
+//! the style of `quinn-proto`: the driver (the server's shard, a test, a fuzz target) feeds it
+//! received bytes with [`handle_input`](PushConnection::handle_input), runs what they ask for
+//! with [`poll`](PushConnection::poll), writes what
+//! [`poll_transmit`](PushConnection::poll_transmit) offers and reports what the socket took with
+//! [`on_written`](PushConnection::on_written), and drives its timers with
+//! [`poll_timeout`](PushConnection::poll_timeout) and
+//! [`handle_timeout`](PushConnection::handle_timeout). It never reads a clock, blocks or touches
+//! a socket.
+//!
+//! It holds, in one place, every rule of a connection:
+//!
+//! - the stream protocol (NDJSON, WebSocket, the frame protocol) that frames its messages,
+//! - the push [`Session`] that reads its commands,
+//! - its [`Outbox`], the only queue of its subscriptions (`../shared/spec/push-stream-
+//!   backpressure.md`: coalescing, lossless FIFO, `frames_dropped`, keepalive and liveness), and
+//!   the protocol's urgent lane (handshake replies, pongs, close replies), written at message
+//!   boundaries,
+//! - the order of what it sends: a reply never overtakes a delivery published before its
+//!   command (the driver is asked to fan out first, [`Request::FanOut`]),
+//! - its limits and deadlines (`max_outbox_bytes`, the first-message deadline, the idle
+//!   deadline, liveness, token expiry), and how every close it decides is said in its protocol.
+//!
+//! What it does not own is the fan-out: a subscribe, an unsubscribe or a publish is handed to
+//! the driver as a [`Request`], which answers it (`subscribe_done`, `unsubscribe_done`,
+//! `publish_done`) before the next `poll`; deliveries come back through
+//! [`deliver_lines`](PushConnection::deliver_lines) and
+//! [`deliver_frame`](PushConnection::deliver_frame).
+//!
+//! # Example
+//!
+//! A publisher and a subscriber on one NDJSON connection, driven by hand:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::{Instant, SystemTime};
+//! use bytes::Bytes;
+//! use powerhub::outbox::{OutboxConfig, PayloadFactory};
+//! use powerhub::plugin::ProtocolFactory;
+//! use powerhub::protocol::{Session, SessionConfig};
+//! use powerhub::push::{PushConfig, PushConnection, PushLimits, Request};
+//! use powerhub_ndjson::NdjsonFactory;
+//!
+//! let config = Arc::new(
+//!     PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory))
+//!         .unwrap(),
+//! );
+//! let now = Instant::now();
+//! let proto = NdjsonFactory.new_connection(&Default::default());
+//! let session = Session::new(1, SessionConfig::default());
+//! let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+//!
+//! conn.handle_input(
+//!     br#"{"type":"subscribe","id":1,"stream":"s"}
+//! {"type":"publish","id":2,"message":{"type":"telemetry","stream":"s","seq":1}}
+//! "#,
+//!     now,
+//! );
+//! let mut published = Vec::new();
+//! while let Some(request) = conn.poll(now, SystemTime::now()) {
+//!     match request {
+//!         Request::Subscribe { .. } => conn.subscribe_done(Ok(()), now),
+//!         Request::Publish { message, .. } => {
+//!             published.push(message);
+//!             conn.publish_done(Ok(1), now);
+//!         }
+//!         _ => {}
+//!     }
+//! }
+//! // The driver's fan-out: one NDJSON batch for the subscription.
+//! let line = [published[0].bytes().as_ref(), b"\n"].concat();
+//! conn.deliver_lines("1", Bytes::from(line), now);
+//!
+//! let mut out = Vec::new();
+//! let transmit = conn.poll_transmit(&mut out, 1024, now).unwrap();
+//! let wire: Vec<u8> = out.concat();
+//! let text = String::from_utf8(wire).unwrap();
+//! assert!(text.starts_with(r#"{"type":"subscribed""#));
+//! assert!(text.contains(r#""type":"published""#));
+//! assert!(text.ends_with("{\"type\":\"telemetry\",\"stream\":\"s\",\"seq\":1}\n"));
+//! conn.on_written(transmit, transmit.len(), now);
+//! assert_eq!(conn.backlog(), 0);
+//! ```
+
+pub(crate) mod close;
+pub(crate) mod writeq;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use bytes::{Bytes, BytesMut};
+use powerhub_plugin::{codes, Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
+
+use crate::hub::{Message, PublishError, SubscribeError};
+use crate::outbox::{
+    Framing, MessageFactory, Outbox, OutboxConfig, OutboxConfigError, OutboxStats, TimeoutAction,
+};
+use crate::protocol::{reply, Action, Command, RequestId, Session, SubscriptionInfo};
+use crate::security::tls::PeerSubject;
+
+pub(crate) use close::Ending;
+use writeq::WriteQueue;
+pub(crate) use writeq::MAX_IOV;
+
+/// A decoded-event list larger than this is not kept between inputs.
+const KEEP_EVENTS: usize = 1024;
+/// A partial message kept between inputs is copied into a buffer of its own size when the
+/// buffer it sits in is larger than twice its length plus this.
+const KEEP_SLACK: usize = 1024;
+
+/// The limits a push connection enforces itself (the `[limits]` of the server's config).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PushLimits {
+    /// Most bytes of unsent output (with their queue entries) a connection may hold; past it
+    /// the connection is closed with an error naming `max_outbox_bytes`.
+    pub max_outbox_bytes: usize,
+    /// A connection that has not completed its protocol's handshake, authenticated (where the
+    /// server requires it) and sent a complete message within this many milliseconds is closed
+    /// with an error naming `first_message_timeout_ms`.
+    pub first_message_timeout_ms: u64,
+    /// A connection that sent nothing for this many milliseconds is closed with an error naming
+    /// `idle_timeout_ms`; 0 for none.
+    pub idle_timeout_ms: u64,
+    /// Under `subscriptions.slow_consumer = "disconnect"`: a subscribed connection whose socket
+    /// refused part of a write and that holds more than this many bytes is closed with a
+    /// `slow_consumer` error. `None` (the default): the outbox's rules alone apply.
+    pub disconnect_backlog_bytes: Option<usize>,
+}
+
+impl Default for PushLimits {
+    /// The server's defaults: 32 MiB, 5 s, 300 s.
+    fn default() -> Self {
+        PushLimits {
+            max_outbox_bytes: 32 << 20,
+            first_message_timeout_ms: crate::runtime::DEFAULT_FIRST_MESSAGE_TIMEOUT_MS,
+            idle_timeout_ms: 300_000,
+            disconnect_backlog_bytes: None,
+        }
+    }
+}
+
+impl PushLimits {
+    /// These limits with `max_outbox_bytes` = `bytes`.
+    ///
+    /// ```
+    /// let limits = powerhub::push::PushLimits::default().with_max_outbox_bytes(1 << 20);
+    /// assert_eq!(limits.max_outbox_bytes, 1 << 20);
+    /// ```
+    pub fn with_max_outbox_bytes(mut self, bytes: usize) -> Self {
+        self.max_outbox_bytes = bytes;
+        self
+    }
+
+    /// These limits with `first_message_timeout_ms` = `ms`.
+    ///
+    /// ```
+    /// let limits = powerhub::push::PushLimits::default().with_first_message_timeout_ms(2000);
+    /// assert_eq!(limits.first_message_timeout_ms, 2000);
+    /// ```
+    pub fn with_first_message_timeout_ms(mut self, ms: u64) -> Self {
+        self.first_message_timeout_ms = ms;
+        self
+    }
+
+    /// These limits with `disconnect_backlog_bytes` = `bytes`.
+    ///
+    /// ```
+    /// let limits = powerhub::push::PushLimits::default().with_disconnect_backlog_bytes(Some(8 << 20));
+    /// assert_eq!(limits.disconnect_backlog_bytes, Some(8 << 20));
+    /// ```
+    pub fn with_disconnect_backlog_bytes(mut self, bytes: Option<usize>) -> Self {
+        self.disconnect_backlog_bytes = bytes;
+        self
+    }
+
+    /// These limits with `idle_timeout_ms` = `ms` (0: none).
+    ///
+    /// ```
+    /// let limits = powerhub::push::PushLimits::default().with_idle_timeout_ms(0);
+    /// assert_eq!(limits.idle_timeout_ms, 0);
+    /// ```
+    pub fn with_idle_timeout_ms(mut self, ms: u64) -> Self {
+        self.idle_timeout_ms = ms;
+        self
+    }
+}
+
+/// What every push connection of a server shares: its limits, its outbox settings (one per
+/// framing) and the factory of its notifications.
+pub struct PushConfig {
+    limits: PushLimits,
+    outbox_ndjson: Arc<OutboxConfig>,
+    outbox_protocol: Arc<OutboxConfig>,
+    factory: Arc<dyn MessageFactory>,
+}
+
+impl std::fmt::Debug for PushConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushConfig")
+            .field("limits", &self.limits)
+            .field("outbox", &self.outbox_protocol)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PushConfig {
+    /// The shared settings. `outbox`'s framing is ignored: each connection's comes from its
+    /// protocol (NDJSON lines, or the protocol's own frames).
+    ///
+    /// # Errors
+    ///
+    /// The outbox settings are invalid (see [`OutboxConfig::validate`]).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// use powerhub::push::{PushConfig, PushLimits};
+    ///
+    /// let config = PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory));
+    /// assert!(config.is_ok());
+    /// ```
+    pub fn new(
+        limits: PushLimits,
+        outbox: OutboxConfig,
+        factory: Arc<dyn MessageFactory>,
+    ) -> Result<PushConfig, OutboxConfigError> {
+        let outbox_protocol = OutboxConfig {
+            framing: Framing::Protocol,
+            ..outbox
+        };
+        outbox_protocol.validate()?;
+        let outbox_ndjson = OutboxConfig {
+            framing: Framing::Ndjson,
+            ..outbox_protocol.clone()
+        };
+        Ok(PushConfig {
+            limits,
+            outbox_ndjson: Arc::new(outbox_ndjson),
+            outbox_protocol: Arc::new(outbox_protocol),
+            factory,
+        })
+    }
+
+    /// The limits.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::push::{PushConfig, PushLimits};
+    /// let config = PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap();
+    /// assert_eq!(config.limits(), &PushLimits::default());
+    /// ```
+    pub fn limits(&self) -> &PushLimits {
+        &self.limits
+    }
+}
+
+/// What a push connection asks its driver to do, from [`PushConnection::poll`]. Each is
+/// answered (where it says so) before the next `poll`; one left unanswered is answered as
+/// failed by that `poll`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Request {
+    /// Fan out, now, everything published so far to the subscriptions it reaches (this
+    /// connection's among them): the reply to the next command must not overtake a delivery
+    /// published before it. Asked when input arrives for a subscribed connection, and after a
+    /// publish of this connection that is followed by another command in the same input.
+    FanOut,
+    /// Fan out what `topic` holds so far, add subscription `subscription_id` to the fan-out of
+    /// `topic`, and answer with [`PushConnection::subscribe_done`].
+    Subscribe {
+        /// The id the client gave the subscription (in deliveries' `frames_dropped`, in
+        /// `unsubscribe`).
+        subscription_id: Arc<str>,
+        /// The connection-unique subscriber id (`c<connection>:<subscription>`).
+        hub_id: Arc<str>,
+        /// The topic.
+        topic: String,
+    },
+    /// Fan out what `topic` holds so far, remove subscription `subscription_id` from the
+    /// fan-out of `topic`, and answer with [`PushConnection::unsubscribe_done`].
+    Unsubscribe {
+        /// The id the client gave the subscription.
+        subscription_id: Arc<str>,
+        /// The topic.
+        topic: String,
+    },
+    /// Publish `message` to every topic of `topics`, and answer with
+    /// [`PushConnection::publish_done`] (the subscriber count, summed).
+    Publish {
+        /// The stream topic, then the device topic when the message names a device.
+        topics: Vec<String>,
+        /// The message, byte for byte as the client wrote it.
+        message: Message,
+    },
+}
+
+/// A request waiting for its answer.
+#[derive(Debug)]
+enum Pending {
+    Subscribe {
+        subscription_id: Arc<str>,
+        reply: Bytes,
+        request_id: Option<RequestId>,
+    },
+    Unsubscribe {
+        subscription_id: Arc<str>,
+        ack: Bytes,
+    },
+    Publish {
+        request_id: Option<RequestId>,
+    },
+}
+
+/// Where a connection is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PushState {
+    /// Taking commands and deliveries.
+    Open,
+    /// The close is decided: no more commands or deliveries; what is queued (and the close
+    /// message of the protocol, last) is still written. The driver closes the socket once
+    /// [`PushConnection::is_written`] says everything went.
+    Closing,
+    /// Closed with nothing more to write (nothing could be said): the driver closes the socket
+    /// now.
+    Aborted,
+}
+
+/// One [`PushConnection::poll_transmit`] offer: the urgent lane's bytes and the outbox's, in
+/// the order they were put in the gather list. Report what the socket took of it with
+/// [`PushConnection::on_written`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    urgent_first: bool,
+    urgent: usize,
+    outbox: usize,
+}
+
+impl Transmit {
+    /// The bytes offered.
+    ///
+    /// ```
+    /// # use powerhub::push::Transmit;
+    /// fn all(t: Transmit) -> usize { t.len() }
+    /// ```
+    pub fn len(&self) -> usize {
+        self.urgent + self.outbox
+    }
+
+    /// Whether nothing was offered (never so for a transmit `poll_transmit` returned).
+    ///
+    /// ```
+    /// # use powerhub::push::Transmit;
+    /// fn none(t: Transmit) -> bool { t.is_empty() }
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// How `n` bytes taken split between the urgent bytes and the outbox's.
+    fn split(&self, n: usize) -> (usize, usize) {
+        if self.urgent_first {
+            let urgent = n.min(self.urgent);
+            (urgent, (n - urgent).min(self.outbox))
+        } else {
+            let outbox = n.min(self.outbox);
+            (n.saturating_sub(outbox).min(self.urgent), outbox)
+        }
+    }
+}
+
+/// What a connection did, for its close's log line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PushCounts {
+    /// Bytes received.
+    pub bytes_in: u64,
+    /// Messages received (commands, binary messages).
+    pub messages_in: u32,
+    /// Batches delivered to its subscriptions.
+    pub deliveries: u32,
+}
+
+/// One push connection, without its socket (see the [module docs](self)).
+pub struct PushConnection {
+    proto: Box<dyn StreamProtocol>,
+    /// The protocol's wire form is the hub's binary frame: deliveries are hub frames.
+    hub_frames: bool,
+    /// The input being handled; `None` (no allocation) once an idle connection freed it.
+    input: Option<Box<Input>>,
+    /// Pre-framed bytes written before the outbox's at the next message boundary: the
+    /// protocol's handshake replies, pongs and close replies, and errors said ahead of what is
+    /// queued.
+    urgent: WriteQueue,
+    /// The push-stream outbox: replies, deliveries, keepalive, coalescing while paused.
+    outbox: Outbox,
+    session: Session,
+    config: Arc<PushConfig>,
+    state: PushState,
+    /// Why the connection closes, once that is decided.
+    ending: Option<Box<Ending>>,
+    /// When the connection started; timestamps below are milliseconds since.
+    started: Instant,
+    last_inbound_ms: u64,
+    counts: PushCounts,
+    /// Errors to count (limits; protocol errors), taken by the driver.
+    limit_errors: u16,
+    protocol_errors: u16,
+    /// Output memory discarded by a close (taken by the driver; saturating).
+    freed: u32,
+    /// A transmit is out, not yet reported.
+    transmitting: bool,
+    /// The socket took part of what the outbox offered: its stream may be mid-message, and
+    /// urgent bytes wait until it offered everything again.
+    outbox_mid: bool,
+    /// Fan out before the input's first command.
+    fan_out_first: bool,
+    /// A command of the input being handled published.
+    published: bool,
+    /// The input holds a message (not only a keepalive pong).
+    greeting: bool,
+    /// A complete message arrived (after the protocol's handshake and authentication): the
+    /// first-message deadline no longer applies.
+    greeted: bool,
+}
+
+impl std::fmt::Debug for PushConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PushConnection")
+            .field("protocol", &self.proto.name())
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Received bytes and what the protocol decoded of them.
+#[derive(Debug, Default)]
+struct Input {
+    /// Received bytes not decoded yet (a partial message); empty, with no allocation, between
+    /// messages.
+    buf: BytesMut,
+    /// Decoded events of the input being handled, from `next_event` on, and the protocol's
+    /// urgent scratch.
+    output: ProtocolOutput,
+    next_event: usize,
+    /// The input's decode failed: handled after its events.
+    error: Option<ProtocolError>,
+    /// A request of the input waiting for its answer.
+    pending: Option<Pending>,
+}
+
+/// Whether `proto` frames a JSON message as the NDJSON line (the message and `\n`).
+fn frames_as_ndjson(proto: &mut dyn StreamProtocol) -> bool {
+    let mut probe = BytesMut::new();
+    proto.encode_text(b"{}", &mut probe);
+    &probe[..] == b"{}\n"
+}
+
+/// Whether `proto` writes a hub JSON-batch frame as it is (the frame protocol), so a batch's
+/// one frame goes to every such subscriber as it is.
+fn frames_as_hub_frames(proto: &mut dyn StreamProtocol) -> bool {
+    let Ok(sample) = powerhub_plugin::frame::encode_json_batch([&b"{}"[..]]) else {
+        return false;
+    };
+    let mut probe = BytesMut::new();
+    proto.encode_text(&sample, &mut probe);
+    probe[..] == sample[..]
+}
+
+impl PushConnection {
+    /// A connection speaking `proto`, reading commands with `session`, started at `now`.
+    ///
+    /// # Errors
+    ///
+    /// The outbox refuses its settings (never for a [`PushConfig`], which validated them).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState};
+    /// let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// let conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, Instant::now()).unwrap();
+    /// assert_eq!(conn.state(), PushState::Open);
+    /// ```
+    pub fn new(
+        mut proto: Box<dyn StreamProtocol>,
+        session: Session,
+        config: &Arc<PushConfig>,
+        now: Instant,
+    ) -> Result<PushConnection, OutboxConfigError> {
+        let hub_frames = frames_as_hub_frames(proto.as_mut());
+        let outbox_config = if frames_as_ndjson(proto.as_mut()) {
+            &config.outbox_ndjson
+        } else {
+            &config.outbox_protocol
+        };
+        let outbox = Outbox::new(Arc::clone(outbox_config), Arc::clone(&config.factory), now)?;
+        Ok(PushConnection {
+            proto,
+            hub_frames,
+            input: None,
+            urgent: WriteQueue::default(),
+            outbox,
+            session,
+            config: Arc::clone(config),
+            state: PushState::Open,
+            ending: None,
+            started: now,
+            last_inbound_ms: 0,
+            counts: PushCounts::default(),
+            limit_errors: 0,
+            protocol_errors: 0,
+            freed: 0,
+            transmitting: false,
+            outbox_mid: false,
+            fan_out_first: false,
+            published: false,
+            greeting: false,
+            greeted: false,
+        })
+    }
+
+    fn millis(&self, t: Instant) -> u64 {
+        t.saturating_duration_since(self.started).as_millis() as u64
+    }
+
+    /// Bytes received from the peer (plaintext): decodes them. Then call [`poll`](Self::poll)
+    /// until it returns `None`.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Instant, SystemTime};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.handle_input(b"{\"type\":\"ping\",\"id\":7}\n", now);
+    /// assert_eq!(conn.poll(now, SystemTime::now()), None); // a ping needs nothing of the driver
+    /// let mut out = Vec::new();
+    /// conn.poll_transmit(&mut out, 16, now).unwrap();
+    /// assert_eq!(out.concat(), b"{\"type\":\"pong\",\"requestId\":7}\n");
+    /// ```
+    pub fn handle_input(&mut self, data: &[u8], now: Instant) {
+        self.receive(data);
+        self.decode_received(now);
+    }
+
+    /// Appends received plaintext to the input buffer (counted), without decoding it.
+    pub(crate) fn receive(&mut self, data: &[u8]) {
+        self.count_received(data.len());
+        if self.state != PushState::Open {
+            return;
+        }
+        let input = self.input.get_or_insert_with(Box::default);
+        if input.buf.is_empty() {
+            // An allocation of just what arrived: the lines decoded from it share it, and it
+            // is freed with the last of them.
+            input.buf = BytesMut::from(data);
+        } else {
+            input.buf.extend_from_slice(data);
+        }
+    }
+
+    /// Counts `n` bytes received (a TLS record's, decrypted into [`inbuf_mut`](Self::inbuf_mut)).
+    pub(crate) fn count_received(&mut self, n: usize) {
+        self.counts.bytes_in += n as u64;
+    }
+
+    /// The buffer received plaintext goes into (a TLS layer decrypts into it), before
+    /// [`decode_received`](Self::decode_received).
+    pub(crate) fn inbuf_mut(&mut self) -> &mut BytesMut {
+        &mut self.input.get_or_insert_with(Box::default).buf
+    }
+
+    /// Decodes what the input buffer holds (see [`handle_input`](Self::handle_input)).
+    pub(crate) fn decode_received(&mut self, now: Instant) {
+        self.last_inbound_ms = self.millis(now);
+        let input = self.input.get_or_insert_with(Box::default);
+        if self.state != PushState::Open {
+            input.buf.clear();
+            return;
+        }
+        // Events of an earlier input not polled yet stay first.
+        if input.next_event >= input.output.events.len() {
+            input.output.events.clear();
+            input.next_event = 0;
+            self.published = false;
+        }
+        input.output.urgent.clear();
+        let result = self.proto.decode(&mut input.buf, &mut input.output);
+        if input.buf.is_empty() {
+            // Nothing partial: hold no buffer while waiting for input.
+            input.buf = BytesMut::new();
+        } else if input.buf.capacity() > 2 * input.buf.len() + KEEP_SLACK {
+            // A partial message at the end of a large receive: keep only its bytes.
+            input.buf = BytesMut::from(&input.buf[..]);
+        }
+        if !input.output.urgent.is_empty() {
+            self.urgent.push(input.output.urgent.split().freeze());
+        }
+        // A message meets the first-message deadline (once the connection authenticated, where
+        // the server requires it); a keepalive pong does not.
+        self.greeting |= input.output.events[input.next_event..].iter().any(|e| {
+            matches!(
+                e,
+                Inbound::Text(_) | Inbound::Binary(_) | Inbound::Close { .. }
+            )
+        });
+        if let Err(e) = result {
+            input.error = Some(e);
+        }
+        // What was published before this input reaches the outbox before the replies to it.
+        self.fan_out_first = self.is_subscribed();
+    }
+
+    fn is_subscribed(&self) -> bool {
+        self.session.subscriptions().next().is_some()
+    }
+
+    /// Handles the received input up to the next thing the driver must do, and returns it;
+    /// `None` once the input is handled. `now` and `wall` are the input's time (one clock read
+    /// per input: its commands arrived together).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Instant, SystemTime};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, Request};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.handle_input(b"{\"type\":\"subscribe\",\"stream\":\"s\"}\n", now);
+    /// match conn.poll(now, SystemTime::now()) {
+    ///     Some(Request::Subscribe { topic, .. }) => {
+    ///         assert_eq!(topic, "s");
+    ///         conn.subscribe_done(Ok(()), now);
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// assert_eq!(conn.poll(now, SystemTime::now()), None);
+    /// ```
+    pub fn poll(&mut self, now: Instant, wall: SystemTime) -> Option<Request> {
+        self.settle_pending(now);
+        loop {
+            if self.state != PushState::Open {
+                self.end_input();
+                self.count_decode_error();
+                return None;
+            }
+            if let Some(ending) = self.over_outbox() {
+                self.close(ending, now);
+                continue;
+            }
+            if std::mem::take(&mut self.fan_out_first) {
+                return Some(Request::FanOut);
+            }
+            let Some(input) = self
+                .input
+                .as_deref_mut()
+                .filter(|i| i.next_event < i.output.events.len())
+            else {
+                self.end_input();
+                if let Some(ending) = self.count_decode_error() {
+                    self.close(ending, now);
+                }
+                return None;
+            };
+            let first = input.next_event == 0;
+            if !first && std::mem::take(&mut self.published) && self.is_subscribed() {
+                // The command before this one published, and the connection is subscribed: that
+                // fan-out goes first, so that the reply to this command does not overtake a
+                // delivery published before it. (A connection that does not subscribe, as most
+                // publishers, keeps its batches whole.)
+                return Some(Request::FanOut);
+            }
+            let Some(input) = self.input.as_deref_mut() else {
+                continue;
+            };
+            let event =
+                std::mem::replace(&mut input.output.events[input.next_event], Inbound::Pong);
+            input.next_event += 1;
+            match event {
+                Inbound::Text(line) => {
+                    self.counts.messages_in = self.counts.messages_in.saturating_add(1);
+                    // A usual publish is read where it lies (the line may share one receive
+                    // with others); any other line is parsed in place, copied first only if
+                    // its bytes are shared.
+                    let cmd = match self.session.parse(line) {
+                        Ok(cmd) => cmd,
+                        Err(e) => {
+                            self.outbox.push_control(e.to_reply(), now);
+                            continue;
+                        }
+                    };
+                    let request_id = cmd.request_id().cloned();
+                    let action = self.session.handle_command_at(cmd, wall);
+                    if let Some(request) = self.perform(action, request_id, now) {
+                        return Some(request);
+                    }
+                }
+                Inbound::Binary(_) => {
+                    self.counts.messages_in = self.counts.messages_in.saturating_add(1);
+                    let err =
+                        reply::error(None, codes::UNSUPPORTED, "binary messages carry no command");
+                    self.outbox.push_control(err, now);
+                }
+                Inbound::Pong => self.outbox.on_pong(now),
+                Inbound::Credential(token) => {
+                    let action = self.session.authenticate(&token, wall);
+                    if let Some(request) = self.perform(action, None, now) {
+                        return Some(request);
+                    }
+                }
+                Inbound::Close { code, reason } => {
+                    // The protocol queued its answer (a WebSocket close reply).
+                    let detail = format!("close code {code}: {reason}");
+                    self.close(Ending::unsaid("peer_closed", detail), now);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The ending for the input's decode error, if it had one (counted: a protocol error, and
+    /// a limit error when it was over a limit). The protocol said it (its final error or close
+    /// frame is in the urgent bytes); the log names the limit when one was exceeded.
+    fn count_decode_error(&mut self) -> Option<Ending> {
+        let e = self.input.as_deref_mut()?.error.take()?;
+        self.protocol_errors = self.protocol_errors.saturating_add(1);
+        let reason = match e {
+            ProtocolError::TooLarge { limit_name, .. } => {
+                self.limit_errors = self.limit_errors.saturating_add(1);
+                limit_name
+            }
+            _ => "protocol_error",
+        };
+        Some(Ending::unsaid(reason, e.to_string()))
+    }
+
+    /// The input is handled: the first-message deadline is met if it held a message; the event
+    /// list is cleared (and not kept when large).
+    fn end_input(&mut self) {
+        if std::mem::take(&mut self.greeting) && !self.session.awaiting_auth() {
+            self.greeted = true;
+        }
+        if let Some(input) = self.input.as_deref_mut() {
+            input.output.events.clear();
+            input.next_event = 0;
+            if input.output.events.capacity() > KEEP_EVENTS {
+                input.output.events = Vec::new();
+            }
+        }
+    }
+
+    /// Does what the session asked for one command (`request_id` is the command's); a request
+    /// for the driver, if it needs one.
+    fn perform(
+        &mut self,
+        action: Action,
+        request_id: Option<RequestId>,
+        now: Instant,
+    ) -> Option<Request> {
+        match action {
+            Action::Subscribe {
+                subscription_id,
+                hub_id,
+                topic,
+                reply,
+            } => {
+                *self.pending_slot() = Some(Pending::Subscribe {
+                    subscription_id: Arc::clone(&subscription_id),
+                    reply,
+                    request_id,
+                });
+                return Some(Request::Subscribe {
+                    subscription_id,
+                    hub_id: hub_id.into(),
+                    topic,
+                });
+            }
+            Action::Unsubscribe {
+                subscription_id,
+                topic,
+                ack,
+                ..
+            } => {
+                *self.pending_slot() = Some(Pending::Unsubscribe {
+                    subscription_id: Arc::clone(&subscription_id),
+                    ack,
+                });
+                return Some(Request::Unsubscribe {
+                    subscription_id,
+                    topic,
+                });
+            }
+            Action::Publish {
+                request_id,
+                topics,
+                message,
+                ..
+            } => {
+                self.published = true;
+                // No id, no acknowledgement: the publisher cannot correlate one
+                // (docs/protocol.md); a failure is still said.
+                *self.pending_slot() = Some(Pending::Publish { request_id });
+                return Some(Request::Publish { topics, message });
+            }
+            Action::Reply(bytes) => self.outbox.push_control(bytes, now),
+            Action::Pong => self.outbox.on_pong(now),
+            Action::CloseOnAuth {
+                request_id,
+                code,
+                message,
+            } => {
+                let ending = Ending::auth(code, message)
+                    .answering(request_id.as_ref())
+                    .in_order();
+                self.close(ending, now);
+            }
+            Action::CloseOnLimit {
+                request_id,
+                limit,
+                message,
+            } => {
+                self.limit_errors = self.limit_errors.saturating_add(1);
+                // In order after the replies already queued, then the close.
+                let ending = Ending::limit(limit, message)
+                    .answering(request_id.as_ref())
+                    .in_order();
+                self.close(ending, now);
+            }
+        }
+        None
+    }
+
+    fn pending_slot(&mut self) -> &mut Option<Pending> {
+        &mut self.input.get_or_insert_with(Box::default).pending
+    }
+
+    fn take_pending(&mut self) -> Option<Pending> {
+        self.input.as_deref_mut().and_then(|i| i.pending.take())
+    }
+
+    /// Answers a request the driver left unanswered, as failed.
+    fn settle_pending(&mut self, now: Instant) {
+        match self.input.as_deref().and_then(|i| i.pending.as_ref()) {
+            None => {}
+            Some(Pending::Subscribe { .. }) => {
+                self.subscribe_done(Err(SubscribeError::Closed), now)
+            }
+            Some(Pending::Unsubscribe { .. }) => self.unsubscribe_done(now),
+            Some(Pending::Publish { .. }) => {
+                if let Some(Pending::Publish { request_id }) = self.take_pending() {
+                    let err = reply::error(
+                        request_id.as_ref(),
+                        codes::PUBLISH_FAILED,
+                        "the message was not published",
+                    );
+                    self.outbox.push_control(err, now);
+                }
+            }
+        }
+    }
+
+    /// Answers [`Request::Subscribe`]: its `subscribed` reply is queued (before any delivery to
+    /// it), or, when the fan-out refused it, its error.
+    ///
+    /// See [`poll`](Self::poll) for an example.
+    pub fn subscribe_done(&mut self, result: Result<(), SubscribeError>, now: Instant) {
+        let Some(pending) = self.take_pending() else {
+            return;
+        };
+        let Pending::Subscribe {
+            subscription_id,
+            reply,
+            request_id,
+        } = pending
+        else {
+            *self.pending_slot() = Some(pending);
+            return;
+        };
+        match result {
+            Ok(()) => self.outbox.push_control(reply, now),
+            Err(e) => {
+                let err = self.session.subscribe_failed(
+                    &subscription_id,
+                    request_id.as_ref(),
+                    &e.to_string(),
+                );
+                self.outbox.push_control(err, now);
+            }
+        }
+    }
+
+    /// Answers [`Request::Unsubscribe`]: the outbox drops the subscription's pending
+    /// coalescible frames and queues its `unsubscribed` acknowledgement.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Instant, SystemTime};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, Request};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.handle_input(b"{\"type\":\"subscribe\",\"stream\":\"s\",\"subscriptionId\":\"a\"}\n{\"type\":\"unsubscribe\",\"subscriptionId\":\"a\"}\n", now);
+    /// while let Some(request) = conn.poll(now, SystemTime::now()) {
+    ///     match request {
+    ///         Request::Subscribe { .. } => conn.subscribe_done(Ok(()), now),
+    ///         Request::Unsubscribe { .. } => conn.unsubscribe_done(now),
+    ///         _ => {}
+    ///     }
+    /// }
+    /// assert!(conn.session().subscriptions().next().is_none());
+    /// ```
+    pub fn unsubscribe_done(&mut self, now: Instant) {
+        let Some(pending) = self.take_pending() else {
+            return;
+        };
+        let Pending::Unsubscribe {
+            subscription_id,
+            ack,
+        } = pending
+        else {
+            *self.pending_slot() = Some(pending);
+            return;
+        };
+        self.outbox.unsubscribe(&subscription_id, ack, now);
+    }
+
+    /// Answers [`Request::Publish`] with the subscriber count (summed over its topics) or the
+    /// failure: a publish with an id is acknowledged; a failure is said either way.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn publish_done(&mut self, result: Result<usize, PublishError>, now: Instant) {
+        let Some(pending) = self.take_pending() else {
+            return;
+        };
+        let Pending::Publish { request_id } = pending else {
+            *self.pending_slot() = Some(pending);
+            return;
+        };
+        match result {
+            Ok(_) if request_id.is_none() => {}
+            Ok(total) => self
+                .outbox
+                .push_control(reply::published(request_id.as_ref(), total), now),
+            Err(e) => self.outbox.push_control(
+                reply::error(request_id.as_ref(), codes::PUBLISH_FAILED, &e.to_string()),
+                now,
+            ),
+        }
+    }
+
+    /// A client certificate the TLS handshake verified: a subject listed in the auth policy
+    /// authenticates the connection before any of its commands is read.
+    pub(crate) fn authenticate_certificate(&mut self, subject: &PeerSubject, now: Instant) {
+        if let Some(action) = self.session.authenticate_certificate(subject) {
+            // An authentication needs nothing of the driver.
+            let request = self.perform(action, None, now);
+            debug_assert!(request.is_none());
+        }
+    }
+
+    /// Delivers one NDJSON batch (`lines`: JSON messages, each ending in `\n`) to subscription
+    /// `subscription_id`, under the outbox's rules; `false` (and nothing queued) unless the
+    /// connection is open. Batches for a frame-protocol connection go through
+    /// [`deliver_frame`](Self::deliver_frame) (see [`hub_frames`](Self::hub_frames)).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn deliver_lines(&mut self, subscription_id: &str, lines: Bytes, now: Instant) -> bool {
+        if self.state != PushState::Open {
+            return false;
+        }
+        self.outbox.push_shared(subscription_id, lines, now);
+        self.counts.deliveries = self.counts.deliveries.saturating_add(1);
+        true
+    }
+
+    /// Delivers one hub JSON-batch frame, lossless and in order with the replies, written as it
+    /// is (the frame protocol's wire form is the hub frame); `false` (and nothing queued) unless
+    /// the connection is open.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::{frame, ProtocolFactory};
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let now = Instant::now();
+    /// let proto = powerhub_frame::FrameFactory.new_connection(&Default::default());
+    /// let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// assert!(conn.hub_frames());
+    /// let batch = frame::encode_json_batch([&b"{\"a\":1}"[..]]).unwrap();
+    /// assert!(conn.deliver_frame(batch.clone(), now));
+    /// let mut out = Vec::new();
+    /// conn.poll_transmit(&mut out, 16, now).unwrap();
+    /// assert_eq!(out, [batch]);
+    /// ```
+    pub fn deliver_frame(&mut self, frame: Bytes, now: Instant) -> bool {
+        if self.state != PushState::Open {
+            return false;
+        }
+        self.outbox.push_wire(frame, now);
+        self.counts.deliveries = self.counts.deliveries.saturating_add(1);
+        true
+    }
+
+    /// Whether deliveries to this connection are hub frames ([`deliver_frame`](Self::deliver_frame))
+    /// rather than NDJSON batches ([`deliver_lines`](Self::deliver_lines)).
+    ///
+    /// See [`deliver_frame`](Self::deliver_frame) for an example.
+    pub fn hub_frames(&self) -> bool {
+        self.hub_frames
+    }
+
+    /// The hub closed subscription `subscription_id` (the driver's fan-out dropped it): the
+    /// connection forgets it and closes, saying so.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.subscription_ended("a", now);
+    /// assert_eq!(conn.state(), PushState::Closing);
+    /// assert_eq!(conn.close_reason(), Some("hub_closed"));
+    /// ```
+    pub fn subscription_ended(&mut self, subscription_id: &str, now: Instant) {
+        // No acknowledgement is sent.
+        let _ = self.session.handle_command(Command::Unsubscribe {
+            id: None,
+            subscription_id: subscription_id.to_owned(),
+        });
+        let ending = Ending::hub_closed(format!("the hub closed subscription {subscription_id}"));
+        self.close(ending, now);
+    }
+
+    /// The server shuts down: the connection says so after everything queued (WebSocket: close
+    /// 1001), then closes.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.shutdown(now);
+    /// let mut out = Vec::new();
+    /// conn.poll_transmit(&mut out, 16, now).unwrap();
+    /// assert!(String::from_utf8(out.concat()).unwrap().contains(r#""code":"shutdown""#));
+    /// ```
+    pub fn shutdown(&mut self, now: Instant) {
+        self.close(Ending::shutdown(), now);
+    }
+
+    /// Closes for `ending`, saying it in the connection's protocol (see [`close`]): its error
+    /// ahead of what is queued or after it, then (once everything is written) the protocol's
+    /// close message; before the protocol's handshake, the protocol's refusal. Nothing when the
+    /// close was decided already.
+    pub(crate) fn close(&mut self, mut ending: Ending, now: Instant) {
+        if self.state != PushState::Open {
+            return;
+        }
+        ending.subscriptions = self.session.subscriptions().count();
+        if let Some(error) = ending.error() {
+            if self.proto.is_ready() {
+                if ending.is_in_order() {
+                    self.outbox.push_control(error, now);
+                } else if !self.outbox.is_reaped() {
+                    // The final error: after what is already encoded for the wire, and with
+                    // nothing after it (what was queued behind is dropped with the connection).
+                    let before = self.output_memory();
+                    self.outbox.discard_queued();
+                    let freed = before.saturating_sub(self.output_memory());
+                    self.freed = self
+                        .freed
+                        .saturating_add(u32::try_from(freed).unwrap_or(u32::MAX));
+                    self.outbox.push_control(error, now);
+                } else {
+                    self.push_urgent_text(&error);
+                }
+                ending.close_code = ending.websocket_code();
+            } else if let Some(status) = ending.http_status() {
+                let mut buf = BytesMut::new();
+                if self.proto.encode_refusal(status, &ending.detail, &mut buf) {
+                    self.urgent.push(buf.freeze());
+                }
+            }
+        }
+        self.ending = Some(Box::new(ending));
+        self.state = PushState::Closing;
+    }
+
+    /// Closes at once for `ending` (unless a close was decided before), saying nothing more.
+    pub(crate) fn abort(&mut self, mut ending: Ending) {
+        if self.ending.is_none() {
+            ending.subscriptions = self.session.subscriptions().count();
+            self.ending = Some(Box::new(ending));
+        }
+        self.state = PushState::Aborted;
+    }
+
+    /// Queues one JSON message, framed by the connection's protocol, ahead of queued data.
+    fn push_urgent_text(&mut self, json: &[u8]) {
+        let mut buf = BytesMut::with_capacity(json.len() + 16);
+        self.proto.encode_text(json, &mut buf);
+        self.urgent.push(buf.freeze());
+    }
+
+    /// The ending of a connection whose unsent output passed `max_outbox_bytes` (counted as a
+    /// limit error), if it did.
+    fn over_outbox(&mut self) -> Option<Ending> {
+        let held = self.output_memory();
+        let max = self.config.limits.max_outbox_bytes;
+        if held <= max {
+            return None;
+        }
+        self.limit_errors = self.limit_errors.saturating_add(1);
+        let msg = format!(
+            "{held} bytes of unsent output (with their queue entries) exceed max_outbox_bytes = {max}"
+        );
+        Some(Ending::limit("max_outbox_bytes", msg))
+    }
+
+    /// Checks the limits on what the connection holds, after deliveries and before a write:
+    /// past `max_outbox_bytes` it closes with an error naming the limit; under
+    /// [`disconnect_backlog_bytes`](PushLimits::disconnect_backlog_bytes), a subscribed
+    /// connection whose socket refused part of a write and that holds more closes with a
+    /// `slow_consumer` error. Returns whether it closed as a slow consumer.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use bytes::Bytes;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState};
+    /// let limits = PushLimits::default().with_max_outbox_bytes(1000);
+    /// let config = Arc::new(PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.deliver_lines("a", Bytes::from(format!("{{\"x\":\"{}\"}}\n", "y".repeat(2000))), now);
+    /// conn.check_limits(now);
+    /// assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+    /// ```
+    pub fn check_limits(&mut self, now: Instant) -> bool {
+        self.check_limits_with(0, false, now)
+    }
+
+    /// [`check_limits`](Self::check_limits), with `extra` bytes held below the connection (TLS
+    /// ciphertext) and whether that layer is `stalled` (its socket refused part of a write).
+    pub(crate) fn check_limits_with(&mut self, extra: usize, stalled: bool, now: Instant) -> bool {
+        if self.state != PushState::Open {
+            return false;
+        }
+        if let Some(ending) = self.over_outbox() {
+            self.close(ending, now);
+            return false;
+        }
+        let Some(limit) = self.config.limits.disconnect_backlog_bytes else {
+            return false;
+        };
+        // A healthy reader, whose socket takes every write, is never behind however much one
+        // fan-out queued for it.
+        if !(self.outbox.wants_writable() || stalled) || !self.is_subscribed() {
+            return false;
+        }
+        let backlog = self.backlog() + extra;
+        if backlog <= limit {
+            return false;
+        }
+        let msg = format!(
+            "{backlog} bytes wait for a connection whose socket is full, more than backpressure_bytes = {limit} under subscriptions.slow_consumer = \"disconnect\""
+        );
+        self.close(Ending::slow_consumer(msg), now);
+        true
+    }
+
+    /// The next write: urgent bytes first at a message boundary (nothing of the outbox's
+    /// half-written), else after what the outbox offers, at most `max_chunks` chunks appended
+    /// to `out` (each a `Bytes` by reference: a shared batch is never copied). A closing
+    /// connection's protocol close message goes last, once everything else is written. `None`
+    /// when there is nothing to write.
+    ///
+    /// See [`handle_input`](Self::handle_input) for an example.
+    pub fn poll_transmit(
+        &mut self,
+        out: &mut Vec<Bytes>,
+        max_chunks: usize,
+        now: Instant,
+    ) -> Option<Transmit> {
+        if self.state == PushState::Aborted || max_chunks == 0 {
+            return None;
+        }
+        if self.state == PushState::Closing && self.is_written() {
+            if let Some(code) = self.ending.as_deref_mut().and_then(|e| e.close_code.take()) {
+                let reason = self.ending.as_deref().map_or("", |e| e.detail.as_str());
+                let mut buf = BytesMut::new();
+                self.proto.encode_close(code, reason, &mut buf);
+                self.urgent.push(buf.freeze());
+            }
+        }
+        let start = out.len();
+        // Urgent bytes go first at a message boundary of the outbox's stream, and whenever an
+        // urgent message is half written (it was begun at such a boundary; the outbox wrote
+        // nothing since).
+        let at_boundary = !self.outbox_mid || self.urgent.is_partial();
+        let mut urgent = 0;
+        if at_boundary {
+            urgent = self.urgent.prepare(out, max_chunks);
+        }
+        let room = max_chunks - (out.len() - start);
+        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
+        let outbox = if room > 0 && (self.proto.is_ready() || self.outbox.unsent_bytes() > 0) {
+            self.outbox
+                .poll_transmit_max(self.proto.as_mut(), out, now, room)
+        } else {
+            0
+        };
+        if !at_boundary {
+            let room = max_chunks - (out.len() - start);
+            urgent = self.urgent.prepare(out, room);
+        }
+        let transmit = Transmit {
+            urgent_first: at_boundary,
+            urgent,
+            outbox,
+        };
+        if transmit.is_empty() {
+            return None;
+        }
+        self.transmitting = true;
+        Some(transmit)
+    }
+
+    /// The socket took the first `n` bytes of `transmit` (0 when it took none).
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn on_written(&mut self, transmit: Transmit, n: usize, now: Instant) {
+        self.transmitting = false;
+        let (urgent, outbox) = transmit.split(n);
+        self.urgent.advance(urgent);
+        if transmit.outbox > 0 {
+            self.outbox.on_written(outbox, now);
+            // None of it taken leaves the outbox's stream where it was; else it is at a message
+            // boundary for sure only once nothing of it is unsent.
+            if outbox > 0 {
+                self.outbox_mid = self.outbox.unsent_bytes() > 0;
+            }
+        }
+    }
+
+    /// The socket drained after a partial write (see
+    /// [`Outbox::on_writable`](crate::outbox::Outbox::on_writable)).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.shutdown(now);
+    /// let mut out = Vec::new();
+    /// let t = conn.poll_transmit(&mut out, 16, now).unwrap();
+    /// conn.on_written(t, 3, now); // a partial write: paused
+    /// assert!(conn.outbox().wants_writable());
+    /// conn.on_writable(now);
+    /// assert!(!conn.outbox().wants_writable());
+    /// ```
+    pub fn on_writable(&mut self, now: Instant) {
+        self.outbox.on_writable(now);
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) is next due: the first-message and idle
+    /// deadlines, keepalive and liveness (a token's expiry is checked by the wall clock at
+    /// every `handle_timeout`).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Duration, Instant};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// // Nothing arrived yet: the first-message deadline comes first.
+    /// assert_eq!(conn.poll_timeout(), Some(now + Duration::from_secs(5)));
+    /// ```
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.state != PushState::Open {
+            return None;
+        }
+        let limits = &self.config.limits;
+        let first = (!self.greeted)
+            .then(|| self.started + Duration::from_millis(limits.first_message_timeout_ms));
+        let idle = (limits.idle_timeout_ms > 0).then(|| {
+            self.started + Duration::from_millis(self.last_inbound_ms + limits.idle_timeout_ms)
+        });
+        [first, idle, self.outbox.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Runs the timers due at `now` (`wall`: the wall clock, for a token's expiry): a deadline
+    /// passed closes the connection with an error naming it; keepalive queues a ping; liveness
+    /// closes a connection whose peer neither answers nor reads.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Duration, Instant, SystemTime};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.handle_timeout(now + Duration::from_secs(5), SystemTime::now());
+    /// assert_eq!(conn.state(), PushState::Closing);
+    /// assert_eq!(conn.close_reason(), Some("first_message_timeout_ms"));
+    /// ```
+    pub fn handle_timeout(&mut self, now: Instant, wall: SystemTime) {
+        if self.state != PushState::Open {
+            return;
+        }
+        let limits = &self.config.limits;
+        let now_ms = self.millis(now);
+        if !self.greeted && now_ms >= limits.first_message_timeout_ms {
+            self.limit_errors = self.limit_errors.saturating_add(1);
+            let ms = limits.first_message_timeout_ms;
+            let msg = if self.session.awaiting_auth() && self.proto.is_ready() {
+                format!("not authenticated within first_message_timeout_ms = {ms}")
+            } else if self.proto.is_ready() {
+                format!("no complete message within first_message_timeout_ms = {ms}")
+            } else {
+                format!(
+                    "the opening handshake did not complete within first_message_timeout_ms = {ms}"
+                )
+            };
+            self.close(Ending::timeout("first_message_timeout_ms", msg), now);
+            return;
+        }
+        if self.session.expires_at().is_some_and(|at| wall >= at) {
+            let msg = format!(
+                "the token of user `{}` expired; send a fresh one before it does",
+                self.session.user().unwrap_or_default()
+            );
+            self.close(Ending::auth(codes::TOKEN_EXPIRED, msg).in_order(), now);
+            return;
+        }
+        let idle = limits.idle_timeout_ms;
+        if idle > 0 && now_ms.saturating_sub(self.last_inbound_ms) >= idle {
+            self.limit_errors = self.limit_errors.saturating_add(1);
+            let msg = format!("no input for idle_timeout_ms = {idle}");
+            self.close(Ending::timeout("idle_timeout_ms", msg), now);
+            return;
+        }
+        if self.outbox.poll_timeout().is_some_and(|t| t <= now) {
+            // Everything encoded was written, so the stream is at a message boundary: a final
+            // error can follow what the peer got.
+            let at_boundary = self.outbox.unsent_bytes() == 0 && !self.transmitting;
+            if self.outbox.handle_timeout(now) == TimeoutAction::Reap {
+                let ms = self.outbox.config().liveness_timeout.as_millis();
+                let msg = format!("no pong and no write progress for liveness_timeout_ms = {ms}");
+                let key = "liveness_timeout_ms";
+                if at_boundary {
+                    self.close(Ending::timeout(key, msg), now);
+                } else {
+                    // Half a message may be on the wire, and the peer reads nothing: there is
+                    // no way to say it.
+                    self.abort(Ending::unsaid(key, msg));
+                }
+            }
+        }
+    }
+
+    /// Where the connection is in its life.
+    ///
+    /// See [`new`](Self::new) for an example.
+    pub fn state(&self) -> PushState {
+        self.state
+    }
+
+    /// Why the connection closes, once that is decided: the limit's config key, or a word
+    /// (`peer_closed`, `shutdown`, `hub_closed`, an error code, ...).
+    ///
+    /// See [`handle_timeout`](Self::handle_timeout) for an example.
+    pub fn close_reason(&self) -> Option<&str> {
+        self.ending.as_deref().map(|e| e.reason)
+    }
+
+    /// The ending, for the close's log line.
+    pub(crate) fn ending(&self) -> Option<&Ending> {
+        self.ending.as_deref()
+    }
+
+    /// Whether everything queued is written (urgent bytes, the outbox, a pending close
+    /// message): a closing connection's socket can be closed.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// assert!(conn.is_written());
+    /// conn.shutdown(now);
+    /// assert!(!conn.is_written());
+    /// ```
+    pub fn is_written(&self) -> bool {
+        self.urgent.is_empty() && !self.outbox.has_transmit() && self.outbox.unsent_bytes() == 0
+    }
+
+    /// Whether a close message is still to be framed once everything is written.
+    pub(crate) fn close_message_pending(&self) -> bool {
+        self.ending
+            .as_deref()
+            .is_some_and(|e| e.close_code.is_some())
+    }
+
+    /// The connection's subscriptions, ended: the driver removes them from its fan-out once
+    /// the connection closes (no more deliveries reach it).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, Instant::now()).unwrap();
+    /// assert!(conn.take_subscriptions().is_empty());
+    /// ```
+    pub fn take_subscriptions(&mut self) -> Vec<(Arc<str>, SubscriptionInfo)> {
+        self.session.close()
+    }
+
+    /// The push session (subscriptions, identity).
+    ///
+    /// See [`unsubscribe_done`](Self::unsubscribe_done) for an example.
+    pub fn session(&self) -> &Session {
+        &self.session
+    }
+
+    /// The outbox (its counters, whether it waits for the socket).
+    ///
+    /// See [`on_writable`](Self::on_writable) for an example.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    /// The outbox's counters.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, Instant::now()).unwrap();
+    /// assert_eq!(conn.stats().bytes_written, 0);
+    /// ```
+    pub fn stats(&self) -> OutboxStats {
+        self.outbox.stats()
+    }
+
+    /// The stream protocol.
+    pub(crate) fn proto(&self) -> &dyn StreamProtocol {
+        self.proto.as_ref()
+    }
+
+    /// What the connection did (bytes and messages in, deliveries).
+    ///
+    /// See [`counts`](PushCounts) fields; e.g. `conn.counts().bytes_in` after
+    /// [`handle_input`](Self::handle_input).
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::Instant;
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.handle_input(b"{\"type\":\"ping\"}\n", now);
+    /// assert_eq!(conn.counts().bytes_in, 16);
+    /// ```
+    pub fn counts(&self) -> PushCounts {
+        self.counts
+    }
+
+    /// Limit and protocol errors since the last call (the driver adds them to its counters).
+    pub(crate) fn take_errors(&mut self) -> (u32, u32) {
+        (
+            u32::from(std::mem::take(&mut self.limit_errors)),
+            u32::from(std::mem::take(&mut self.protocol_errors)),
+        )
+    }
+
+    /// Output memory a close discarded since the last call.
+    pub(crate) fn take_freed(&mut self) -> usize {
+        std::mem::take(&mut self.freed) as usize
+    }
+
+    /// Bytes the connection holds for the peer: the outbox's unsent and queued bytes and the
+    /// urgent lane's.
+    ///
+    /// See the [module docs](self) for an example.
+    pub fn backlog(&self) -> usize {
+        let stats = self.outbox.stats();
+        stats.unsent_bytes + stats.queued_bytes + self.urgent.unsent()
+    }
+
+    /// The memory the connection's unsent output holds (what `max_outbox_bytes` bounds): the
+    /// backlog's bytes plus the outbox's queue entries.
+    pub(crate) fn output_memory(&self) -> usize {
+        self.outbox.memory_bytes() + self.urgent.unsent()
+    }
+
+    /// Memory held for input: the partial message's buffer.
+    pub(crate) fn input_memory(&self) -> usize {
+        self.input.as_deref().map_or(0, |i| i.buf.capacity())
+    }
+
+    /// Frees what an idle connection keeps for its next write or read (queue capacities,
+    /// framing scratch, an empty input buffer, the event list).
+    pub(crate) fn shrink_idle(&mut self) {
+        self.outbox.shrink_idle();
+        if self.input.as_deref().is_some_and(|i| {
+            i.buf.is_empty()
+                && i.output.events.is_empty()
+                && i.error.is_none()
+                && i.pending.is_none()
+        }) {
+            self.input = None;
+        }
+    }
+
+    /// When the connection started (its accept).
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
+    /// When input last arrived (or was last handled: see [`touch_input`](Self::touch_input)).
+    pub(crate) fn last_input(&self) -> Instant {
+        self.started + Duration::from_millis(self.last_inbound_ms)
+    }
+
+    /// Input was handled at `now`: a large input can take longer to handle than a shutdown's
+    /// quiet period, and it is quiet from when it was handled.
+    pub(crate) fn touch_input(&mut self, now: Instant) {
+        self.last_inbound_ms = self.millis(now);
+    }
+}
