@@ -1250,7 +1250,10 @@ impl PushConnection {
         } else {
             0
         };
-        if !at_boundary {
+        if !at_boundary && outbox > 0 && outbox == self.outbox.unsent_bytes() {
+            // Mid-message: urgent bytes follow only an offer that ends the outbox's stream
+            // (everything it encoded ends at a message boundary). An outbox that waits for the
+            // socket offers nothing, and nothing goes in the middle of its message.
             let room = max_chunks - (out.len() - start);
             urgent = self.urgent.prepare(out, room);
         }
