@@ -166,6 +166,24 @@ fn notice(sub: u8, m: &Msg) -> String {
 }
 
 impl Model {
+    /// A new connection's model: high-water mark `hw`, NDJSON or the marked framing.
+    fn new(hw: usize, ndjson: bool) -> Self {
+        Model {
+            hw,
+            ndjson,
+            paused: false,
+            awaiting: false,
+            queue: Vec::new(),
+            wire: Vec::new(),
+            notified: Vec::new(),
+            client: Vec::new(),
+            now: 0,
+            last_alive: 0,
+            next_ping: 15_000,
+            reaped: false,
+        }
+    }
+
     fn frame(&self, json: &str) -> Vec<u8> {
         if self.ndjson {
             format!("{json}\n").into_bytes()
@@ -435,20 +453,7 @@ fn run<P: StreamProtocol>(
         ..OutboxConfig::default()
     };
     let mut c = Conn::with(config, Arc::new(PayloadFactory), framer);
-    let mut m = Model {
-        hw,
-        ndjson,
-        paused: false,
-        awaiting: false,
-        queue: Vec::new(),
-        wire: Vec::new(),
-        notified: Vec::new(),
-        client: Vec::new(),
-        now: 0,
-        last_alive: 0,
-        next_ping: 15_000,
-        reaped: false,
-    };
+    let mut m = Model::new(hw, ndjson);
     let mut seq = 0u64;
     for op in ops {
         let now = c.now;
@@ -782,20 +787,7 @@ fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
         read: Vec::new(),
         now: t0,
     };
-    let mut m = Model {
-        hw,
-        ndjson: true,
-        paused: false,
-        awaiting: false,
-        queue: Vec::new(),
-        wire: Vec::new(),
-        notified: Vec::new(),
-        client: Vec::new(),
-        now: 0,
-        last_alive: 0,
-        next_ping: 15_000,
-        reaped: false,
-    };
+    let mut m = Model::new(hw, true);
     let mut mt = Topics::default();
     let stream_of: BTreeMap<String, u8> = (0u8..2).map(|t| (format!("st{t}"), t)).collect();
     let mut seq = 0u64;

@@ -19,7 +19,7 @@ mod devtools;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::thread;
@@ -50,6 +50,43 @@ fn out_dir(name: &str) -> PathBuf {
     let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
     std::fs::create_dir_all(&dir).unwrap();
     dir
+}
+
+/// A fresh Chromium profile folder in `dir`.
+fn fresh_profile(dir: &Path) -> PathBuf {
+    let profile = dir.join(format!("profile-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    std::fs::create_dir_all(&profile).unwrap();
+    profile
+}
+
+/// An engine of `shards` shards serving the web page on `listener` (WebSocket), with
+/// authentication on: one token, `token`, whose user may subscribe to `demo` and `$stats`.
+fn start_page_engine(listener: ListenerConfig, shards: usize, token: &str) -> (Engine, SocketAddr) {
+    let mut registry = ProtocolRegistry::with_builtins();
+    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
+        .expect("a valid websocket config");
+    registry.register(Arc::new(websocket)).unwrap();
+    let mut config = Config::default();
+    config.engine.shards = shards;
+    config.engine.stats_interval_ms = 200;
+    config.listeners.push(listener);
+    config.auth = Some(
+        toml::from_str(&format!(
+            r#"
+            [[tokens]]
+            token = "{token}"
+            user = "page"
+            permissions = {{ subscribe = {{ allow = ["demo", "$stats"] }} }}
+            "#
+        ))
+        .unwrap(),
+    );
+    let engine = Engine::start(config, &registry).expect("the engine starts");
+    let ListenAddr::Tcp(addr) = engine.listeners()[0].addr.clone() else {
+        panic!("tcp")
+    };
+    (engine, addr)
 }
 
 fn start_server() -> Server {
@@ -173,9 +210,7 @@ fn websocket_page_in_chromium_against_the_engine() {
     }
     let server = start_server();
     let dir = out_dir("websocket_page");
-    let profile = dir.join(format!("profile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&profile);
-    std::fs::create_dir_all(&profile).unwrap();
+    let profile = fresh_profile(&dir);
     let (_browser, mut page) = devtools::launch_chromium(&profile);
     page.open(&format!("http://{}/?stream=demo", server.websocket));
     let deadline = Instant::now() + DEADLINE;
@@ -243,35 +278,10 @@ fn websocket_page_in_chromium_over_tls_with_a_token() {
         .unwrap();
     std::fs::write(dir.join("server.pem"), cert.pem()).unwrap();
     std::fs::write(dir.join("server.key"), key.serialize_pem()).unwrap();
-    let mut registry = ProtocolRegistry::with_builtins();
-    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
-        .expect("a valid websocket config");
-    registry.register(Arc::new(websocket)).unwrap();
-    let mut config = Config::default();
-    config.engine.shards = 2;
-    config.engine.stats_interval_ms = 200;
-    config.listeners.push(
-        ListenerConfig::tcp("websocket", "127.0.0.1:0")
-            .with_tls(dir.join("server.pem"), dir.join("server.key")),
-    );
-    config.auth = Some(
-        toml::from_str(
-            r#"
-            [[tokens]]
-            token = "page-token"
-            user = "page"
-            permissions = { subscribe = { allow = ["demo", "$stats"] } }
-            "#,
-        )
-        .unwrap(),
-    );
-    let engine = Engine::start(config, &registry).expect("the engine starts");
-    let ListenAddr::Tcp(addr) = engine.listeners()[0].addr.clone() else {
-        panic!("tcp")
-    };
-    let profile = dir.join(format!("profile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&profile);
-    std::fs::create_dir_all(&profile).unwrap();
+    let listener = ListenerConfig::tcp("websocket", "127.0.0.1:0")
+        .with_tls(dir.join("server.pem"), dir.join("server.key"));
+    let (engine, addr) = start_page_engine(listener, 2, "page-token");
+    let profile = fresh_profile(&dir);
     let (_browser, mut page) =
         devtools::launch_chromium_with(&profile, &["--ignore-certificate-errors"]);
     page.open(&format!(
@@ -327,34 +337,9 @@ fn websocket_page_asks_for_a_token_when_the_server_needs_one() {
         return;
     }
     let dir = out_dir("websocket_page_token");
-    let mut registry = ProtocolRegistry::with_builtins();
-    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
-        .expect("a valid websocket config");
-    registry.register(Arc::new(websocket)).unwrap();
-    let mut config = Config::default();
-    config.engine.shards = 1;
-    config.engine.stats_interval_ms = 200;
-    config
-        .listeners
-        .push(ListenerConfig::tcp("websocket", "127.0.0.1:0"));
-    config.auth = Some(
-        toml::from_str(
-            r#"
-            [[tokens]]
-            token = "typed-token"
-            user = "page"
-            permissions = { subscribe = { allow = ["demo", "$stats"] } }
-            "#,
-        )
-        .unwrap(),
-    );
-    let engine = Engine::start(config, &registry).expect("the engine starts");
-    let ListenAddr::Tcp(addr) = engine.listeners()[0].addr.clone() else {
-        panic!("tcp")
-    };
-    let profile = dir.join(format!("profile-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&profile);
-    std::fs::create_dir_all(&profile).unwrap();
+    let listener = ListenerConfig::tcp("websocket", "127.0.0.1:0");
+    let (engine, addr) = start_page_engine(listener, 1, "typed-token");
+    let profile = fresh_profile(&dir);
     let (_browser, mut page) = devtools::launch_chromium(&profile);
     page.open(&format!("http://{addr}/?stream=demo"));
     let deadline = Instant::now() + DEADLINE;

@@ -98,6 +98,7 @@ use crate::outbox::{
     Framing, MessageFactory, Outbox, OutboxConfig, OutboxConfigError, OutboxStats, TimeoutAction,
 };
 use crate::protocol::{reply, Action, Command, RequestId, Session, SubscriptionInfo};
+use crate::runtime::{Config, SlowConsumerChoice};
 use crate::security::tls::PeerSubject;
 
 pub(crate) use close::Ending;
@@ -131,18 +132,36 @@ pub struct PushLimits {
 }
 
 impl Default for PushLimits {
-    /// The server's defaults: 32 MiB, 5 s, 300 s.
+    /// The defaults of the server's `[limits]` (`Config::default()`): 32 MiB, 5 s, 300 s, no
+    /// slow-consumer disconnect.
     fn default() -> Self {
-        PushLimits {
-            max_outbox_bytes: 32 << 20,
-            first_message_timeout_ms: crate::runtime::DEFAULT_FIRST_MESSAGE_TIMEOUT_MS,
-            idle_timeout_ms: 300_000,
-            disconnect_backlog_bytes: None,
-        }
+        PushLimits::from_config(&Config::default())
     }
 }
 
 impl PushLimits {
+    /// The limits a server's `config` sets: its `[limits]`, and under
+    /// `subscriptions.slow_consumer = "disconnect"` its `backpressure_bytes` as
+    /// [`disconnect_backlog_bytes`](Self::disconnect_backlog_bytes).
+    ///
+    /// ```
+    /// use powerhub::runtime::{Config, SlowConsumerChoice};
+    /// let mut config = Config::default();
+    /// config.subscriptions.slow_consumer = SlowConsumerChoice::Disconnect;
+    /// let limits = powerhub::push::PushLimits::from_config(&config);
+    /// assert_eq!(limits.disconnect_backlog_bytes, Some(config.limits.backpressure_bytes));
+    /// ```
+    pub fn from_config(config: &Config) -> PushLimits {
+        let limits = &config.limits;
+        let disconnect = config.subscriptions.slow_consumer == SlowConsumerChoice::Disconnect;
+        PushLimits {
+            max_outbox_bytes: limits.max_outbox_bytes,
+            first_message_timeout_ms: limits.first_message_timeout_ms,
+            idle_timeout_ms: limits.idle_timeout_ms,
+            disconnect_backlog_bytes: disconnect.then_some(limits.backpressure_bytes),
+        }
+    }
+
     /// These limits with `max_outbox_bytes` = `bytes`.
     ///
     /// ```
@@ -452,6 +471,15 @@ struct Input {
     pending: Option<Pending>,
 }
 
+impl Input {
+    /// The next decoded event, taken (its slot keeps a placeholder until the list is cleared).
+    fn take_event(&mut self) -> Option<Inbound> {
+        let event = self.output.events.get_mut(self.next_event)?;
+        self.next_event += 1;
+        Some(std::mem::replace(event, Inbound::Pong))
+    }
+}
+
 /// Whether `proto` frames a JSON message as the NDJSON line (the message and `\n`).
 fn frames_as_ndjson(proto: &mut dyn StreamProtocol) -> bool {
     let mut probe = BytesMut::new();
@@ -668,10 +696,11 @@ impl PushConnection {
             if std::mem::take(&mut self.fan_out_first) {
                 return Some(Request::FanOut);
             }
-            let Some(input) = self
+            let Some(started) = self
                 .input
-                .as_deref_mut()
+                .as_deref()
                 .filter(|i| i.next_event < i.output.events.len())
+                .map(|i| i.next_event > 0)
             else {
                 self.end_input();
                 if let Some(ending) = self.count_decode_error() {
@@ -679,20 +708,16 @@ impl PushConnection {
                 }
                 return None;
             };
-            let first = input.next_event == 0;
-            if !first && std::mem::take(&mut self.published) && self.is_subscribed() {
+            if started && std::mem::take(&mut self.published) && self.is_subscribed() {
                 // The command before this one published, and the connection is subscribed: that
                 // fan-out goes first, so that the reply to this command does not overtake a
                 // delivery published before it. (A connection that does not subscribe, as most
                 // publishers, keeps its batches whole.)
                 return Some(Request::FanOut);
             }
-            let Some(input) = self.input.as_deref_mut() else {
+            let Some(event) = self.input.as_deref_mut().and_then(Input::take_event) else {
                 continue;
             };
-            let event =
-                std::mem::replace(&mut input.output.events[input.next_event], Inbound::Pong);
-            input.next_event += 1;
             match event {
                 Inbound::Text(line) => {
                     self.counts.messages_in = self.counts.messages_in.saturating_add(1);
@@ -851,8 +876,9 @@ impl PushConnection {
         &mut self.input.get_or_insert_with(Box::default).pending
     }
 
-    fn take_pending(&mut self) -> Option<Pending> {
-        self.input.as_deref_mut().and_then(|i| i.pending.take())
+    /// The request waiting for its answer, taken if `is` says it is the one answered.
+    fn take_pending(&mut self, is: impl FnOnce(&mut Pending) -> bool) -> Option<Pending> {
+        self.input.as_deref_mut()?.pending.take_if(is)
     }
 
     /// Answers a request the driver left unanswered, as failed.
@@ -864,7 +890,7 @@ impl PushConnection {
             }
             Some(Pending::Unsubscribe { .. }) => self.unsubscribe_done(now),
             Some(Pending::Publish { .. }) => {
-                if let Some(Pending::Publish { request_id }) = self.take_pending() {
+                if let Some(Pending::Publish { request_id }) = self.take_pending(|_| true) {
                     let err = reply::error(
                         request_id.as_ref(),
                         codes::PUBLISH_FAILED,
@@ -881,16 +907,12 @@ impl PushConnection {
     ///
     /// See [`poll`](Self::poll) for an example.
     pub fn subscribe_done(&mut self, result: Result<(), SubscribeError>, now: Instant) {
-        let Some(pending) = self.take_pending() else {
-            return;
-        };
-        let Pending::Subscribe {
+        let Some(Pending::Subscribe {
             subscription_id,
             reply,
             request_id,
-        } = pending
+        }) = self.take_pending(|p| matches!(p, Pending::Subscribe { .. }))
         else {
-            *self.pending_slot() = Some(pending);
             return;
         };
         match result {
@@ -931,15 +953,11 @@ impl PushConnection {
     /// assert!(conn.session().subscriptions().next().is_none());
     /// ```
     pub fn unsubscribe_done(&mut self, now: Instant) {
-        let Some(pending) = self.take_pending() else {
-            return;
-        };
-        let Pending::Unsubscribe {
+        let Some(Pending::Unsubscribe {
             subscription_id,
             ack,
-        } = pending
+        }) = self.take_pending(|p| matches!(p, Pending::Unsubscribe { .. }))
         else {
-            *self.pending_slot() = Some(pending);
             return;
         };
         self.outbox.unsubscribe(&subscription_id, ack, now);
@@ -950,11 +968,9 @@ impl PushConnection {
     ///
     /// See the [module docs](self) for an example.
     pub fn publish_done(&mut self, result: Result<usize, PublishError>, now: Instant) {
-        let Some(pending) = self.take_pending() else {
-            return;
-        };
-        let Pending::Publish { request_id } = pending else {
-            *self.pending_slot() = Some(pending);
+        let Some(Pending::Publish { request_id }) =
+            self.take_pending(|p| matches!(p, Pending::Publish { .. }))
+        else {
             return;
         };
         match result {
@@ -1225,7 +1241,7 @@ impl PushConnection {
         if self.state == PushState::Aborted || max_chunks == 0 {
             return None;
         }
-        if self.state == PushState::Closing && self.is_written() {
+        if self.state == PushState::Closing && self.queues_empty() {
             if let Some(code) = self.ending.as_deref_mut().and_then(|e| e.close_code.take()) {
                 let reason = self.ending.as_deref().map_or("", |e| e.detail.as_str());
                 let mut buf = BytesMut::new();
@@ -1459,14 +1475,16 @@ impl PushConnection {
     /// assert!(!conn.is_written());
     /// ```
     pub fn is_written(&self) -> bool {
-        self.urgent.is_empty() && !self.outbox.has_transmit() && self.outbox.unsent_bytes() == 0
+        self.queues_empty()
+            && self
+                .ending
+                .as_deref()
+                .is_none_or(|e| e.close_code.is_none())
     }
 
-    /// Whether a close message is still to be framed once everything is written.
-    pub(crate) fn close_message_pending(&self) -> bool {
-        self.ending
-            .as_deref()
-            .is_some_and(|e| e.close_code.is_some())
+    /// Whether the urgent lane and the outbox hold nothing to write.
+    fn queues_empty(&self) -> bool {
+        self.urgent.is_empty() && !self.outbox.has_transmit() && self.outbox.unsent_bytes() == 0
     }
 
     /// The connection's subscriptions, ended: the driver removes them from its fan-out once

@@ -570,14 +570,7 @@ impl Engine {
             liveness_timeout: Duration::from_millis(o.liveness_timeout_ms),
             framing: Framing::Protocol,
         };
-        let limits = PushLimits::default()
-            .with_max_outbox_bytes(config.limits.max_outbox_bytes)
-            .with_first_message_timeout_ms(config.limits.first_message_timeout_ms)
-            .with_idle_timeout_ms(config.limits.idle_timeout_ms)
-            .with_disconnect_backlog_bytes(
-                (config.subscriptions.slow_consumer == SlowConsumerChoice::Disconnect)
-                    .then_some(config.limits.backpressure_bytes),
-            );
+        let limits = PushLimits::from_config(&config);
         let push_config = Arc::new(
             PushConfig::new(limits, outbox, factory)
                 .map_err(|e| EngineError::Outbox(e.to_string()))?,

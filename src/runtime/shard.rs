@@ -1096,9 +1096,7 @@ impl<B: Backend> Shard<B> {
             return;
         };
         // The push connection's close message went with its last bytes (`poll_transmit`).
-        let written = c.push.is_written()
-            && !c.push.close_message_pending()
-            && c.tls.as_ref().is_none_or(|t| !t.has_output());
+        let written = c.push.is_written() && c.tls.as_ref().is_none_or(|t| !t.has_output());
         let failed = c.tls.as_ref().is_some_and(|t| t.failed);
         if !matches!(c.state, State::Closing(_)) || !(written || failed) {
             return;
