@@ -1116,12 +1116,7 @@ impl PushConnection {
                 } else if !self.outbox.is_reaped() {
                     // The final error: after what is already encoded for the wire, and with
                     // nothing after it (what was queued behind is dropped with the connection).
-                    let before = self.output_memory();
-                    self.outbox.discard_queued();
-                    let freed = before.saturating_sub(self.output_memory());
-                    self.freed = self
-                        .freed
-                        .saturating_add(u32::try_from(freed).unwrap_or(u32::MAX));
+                    self.discard_queued();
                     self.outbox.push_control(error, now);
                 } else {
                     self.push_urgent_text(&error);
@@ -1134,8 +1129,24 @@ impl PushConnection {
                 }
             }
         }
+        if !self.proto.is_ready() {
+            // The protocol carries no more data (it failed, answered the peer's close, or never
+            // finished its handshake): nothing queued can be framed any more. What it encoded
+            // while open is still written, ahead of what the protocol said on closing.
+            self.discard_queued();
+        }
         self.ending = Some(Box::new(ending));
         self.state = PushState::Closing;
+    }
+
+    /// Drops what the outbox holds not yet encoded for the wire, counting the memory freed.
+    fn discard_queued(&mut self) {
+        let before = self.output_memory();
+        self.outbox.discard_queued();
+        let freed = before.saturating_sub(self.output_memory());
+        self.freed = self
+            .freed
+            .saturating_add(u32::try_from(freed).unwrap_or(u32::MAX));
     }
 
     /// Closes at once for `ending` (unless a close was decided before), saying nothing more.
@@ -1253,19 +1264,28 @@ impl PushConnection {
         // Urgent bytes go first at a message boundary of the outbox's stream, and whenever an
         // urgent message is half written (it was begun at such a boundary; the outbox wrote
         // nothing since).
-        let at_boundary = !self.outbox_mid || self.urgent.is_partial();
+        // A protocol that stopped carrying data (it failed or answered a close) said so in
+        // urgent bytes, which follow what the outbox encoded while it was open.
+        let proto_done = !self.proto.is_ready() && self.outbox.unsent_bytes() > 0;
+        let at_boundary = self.urgent.is_partial() || !(self.outbox_mid || proto_done);
         let mut urgent = 0;
         if at_boundary {
-            urgent = self.urgent.prepare(out, max_chunks);
+            // Behind a protocol that is done, only the half-written urgent message goes first.
+            let max = if proto_done { 1 } else { max_chunks };
+            urgent = self.urgent.prepare(out, max);
         }
         let room = max_chunks - (out.len() - start);
-        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake).
-        let outbox = if room > 0 && (self.proto.is_ready() || self.outbox.unsent_bytes() > 0) {
-            self.outbox
-                .poll_transmit_max(self.proto.as_mut(), out, now, room)
-        } else {
-            0
-        };
+        // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake), and
+        // what it encoded before the protocol was done.
+        let outbox_turn = !(at_boundary && proto_done);
+        let outbox =
+            if room > 0 && outbox_turn && (self.proto.is_ready() || self.outbox.unsent_bytes() > 0)
+            {
+                self.outbox
+                    .poll_transmit_max(self.proto.as_mut(), out, now, room)
+            } else {
+                0
+            };
         if !at_boundary && outbox > 0 && outbox == self.outbox.unsent_bytes() {
             // Mid-message: urgent bytes follow only an offer that ends the outbox's stream
             // (everything it encoded ends at a message boundary). An outbox that waits for the

@@ -1,0 +1,196 @@
+//! How a [`PushConnection`] ends when its protocol stops carrying data first (a WebSocket that
+//! fails on a client's message, or answers the client's close): what it encoded while open is
+//! written ahead of the protocol's last words, what was still queued is dropped, and the
+//! connection ends written in full (so the shard shuts the socket down at once, not at the
+//! closing deadline).
+
+use std::sync::Arc;
+use std::time::{Instant, SystemTime};
+
+use bytes::Bytes;
+use powerhub::outbox::{OutboxConfig, PayloadFactory};
+use powerhub::plugin::{ProtocolFactory, ProtocolLimits};
+use powerhub::protocol::{Session, SessionConfig};
+use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState, Request};
+use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
+
+const HANDSHAKE: &[u8] = b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+/// One masked client frame (payloads under 64 KiB).
+fn client_frame(opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let key = [1u8, 2, 3, 4];
+    let mut out = vec![0x80 | opcode];
+    if payload.len() < 126 {
+        out.push(0x80 | payload.len() as u8);
+    } else {
+        out.push(0x80 | 126);
+        out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    }
+    out.extend_from_slice(&key);
+    out.extend(payload.iter().zip(key.iter().cycle()).map(|(b, k)| b ^ k));
+    out
+}
+
+/// The server frames in `wire` (after the handshake response): (opcode, payload).
+fn server_frames(wire: &[u8]) -> Vec<(u8, Vec<u8>)> {
+    let end = wire
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a handshake response")
+        + 4;
+    let mut rest = &wire[end..];
+    let mut frames = Vec::new();
+    while let [b0, b1, ..] = *rest {
+        let (len, at) = match b1 & 0x7f {
+            126 => (usize::from(u16::from_be_bytes([rest[2], rest[3]])), 4),
+            127 => panic!("no frame here is that long"),
+            n => (usize::from(n), 2),
+        };
+        frames.push((b0 & 0x0f, rest[at..at + len].to_vec()));
+        rest = &rest[at + len..];
+    }
+    frames
+}
+
+/// A WebSocket push connection past its handshake, subscribed to `s`, with its subscription id.
+fn subscribed(now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
+    let limits = ProtocolLimits::default().with_max_message_bytes(256);
+    let factory = WebSocketFactory::new(WebSocketConfig::default()).expect("a valid config");
+    let config = PushConfig::new(
+        PushLimits::default(),
+        OutboxConfig::default(),
+        Arc::new(PayloadFactory),
+    )
+    .expect("a valid config");
+    let session = Session::new(
+        1,
+        SessionConfig {
+            max_line_bytes: 256,
+            ..SessionConfig::default()
+        },
+    );
+    let mut conn = PushConnection::new(
+        factory.new_connection(&limits),
+        session,
+        &Arc::new(config),
+        now,
+    )
+    .expect("a valid config");
+    let mut input = HANDSHAKE.to_vec();
+    input.extend(client_frame(
+        1,
+        br#"{"type":"subscribe","id":1,"stream":"s"}"#,
+    ));
+    conn.handle_input(&input, now);
+    let mut sub = None;
+    while let Some(request) = conn.poll(now, SystemTime::now()) {
+        match request {
+            Request::Subscribe {
+                subscription_id, ..
+            } => {
+                sub = Some(subscription_id);
+                conn.subscribe_done(Ok(()), now);
+            }
+            Request::FanOut => {}
+            other => panic!("unexpected request {other:?}"),
+        }
+    }
+    let mut wire = Vec::new();
+    write(&mut conn, &mut wire, usize::MAX, now);
+    (conn, sub.expect("a subscribe request"), wire)
+}
+
+/// One write: the socket takes at most `cap` bytes of the offer.
+fn write(conn: &mut PushConnection, wire: &mut Vec<u8>, cap: usize, now: Instant) -> usize {
+    let mut chunks = Vec::new();
+    let Some(transmit) = conn.poll_transmit(&mut chunks, 64, now) else {
+        return 0;
+    };
+    let taken = cap.min(transmit.len());
+    let mut left = taken;
+    for c in &chunks {
+        let n = left.min(c.len());
+        wire.extend_from_slice(&c[..n]);
+        left -= n;
+    }
+    conn.on_written(transmit, taken, now);
+    taken
+}
+
+/// Writes until nothing moves.
+fn drain(conn: &mut PushConnection, wire: &mut Vec<u8>, now: Instant) {
+    conn.on_writable(now);
+    while write(conn, wire, usize::MAX, now) > 0 {}
+}
+
+/// A delivery of one line on `stream`.
+fn line(n: u32) -> Bytes {
+    Bytes::from(format!(
+        "{{\"type\":\"tick\",\"stream\":\"s\",\"n\":{n}}}\n"
+    ))
+}
+
+/// The connection fed `input` while message 1 is encoded and unsent (its socket took none of
+/// it) and message 2 queued behind it.
+fn stalled_then(input: &[u8]) -> (PushConnection, Vec<u8>) {
+    let now = Instant::now();
+    let (mut conn, sub, mut wire) = subscribed(now);
+    conn.deliver_lines(&sub, line(1), now);
+    assert_eq!(
+        write(&mut conn, &mut wire, 0, now),
+        0,
+        "the socket took none"
+    );
+    conn.deliver_lines(&sub, line(2), now);
+    conn.handle_input(input, now);
+    while let Some(request) = conn.poll(now, SystemTime::now()) {
+        assert_eq!(
+            request,
+            Request::FanOut,
+            "nothing but the fan-out before the input"
+        );
+    }
+    assert_eq!(conn.state(), PushState::Closing);
+    drain(&mut conn, &mut wire, now);
+    (conn, wire)
+}
+
+fn texts(frames: &[(u8, Vec<u8>)]) -> Vec<String> {
+    frames
+        .iter()
+        .filter(|(op, _)| *op == 1)
+        .map(|(_, p)| String::from_utf8(p.clone()).expect("UTF-8"))
+        .collect()
+}
+
+#[test]
+fn a_message_over_the_limit_is_refused_after_what_was_encoded_and_nothing_follows_the_close() {
+    let oversized = format!(r#"{{"type":"ping","pad":"{}"}}"#, "x".repeat(300));
+    let (conn, wire) = stalled_then(&client_frame(1, oversized.as_bytes()));
+    let frames = server_frames(&wire);
+    let texts = texts(&frames);
+    assert_eq!(texts.len(), 3, "{texts:?}");
+    assert!(texts[0].contains(r#""type":"subscribed""#), "{texts:?}");
+    assert!(texts[1].contains(r#""n":1"#), "{texts:?}");
+    assert!(texts[2].contains("max_message_bytes"), "{texts:?}");
+    let (last_op, last) = frames.last().expect("frames");
+    assert_eq!(*last_op, 8, "the close frame is last: {frames:?}");
+    assert_eq!(u16::from_be_bytes([last[0], last[1]]), 1009);
+    assert!(conn.is_written(), "the connection ends written in full");
+    assert_eq!(conn.stats().queued, 0, "message 2 could never be framed");
+}
+
+#[test]
+fn the_answer_to_a_peers_close_follows_what_was_encoded_before_it() {
+    let (conn, wire) = stalled_then(&client_frame(8, &1000u16.to_be_bytes()));
+    let frames = server_frames(&wire);
+    let texts = texts(&frames);
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert!(texts[1].contains(r#""n":1"#), "{texts:?}");
+    let (last_op, last) = frames.last().expect("frames");
+    assert_eq!(*last_op, 8, "the close reply is last: {frames:?}");
+    assert_eq!(u16::from_be_bytes([last[0], last[1]]), 1000);
+    assert!(conn.is_written(), "the connection ends written in full");
+    assert_eq!(conn.stats().queued, 0);
+}
