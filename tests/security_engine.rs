@@ -764,3 +764,91 @@ fn connections_and_subscriptions_per_user_are_bounded() {
         assert_eq!(again.msg()["type"], "subscribed");
     });
 }
+
+#[test]
+fn a_token_may_give_its_user_connection_and_subscription_limits_of_its_own() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.auth = Some(
+            toml::from_str(&format!(
+                r#"
+                max_connections_per_user = 3
+                max_subscriptions_per_user = 3
+                [[tokens]]
+                token = "kiosk-token"
+                user = "kiosk"
+                permissions = {{ subscribe = {{ allow = ["obs/*"] }} }}
+                limits = {{ max_connections = 1, max_subscriptions = 1 }}
+                [[tokens]]
+                token = "dashboard-token"
+                user = "dashboard"
+                permissions = {{ subscribe = {{ allow = ["obs/*"] }} }}
+                limits = {{ max_subscriptions = 0 }}
+                [jwt]
+                algorithm = "HS256"
+                secret = "{SECRET}"
+                "#
+            ))
+            .expect("a valid [auth]"),
+        );
+        let server = start(config);
+        let subscribe = |c: &mut Client, device: &str| {
+            c.send(&format!(
+                r#"{{"type":"subscribe","id":1,"stream":"obs","deviceId":"{device}"}}"#
+            ));
+            c.msg()
+        };
+
+        // The kiosk's own limits: one connection, one subscription.
+        let mut kiosk = authed(server.addr, "kiosk-token");
+        assert_eq!(subscribe(&mut kiosk, "d1")["type"], "subscribed");
+        let v = subscribe(&mut kiosk, "d2");
+        assert_eq!(v["limit"], "max_subscriptions_per_user", "{v}");
+        assert!(
+            v["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("= 1 ") && m.contains("limits.max_subscriptions")),
+            "{v}"
+        );
+        let mut second = Client::connect(server.addr);
+        let v = auth(&mut second, "kiosk-token");
+        assert_eq!(v["limit"], "max_connections_per_user", "{v}");
+        assert_closed(&mut second);
+
+        // The dashboard: the [auth] default of 3 connections, and no subscription limit.
+        let mut dashboards: Vec<Client> = (0..3)
+            .map(|_| authed(server.addr, "dashboard-token"))
+            .collect();
+        for n in 0..5 {
+            let v = subscribe(&mut dashboards[0], &format!("d{n}"));
+            assert_eq!(v["type"], "subscribed", "{v}");
+        }
+        let mut fourth = Client::connect(server.addr);
+        let v = auth(&mut fourth, "dashboard-token");
+        assert_eq!(v["limit"], "max_connections_per_user", "{v}");
+
+        // A JWT gives them in its `limits` claim; a claim of another shape is refused by name.
+        let token = jwt(
+            json!({"sub":"jwt-user","exp":unix_now() + 600,"permissions":{"subscribe":{"allow":["obs/*"]}},"limits":{"max_subscriptions":2}}),
+            SECRET,
+        );
+        let mut j = authed(server.addr, &token);
+        assert_eq!(subscribe(&mut j, "d1")["type"], "subscribed");
+        assert_eq!(subscribe(&mut j, "d2")["type"], "subscribed");
+        assert_eq!(
+            subscribe(&mut j, "d3")["limit"],
+            "max_subscriptions_per_user"
+        );
+        let bad = jwt(
+            json!({"sub":"jwt-user","exp":unix_now() + 600,"limits":{"connections":2}}),
+            SECRET,
+        );
+        let mut c = Client::connect(server.addr);
+        let v = auth(&mut c, &bad);
+        assert_eq!(v["type"], "error", "{v}");
+        assert!(
+            v["message"].as_str().is_some_and(|m| m.contains("limits")),
+            "{v}"
+        );
+    });
+}

@@ -64,6 +64,15 @@ impl AuthPolicy {
             users: Arc::default(),
         }
     }
+
+    /// The per-user limits for a user whose identity sets none of its own: connections and
+    /// subscriptions (0: no limit).
+    fn user_limits(&self) -> (usize, usize) {
+        (
+            self.max_connections_per_user,
+            self.max_subscriptions_per_user,
+        )
+    }
 }
 
 /// The authentication state of a session whose server requires it.
@@ -113,15 +122,16 @@ impl AuthState {
             .expires_at
             .map(|t| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs()));
         if !self.counted {
-            let max = self.policy.max_connections_per_user;
+            let (max, _) = identity.limits.or(self.policy.user_limits());
             let rates = identity.publish_rates.or((
                 self.policy.publish_messages_per_second_per_user,
                 self.policy.publish_bytes_per_second_per_user,
             ));
             let Some(rate) = self.policy.users.add_connection(&identity.user, max, rates) else {
                 let user = echo(&identity.user);
+                let whose = limit_source(identity.limits.max_connections, "max_connections");
                 let message = format!(
-                    "user `{user}` holds its maximum of max_connections_per_user = {max} connections"
+                    "user `{user}` holds its maximum of max_connections_per_user = {max} connections{whose}"
                 );
                 return Ok(Action::CloseOnLimit {
                     request_id: id,
@@ -147,6 +157,12 @@ struct Extra {
     limiter: PublishLimiter,
     /// Publishes refused in a row by the limiter.
     strikes: u32,
+}
+
+/// Where a per-user limit in an error message came from: the user's own (`key` in its entry's
+/// `limits`, or its token's `limits` claim) or the `[auth]` default (nothing said).
+fn limit_source(own: Option<usize>, key: &str) -> String {
+    own.map_or_else(String::new, |_| format!(" (the user's own limits.{key})"))
 }
 
 /// Connections and subscriptions per user, across the server's connections (for
@@ -718,12 +734,16 @@ impl Session {
                     None => stream_topic(&stream),
                 };
                 if let Some(auth) = self.auth_mut() {
-                    let max = auth.policy.max_subscriptions_per_user;
-                    let user = auth.identity.as_ref().map_or("", |i| i.user.as_str());
+                    let defaults = auth.policy.user_limits();
+                    let (user, own) = auth.identity.as_ref().map_or(("", None), |i| {
+                        (i.user.as_str(), i.limits.max_subscriptions)
+                    });
+                    let max = own.unwrap_or(defaults.1);
                     if !auth.policy.users.add_subscription(user, max) {
                         let message = format!(
-                            "user `{}` holds its maximum of max_subscriptions_per_user = {max} subscriptions",
-                            echo(user)
+                            "user `{}` holds its maximum of max_subscriptions_per_user = {max} subscriptions{}",
+                            echo(user),
+                            limit_source(own, "max_subscriptions")
                         );
                         return Ok(Action::Reply(reply::error_with_limit(
                             id.as_ref(),

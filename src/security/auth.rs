@@ -94,6 +94,10 @@ pub const MIN_RSA_BITS: usize = 2048;
 /// (`{"publish_messages_per_second":50}`, the shape of [`UserRates`]).
 pub const RATES_CLAIM: &str = "rates";
 
+/// The JWT claim that may give the user connection and subscription limits of its own
+/// (`{"max_connections":2}`, the shape of [`UserLimits`]).
+pub const LIMITS_CLAIM: &str = "limits";
+
 /// The `permissions_claim` when none is configured.
 pub const DEFAULT_PERMISSIONS_CLAIM: &str = "permissions";
 
@@ -182,6 +186,10 @@ pub struct StaticTokenConfig {
     /// `rates = { publish_messages_per_second = 50 }`.
     #[serde(default)]
     pub rates: UserRates,
+    /// The user's own connection and subscription limits (default: the `[auth]` per-user
+    /// ones), e.g. `limits = { max_connections = 2, max_subscriptions = 20 }`.
+    #[serde(default)]
+    pub limits: UserLimits,
 }
 
 impl fmt::Debug for StaticTokenConfig {
@@ -191,6 +199,7 @@ impl fmt::Debug for StaticTokenConfig {
             .field("user", &self.user)
             .field("permissions", &self.permissions)
             .field("rates", &self.rates)
+            .field("limits", &self.limits)
             .finish()
     }
 }
@@ -215,6 +224,10 @@ pub struct CertificateUserConfig {
     /// The user's own publish rates (default: the `[auth]` per-user ones).
     #[serde(default)]
     pub rates: UserRates,
+    /// The user's own connection and subscription limits (default: the `[auth]` per-user
+    /// ones).
+    #[serde(default)]
+    pub limits: UserLimits,
 }
 
 /// A JWT signature algorithm the server can be configured to accept (exactly one).
@@ -409,6 +422,43 @@ pub struct Identity {
     /// `[[auth.certificates]]`) or its JWT's [`RATES_CLAIM`] sets them; otherwise the `[auth]`
     /// `*_per_user` defaults apply.
     pub publish_rates: UserRates,
+    /// The user's own connection and subscription limits, where its entry or its JWT's
+    /// [`LIMITS_CLAIM`] sets them; otherwise `[auth] max_connections_per_user` and
+    /// `max_subscriptions_per_user` apply.
+    pub limits: UserLimits,
+}
+
+/// A user's connection and subscription limits, as an `[[auth.tokens]]` or
+/// `[[auth.certificates]]` entry (`limits = { ... }`) or a JWT's [`LIMITS_CLAIM`] sets them;
+/// `None` takes the `[auth]` default (`max_connections_per_user`,
+/// `max_subscriptions_per_user`), `Some(0)` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserLimits {
+    /// Most connections the user may hold authenticated at a time.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Most subscriptions the user may hold across its connections.
+    #[serde(default)]
+    pub max_subscriptions: Option<usize>,
+}
+
+impl UserLimits {
+    /// These limits, each falling back to the default given (connections, subscriptions).
+    ///
+    /// ```
+    /// use powerhub::security::auth::UserLimits;
+    ///
+    /// let own = UserLimits { max_connections: Some(2), max_subscriptions: None };
+    /// assert_eq!(own.or((10, 100)), (2, 100));
+    /// assert_eq!(UserLimits { max_connections: Some(0), ..own }.or((10, 100)), (0, 100));
+    /// ```
+    pub fn or(self, defaults: (usize, usize)) -> (usize, usize) {
+        (
+            self.max_connections.unwrap_or(defaults.0),
+            self.max_subscriptions.unwrap_or(defaults.1),
+        )
+    }
 }
 
 /// A user's publish rates across its connections, as an `[[auth.tokens]]` or
@@ -607,6 +657,7 @@ struct StaticEntry {
     user: String,
     permissions: Arc<Permissions>,
     rates: UserRates,
+    limits: UserLimits,
 }
 
 struct JwtVerifier {
@@ -667,6 +718,7 @@ fn certificate_users(
             permissions: Arc::new(permissions),
             expires_at: None,
             publish_rates: e.rates,
+            limits: e.limits,
         };
         out.push((e.subject.clone(), identity));
     }
@@ -738,6 +790,7 @@ impl Authenticator {
                 user: t.user.clone(),
                 permissions: Arc::new(permissions),
                 rates: t.rates,
+                limits: t.limits,
             });
         }
         let jwt = config
@@ -805,6 +858,7 @@ impl Authenticator {
                 permissions: Arc::clone(&entry.permissions),
                 expires_at: None,
                 publish_rates: entry.rates,
+                limits: entry.limits,
             });
         }
         let Some(jwt) = &self.jwt else {
@@ -1046,12 +1100,21 @@ impl JwtVerifier {
                 reason: format!("not a set of rates ({e})"),
             })?,
         };
+        // And its own connection and subscription limits, as a static token's `limits`.
+        let limits = match claims.get(LIMITS_CLAIM) {
+            None => UserLimits::default(),
+            Some(v) => UserLimits::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
+                claim: LIMITS_CLAIM.to_owned(),
+                reason: format!("not a set of limits ({e})"),
+            })?,
+        };
         Ok(Identity {
             user,
             permissions: Arc::new(permissions),
             expires_at: exp
                 .map(|e| UNIX_EPOCH + Duration::from_secs(e.saturating_add(self.leeway_secs))),
             publish_rates,
+            limits,
         })
     }
 
@@ -1497,6 +1560,49 @@ mod tests {
             matches!(&err, AuthError::InvalidPermissions { claim, .. } if claim == "rates"),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn an_entry_or_a_jwt_may_set_its_users_connection_and_subscription_limits() {
+        let mut config: AuthConfig = toml::from_str(
+            r#"
+            [[tokens]]
+            token = "t1"
+            user = "kiosk"
+            limits = { max_connections = 1, max_subscriptions = 0 }
+            [[tokens]]
+            token = "t2"
+            user = "default"
+            [[certificates]]
+            subject = "CN=meter"
+            limits = { max_subscriptions = 4 }
+            "#,
+        )
+        .unwrap();
+        config.jwt = Some(hs_config());
+        let auth = Authenticator::from_config(&config).unwrap();
+        let limits = |token: &str| auth.verify(token, at(T0)).unwrap().limits;
+        assert_eq!(limits("t1").or((10, 100)), (1, 0));
+        assert_eq!(limits("t2").or((10, 100)), (10, 100));
+        let meter = auth
+            .verify_certificate(&subject("CN=meter", Some("meter")))
+            .unwrap()
+            .limits;
+        assert_eq!(meter.or((10, 100)), (10, 4));
+        let mut claims = good_claims();
+        claims["limits"] = serde_json::json!({"max_connections": 3});
+        assert_eq!(limits(&hs_token(&claims)).or((10, 100)), (3, 100));
+        assert_eq!(limits(&hs_token(&good_claims())), UserLimits::default());
+        claims["limits"] = serde_json::json!({"max_connections": -1});
+        let err = auth.verify(&hs_token(&claims), at(T0)).unwrap_err();
+        assert!(
+            matches!(&err, AuthError::InvalidPermissions { claim, .. } if claim == "limits"),
+            "{err:?}"
+        );
+        assert!(toml::from_str::<AuthConfig>(
+            "[[tokens]]\ntoken = \"t\"\nuser = \"u\"\nlimits = { connections = 1 }"
+        )
+        .is_err());
     }
 
     #[test]
