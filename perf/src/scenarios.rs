@@ -573,12 +573,15 @@ fn latency(ctx: &Ctx) -> io::Result<Scenario> {
         let r = slowest * f;
         let case = format!("{:.0}% ({:.0} msg/s × N={n})", f * 100.0, r);
         let mut hists: Vec<(String, Histogram<u64>)> = Vec::new();
-        for t in &ctx.targets {
-            let spec = CaseSpec {
-                pace: rate(r),
-                ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
-            };
-            match ctx.run(t, &case, spec) {
+        let spec = CaseSpec {
+            pace: rate(r),
+            ..ctx.fanout_spec(n, size, ctx.warmup, ctx.measure)
+        };
+        // The systems take turns run by run (ABBA), as in fanout: no system always runs
+        // after another.
+        let outs = ctx.run_interleaved(&ctx.targets, &case, &spec);
+        for (t, out) in ctx.targets.iter().zip(outs) {
+            match out {
                 Ok(out) => {
                     check(&mut sc, &format!("{case} {}", t.kind), &out);
                     let p = ctx.path(&format!(
