@@ -125,9 +125,20 @@ enum Item {
     },
 }
 
+/// How the model frames what it writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wire {
+    /// A line per message.
+    Ndjson,
+    /// The test protocol `Marked`: `<json>|`, pings `PING|`.
+    Marked,
+    /// WebSocket server frames: a text frame per message, pings a ping frame.
+    WebSocket,
+}
+
 struct Model {
     hw: usize,
-    ndjson: bool,
+    wire_format: Wire,
     paused: bool,
     awaiting: bool,
     queue: Vec<Item>,
@@ -167,10 +178,10 @@ fn notice(sub: u8, m: &Msg) -> String {
 
 impl Model {
     /// A new connection's model: high-water mark `hw`, NDJSON or the marked framing.
-    fn new(hw: usize, ndjson: bool) -> Self {
+    fn new(hw: usize, wire_format: Wire) -> Self {
         Model {
             hw,
-            ndjson,
+            wire_format,
             paused: false,
             awaiting: false,
             queue: Vec::new(),
@@ -185,10 +196,26 @@ impl Model {
     }
 
     fn frame(&self, json: &str) -> Vec<u8> {
-        if self.ndjson {
-            format!("{json}\n").into_bytes()
-        } else {
-            format!("<{json}>|").into_bytes()
+        match self.wire_format {
+            Wire::Ndjson => format!("{json}\n").into_bytes(),
+            Wire::Marked => format!("<{json}>|").into_bytes(),
+            Wire::WebSocket => {
+                // FIN and the text opcode; an unmasked length in its shortest form.
+                let mut frame = vec![0x81];
+                match json.len() {
+                    n if n < 126 => frame.push(n as u8),
+                    n if n <= 0xffff => {
+                        frame.push(126);
+                        frame.extend_from_slice(&(n as u16).to_be_bytes());
+                    }
+                    n => {
+                        frame.push(127);
+                        frame.extend_from_slice(&(n as u64).to_be_bytes());
+                    }
+                }
+                frame.extend_from_slice(json.as_bytes());
+                frame
+            }
         }
     }
 
@@ -331,10 +358,11 @@ impl Model {
                 let json = match item {
                     Item::Control(json) => json,
                     Item::Ping => {
-                        let ping = if self.ndjson {
-                            b"{\"type\":\"ping\"}\n".to_vec()
-                        } else {
-                            b"PING|".to_vec()
+                        let ping = match self.wire_format {
+                            Wire::Ndjson => b"{\"type\":\"ping\"}\n".to_vec(),
+                            Wire::Marked => b"PING|".to_vec(),
+                            // A protocol ping frame (the browser answers it itself).
+                            Wire::WebSocket => vec![0x89, 0x00],
                         };
                         self.wire.extend(ping);
                         continue;
@@ -453,7 +481,7 @@ fn run<P: StreamProtocol>(
         ..OutboxConfig::default()
     };
     let mut c = Conn::with(config, Arc::new(PayloadFactory), framer);
-    let mut m = Model::new(hw, ndjson);
+    let mut m = Model::new(hw, if ndjson { Wire::Ndjson } else { Wire::Marked });
     let mut seq = 0u64;
     for op in ops {
         let now = c.now;
@@ -574,6 +602,8 @@ proptest! {
 // is queued in command order; what was published before a command (and reaches a subscription
 // of this connection) is delivered before that command's reply; a subscription gets nothing
 // published before its `subscribe`; an unsubscribe delivers what was published before it.
+// Over NDJSON, and over WebSocket (after the upgrade, every command a masked text frame; the
+// model's stream is then server frames: a text frame per message, a ping frame per keepalive).
 
 use powerhub::plugin::ProtocolFactory;
 use powerhub::protocol::{reply, RequestId, Session, SessionConfig};
@@ -607,6 +637,8 @@ enum PushOp {
     Writable,
     Tick(u64),
     Pong,
+    /// The client's WebSocket close frame (code 1000); nothing over NDJSON.
+    PeerClose,
 }
 
 fn cmd() -> impl Strategy<Value = Cmd> {
@@ -627,6 +659,7 @@ fn push_op() -> impl Strategy<Value = PushOp> {
         3 => Just(PushOp::Writable),
         2 => (0u64..20_000).prop_map(PushOp::Tick),
         1 => Just(PushOp::Pong),
+        1 => Just(PushOp::PeerClose),
     ]
 }
 
@@ -682,6 +715,33 @@ fn model_deliver(m: &mut Model, sub: u8, batch: Vec<(Msg, String)>) {
     } else {
         m.enqueue(item);
     }
+}
+
+/// A WebSocket client's opening handshake.
+const HANDSHAKE: &[u8] = b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n";
+
+/// The client's bytes for NDJSON `lines`: as they are, or each line a masked WebSocket text
+/// frame.
+fn client_input(lines: &str, websocket: bool) -> Vec<u8> {
+    if !websocket {
+        return lines.as_bytes().to_vec();
+    }
+    let key = [0x5a, 0x13, 0xc7, 0x01];
+    let mut out = Vec::new();
+    for line in lines.lines() {
+        out.push(0x81);
+        match line.len() {
+            n if n < 126 => out.push(0x80 | n as u8),
+            n => {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(&key);
+        out.extend(line.bytes().zip(key.iter().cycle()).map(|(b, k)| b ^ k));
+    }
+    out
 }
 
 /// The driver: the connection's fan-out, as the shard runs it.
@@ -767,7 +827,7 @@ impl PushDriver {
     }
 }
 
-fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
+fn run_push(ops: &[PushOp], hw: usize, websocket: bool) -> Result<(), TestCaseError> {
     let outbox = OutboxConfig {
         high_water_bytes: hw,
         ..OutboxConfig::default()
@@ -778,7 +838,13 @@ fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
         .with_idle_timeout_ms(0);
     let config = Arc::new(PushConfig::new(limits, outbox, Arc::new(PayloadFactory)).unwrap());
     let t0 = Instant::now();
-    let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    let proto = if websocket {
+        powerhub_websocket::WebSocketFactory::new(powerhub_websocket::WebSocketConfig::default())
+            .unwrap()
+            .new_connection(&Default::default())
+    } else {
+        powerhub_ndjson::NdjsonFactory.new_connection(&Default::default())
+    };
     let session = Session::new(1, SessionConfig::default());
     let mut d = PushDriver {
         conn: PushConnection::new(proto, session, &config, t0).unwrap(),
@@ -787,9 +853,20 @@ fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
         read: Vec::new(),
         now: t0,
     };
-    let mut m = Model::new(hw, true);
-    let mut mt = Topics::default();
     let stream_of: BTreeMap<String, u8> = (0u8..2).map(|t| (format!("st{t}"), t)).collect();
+    let wire_format = if websocket {
+        // The upgrade first: what the model follows is the stream of frames after it.
+        d.input(HANDSHAKE, &stream_of);
+        d.write(usize::MAX);
+        prop_assert!(d.read.starts_with(b"HTTP/1.1 101 "), "the upgrade");
+        prop_assert!(d.read.ends_with(b"\r\n\r\n"), "the upgrade alone");
+        d.read.clear();
+        Wire::WebSocket
+    } else {
+        Wire::Ndjson
+    };
+    let mut m = Model::new(hw, wire_format);
+    let mut mt = Topics::default();
     let mut seq = 0u64;
     let mut next_sub = 0u8;
     let render_on = |m: &Msg, t: u8, seq: u64| -> String {
@@ -884,7 +961,7 @@ fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
                 if input.is_empty() {
                     continue;
                 }
-                d.input(input.as_bytes(), &stream_of);
+                d.input(&client_input(&input, websocket), &stream_of);
             }
             PushOp::Elsewhere(t, msgs) => {
                 for msg in msgs {
@@ -925,24 +1002,56 @@ fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
                 }
                 prop_assert_eq!(d.conn.state(), PushState::Open);
             }
+            PushOp::PeerClose => {
+                if !websocket {
+                    continue;
+                }
+                let key = [1, 2, 3, 4];
+                let mut close = vec![0x88, 0x82, 1, 2, 3, 4];
+                close.extend(1000u16.to_be_bytes().iter().zip(key).map(|(b, k)| b ^ k));
+                d.input(&close, &stream_of);
+                prop_assert_eq!(d.conn.state(), PushState::Closing);
+                for _ in 0..100 {
+                    d.conn.on_writable(d.now);
+                    d.write(usize::MAX);
+                }
+                // What was framed for the socket goes out ahead of the echoed close frame; what
+                // was still queued (deliveries, replies, keepalives) can no longer be framed.
+                let mut expected = m.client.clone();
+                expected.extend_from_slice(&m.wire);
+                expected.extend_from_slice(&[0x88, 0x02, 0x03, 0xe8]);
+                prop_assert!(
+                    d.read == expected,
+                    "after the peer's close:\n{:?}\nexpected\n{:?}",
+                    String::from_utf8_lossy(&d.read),
+                    String::from_utf8_lossy(&expected)
+                );
+                prop_assert!(d.conn.is_written());
+                prop_assert_eq!(d.conn.stats().queued, 0);
+                return Ok(());
+            }
             PushOp::Pong => {
                 if mt.subscribed() {
                     for (sub, batch) in mt.fan_out_all() {
                         model_deliver(&mut m, sub, batch);
                     }
                 }
-                d.input(b"{\"type\":\"pong\"}\n", &stream_of);
+                d.input(
+                    &client_input("{\"type\":\"pong\"}\n", websocket),
+                    &stream_of,
+                );
                 if !m.reaped {
                     m.last_alive = m.now;
                 }
             }
         }
         m.check_bound();
-        prop_assert_eq!(
+        prop_assert!(
+            d.read == m.client,
+            "client bytes after {:?}:\n{:?}\nexpected\n{:?}",
+            op,
             String::from_utf8_lossy(&d.read),
-            String::from_utf8_lossy(&m.client),
-            "client bytes after {:?}",
-            op
+            String::from_utf8_lossy(&m.client)
         );
         prop_assert_eq!(d.conn.outbox().unsent_bytes(), m.wire.len());
         prop_assert_eq!(d.conn.outbox().is_paused(), m.paused);
@@ -965,7 +1074,9 @@ fn run_push(ops: &[PushOp], hw: usize) -> Result<(), TestCaseError> {
         d.write(usize::MAX);
         m.write(usize::MAX);
     }
-    prop_assert_eq!(
+    prop_assert!(
+        d.read == m.client,
+        "client bytes at the end:\n{:?}\nexpected\n{:?}",
         String::from_utf8_lossy(&d.read),
         String::from_utf8_lossy(&m.client)
     );
@@ -978,6 +1089,11 @@ proptest! {
 
     #[test]
     fn push_connection_matches_the_reference_model(ops in prop::collection::vec(push_op(), 1..60), hw in prop_oneof![Just(60usize), Just(300), Just(1 << 20)]) {
-        run_push(&ops, hw)?;
+        run_push(&ops, hw, false)?;
+    }
+
+    #[test]
+    fn push_connection_over_websocket_matches_the_reference_model(ops in prop::collection::vec(push_op(), 1..60), hw in prop_oneof![Just(60usize), Just(300), Just(1 << 20)]) {
+        run_push(&ops, hw, true)?;
     }
 }
