@@ -15,8 +15,11 @@
 //! Input: byte 0 chooses the protocol (bits 0-1: ndjson, websocket, frame, ndjson), whether the
 //! check frames the lines itself (bit 2: the rest is lines, each sent as one message of the
 //! protocol) or sends the rest as it is, small limits (bit 3) and the slow-consumer setting
-//! (bits 4-5; only `disconnect` acts on a push connection); byte 1 seeds the schedule (receive
-//! sizes, what the socket takes, clock steps).
+//! (bits 4-5; only `disconnect` acts on a push connection), and whether the server requires
+//! authentication (bit 6: static tokens `tok`, whose user has permissions, per-user limits of its
+//! own and a publish rate, and `t2`, whose user has none; the seeds carry the tokens, which the
+//! fuzzer cannot guess through their hash); byte 1 seeds the schedule (receive sizes, what the
+//! socket takes, clock steps).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -30,8 +33,9 @@ use powerhub::hub::{
 use powerhub::outbox::{OutboxConfig, PayloadFactory};
 use powerhub::plugin::frame::{self, FrameError};
 use powerhub::plugin::{Inbound, ProtocolError, ProtocolFactory, ProtocolLimits};
-use powerhub::protocol::{Session, SessionConfig};
+use powerhub::protocol::{AuthPolicy, Session, SessionConfig};
 use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState, Request};
+use powerhub::security::auth::{AuthConfig, Authenticator};
 use powerhub_frame::FrameFactory;
 use powerhub_ndjson::{NdjsonFactory, NdjsonProtocol};
 use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
@@ -102,7 +106,14 @@ struct Conn {
 }
 
 impl Conn {
-    fn new(protocol: u8, limits: Limits, disconnect: bool, input: usize, now: Instant) -> Self {
+    fn new(
+        protocol: u8,
+        limits: Limits,
+        disconnect: bool,
+        auth: bool,
+        input: usize,
+        now: Instant,
+    ) -> Self {
         let protocol_limits = ProtocolLimits::default().with_max_message_bytes(limits.max_message);
         let factory: Box<dyn ProtocolFactory> = match protocol {
             1 => {
@@ -126,7 +137,10 @@ impl Conn {
             max_subscriptions: limits.max_subscriptions,
             ..SessionConfig::default()
         };
-        let session = Session::new(7, session_config);
+        let mut session = Session::new(7, session_config);
+        if auth {
+            session = session.with_auth(auth_policy());
+        }
         Conn {
             push: PushConnection::new(proto, session, &Arc::new(config), now)
                 .expect("a valid config"),
@@ -304,6 +318,26 @@ impl Conn {
     }
 }
 
+/// The policy of a server with `[auth]`: two static tokens (see the module docs).
+fn auth_policy() -> AuthPolicy {
+    let config: AuthConfig = serde_json::from_str(
+        r#"{"tokens":[
+            {"token":"tok","user":"u",
+             "permissions":{"publish":{"allow":["obs","obs/>"],"deny":["obs/secret"]},
+                            "subscribe":{"allow":["obs","obs/*","$stats"]}},
+             "limits":{"max_subscriptions":3},
+             "rates":{"publish_messages_per_second":20}},
+            {"token":"t2","user":"v"}],
+           "max_connections_per_user":1}"#,
+    )
+    .expect("a valid [auth]");
+    let mut policy = AuthPolicy::new(Arc::new(
+        Authenticator::from_config(&config).expect("a valid authenticator"),
+    ));
+    policy.max_connections_per_user = config.max_connections_per_user;
+    policy
+}
+
 /// The client's bytes for `lines`, each sent as one message of the protocol.
 fn frame_lines(protocol: u8, body: &[u8], rng: &mut Rng) -> Vec<u8> {
     let mut stream = Vec::new();
@@ -359,6 +393,7 @@ pub(crate) fn check(data: &[u8]) {
     let limits = Limits::new(mode & 8 != 0);
     // 1 and 3: drop-newest and drop-oldest, which leave a push connection to the outbox.
     let disconnect = (mode >> 4) & 3 == 2;
+    let auth = mode & 0x40 != 0;
     let mut rng = Rng::new(u64::from(*seed));
     let stream = if mode & 4 != 0 {
         frame_lines(protocol, body, &mut rng)
@@ -371,7 +406,7 @@ pub(crate) fn check(data: &[u8]) {
     }
 
     let mut now = Instant::now();
-    let mut conn = Conn::new(protocol, limits, disconnect, stream.len(), now);
+    let mut conn = Conn::new(protocol, limits, disconnect, auth, stream.len(), now);
     let hub = Hub::new(
         powerhub::transport::SpySink::new(),
         HubOptions::default().driver(Driver::Manual),
