@@ -8,6 +8,9 @@
 //! static token's user, every publish checked against its permissions and the reserved
 //! reply types): the per-publish cost of `[auth]`.
 //!
+//! `ndjson_decode` is the NDJSON framing's share: one receive of 64 publish lines split into
+//! lines (per line).
+//!
 //! `cargo bench --bench parse -- --warm-up-time 1 --measurement-time 3`; the alternating
 //! measurement of `[auth]`'s cost alone: `cargo bench --bench parse -- alternating`.
 
@@ -56,6 +59,34 @@ fn bench(c: &mut Criterion) {
                 )
             });
         }
+    }
+    group.finish();
+}
+
+fn bench_ndjson(c: &mut Criterion) {
+    use powerhub::plugin::{ProtocolFactory, ProtocolOutput};
+    let mut group = c.benchmark_group("ndjson_decode");
+    const LINES: usize = 64;
+    group.throughput(Throughput::Elements(LINES as u64));
+    for size in [64usize, 1024] {
+        let mut receive = Vec::new();
+        for _ in 0..LINES {
+            receive.extend_from_slice(&line(size, false));
+            receive.push(b'\n');
+        }
+        let mut proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+        let mut out = ProtocolOutput::default();
+        group.bench_function(format!("{size}B"), |b| {
+            b.iter_batched_ref(
+                || bytes::BytesMut::from(&receive[..]),
+                |input| {
+                    out.events.clear();
+                    proto.decode(black_box(input), &mut out).unwrap();
+                    assert_eq!(out.events.len(), LINES);
+                },
+                BatchSize::SmallInput,
+            )
+        });
     }
     group.finish();
 }
@@ -152,7 +183,7 @@ fn auth_cost_alternating() {
     }
 }
 
-criterion_group!(benches, bench, bench_session);
+criterion_group!(benches, bench, bench_ndjson, bench_session);
 
 fn main() {
     benches();

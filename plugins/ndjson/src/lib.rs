@@ -75,10 +75,7 @@ impl StreamProtocol for NdjsonProtocol {
         loop {
             // A caller that handed a shorter buffer than last time restarts the scan.
             self.scanned = self.scanned.min(input.len());
-            let Some(pos) = input[self.scanned..]
-                .iter()
-                .position(|&b| b == b'\n')
-                .map(|p| p + self.scanned)
+            let Some(pos) = memchr::memchr(b'\n', &input[self.scanned..]).map(|p| p + self.scanned)
             else {
                 self.scanned = input.len();
                 // One byte of slack for a `\r` before the newline.
