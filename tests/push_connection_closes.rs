@@ -194,3 +194,66 @@ fn the_answer_to_a_peers_close_follows_what_was_encoded_before_it() {
     assert!(conn.is_written(), "the connection ends written in full");
     assert_eq!(conn.stats().queued, 0);
 }
+
+/// An NDJSON push connection subscribed to `s` (lines over 256 bytes cannot be framed).
+fn ndjson_subscribed(now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
+    let limits = ProtocolLimits::default().with_max_message_bytes(256);
+    let config = PushConfig::new(
+        PushLimits::default(),
+        OutboxConfig::default(),
+        Arc::new(PayloadFactory),
+    )
+    .expect("a valid config");
+    let mut conn = PushConnection::new(
+        powerhub_ndjson::NdjsonFactory.new_connection(&limits),
+        Session::new(1, SessionConfig::default()),
+        &Arc::new(config),
+        now,
+    )
+    .expect("a valid config");
+    conn.handle_input(b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n", now);
+    let mut sub = None;
+    while let Some(request) = conn.poll(now, SystemTime::now()) {
+        if let Request::Subscribe {
+            subscription_id, ..
+        } = request
+        {
+            sub = Some(subscription_id);
+            conn.subscribe_done(Ok(()), now);
+        }
+    }
+    let mut wire = Vec::new();
+    write(&mut conn, &mut wire, usize::MAX, now);
+    (conn, sub.expect("a subscribe request"), wire)
+}
+
+#[test]
+fn a_line_too_long_to_frame_gets_the_final_error_after_what_was_encoded_and_nothing_after_it() {
+    let now = Instant::now();
+    let (mut conn, sub, mut wire) = ndjson_subscribed(now);
+    conn.deliver_lines(&sub, line(1), now);
+    assert_eq!(
+        write(&mut conn, &mut wire, 0, now),
+        0,
+        "the socket took none"
+    );
+    conn.deliver_lines(&sub, line(2), now);
+    let mut long = br#"{"type":"ping","pad":""#.to_vec();
+    long.extend(std::iter::repeat_n(b'x', 400));
+    long.extend_from_slice(b"\"}\n");
+    conn.handle_input(&long, now);
+    while conn.poll(now, SystemTime::now()).is_some() {}
+    assert_eq!(conn.state(), PushState::Closing);
+    drain(&mut conn, &mut wire, now);
+    let text = String::from_utf8(wire).expect("UTF-8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    assert!(lines[0].contains(r#""type":"subscribed""#), "{text}");
+    assert!(lines[1].contains(r#""n":1"#), "{text}");
+    assert!(
+        lines[2].contains(r#""code":"limit_exceeded""#) && lines[2].contains("max_message_bytes"),
+        "the final error is last: {text}"
+    );
+    assert!(conn.is_written());
+    assert_eq!(conn.stats().queued, 0);
+}

@@ -67,6 +67,9 @@ pub(crate) struct Ending {
     /// The close code still to be framed once everything is written (set when the error was
     /// queued on a ready protocol).
     pub(crate) close_code: Option<u16>,
+    /// The protocol said its last words already (a decode error's final error, or close frame,
+    /// in the urgent bytes): they follow what the outbox encoded, and nothing follows them.
+    pub(crate) said_by_protocol: bool,
     /// Subscriptions the connection held when the close began.
     pub(crate) subscriptions: usize,
 }
@@ -87,6 +90,7 @@ impl Ending {
             request_id: None,
             in_order: false,
             close_code: None,
+            said_by_protocol: false,
             subscriptions: 0,
         }
     }
@@ -135,6 +139,13 @@ impl Ending {
     /// can be written any more. `reason` names it in the log, `detail` adds to it.
     pub(crate) fn unsaid(reason: &'static str, detail: String) -> Ending {
         Ending::new(reason, None, detail)
+    }
+
+    /// The protocol said the close itself: its final error or close frame is in the urgent
+    /// bytes (a decode error).
+    pub(crate) fn said_by_protocol(mut self) -> Ending {
+        self.said_by_protocol = true;
+        self
     }
 
     /// The error answers the request `id`.

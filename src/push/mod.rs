@@ -773,7 +773,7 @@ impl PushConnection {
             }
             _ => "protocol_error",
         };
-        Some(Ending::unsaid(reason, e.to_string()))
+        Some(Ending::unsaid(reason, e.to_string()).said_by_protocol())
     }
 
     /// The input is handled: the first-message deadline is met if it held a message; the event
@@ -1129,10 +1129,11 @@ impl PushConnection {
                 }
             }
         }
-        if !self.proto.is_ready() {
-            // The protocol carries no more data (it failed, answered the peer's close, or never
-            // finished its handshake): nothing queued can be framed any more. What it encoded
-            // while open is still written, ahead of what the protocol said on closing.
+        if ending.said_by_protocol || !self.proto.is_ready() {
+            // The protocol said its last words (a decode error's final error or close frame),
+            // or carries no more data (it answered the peer's close, or never finished its
+            // handshake): nothing queued may follow. What the outbox encoded is still written,
+            // ahead of those words.
             self.discard_queued();
         }
         self.ending = Some(Box::new(ending));
@@ -1264,9 +1265,10 @@ impl PushConnection {
         // Urgent bytes go first at a message boundary of the outbox's stream, and whenever an
         // urgent message is half written (it was begun at such a boundary; the outbox wrote
         // nothing since).
-        // A protocol that stopped carrying data (it failed or answered a close) said so in
-        // urgent bytes, which follow what the outbox encoded while it was open.
-        let proto_done = !self.proto.is_ready() && self.outbox.unsent_bytes() > 0;
+        // A protocol that said its last words (a decode error) or stopped carrying data (it
+        // answered a close) said so in urgent bytes, which follow what the outbox encoded.
+        let said = self.ending.as_deref().is_some_and(|e| e.said_by_protocol);
+        let proto_done = (said || !self.proto.is_ready()) && self.outbox.unsent_bytes() > 0;
         let at_boundary = self.urgent.is_partial() || !(self.outbox_mid || proto_done);
         let mut urgent = 0;
         if at_boundary {

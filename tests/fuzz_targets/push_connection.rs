@@ -485,6 +485,20 @@ pub(crate) fn check(data: &[u8]) {
     hub.close();
 
     let messages = wire_messages(protocol, &conn.wire, drained);
+    // A connection that closed on a decode error ends with the protocol's final error (on
+    // WebSocket its close frame, checked with the frames): nothing follows it.
+    let decode_error = matches!(
+        conn.push.close_reason(),
+        Some("max_message_bytes" | "protocol_error")
+    );
+    if decode_error && protocol != 1 && conn.push.is_written() {
+        let last = messages.last().expect("the final error was written");
+        assert!(
+            is_error(last),
+            "the final error is not last: {:?}",
+            String::from_utf8_lossy(last)
+        );
+    }
     for m in &messages {
         assert!(
             is_json_object(m),
@@ -497,6 +511,11 @@ pub(crate) fn check(data: &[u8]) {
             String::from_utf8_lossy(m)
         );
     }
+}
+
+/// Whether `m` is an `error` message.
+fn is_error(m: &[u8]) -> bool {
+    serde_json::from_slice::<serde_json::Value>(m).is_ok_and(|v| v["type"] == "error")
 }
 
 /// The `ndjson` framing splits the same lines off however the bytes arrive; a line over the
