@@ -257,3 +257,42 @@ fn a_line_too_long_to_frame_gets_the_final_error_after_what_was_encoded_and_noth
     assert!(conn.is_written());
     assert_eq!(conn.stats().queued, 0);
 }
+
+#[test]
+fn the_upgrade_response_still_goes_first_when_the_next_message_is_refused() {
+    let now = Instant::now();
+    let limits = ProtocolLimits::default().with_max_message_bytes(256);
+    let factory = WebSocketFactory::new(WebSocketConfig::default()).expect("a valid config");
+    let config = PushConfig::new(
+        PushLimits::default(),
+        OutboxConfig::default(),
+        Arc::new(PayloadFactory),
+    )
+    .expect("a valid config");
+    let mut conn = PushConnection::new(
+        factory.new_connection(&limits),
+        Session::new(1, SessionConfig::default()),
+        &Arc::new(config),
+        now,
+    )
+    .expect("a valid config");
+    let mut input = HANDSHAKE.to_vec();
+    input.extend(client_frame(1, br#"{"type":"ping","id":1}"#));
+    conn.handle_input(&input, now);
+    while conn.poll(now, SystemTime::now()).is_some() {}
+    // The upgrade response and the pong are offered; the socket takes none of them.
+    let mut wire = Vec::new();
+    assert_eq!(write(&mut conn, &mut wire, 0, now), 0);
+    let oversized = format!(r#"{{"type":"ping","pad":"{}"}}"#, "x".repeat(300));
+    conn.handle_input(&client_frame(1, oversized.as_bytes()), now);
+    while conn.poll(now, SystemTime::now()).is_some() {}
+    drain(&mut conn, &mut wire, now);
+    assert!(wire.starts_with(b"HTTP/1.1 101 "), "the upgrade first");
+    let frames = server_frames(&wire);
+    let texts = texts(&frames);
+    assert_eq!(texts.len(), 2, "{texts:?}");
+    assert!(texts[0].contains(r#""type":"pong""#), "{texts:?}");
+    assert!(texts[1].contains("max_message_bytes"), "{texts:?}");
+    assert_eq!(frames.last().map(|f| f.0), Some(8), "the close frame last");
+    assert!(conn.is_written());
+}

@@ -67,9 +67,12 @@ pub(crate) struct Ending {
     /// The close code still to be framed once everything is written (set when the error was
     /// queued on a ready protocol).
     pub(crate) close_code: Option<u16>,
-    /// The protocol said its last words already (a decode error's final error, or close frame,
-    /// in the urgent bytes): they follow what the outbox encoded, and nothing follows them.
+    /// The protocol said the close itself (a decode error's final error or close frame, or
+    /// its answer to the peer's close): nothing queued may follow.
     pub(crate) said_by_protocol: bool,
+    /// What the protocol said on closing, written once everything framed before it is (then
+    /// nothing more).
+    pub(crate) last_words: Vec<Bytes>,
     /// Subscriptions the connection held when the close began.
     pub(crate) subscriptions: usize,
 }
@@ -91,6 +94,7 @@ impl Ending {
             in_order: false,
             close_code: None,
             said_by_protocol: false,
+            last_words: Vec::new(),
             subscriptions: 0,
         }
     }
@@ -141,10 +145,11 @@ impl Ending {
         Ending::new(reason, None, detail)
     }
 
-    /// The protocol said the close itself: its final error or close frame is in the urgent
-    /// bytes (a decode error).
-    pub(crate) fn said_by_protocol(mut self) -> Ending {
+    /// The protocol said the close itself, in `words` (its final error or close frame): they
+    /// go after what was framed before them, and nothing queued follows.
+    pub(crate) fn said_by_protocol(mut self, words: Vec<Bytes>) -> Ending {
         self.said_by_protocol = true;
+        self.last_words = words;
         self
     }
 

@@ -469,6 +469,9 @@ struct Input {
     error: Option<ProtocolError>,
     /// A request of the input waiting for its answer.
     pending: Option<Pending>,
+    /// What the protocol said when its decode failed or it answered the peer's close (its
+    /// final error, close frame): held for the close, which writes it last.
+    last_words: Vec<Bytes>,
 }
 
 impl Input {
@@ -635,7 +638,18 @@ impl PushConnection {
             input.buf = BytesMut::from(&input.buf[..]);
         }
         if !input.output.urgent.is_empty() {
-            self.urgent.push(input.output.urgent.split().freeze());
+            let words = input.output.urgent.split().freeze();
+            // A decode that failed, or that read the peer's close, ends with the protocol's
+            // last words: they wait for the close, behind what is framed before them.
+            let last = result.is_err()
+                || input.output.events[input.next_event..]
+                    .iter()
+                    .any(|e| matches!(e, Inbound::Close { .. }));
+            if last {
+                input.last_words.push(words);
+            } else {
+                self.urgent.push(words);
+            }
         }
         // A message meets the first-message deadline (once the connection authenticated, where
         // the server requires it); a keepalive pong does not.
@@ -751,9 +765,15 @@ impl PushConnection {
                     }
                 }
                 Inbound::Close { code, reason } => {
-                    // The protocol queued its answer (a WebSocket close reply).
+                    // The protocol's answer (a WebSocket close reply) goes last.
                     let detail = format!("close code {code}: {reason}");
-                    self.close(Ending::unsaid("peer_closed", detail), now);
+                    let words = self
+                        .input
+                        .as_deref_mut()
+                        .map(|i| std::mem::take(&mut i.last_words))
+                        .unwrap_or_default();
+                    let ending = Ending::unsaid("peer_closed", detail).said_by_protocol(words);
+                    self.close(ending, now);
                 }
                 _ => {}
             }
@@ -764,7 +784,9 @@ impl PushConnection {
     /// a limit error when it was over a limit). The protocol said it (its final error or close
     /// frame is in the urgent bytes); the log names the limit when one was exceeded.
     fn count_decode_error(&mut self) -> Option<Ending> {
-        let e = self.input.as_deref_mut()?.error.take()?;
+        let input = self.input.as_deref_mut()?;
+        let e = input.error.take()?;
+        let words = std::mem::take(&mut input.last_words);
         self.protocol_errors = self.protocol_errors.saturating_add(1);
         let reason = match e {
             ProtocolError::TooLarge { limit_name, .. } => {
@@ -773,7 +795,7 @@ impl PushConnection {
             }
             _ => "protocol_error",
         };
-        Some(Ending::unsaid(reason, e.to_string()).said_by_protocol())
+        Some(Ending::unsaid(reason, e.to_string()).said_by_protocol(words))
     }
 
     /// The input is handled: the first-message deadline is met if it held a message; the event
@@ -1254,6 +1276,12 @@ impl PushConnection {
             return None;
         }
         if self.state == PushState::Closing && self.queues_empty() {
+            if let Some(ending) = self.ending.as_deref_mut() {
+                // The protocol's last words, once everything before them is written.
+                for words in ending.last_words.drain(..) {
+                    self.urgent.push(words);
+                }
+            }
             if let Some(code) = self.ending.as_deref_mut().and_then(|e| e.close_code.take()) {
                 let reason = self.ending.as_deref().map_or("", |e| e.detail.as_str());
                 let mut buf = BytesMut::new();
@@ -1265,29 +1293,20 @@ impl PushConnection {
         // Urgent bytes go first at a message boundary of the outbox's stream, and whenever an
         // urgent message is half written (it was begun at such a boundary; the outbox wrote
         // nothing since).
-        // A protocol that said its last words (a decode error) or stopped carrying data (it
-        // answered a close) said so in urgent bytes, which follow what the outbox encoded.
-        let said = self.ending.as_deref().is_some_and(|e| e.said_by_protocol);
-        let proto_done = (said || !self.proto.is_ready()) && self.outbox.unsent_bytes() > 0;
-        let at_boundary = self.urgent.is_partial() || !(self.outbox_mid || proto_done);
+        let at_boundary = !self.outbox_mid || self.urgent.is_partial();
         let mut urgent = 0;
         if at_boundary {
-            // Behind a protocol that is done, only the half-written urgent message goes first.
-            let max = if proto_done { 1 } else { max_chunks };
-            urgent = self.urgent.prepare(out, max);
+            urgent = self.urgent.prepare(out, max_chunks);
         }
         let room = max_chunks - (out.len() - start);
         // The outbox's bytes go to a ready protocol only (a WebSocket after its handshake), and
-        // what it encoded before the protocol was done.
-        let outbox_turn = !(at_boundary && proto_done);
-        let outbox =
-            if room > 0 && outbox_turn && (self.proto.is_ready() || self.outbox.unsent_bytes() > 0)
-            {
-                self.outbox
-                    .poll_transmit_max(self.proto.as_mut(), out, now, room)
-            } else {
-                0
-            };
+        // what it framed before the protocol stopped.
+        let outbox = if room > 0 && (self.proto.is_ready() || self.outbox.unsent_bytes() > 0) {
+            self.outbox
+                .poll_transmit_max(self.proto.as_mut(), out, now, room)
+        } else {
+            0
+        };
         if !at_boundary && outbox > 0 && outbox == self.outbox.unsent_bytes() {
             // Mid-message: urgent bytes follow only an offer that ends the outbox's stream
             // (everything it encoded ends at a message boundary). An outbox that waits for the
@@ -1501,7 +1520,7 @@ impl PushConnection {
             && self
                 .ending
                 .as_deref()
-                .is_none_or(|e| e.close_code.is_none())
+                .is_none_or(|e| e.close_code.is_none() && e.last_words.is_empty())
     }
 
     /// Whether the urgent lane and the outbox hold nothing to write.
