@@ -296,3 +296,53 @@ fn the_upgrade_response_still_goes_first_when_the_next_message_is_refused() {
     assert_eq!(frames.last().map(|f| f.0), Some(8), "the close frame last");
     assert!(conn.is_written());
 }
+
+#[test]
+fn the_answer_to_a_peers_close_is_written_when_an_earlier_command_of_the_same_read_closes() {
+    let now = Instant::now();
+    let factory = WebSocketFactory::new(WebSocketConfig::default()).expect("a valid config");
+    let config = PushConfig::new(
+        PushLimits::default(),
+        OutboxConfig::default(),
+        Arc::new(PayloadFactory),
+    )
+    .expect("a valid config");
+    let session = Session::new(
+        1,
+        SessionConfig {
+            max_subscriptions: 1,
+            ..SessionConfig::default()
+        },
+    );
+    let mut conn = PushConnection::new(
+        factory.new_connection(&ProtocolLimits::default()),
+        session,
+        &Arc::new(config),
+        now,
+    )
+    .expect("a valid config");
+    let mut input = HANDSHAKE.to_vec();
+    input.extend(client_frame(
+        1,
+        br#"{"type":"subscribe","id":1,"stream":"a"}"#,
+    ));
+    input.extend(client_frame(
+        1,
+        br#"{"type":"subscribe","id":2,"stream":"b"}"#,
+    ));
+    input.extend(client_frame(8, &1000u16.to_be_bytes()));
+    conn.handle_input(&input, now);
+    while let Some(request) = conn.poll(now, SystemTime::now()) {
+        if let Request::Subscribe { .. } = request {
+            conn.subscribe_done(Ok(()), now);
+        }
+    }
+    assert_eq!(conn.state(), PushState::Closing);
+    let mut wire = Vec::new();
+    drain(&mut conn, &mut wire, now);
+    let frames = server_frames(&wire);
+    let (last_op, last) = frames.last().expect("frames");
+    assert_eq!(*last_op, 8, "a close frame ends the stream: {frames:?}");
+    assert_eq!(u16::from_be_bytes([last[0], last[1]]), 1000);
+    assert!(conn.is_written());
+}

@@ -145,11 +145,10 @@ impl Ending {
         Ending::new(reason, None, detail)
     }
 
-    /// The protocol said the close itself, in `words` (its final error or close frame): they
-    /// go after what was framed before them, and nothing queued follows.
-    pub(crate) fn said_by_protocol(mut self, words: Vec<Bytes>) -> Ending {
+    /// The protocol said the close itself (its final error or close frame, which the close
+    /// takes as its last words): nothing queued follows.
+    pub(crate) fn said_by_protocol(mut self) -> Ending {
         self.said_by_protocol = true;
-        self.last_words = words;
         self
     }
 

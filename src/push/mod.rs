@@ -767,12 +767,7 @@ impl PushConnection {
                 Inbound::Close { code, reason } => {
                     // The protocol's answer (a WebSocket close reply) goes last.
                     let detail = format!("close code {code}: {reason}");
-                    let words = self
-                        .input
-                        .as_deref_mut()
-                        .map(|i| std::mem::take(&mut i.last_words))
-                        .unwrap_or_default();
-                    let ending = Ending::unsaid("peer_closed", detail).said_by_protocol(words);
+                    let ending = Ending::unsaid("peer_closed", detail).said_by_protocol();
                     self.close(ending, now);
                 }
                 _ => {}
@@ -784,9 +779,7 @@ impl PushConnection {
     /// a limit error when it was over a limit). The protocol said it (its final error or close
     /// frame is in the urgent bytes); the log names the limit when one was exceeded.
     fn count_decode_error(&mut self) -> Option<Ending> {
-        let input = self.input.as_deref_mut()?;
-        let e = input.error.take()?;
-        let words = std::mem::take(&mut input.last_words);
+        let e = self.input.as_deref_mut()?.error.take()?;
         self.protocol_errors = self.protocol_errors.saturating_add(1);
         let reason = match e {
             ProtocolError::TooLarge { limit_name, .. } => {
@@ -795,7 +788,7 @@ impl PushConnection {
             }
             _ => "protocol_error",
         };
-        Some(Ending::unsaid(reason, e.to_string()).said_by_protocol(words))
+        Some(Ending::unsaid(reason, e.to_string()).said_by_protocol())
     }
 
     /// The input is handled: the first-message deadline is met if it held a message; the event
@@ -1150,6 +1143,11 @@ impl PushConnection {
                     self.urgent.push(buf.freeze());
                 }
             }
+        }
+        // What the protocol said on stopping (a decode's final error or close frame, its answer
+        // to the peer's close) goes last, whatever closes the connection.
+        if let Some(input) = self.input.as_deref_mut() {
+            ending.last_words.append(&mut input.last_words);
         }
         if ending.said_by_protocol || !self.proto.is_ready() {
             // The protocol said its last words (a decode error's final error or close frame),
