@@ -1647,6 +1647,7 @@ impl PushConnection {
                 && i.output.events.is_empty()
                 && i.error.is_none()
                 && i.pending.is_none()
+                && i.last_words.is_empty()
         }) {
             self.input = None;
         }
