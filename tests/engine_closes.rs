@@ -522,3 +522,44 @@ fn one_frame_of_many_commands_is_stopped_at_max_outbox_bytes() {
         );
     });
 }
+
+#[test]
+fn a_final_error_for_a_line_too_long_comes_after_the_backlog_and_nothing_follows_it() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.engine.shards = 1;
+        config.limits.max_message_bytes = 4096;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        c.subscribe("feed");
+        // A backlog the socket cannot take at once: about 12 MB to a client that does not read.
+        const MESSAGES: u64 = 3000;
+        for seq in 0..MESSAGES {
+            publish(&server.engine, "feed", seq, 4096);
+        }
+        eventually("the shard fanned the backlog out", || {
+            server.engine.hub().stats().delivered >= MESSAGES
+        });
+        let mut long = br#"{"type":"ping","pad":""#.to_vec();
+        long.extend(std::iter::repeat_n(b'x', 5000));
+        long.extend_from_slice(b"\"}\n");
+        c.send_raw(&long);
+        let rest = c.rest();
+        let text = String::from_utf8(rest).expect("UTF-8");
+        let lines: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("JSON lines"))
+            .filter(|v: &Value| v["type"] != "ping")
+            .collect();
+        let (last, ticks) = lines.split_last().expect("the final error");
+        assert_limit_error(last, "max_message_bytes");
+        // Before it, a prefix of the backlog, in order, and nothing else.
+        for (i, t) in ticks.iter().enumerate() {
+            assert_eq!(
+                t["type"], "tick",
+                "only deliveries before the final error: {t}"
+            );
+            assert_eq!(t["seq"], i as u64, "in order, none missing");
+        }
+    });
+}
