@@ -563,3 +563,36 @@ fn a_final_error_for_a_line_too_long_comes_after_the_backlog_and_nothing_follows
         }
     });
 }
+
+#[test]
+fn the_answer_to_a_websocket_clients_close_follows_the_backlog_and_no_data_frame_follows_it() {
+    on_both_backends(|backend| {
+        let mut c = config(backend);
+        c.engine.shards = 1;
+        let server = serve(c);
+        let mut ws = Ws::upgrade(server.websocket);
+        let ok = ws.request(r#"{"type":"subscribe","id":"a","stream":"feed"}"#);
+        assert_eq!(ok["type"], "subscribed", "{ok}");
+        // A backlog the socket cannot take at once, then the client's close frame (code 1000).
+        const MESSAGES: u64 = 3000;
+        for seq in 0..MESSAGES {
+            publish(&server.engine, "feed", seq, 4096);
+        }
+        eventually("the shard fanned the backlog out", || {
+            server.engine.hub().stats().delivered >= MESSAGES
+        });
+        let key = [9u8, 8, 7, 6];
+        let mut close = vec![0x80 | OP_CLOSE, 0x82];
+        close.extend_from_slice(&key);
+        close.extend(1000u16.to_be_bytes().iter().zip(key).map(|(b, k)| b ^ k));
+        ws.s.write_all(&close).unwrap();
+        let (texts, code, _) = ws.until_close();
+        assert_eq!(code, 1000, "the client's code echoed");
+        // Before it, a prefix of the backlog in order; after it, the end of the stream.
+        for (i, t) in texts.iter().enumerate() {
+            assert_eq!(t["type"], "tick", "{t}");
+            assert_eq!(t["seq"], i as u64, "in order, none missing");
+        }
+        assert!(ws.frame().is_none(), "no frame after the close reply");
+    });
+}
