@@ -515,7 +515,7 @@ pub(crate) fn check(data: &[u8]) {
 
 /// Whether `m` is an `error` message.
 fn is_error(m: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(m).is_ok_and(|v| v["type"] == "error")
+    message_type(m).is_some_and(|t| t == "error")
 }
 
 /// The `ndjson` framing splits the same lines off however the bytes arrive; a line over the
@@ -556,11 +556,40 @@ fn ndjson_splits(stream: &[u8], max_line: usize, rng: &mut Rng) {
 
 /// A message of a type the server sends.
 fn is_server_message(m: &[u8]) -> bool {
-    serde_json::from_slice::<serde_json::Value>(m).is_ok_and(|v| {
-        v["type"]
-            .as_str()
-            .is_some_and(|t| SERVER_TYPES.contains(&t))
-    })
+    message_type(m).is_some_and(|t| SERVER_TYPES.contains(&t.as_str()))
+}
+
+/// The string `type` of the JSON object `m`. Its other members are skipped, not converted: an
+/// id the server echoes as sent may be any valid JSON number (`2e2222`, 400 digits), which
+/// `serde_json::Value` cannot hold.
+fn message_type(m: &[u8]) -> Option<String> {
+    struct TypeOf;
+    impl<'de> serde::de::Visitor<'de> for TypeOf {
+        type Value = Option<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut map: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut kind = None;
+            while let Some(key) = map.next_key::<String>()? {
+                if key == "type" {
+                    kind = Some(map.next_value::<String>()?);
+                } else {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+            Ok(kind)
+        }
+    }
+    let mut de = serde_json::Deserializer::from_slice(m);
+    let kind = serde::Deserializer::deserialize_map(&mut de, TypeOf).ok()?;
+    de.end().ok()?;
+    kind
 }
 
 /// The JSON messages of what the socket took, framed as `protocol` frames them (a WebSocket's
