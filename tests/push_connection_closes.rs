@@ -53,36 +53,36 @@ fn server_frames(wire: &[u8]) -> Vec<(u8, Vec<u8>)> {
     frames
 }
 
-/// A WebSocket push connection past its handshake, subscribed to `s`, with its subscription id.
-fn subscribed(now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
-    let limits = ProtocolLimits::default().with_max_message_bytes(256);
-    let factory = WebSocketFactory::new(WebSocketConfig::default()).expect("a valid config");
+/// A push connection over WebSocket (else NDJSON) whose protocol reads messages of up to
+/// `max_message` bytes, with a session of `session`.
+fn connection(
+    websocket: bool,
+    max_message: usize,
+    session: SessionConfig,
+    now: Instant,
+) -> PushConnection {
+    let limits = ProtocolLimits::default().with_max_message_bytes(max_message);
+    let proto = if websocket {
+        WebSocketFactory::new(WebSocketConfig::default())
+            .expect("a valid config")
+            .new_connection(&limits)
+    } else {
+        powerhub_ndjson::NdjsonFactory.new_connection(&limits)
+    };
     let config = PushConfig::new(
         PushLimits::default(),
         OutboxConfig::default(),
         Arc::new(PayloadFactory),
     )
     .expect("a valid config");
-    let session = Session::new(
-        1,
-        SessionConfig {
-            max_line_bytes: 256,
-            ..SessionConfig::default()
-        },
-    );
-    let mut conn = PushConnection::new(
-        factory.new_connection(&limits),
-        session,
-        &Arc::new(config),
-        now,
-    )
-    .expect("a valid config");
-    let mut input = HANDSHAKE.to_vec();
-    input.extend(client_frame(
-        1,
-        br#"{"type":"subscribe","id":1,"stream":"s"}"#,
-    ));
-    conn.handle_input(&input, now);
+    PushConnection::new(proto, Session::new(1, session), &Arc::new(config), now)
+        .expect("a valid config")
+}
+
+/// Hands `input` to the connection and answers its requests (every subscribe succeeds);
+/// the last subscription's id.
+fn feed(conn: &mut PushConnection, input: &[u8], now: Instant) -> Option<Arc<str>> {
+    conn.handle_input(input, now);
     let mut sub = None;
     while let Some(request) = conn.poll(now, SystemTime::now()) {
         match request {
@@ -96,6 +96,22 @@ fn subscribed(now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
             other => panic!("unexpected request {other:?}"),
         }
     }
+    sub
+}
+
+/// A WebSocket push connection past its handshake, subscribed to `s`, with its subscription id.
+fn subscribed(now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
+    let session = SessionConfig {
+        max_line_bytes: 256,
+        ..SessionConfig::default()
+    };
+    let mut conn = connection(true, 256, session, now);
+    let mut input = HANDSHAKE.to_vec();
+    input.extend(client_frame(
+        1,
+        br#"{"type":"subscribe","id":1,"stream":"s"}"#,
+    ));
+    let sub = feed(&mut conn, &input, now);
     let mut wire = Vec::new();
     write(&mut conn, &mut wire, usize::MAX, now);
     (conn, sub.expect("a subscribe request"), wire)
@@ -197,31 +213,12 @@ fn the_answer_to_a_peers_close_follows_what_was_encoded_before_it() {
 
 /// An NDJSON push connection subscribed to `s` (lines over 256 bytes cannot be framed).
 fn ndjson_subscribed(now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
-    let limits = ProtocolLimits::default().with_max_message_bytes(256);
-    let config = PushConfig::new(
-        PushLimits::default(),
-        OutboxConfig::default(),
-        Arc::new(PayloadFactory),
-    )
-    .expect("a valid config");
-    let mut conn = PushConnection::new(
-        powerhub_ndjson::NdjsonFactory.new_connection(&limits),
-        Session::new(1, SessionConfig::default()),
-        &Arc::new(config),
+    let mut conn = connection(false, 256, SessionConfig::default(), now);
+    let sub = feed(
+        &mut conn,
+        b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n",
         now,
-    )
-    .expect("a valid config");
-    conn.handle_input(b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n", now);
-    let mut sub = None;
-    while let Some(request) = conn.poll(now, SystemTime::now()) {
-        if let Request::Subscribe {
-            subscription_id, ..
-        } = request
-        {
-            sub = Some(subscription_id);
-            conn.subscribe_done(Ok(()), now);
-        }
-    }
+    );
     let mut wire = Vec::new();
     write(&mut conn, &mut wire, usize::MAX, now);
     (conn, sub.expect("a subscribe request"), wire)
@@ -261,25 +258,10 @@ fn a_line_too_long_to_frame_gets_the_final_error_after_what_was_encoded_and_noth
 #[test]
 fn the_upgrade_response_still_goes_first_when_the_next_message_is_refused() {
     let now = Instant::now();
-    let limits = ProtocolLimits::default().with_max_message_bytes(256);
-    let factory = WebSocketFactory::new(WebSocketConfig::default()).expect("a valid config");
-    let config = PushConfig::new(
-        PushLimits::default(),
-        OutboxConfig::default(),
-        Arc::new(PayloadFactory),
-    )
-    .expect("a valid config");
-    let mut conn = PushConnection::new(
-        factory.new_connection(&limits),
-        Session::new(1, SessionConfig::default()),
-        &Arc::new(config),
-        now,
-    )
-    .expect("a valid config");
+    let mut conn = connection(true, 256, SessionConfig::default(), now);
     let mut input = HANDSHAKE.to_vec();
     input.extend(client_frame(1, br#"{"type":"ping","id":1}"#));
-    conn.handle_input(&input, now);
-    while conn.poll(now, SystemTime::now()).is_some() {}
+    feed(&mut conn, &input, now);
     // The upgrade response and the pong are offered; the socket takes none of them.
     let mut wire = Vec::new();
     assert_eq!(write(&mut conn, &mut wire, 0, now), 0);
@@ -300,27 +282,16 @@ fn the_upgrade_response_still_goes_first_when_the_next_message_is_refused() {
 #[test]
 fn the_answer_to_a_peers_close_is_written_when_an_earlier_command_of_the_same_read_closes() {
     let now = Instant::now();
-    let factory = WebSocketFactory::new(WebSocketConfig::default()).expect("a valid config");
-    let config = PushConfig::new(
-        PushLimits::default(),
-        OutboxConfig::default(),
-        Arc::new(PayloadFactory),
-    )
-    .expect("a valid config");
-    let session = Session::new(
-        1,
-        SessionConfig {
-            max_subscriptions: 1,
-            ..SessionConfig::default()
-        },
-    );
-    let mut conn = PushConnection::new(
-        factory.new_connection(&ProtocolLimits::default()),
+    let session = SessionConfig {
+        max_subscriptions: 1,
+        ..SessionConfig::default()
+    };
+    let mut conn = connection(
+        true,
+        ProtocolLimits::default().max_message_bytes,
         session,
-        &Arc::new(config),
         now,
-    )
-    .expect("a valid config");
+    );
     let mut input = HANDSHAKE.to_vec();
     input.extend(client_frame(
         1,
@@ -331,12 +302,7 @@ fn the_answer_to_a_peers_close_is_written_when_an_earlier_command_of_the_same_re
         br#"{"type":"subscribe","id":2,"stream":"b"}"#,
     ));
     input.extend(client_frame(8, &1000u16.to_be_bytes()));
-    conn.handle_input(&input, now);
-    while let Some(request) = conn.poll(now, SystemTime::now()) {
-        if let Request::Subscribe { .. } = request {
-            conn.subscribe_done(Ok(()), now);
-        }
-    }
+    feed(&mut conn, &input, now);
     assert_eq!(conn.state(), PushState::Closing);
     let mut wire = Vec::new();
     drain(&mut conn, &mut wire, now);
