@@ -26,6 +26,7 @@ mod load;
 mod payload;
 mod procfs;
 mod report;
+mod rtt;
 mod scenarios;
 mod systems;
 mod tls;
@@ -95,6 +96,12 @@ struct Args {
     /// fanout: payload sizes in bytes.
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<usize>>,
+    /// rtt: round trips per block (default 2000; 200 in quick mode); --repeat K runs 2K blocks.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    rtt_samples: Option<u64>,
+    /// latency: subscribers (default 100; 10 in quick mode).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    latency_subs: Option<u64>,
     /// latency: offered rates as fractions of the slowest system's fanout maximum.
     #[arg(long, value_delimiter = ',')]
     rates: Option<Vec<f64>>,
@@ -418,7 +425,12 @@ fn run(args: Args) -> io::Result<ExitCode> {
             .sizes
             .clone()
             .unwrap_or(if quick { vec![64] } else { vec![64, 1024] }),
-        latency_subs: if quick { 10 } else { 100 },
+        rtt_samples: args
+            .rtt_samples
+            .map_or(if quick { 200 } else { 2000 }, |n| n as usize),
+        latency_subs: args
+            .latency_subs
+            .map_or(if quick { 10 } else { 100 }, |n| n as usize),
         latency_fractions: args.rates.clone().unwrap_or(if quick {
             vec![0.5]
         } else {

@@ -20,9 +20,10 @@ use crate::systems::powerhub::Flavor;
 use crate::systems::{Policy, SystemKind, Target};
 
 /// The scenario names, in run order.
-pub(crate) const NAMES: [&str; 7] = [
+pub(crate) const NAMES: [&str; 8] = [
     "fanout",
     "latency",
+    "rtt",
     "slow-consumer",
     "screens",
     "idle-connections",
@@ -52,6 +53,8 @@ pub(crate) struct Ctx {
     pub(crate) measure: Duration,
     pub(crate) fanout_subs: Vec<usize>,
     pub(crate) sizes: Vec<usize>,
+    /// rtt: round trips per block.
+    pub(crate) rtt_samples: usize,
     pub(crate) latency_subs: usize,
     pub(crate) latency_fractions: Vec<f64>,
     pub(crate) slow_subs: usize,
@@ -403,6 +406,7 @@ pub(crate) fn run(ctx: &Ctx, name: &str) -> io::Result<Scenario> {
     match name {
         "fanout" => fanout(ctx),
         "latency" => latency(ctx),
+        "rtt" => crate::rtt::run(ctx),
         "slow-consumer" => slow_consumer(ctx),
         "screens" => screens(ctx),
         "idle-connections" => idle(ctx),

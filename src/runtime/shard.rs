@@ -306,9 +306,12 @@ fn looks_like_tls(data: &[u8]) -> bool {
 /// `t` in milliseconds since `epoch` (0 before it): a connection's timestamps in 8 bytes.
 /// Whether a pass that started `sends` sends of `bytes` bytes in all is followed by the quiet
 /// `gap` (`engine.turn_gap_us`): only when they were small on average, the case where each
-/// segment costs the server and its readers more than its bytes do.
-fn wants_gap(sends: usize, bytes: usize, gap: Duration) -> bool {
-    !gap.is_zero() && sends > 0 && bytes < SMALL_SEND_BYTES * sends
+/// segment costs the server and its readers more than its bytes do, and only while the shard is
+/// busy: the pass began within `gap / 2` of the end of the previous pass that sent (or of the
+/// gap that followed it), `idle_before`. A publication that finds the shard idle is sent at
+/// once (an unloaded round trip pays no gap); under load the gap gathers what comes next.
+fn wants_gap(sends: usize, bytes: usize, gap: Duration, idle_before: Duration) -> bool {
+    !gap.is_zero() && sends > 0 && bytes < SMALL_SEND_BYTES * sends && idle_before < gap / 2
 }
 
 fn millis(epoch: Instant, t: Instant) -> u64 {
@@ -355,6 +358,9 @@ pub(crate) struct Shard<B: Backend> {
     pass_bytes: usize,
     /// The next fan-out (and hub turn) waits until then (see `engine.turn_gap_us`).
     quiet_until: Option<Instant>,
+    /// When the last pass that sent ended, or the gap that followed it: a pass that begins
+    /// within half a gap of it finds the shard busy (see [`wants_gap`]).
+    last_sent: Option<Instant>,
     /// The subscriptions of this shard's connections, by topic.
     fanout: Fanout,
     /// Scratch: the entries taken from one topic.
@@ -387,6 +393,7 @@ impl<B: Backend> Shard<B> {
             pass_sends: 0,
             pass_bytes: 0,
             quiet_until: None,
+            last_sent: None,
             fanout,
             taken: Vec::new(),
         }
@@ -421,12 +428,20 @@ impl<B: Backend> Shard<B> {
             }
             self.drain_queue();
             self.flush_writes();
-            if wants_gap(self.pass_sends, self.pass_bytes, gap) {
-                // Many small segments: the next fan-out waits `gap` after these sends end (so
-                // they run now: io_uring runs sends at submission), and what is published
-                // meanwhile goes out in fewer, larger ones.
-                self.backend.submit();
-                self.quiet_until = Some(Instant::now() + gap);
+            if self.pass_sends > 0 {
+                let idle_before = self
+                    .last_sent
+                    .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+                let mut end = Instant::now();
+                if wants_gap(self.pass_sends, self.pass_bytes, gap, idle_before) {
+                    // Many small segments on a busy shard: the next fan-out waits `gap` after
+                    // these sends end (so they run now: io_uring runs sends at submission), and
+                    // what is published meanwhile goes out in fewer, larger ones.
+                    self.backend.submit();
+                    end = Instant::now() + gap;
+                    self.quiet_until = Some(end);
+                }
+                self.last_sent = Some(end);
             }
             self.pass_sends = 0;
             self.pass_bytes = 0;
@@ -1501,21 +1516,35 @@ mod tests {
         assert!(size <= 512, "Conn is {size} bytes");
     }
 
-    /// `engine.turn_gap_us`: a pass of small sends is followed by the gap; a pass of large
-    /// sends, a pass that sent nothing, or a gap of zero lets the next turn run at once.
+    /// `engine.turn_gap_us`: a pass of small sends on a busy shard is followed by the gap; a
+    /// pass of large sends, a pass that sent nothing, a pass that found the shard idle (begun
+    /// half a gap or more after the last sends) or a gap of zero lets the next turn run at once.
     #[test]
-    fn the_turn_gap_follows_a_pass_of_small_sends_only() {
+    fn the_turn_gap_follows_a_pass_of_small_sends_on_a_busy_shard_only() {
         use super::{wants_gap, SMALL_SEND_BYTES};
         use std::time::Duration;
         let gap = Duration::from_micros(100);
+        let busy = Duration::from_micros(10);
         assert!(
-            wants_gap(100, 100 * 94, gap),
+            wants_gap(100, 100 * 94, gap, busy),
             "100 sends of one small message"
         );
-        assert!(wants_gap(1, SMALL_SEND_BYTES - 1, gap));
-        assert!(!wants_gap(1, SMALL_SEND_BYTES, gap), "large sends: no gap");
-        assert!(!wants_gap(100, 100 * SMALL_SEND_BYTES, gap));
-        assert!(!wants_gap(0, 0, gap), "nothing sent: no gap");
-        assert!(!wants_gap(100, 100, Duration::ZERO), "turned off");
+        assert!(wants_gap(1, SMALL_SEND_BYTES - 1, gap, Duration::ZERO));
+        assert!(wants_gap(1, 64, gap, Duration::from_micros(49)));
+        assert!(
+            !wants_gap(1, 64, gap, Duration::from_micros(50)),
+            "an idle shard: no gap"
+        );
+        assert!(
+            !wants_gap(100, 100 * 94, gap, Duration::MAX),
+            "the first sends: no gap"
+        );
+        assert!(
+            !wants_gap(1, SMALL_SEND_BYTES, gap, busy),
+            "large sends: no gap"
+        );
+        assert!(!wants_gap(100, 100 * SMALL_SEND_BYTES, gap, busy));
+        assert!(!wants_gap(0, 0, gap, busy), "nothing sent: no gap");
+        assert!(!wants_gap(100, 100, Duration::ZERO, busy), "turned off");
     }
 }
