@@ -96,7 +96,8 @@ struct Args {
     /// fanout: payload sizes in bytes.
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<usize>>,
-    /// rtt: round trips per block (default 2000; 200 in quick mode); --repeat K runs 2K blocks.
+    /// rtt: round trips per block (default 2000; 200 in quick mode); every system runs 6 blocks
+    /// (2 in quick mode), taking turns.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     rtt_samples: Option<u64>,
     /// latency: subscribers (default 100; 10 in quick mode).

@@ -12,12 +12,11 @@
 use std::io::{self, Read, Write};
 use std::time::Instant;
 
-use hdrhistogram::Histogram;
-
+use crate::load::new_histogram;
 use crate::payload::Template;
 use crate::procfs;
 use crate::report::{Row, Scenario};
-use crate::scenarios::Ctx;
+use crate::scenarios::{median_f64, paired_ratios, Ctx};
 use crate::systems::{Decoder, Link, Target};
 
 /// The topic (and the message's `stream`).
@@ -68,8 +67,8 @@ impl Pair {
     fn round_trip(&mut self, t: &Target) -> io::Result<u64> {
         self.seq += 1;
         self.out.clear();
-        let msg = self.template.stamp(self.seq, 0).to_vec();
-        t.wire.encode_publish(TOPIC, &msg, &mut self.out);
+        let msg = self.template.stamp(self.seq, 0);
+        t.wire.encode_publish(TOPIC, msg, &mut self.out);
         let start = Instant::now();
         self.publisher.write_all(&self.out)?;
         let mut got = 0usize;
@@ -106,20 +105,8 @@ impl Pair {
     }
 }
 
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000_000, 3).expect("valid histogram bounds")
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        f64::NAN
-    } else {
-        v[v.len() / 2]
-    }
-}
-
-/// Run the round-trip scenario: `ctx.reps` blocks of `ctx.rtt_samples` round trips per system.
+/// Run the round-trip scenario: `2 × ctx.reps` blocks of `ctx.rtt_samples` round trips per
+/// system.
 pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
     let mut sc = Scenario {
         name: "rtt".to_owned(),
@@ -145,9 +132,10 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         }
         pairs.push(p);
     }
-    let mut merged: Vec<Histogram<u64>> = targets.iter().map(|_| hist()).collect();
-    // Per block and system: p50 and p99 in ns.
-    let mut per_block: Vec<Vec<(u64, u64)>> = vec![Vec::new(); targets.len()];
+    let mut merged: Vec<_> = targets.iter().map(|_| new_histogram()).collect();
+    // Per system, block by block: p50 and p99 in ns.
+    let mut p50s: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
+    let mut p99s: Vec<Vec<u64>> = vec![Vec::new(); targets.len()];
     let mut secs = vec![0f64; targets.len()];
     for b in 0..blocks {
         let order: Vec<usize> = if b % 2 == 0 {
@@ -158,7 +146,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         for k in order {
             ctx.pb
                 .set_message(format!("rtt block {} · {}", b + 1, targets[k].kind));
-            let mut h = hist();
+            let mut h = new_histogram();
             let start = Instant::now();
             for _ in 0..samples {
                 match pairs[k].round_trip(targets[k]) {
@@ -173,7 +161,8 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
                 }
             }
             secs[k] += start.elapsed().as_secs_f64();
-            per_block[k].push((h.value_at_quantile(0.5), h.value_at_quantile(0.99)));
+            p50s[k].push(h.value_at_quantile(0.5));
+            p99s[k].push(h.value_at_quantile(0.99));
             merged[k].add(&h).expect("histograms of one shape");
             ctx.pb.inc(1);
         }
@@ -181,20 +170,18 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
     for (k, t) in targets.iter().enumerate() {
         let mut note = format!("{blocks} blocks of {samples} round trips");
         if k > 0 {
-            let ratios = |pick: fn(&(u64, u64)) -> u64| -> (f64, f64, f64) {
-                let mut r: Vec<f64> = per_block[k]
-                    .iter()
-                    .zip(&per_block[0])
-                    .map(|(a, b)| pick(a) as f64 / pick(b).max(1) as f64)
-                    .collect();
-                let m = median(&mut r);
-                (m, r[0], r[r.len() - 1])
+            // Each block's figure over the first system's in the same pair of turns.
+            let summary = |per: &[Vec<u64>]| {
+                let r = paired_ratios(&per[0], &per[k]);
+                let lo = r.iter().copied().fold(f64::INFINITY, f64::min);
+                let hi = r.iter().copied().fold(0.0, f64::max);
+                format!("{:.3}× ({lo:.3}–{hi:.3})", median_f64(&r))
             };
-            let (m50, lo50, hi50) = ratios(|x| x.0);
-            let (m99, lo99, hi99) = ratios(|x| x.1);
             note.push_str(&format!(
-                "; ÷ {} block by block: p50 {m50:.3}× ({lo50:.3}–{hi50:.3}), p99 {m99:.3}× ({lo99:.3}–{hi99:.3})",
-                targets[0].kind.name()
+                "; ÷ {} block by block: p50 {}, p99 {}",
+                targets[0].kind.name(),
+                summary(&p50s),
+                summary(&p99s)
             ));
         }
         sc.rows.push(Row {

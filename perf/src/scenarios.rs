@@ -901,7 +901,7 @@ fn others_p99(out: &CaseOut) -> u64 {
 }
 
 /// `with[i] / without[i]` for each pair of runs with a nonzero `without`.
-fn paired_ratios(without: &[u64], with: &[u64]) -> Vec<f64> {
+pub(crate) fn paired_ratios(without: &[u64], with: &[u64]) -> Vec<f64> {
     without
         .iter()
         .zip(with)
@@ -911,7 +911,7 @@ fn paired_ratios(without: &[u64], with: &[u64]) -> Vec<f64> {
 }
 
 /// The median of `v` (the mean of the middle two for an even count; 1.0 when empty: no change).
-fn median_f64(v: &[f64]) -> f64 {
+pub(crate) fn median_f64(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     match v.len() {

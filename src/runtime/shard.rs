@@ -303,7 +303,6 @@ fn looks_like_tls(data: &[u8]) -> bool {
     data.len() >= 3 && data[0] == 0x16 && data[1] == 0x03 && data[2] <= 0x04
 }
 
-/// `t` in milliseconds since `epoch` (0 before it): a connection's timestamps in 8 bytes.
 /// Whether a pass that started `sends` sends of `bytes` bytes in all is followed by the quiet
 /// `gap` (`engine.turn_gap_us`): only when they were small on average, the case where each
 /// segment costs the server and its readers more than its bytes do, and only while the shard is
@@ -314,6 +313,7 @@ fn wants_gap(sends: usize, bytes: usize, gap: Duration, idle_before: Duration) -
     !gap.is_zero() && sends > 0 && bytes < SMALL_SEND_BYTES * sends && idle_before < gap / 2
 }
 
+/// `t` in milliseconds since `epoch` (0 before it): a connection's timestamps in 8 bytes.
 fn millis(epoch: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(epoch).as_millis() as u64
 }
