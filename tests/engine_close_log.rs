@@ -30,15 +30,28 @@ impl Captured {
     }
 }
 
+/// The process's log, captured once for every test here, and a lock that runs the tests one
+/// at a time (each reads the lines of its own connections).
+fn captured_log() -> (Captured, std::sync::MutexGuard<'static, ()>) {
+    static LOG: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let log = LOG.get_or_init(|| {
+        let log = Captured::default();
+        let writer = log.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .init();
+        log
+    });
+    (log.clone(), guard)
+}
+
 #[test]
 fn a_connection_close_is_one_log_line_with_its_reason_and_counts() {
-    let log = Captured::default();
-    let writer = log.clone();
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .init();
+    let (log, _one_at_a_time) = captured_log();
     on_both_backends(|backend| {
         let mut config = base_config(backend);
         // A small mark, so that the subscriptions' sends are pending when the client goes.
@@ -90,5 +103,38 @@ fn a_connection_close_is_one_log_line_with_its_reason_and_counts() {
             !text.contains("WARN"),
             "no warning per subscription when a connection goes:\n{text}"
         );
+    });
+}
+
+#[test]
+fn a_close_the_server_decides_is_logged_at_info_even_when_it_cannot_be_said() {
+    let (log, _one_at_a_time) = captured_log();
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.outbox.keepalive_interval_ms = 50;
+        config.outbox.liveness_timeout_ms = 300;
+        config.limits.max_outbox_bytes = 256 << 20;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        c.send(r#"{"type":"subscribe","id":1,"stream":"deep"}"#);
+        assert_eq!(c.msg()["type"], "subscribed");
+        log.take();
+        // Far more than the loopback socket holds; the client reads none of it and answers no
+        // ping, so the server reaps it with half a message written: nothing can be said.
+        for seq in 0..400 {
+            publish(&server.engine, "deep", seq, 64 << 10);
+        }
+        eventually("the stalled connection is reaped", || {
+            server.engine.stats().open_connections == 0
+        });
+        server.engine.shutdown().unwrap();
+        let text = log.take();
+        let line = text
+            .lines()
+            .find(|l| l.contains("connection closed"))
+            .unwrap_or_else(|| panic!("a close line:\n{text}"));
+        assert!(line.contains("liveness_timeout_ms"), "{line}");
+        assert!(line.contains("INFO"), "logged at info: {line}");
+        drop(c);
     });
 }

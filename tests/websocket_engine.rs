@@ -146,6 +146,66 @@ fn websocket_page_is_served_by_the_engine() {
     assert!(response.ends_with(powerhub_websocket::INDEX_HTML));
 }
 
+/// The response head of a plain `GET /` (no `Upgrade`).
+fn plain_get(addr: SocketAddr) -> String {
+    let mut sock = TcpStream::connect(addr).unwrap();
+    sock.set_read_timeout(Some(DEADLINE)).unwrap();
+    sock.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    sock.read_to_string(&mut response).unwrap();
+    response
+}
+
+#[test]
+fn a_listener_with_serve_page_false_answers_a_plain_get_with_426() {
+    // As `powerhub serve` registers the plugin: the page on, unless a listener turns it off.
+    let mut registry = ProtocolRegistry::with_builtins();
+    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
+        .expect("a valid websocket config");
+    registry.register(Arc::new(websocket)).unwrap();
+    let config = Config::from_toml(
+        r#"
+        [[listener]]
+        protocol = "websocket"
+        address = "127.0.0.1:0"
+        serve_page = false
+
+        [[listener]]
+        protocol = "websocket"
+        address = "127.0.0.1:0"
+        "#,
+        None,
+    )
+    .expect("serve_page is a listener key");
+    let engine = Engine::start(config, &registry).expect("the engine starts");
+    let addrs: Vec<SocketAddr> = engine
+        .listeners()
+        .iter()
+        .map(|l| match &l.addr {
+            ListenAddr::Tcp(a) => *a,
+            other => panic!("tcp, not {other:?}"),
+        })
+        .collect();
+    let off = plain_get(addrs[0]);
+    assert!(
+        off.starts_with("HTTP/1.1 426 Upgrade Required\r\n"),
+        "{off:.200}"
+    );
+    let on = plain_get(addrs[1]);
+    assert!(on.starts_with("HTTP/1.1 200 OK\r\n"), "{on:.200}");
+    // The page setting leaves the endpoint as it is.
+    let stream = TcpStream::connect(addrs[0]).unwrap();
+    stream.set_read_timeout(Some(DEADLINE)).unwrap();
+    let (mut ws, _) =
+        tungstenite::client(format!("ws://{}/", addrs[0]), stream).expect("the upgrade works");
+    ws.send(tungstenite::Message::text(r#"{"type":"ping","id":1}"#))
+        .unwrap();
+    let reply = ws.read().unwrap();
+    assert!(reply.to_text().unwrap().contains("pong"), "{reply:?}");
+    engine.shutdown().unwrap();
+}
+
 #[test]
 fn websocket_python_client_against_the_engine() {
     if std::env::var_os("POWERHUB_SKIP_PYTHON").is_some() {

@@ -158,10 +158,15 @@ impl SharedBucket {
         }
     }
 
-    /// `n` tokens' worth of time, in nanoseconds (rounded up, so no take is free).
+    /// `n` tokens' worth of time, in nanoseconds, rounded down (and at least one, so no take is
+    /// free): takes adding up to one second's budget then add up to no more than a second,
+    /// so a burst of exactly `rate` tokens passes whatever the rate. (Rounded up, three takes
+    /// of a rate of 3 cost 1 000 000 002 ns and the third was refused.) The rounding gives at
+    /// most a nanosecond per take, well under one token per second below 31 622 tokens per
+    /// second.
     fn cost(&self, n: u64) -> u64 {
-        let ns = (u128::from(n) * u128::from(SECOND_NS)).div_ceil(u128::from(self.rate));
-        ns.min(u128::from(u64::MAX / 2)) as u64
+        let ns = (u128::from(n) * u128::from(SECOND_NS)) / u128::from(self.rate);
+        ns.clamp(1, u128::from(u64::MAX / 2)) as u64
     }
 
     fn take(&self, n: u64, now_ns: u64) -> bool {
@@ -302,6 +307,29 @@ mod tests {
             .filter(|i| l.check(1, at(1_000 + i / 10)).is_ok())
             .count();
         assert!((1_090..=1_110).contains(&passed), "{passed}");
+    }
+
+    #[test]
+    fn a_burst_of_exactly_the_rate_passes_for_every_rate() {
+        for rate in 1..=2_000u64 {
+            let mut l = PublishLimiter::new(rate, 0);
+            let passed = (0..rate + 5).filter(|_| l.check(1, at(0)).is_ok()).count();
+            assert_eq!(passed as u64, rate, "publish_messages_per_second = {rate}");
+            // The byte bucket: messages of 25 bytes at a budget of `rate` of them.
+            let mut l = PublishLimiter::new(0, 25 * rate);
+            let passed = (0..rate + 5).filter(|_| l.check(25, at(0)).is_ok()).count();
+            assert_eq!(
+                passed as u64,
+                rate,
+                "publish_bytes_per_second = {}",
+                25 * rate
+            );
+            let user = UserRate::new(rate, 0);
+            let passed = (0..rate + 5)
+                .filter(|_| user.check(1, at(0)).is_ok())
+                .count();
+            assert_eq!(passed as u64, rate, "per user, {rate}");
+        }
     }
 
     #[test]

@@ -1468,8 +1468,9 @@ impl PushConnection {
                     self.close(Ending::timeout(key, msg), now);
                 } else {
                     // Half a message may be on the wire, and the peer reads nothing: there is
-                    // no way to say it.
-                    self.abort(Ending::unsaid(key, msg));
+                    // no way to say it. Still a close the server decided (an abort writes no
+                    // error, whatever the ending's kind), so its log line is at `info`.
+                    self.abort(Ending::timeout(key, msg));
                 }
             }
         }

@@ -301,6 +301,11 @@ pub struct ListenerConfig {
     /// configured. Ignored by protocols without origins.
     #[serde(default)]
     pub allowed_origins: Option<Vec<String>>,
+    /// Whether a WebSocket listener answers a plain `GET` of its path with the live web page
+    /// (`true`, what `powerhub serve` does when the key is absent) or with HTTP 426 Upgrade
+    /// Required (`false`). Ignored by protocols without a page.
+    #[serde(default)]
+    pub serve_page: Option<bool>,
     /// TLS on a TCP listener: its certificate chain (PEM, end-entity certificate first). With
     /// [`tls_key`](Self::tls_key).
     #[serde(default)]
@@ -340,6 +345,7 @@ impl ListenerConfig {
             address: Some(address.into()),
             path: None,
             allowed_origins: None,
+            serve_page: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -353,6 +359,7 @@ impl ListenerConfig {
             address: None,
             path: Some(path.into()),
             allowed_origins: None,
+            serve_page: None,
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
@@ -363,6 +370,20 @@ impl ListenerConfig {
     pub fn with_tls(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
         self.tls_cert = Some(cert.into());
         self.tls_key = Some(key.into());
+        self
+    }
+
+    /// The same listener serving its protocol's page on a plain request, or not (see
+    /// [`serve_page`](Self::serve_page)).
+    ///
+    /// ```
+    /// use powerhub::runtime::ListenerConfig;
+    ///
+    /// let l = ListenerConfig::tcp("websocket", "127.0.0.1:0").with_serve_page(false);
+    /// assert_eq!(l.serve_page, Some(false));
+    /// ```
+    pub fn with_serve_page(mut self, serve: bool) -> Self {
+        self.serve_page = Some(serve);
         self
     }
 

@@ -618,7 +618,10 @@ impl Engine {
                 None if auth.is_some() => OriginPolicy::SameHost,
                 None => OriginPolicy::Protocol,
             };
-            let options = ListenerOptions::default().with_origins(origins);
+            let mut options = ListenerOptions::default().with_origins(origins);
+            if let Some(serve) = l.serve_page {
+                options = options.with_serve_page(serve);
+            }
             let factory = factory
                 .for_listener(&options)
                 .map_err(|message| EngineError::Listener { index, message })?

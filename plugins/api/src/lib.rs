@@ -475,12 +475,29 @@ pub enum OriginPolicy {
 pub struct ListenerOptions {
     /// The origins the listener accepts.
     pub origins: OriginPolicy,
+    /// Whether the listener serves the protocol's page on a plain request (the WebSocket
+    /// plugin's live page on a `GET` without `Upgrade`); `None`: as the protocol's own
+    /// configuration says. Protocols without a page ignore it.
+    pub serve_page: Option<bool>,
 }
 
 impl ListenerOptions {
     /// Options with this origin policy.
     pub fn with_origins(mut self, origins: OriginPolicy) -> Self {
         self.origins = origins;
+        self
+    }
+
+    /// Options that serve the protocol's page, or not.
+    ///
+    /// ```
+    /// use powerhub_plugin::ListenerOptions;
+    ///
+    /// let options = ListenerOptions::default().with_serve_page(false);
+    /// assert_eq!(options.serve_page, Some(false));
+    /// ```
+    pub fn with_serve_page(mut self, serve: bool) -> Self {
+        self.serve_page = Some(serve);
         self
     }
 }

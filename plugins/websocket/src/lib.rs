@@ -120,9 +120,10 @@ impl ProtocolFactory for WebSocketFactory {
         Box::new(self.connection(limits))
     }
 
-    /// A listener's origin policy, applied over this factory's configuration:
+    /// A listener's origin policy and page setting, applied over this factory's configuration:
     /// [`OriginPolicy::Listed`] and [`OriginPolicy::SameHost`] accept requests without an
-    /// `Origin` (programs; browsers always send one).
+    /// `Origin` (programs; browsers always send one); [`ListenerOptions::serve_page`], when
+    /// set, replaces [`WebSocketConfig::serve_page`].
     ///
     /// ```
     /// use powerhub_plugin::{ListenerOptions, OriginPolicy, ProtocolFactory};
@@ -133,15 +134,25 @@ impl ProtocolFactory for WebSocketFactory {
     /// assert!(factory.for_listener(&options).unwrap().is_some());
     /// let bad = ListenerOptions::default().with_origins(OriginPolicy::Listed(vec!["evil".into()]));
     /// assert!(factory.for_listener(&bad).unwrap_err().contains("allowed_origins"));
+    /// // Nothing to change: the factory as it is.
+    /// assert!(factory.for_listener(&ListenerOptions::default()).unwrap().is_none());
+    /// let no_page = ListenerOptions::default().with_serve_page(false);
+    /// assert!(factory.for_listener(&no_page).unwrap().is_some());
     /// # Ok::<(), powerhub_websocket::ConfigError>(())
     /// ```
     fn for_listener(
         &self,
         options: &ListenerOptions,
     ) -> Result<Option<Arc<dyn ProtocolFactory>>, String> {
-        let base = (*self.config).clone();
+        if options.origins == OriginPolicy::Protocol && options.serve_page.is_none() {
+            return Ok(None);
+        }
+        let mut base = (*self.config).clone();
+        if let Some(serve) = options.serve_page {
+            base = base.with_serve_page(serve);
+        }
         let config = match &options.origins {
-            OriginPolicy::Protocol => return Ok(None),
+            OriginPolicy::Protocol => base,
             OriginPolicy::Any => base
                 .with_allowed_origins(Vec::<String>::new())
                 .with_same_host_origin(false),
