@@ -10,6 +10,9 @@
 # cost difference of a fraction of a percent that timings on a shared machine cannot.
 #
 #   perf/auth-cost.sh [SHORT LONG]      # round trips of the two runs, default 2000 and 12000
+#   BATCH=64 perf/auth-cost.sh 1920 12160   # publishes written 64 at a time, as the fanout
+#                                           # scenario's publisher writes them; the counts are
+#                                           # then per message (SHORT and LONG multiples of 64)
 #
 # Needs valgrind and python3. The server uses the epoll backend (callgrind does not follow
 # io_uring's kernel-side work) and two shards (valgrind runs one thread at a time). Results
@@ -19,7 +22,14 @@ cd "$(dirname "$0")/.."
 short=${1:-2000}
 long=${2:-12000}
 bin=${POWERHUB_BIN:-target/release/powerhub}
+batch=${BATCH:-1}
 out=perf/results/auth-cost
+[ "$batch" = 1 ] || out=$out-batch$batch
+if ! [[ $batch =~ ^[1-9][0-9]*$ ]] || (( short % batch || long % batch )); then
+    echo "auth-cost: BATCH must be a positive number that divides SHORT and LONG" >&2
+    exit 2
+fi
+export BATCH=$batch
 mkdir -p "$out"
 [ -x "$bin" ] || cargo build --release -p powerhub --bin powerhub
 command -v valgrind >/dev/null || { echo "auth-cost: valgrind is needed" >&2; exit 1; }
@@ -76,9 +86,12 @@ pub = connect()
 pub.sendall((hello + '{"type":"ping","id":1}\n').encode())
 read_until(pub, b"", b'"type":"pong"')
 threading.Thread(target=lambda: [None for _ in iter(lambda: pub.recv(65536), b"")], daemon=True).start()
-for i in range(n):
-    pub.sendall(b'{"type":"publish","message":{"s":%9d,"stream":"rtt","type":"t","p":"xxxxxxxxxxxxxxx"}}\n' % i)
-    rest = read_until(sub, rest, b'{"s":%9d,' % i)
+batch = int(__import__("os").environ.get("BATCH", "1"))
+for i in range(0, n, batch):
+    pub.sendall(b"".join(
+        b'{"type":"publish","message":{"s":%9d,"stream":"rtt","type":"t","p":"xxxxxxxxxxxxxxx"}}\n' % j
+        for j in range(i, i + batch)))
+    rest = read_until(sub, rest, b'{"s":%9d,' % (i + batch - 1))
 sub.close()
 pub.close()
 EOF
