@@ -29,7 +29,6 @@ if ! [[ $batch =~ ^[1-9][0-9]*$ ]] || (( short % batch || long % batch )); then
     echo "auth-cost: BATCH must be a positive number that divides SHORT and LONG" >&2
     exit 2
 fi
-export BATCH=$batch
 mkdir -p "$out"
 [ -x "$bin" ] || cargo build --release -p powerhub --bin powerhub
 command -v valgrind >/dev/null || { echo "auth-cost: valgrind is needed" >&2; exit 1; }
@@ -56,13 +55,14 @@ EOF
     fi
 }
 
-# One closed loop of $2 round trips against the server at $1 (token $3, or none).
+# One closed loop of $2 publishes, written $3 at a time, against the server at $1 (token $4,
+# or none).
 client() {
     python3 - "$@" <<'EOF'
 import socket, sys, threading
 host, port = sys.argv[1].rsplit(":", 1)
-n = int(sys.argv[2])
-token = sys.argv[3] if len(sys.argv) > 3 else ""
+n, batch = int(sys.argv[2]), int(sys.argv[3])
+token = sys.argv[4] if len(sys.argv) > 4 else ""
 hello = ('{"type":"auth","token":"%s"}\n' % token) if token else ""
 
 def connect():
@@ -86,7 +86,6 @@ pub = connect()
 pub.sendall((hello + '{"type":"ping","id":1}\n').encode())
 read_until(pub, b"", b'"type":"pong"')
 threading.Thread(target=lambda: [None for _ in iter(lambda: pub.recv(65536), b"")], daemon=True).start()
-batch = int(__import__("os").environ.get("BATCH", "1"))
 for i in range(0, n, batch):
     pub.sendall(b"".join(
         b'{"type":"publish","message":{"s":%9d,"stream":"rtt","type":"t","p":"xxxxxxxxxxxxxxx"}}\n' % j
@@ -113,7 +112,7 @@ count() {
         sleep 0.1
     done
     [ -n "$addr" ] || { echo "auth-cost: the server did not start ($out/$name.log)" >&2; kill "$pid"; exit 1; }
-    if [ "$1" = auth ]; then client "$addr" "$2" "$token"; else client "$addr" "$2"; fi
+    if [ "$1" = auth ]; then client "$addr" "$2" "$batch" "$token"; else client "$addr" "$2" "$batch"; fi
     kill -TERM "$pid"
     wait "$pid" || true
     sed -n 's/^summary: //p; s/^totals: //p' "$out/$name.callgrind" | head -1
@@ -132,6 +131,6 @@ import sys
 short, long, ps, pl, as_, al = map(int, sys.argv[1:])
 plain = (pl - ps) / (long - short)
 auth = (al - as_) / (long - short)
-print(f"server instructions per round trip: plain {plain:.0f}, auth {auth:.0f}, "
-      f"auth / plain {auth / plain:.4f} ({long - short} round trips between the two runs)")
+print(f"server instructions per message: plain {plain:.0f}, auth {auth:.0f}, "
+      f"auth / plain {auth / plain:.4f} ({long - short} messages between the two runs)")
 EOF

@@ -60,13 +60,22 @@ fn fresh_profile(dir: &Path) -> PathBuf {
     profile
 }
 
-/// An engine of `shards` shards serving the web page on `listener` (WebSocket), with
-/// authentication on: one token, `token`, whose user may subscribe to `demo` and `$stats`.
-fn start_page_engine(listener: ListenerConfig, shards: usize, token: &str) -> (Engine, SocketAddr) {
+/// The built-in protocols and the WebSocket plugin with its page on, as `powerhub serve`
+/// registers them.
+fn registry_with_page() -> ProtocolRegistry {
     let mut registry = ProtocolRegistry::with_builtins();
     let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
         .expect("a valid websocket config");
-    registry.register(Arc::new(websocket)).unwrap();
+    registry
+        .register(Arc::new(websocket))
+        .expect("websocket is not registered yet");
+    registry
+}
+
+/// An engine of `shards` shards serving the web page on `listener` (WebSocket), with
+/// authentication on: one token, `token`, whose user may subscribe to `demo` and `$stats`.
+fn start_page_engine(listener: ListenerConfig, shards: usize, token: &str) -> (Engine, SocketAddr) {
+    let registry = registry_with_page();
     let mut config = Config::default();
     config.engine.shards = shards;
     config.engine.stats_interval_ms = 200;
@@ -90,12 +99,7 @@ fn start_page_engine(listener: ListenerConfig, shards: usize, token: &str) -> (E
 }
 
 fn start_server() -> Server {
-    let mut registry = ProtocolRegistry::with_builtins();
-    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
-        .expect("a valid websocket config");
-    registry
-        .register(Arc::new(websocket))
-        .expect("websocket is not registered yet");
+    let registry = registry_with_page();
     let mut config = Config::default();
     config.engine.shards = 2;
     config.engine.stats_interval_ms = 200;
@@ -132,12 +136,7 @@ fn start_server() -> Server {
 #[test]
 fn websocket_page_is_served_by_the_engine() {
     let server = start_server();
-    let mut sock = TcpStream::connect(server.websocket).unwrap();
-    sock.set_read_timeout(Some(DEADLINE)).unwrap();
-    sock.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .unwrap();
-    let mut response = String::new();
-    sock.read_to_string(&mut response).unwrap();
+    let response = plain_get(server.websocket);
     assert!(
         response.starts_with("HTTP/1.1 200 OK\r\n"),
         "{response:.200}"
@@ -159,11 +158,8 @@ fn plain_get(addr: SocketAddr) -> String {
 
 #[test]
 fn a_listener_with_serve_page_false_answers_a_plain_get_with_426() {
-    // As `powerhub serve` registers the plugin: the page on, unless a listener turns it off.
-    let mut registry = ProtocolRegistry::with_builtins();
-    let websocket = WebSocketFactory::new(WebSocketConfig::default().with_serve_page(true))
-        .expect("a valid websocket config");
-    registry.register(Arc::new(websocket)).unwrap();
+    // The page on, as `powerhub serve` registers the plugin, unless a listener turns it off.
+    let registry = registry_with_page();
     let config = Config::from_toml(
         r#"
         [[listener]]

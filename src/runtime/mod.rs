@@ -619,9 +619,7 @@ impl Engine {
                 None => OriginPolicy::Protocol,
             };
             let mut options = ListenerOptions::default().with_origins(origins);
-            if let Some(serve) = l.serve_page {
-                options = options.with_serve_page(serve);
-            }
+            options.serve_page = l.serve_page;
             let factory = factory
                 .for_listener(&options)
                 .map_err(|message| EngineError::Listener { index, message })?
