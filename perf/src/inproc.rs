@@ -209,43 +209,67 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
     for &n in &ctx.inproc_subs {
         let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
         let case = format!("N={n}");
-        let systems: [(&str, bool, Runner); 7] = [
+        let all: [(&str, &str, bool, Runner); 7] = [
             (
+                "hub",
                 "powerhub hub",
                 true,
                 Box::new(move || powerhub::inproc(n, msgs, queue(n), payload(), false)),
             ),
             (
+                "hub-inline",
                 "powerhub hub (inline handlers)",
                 true,
                 Box::new(move || powerhub::inproc(n, msgs, queue(n), payload(), true)),
             ),
             (
+                "receivers",
                 "powerhub receivers",
                 true,
                 Box::new(move || powerhub::inproc_receivers(n, msgs, queue(n), payload(), false)),
             ),
             (
+                "receivers-borrowed",
                 "powerhub receivers (borrowed)",
                 true,
                 Box::new(move || powerhub::inproc_receivers(n, msgs, queue(n), payload(), true)),
             ),
             (
+                "broadcast",
                 "tokio broadcast",
                 false,
                 Box::new(move || Ok(broadcast(n, msgs))),
             ),
             (
+                "crossbeam",
                 "crossbeam channels",
                 false,
                 Box::new(move || Ok(channels(n, msgs))),
             ),
             (
+                "flume",
                 "flume channels",
                 false,
                 Box::new(move || Ok(flume_channels(n, msgs))),
             ),
         ];
+        if let Some(keys) = &ctx.inproc_systems {
+            if let Some(bad) = keys.iter().find(|k| !all.iter().any(|s| s.0 == k.as_str())) {
+                return Err(io::Error::other(format!(
+                    "--inproc-systems: unknown system {bad:?} (known: {})",
+                    all.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
+                )));
+            }
+        }
+        let systems: Vec<(&str, bool, Runner)> = all
+            .into_iter()
+            .filter(|s| {
+                ctx.inproc_systems
+                    .as_ref()
+                    .is_none_or(|keys| keys.iter().any(|k| k == s.0))
+            })
+            .map(|(_, name, is_ph, f)| (name, is_ph, f))
+            .collect();
         // Repetitions interleaved across the systems, so that the machine's noise (it is
         // shared) spreads over all of them; the median is reported.
         let mut runs: Vec<Vec<f64>> = vec![Vec::new(); systems.len()];

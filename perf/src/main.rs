@@ -118,6 +118,14 @@ struct Args {
     /// in-process: subscriber counts.
     #[arg(long, value_delimiter = ',')]
     inproc_subs: Option<Vec<usize>>,
+    /// in-process: the systems to run (default: all), comma-separated: hub, hub-inline,
+    /// receivers, receivers-borrowed, broadcast, crossbeam, flume.
+    #[arg(long, value_delimiter = ',')]
+    inproc_systems: Option<Vec<String>>,
+    /// in-process: repetitions of each system's run, interleaved (the median is reported;
+    /// default 3, 1 in quick mode).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=101))]
+    inproc_reps: Option<u32>,
     /// slow-consumer: the offered rate as a fraction of the slowest system's fanout maximum.
     #[arg(long, default_value_t = 0.5)]
     slow_fraction: f64,
@@ -455,7 +463,10 @@ fn run(args: Args) -> io::Result<ExitCode> {
         },
         inproc_subs: args.inproc_subs.clone().unwrap_or(vec![1, 100, 10_000]),
         inproc_deliveries: if quick { 200_000 } else { 5_000_000 },
-        reps: if quick { 1 } else { 3 },
+        inproc_systems: args.inproc_systems.clone(),
+        reps: args
+            .inproc_reps
+            .map_or(if quick { 1 } else { 3 }, |r| r as usize),
         repeat: args.repeat as usize,
         threads,
         targets,

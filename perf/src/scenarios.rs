@@ -72,6 +72,8 @@ pub(crate) struct Ctx {
     pub(crate) screens: ScreensProfile,
     pub(crate) inproc_subs: Vec<usize>,
     pub(crate) inproc_deliveries: u64,
+    /// The in-process systems to run, by key (`--inproc-systems`); `None`: all.
+    pub(crate) inproc_systems: Option<Vec<String>>,
     /// Repetitions of each in-process run (the median is reported).
     pub(crate) reps: usize,
     /// Runs of each socket case (`--repeat`), combined by [`combine_runs`].

@@ -487,7 +487,7 @@ pub(crate) struct Inner {
     /// losses past the bound (not received yet, so not committed) and what it received since
     /// still count in `stats()`. Pruned once only this list holds a cursor (the receiver
     /// dropped, and counted what was left).
-    ended_direct: Mutex<Vec<Arc<DirectCursor>>>,
+    ended_direct: Mutex<HashMap<usize, Arc<DirectCursor>>>,
     /// Lock order: `topics` before `ready`.
     ready: Mutex<Ready>,
     counters: Counters,
@@ -526,7 +526,7 @@ impl Inner {
             topics: RwLock::new(HashMap::default()),
             ids: Mutex::new(HashMap::new()),
             retiring: Mutex::new(Vec::new()),
-            ended_direct: Mutex::new(Vec::new()),
+            ended_direct: Mutex::new(HashMap::new()),
             ready: Mutex::new(Ready::default()),
             counters: Counters::default(),
             work: AtomicBool::new(false),
@@ -1735,18 +1735,16 @@ impl Inner {
     /// A direct receiver's subscription ended: its cursor joins `ended_direct` (called under
     /// the `ids` lock; lock order `ids` before `ended_direct`).
     fn ended(&self, dc: &Arc<DirectCursor>) {
-        self.ended_direct.lock().push(Arc::clone(dc));
+        self.ended_direct
+            .lock()
+            .insert(cursor_key(dc), Arc::clone(dc));
     }
 
     /// The receiver of an ended subscription is gone and committed its counts: its cursor
     /// leaves `ended_direct` (and with it the log it holds).
     pub(crate) fn forget_ended(&self, dc: &Arc<DirectCursor>) {
         let _ids = self.ids.lock();
-        let gone = {
-            let mut ended = self.ended_direct.lock();
-            let at = ended.iter().position(|c| Arc::ptr_eq(c, dc));
-            at.map(|i| ended.swap_remove(i))
-        };
+        let gone = { self.ended_direct.lock().remove(&cursor_key(dc)) };
         drop(_ids);
         // Dropped outside the locks: it may hold the topic's last chunks.
         drop(gone);
@@ -1758,7 +1756,9 @@ impl Inner {
         let (mut subs, ended) = {
             let ids = self.ids.lock();
             let subs: Vec<Arc<Sub>> = ids.values().cloned().collect();
-            (subs, self.ended_direct.lock().clone())
+            let ended: Vec<Arc<DirectCursor>> =
+                self.ended_direct.lock().values().cloned().collect();
+            (subs, ended)
         };
         subs.sort_by_key(|s| (Reverse(s.priority), s.order));
         // Evictions a cursor queue has not committed yet count as dropped already.
@@ -1875,6 +1875,13 @@ fn release_passed(t: &Topic) {
 ///
 /// A topic whose only consumers are taps (the engine's push fan-out, which does not read the
 /// number) and that retains nothing is not numbered: its publishers take no lock.
+/// The key of a direct receiver's cursor among the ended ones: its address (the entry holds the
+/// cursor, so the address is not reused while it is listed), so that dropping each of many
+/// receivers finds its own in constant time.
+fn cursor_key(dc: &Arc<DirectCursor>) -> usize {
+    Arc::as_ptr(dc) as usize
+}
+
 fn numbered(
     t: &Topic,
     seq: u64,

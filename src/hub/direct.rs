@@ -24,6 +24,7 @@ use std::sync::{Arc, OnceLock};
 use std::task::Waker;
 use std::time::Instant;
 
+use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use powerhub_plugin::CloseReason;
 
@@ -32,13 +33,13 @@ use super::queue::Entry;
 /// Messages per chunk.
 pub(crate) const CHUNK: usize = 64;
 
-/// `CHUNK` write-once slots; slot `i` holds publication `first + i`.
+/// `CHUNK` write-once slots; slot `i` holds publication `first + i`. A chunk has no count of
+/// its own: slot `pos` is written once the log's `head` passes `pos`, so a receiver that read
+/// the head knows how far it may read, and the chunk's header (read by every receive that
+/// starts a run) is never written after it is made.
 pub(crate) struct Chunk {
     first: u64,
     slots: Box<[OnceLock<Arc<Entry>>]>,
-    /// Slots written. Release store after the slot is set; a receiver's Acquire load that sees
-    /// `n` sees slots `..n` set.
-    len: AtomicUsize,
 }
 
 impl Chunk {
@@ -46,22 +47,46 @@ impl Chunk {
         Chunk {
             first,
             slots: (0..CHUNK).map(|_| OnceLock::new()).collect(),
-            len: AtomicUsize::new(0),
         }
     }
 
     /// Publication `pos`, if this chunk holds it and it is written.
     fn get(&self, pos: u64) -> Option<&Arc<Entry>> {
         let off = pos.checked_sub(self.first)? as usize;
-        if off >= self.len.load(Ordering::Acquire) {
-            return None;
-        }
         self.slots.get(off)?.get()
     }
 
     fn holds(&self, pos: u64) -> bool {
-        pos >= self.first && pos < self.first + CHUNK as u64
+        pos >= self.first && pos < self.end()
     }
+
+    /// The first publication after this chunk.
+    fn end(&self) -> u64 {
+        self.first + CHUNK as u64
+    }
+}
+
+/// What a publication writes and a receiver reads to learn of it, on a cache line of its own:
+/// the publisher's lock and the chunk list are not on it, so a receiver that polls the head
+/// does not take the line the next append locks away from the publisher.
+struct Head {
+    /// Publications appended. SeqCst store after the slot is written (the slot's set is a
+    /// release, so a receiver that loads `head > pos` finds slot `pos` set, and its chunk is
+    /// listed before `head` moves); SeqCst also orders it before the publisher's load of
+    /// `waiting` (see [`DirectLog::wait_until`]).
+    appended: AtomicU64,
+    /// Receivers blocked or with a registered waker; publishers take `wake` only when non-zero.
+    /// Next to `appended`: the publisher reads it right after its store.
+    waiting: AtomicUsize,
+}
+
+/// The chunk list, and the next publication's number as the publisher keeps it (a copy of
+/// `head` on the publisher's side of the lock, so that an append does not load the line the
+/// receivers poll).
+#[derive(Default)]
+struct Chunks {
+    list: VecDeque<Arc<Chunk>>,
+    next: u64,
 }
 
 /// A topic's publications for its direct receivers.
@@ -69,15 +94,10 @@ pub(crate) struct DirectLog {
     /// The readable chunks, oldest first: those holding the last `cap` publications; the last
     /// is the one being written. Publishers (one at a time: they hold the topic's order lock)
     /// take it once per publication; receivers once per chunk, to look their next one up.
-    chunks: Mutex<VecDeque<Arc<Chunk>>>,
-    /// Publications appended. SeqCst store after the slot is written, so a receiver that loads
-    /// `head > pos` finds slot `pos` (its chunk is listed before `head` moves); SeqCst also
-    /// orders it before the publisher's load of `waiting` (see [`DirectLog::wait_until`]).
-    head: AtomicU64,
+    chunks: Mutex<Chunks>,
+    head: CachePadded<Head>,
     /// The largest `max_queue` among the receivers; the chunks kept cover it.
     cap: AtomicUsize,
-    /// Receivers blocked or with a registered waker; publishers take `wake` only when non-zero.
-    waiting: AtomicUsize,
     /// Wake-ups so far (the epoch), and the wakers registered since the last one.
     wake: Mutex<(u64, Vec<Waker>)>,
     cv: Condvar,
@@ -89,10 +109,12 @@ impl DirectLog {
     /// log's head).
     pub(crate) fn new(cap: usize) -> Arc<DirectLog> {
         Arc::new(DirectLog {
-            chunks: Mutex::new(VecDeque::new()),
-            head: AtomicU64::new(0),
+            chunks: Mutex::new(Chunks::default()),
+            head: CachePadded::new(Head {
+                appended: AtomicU64::new(0),
+                waiting: AtomicUsize::new(0),
+            }),
             cap: AtomicUsize::new(cap),
-            waiting: AtomicUsize::new(0),
             wake: Mutex::new((0, Vec::new())),
             cv: Condvar::new(),
         })
@@ -100,7 +122,7 @@ impl DirectLog {
 
     /// Publications appended so far: a new receiver starts here.
     pub(crate) fn head(&self) -> u64 {
-        self.head.load(Ordering::SeqCst)
+        self.head.appended.load(Ordering::SeqCst)
     }
 
     /// Keeps at least the last `cap` publications (the largest `max_queue`).
@@ -111,27 +133,28 @@ impl DirectLog {
     /// Appends a publication. Callers are serialized (the topic's order lock).
     pub(crate) fn append(&self, entry: &Arc<Entry>) {
         let mut chunks = self.chunks.lock();
-        let head = self.head.load(Ordering::Relaxed);
-        if chunks
-            .back()
-            .is_none_or(|c| c.len.load(Ordering::Relaxed) == CHUNK)
-        {
-            chunks.push_back(Arc::new(Chunk::new(head)));
+        let head = chunks.next;
+        let mut gone = None;
+        if chunks.list.back().is_none_or(|c| c.end() == head) {
+            chunks.list.push_back(Arc::new(Chunk::new(head)));
             // At least one chunk stays: the one being written.
             let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
-            while chunks.len() > keep {
-                chunks.pop_front();
+            let over = chunks.list.len().saturating_sub(keep);
+            if over > 0 {
+                gone = Some(chunks.list.drain(..over).collect::<Vec<_>>());
             }
         }
-        let chunk = chunks.back().expect("a chunk with room");
-        let i = chunk.len.load(Ordering::Relaxed);
-        let _ = chunk.slots[i].set(Arc::clone(entry));
-        chunk.len.store(i + 1, Ordering::Release);
-        self.head.store(head + 1, Ordering::SeqCst);
+        let chunk = chunks.list.back().expect("a chunk with room");
+        let _ = chunk.slots[(head - chunk.first) as usize].set(Arc::clone(entry));
+        chunks.next = head + 1;
+        self.head.appended.store(head + 1, Ordering::SeqCst);
         drop(chunks);
-        if self.waiting.load(Ordering::SeqCst) > 0 {
+        if self.head.waiting.load(Ordering::SeqCst) > 0 {
             self.wake_all();
         }
+        // The chunks let go are freed outside the lock (with the last reference to their
+        // messages, when no receiver holds them).
+        drop(gone);
     }
 
     /// Wakes every waiting receiver (a publication, or a receiver's end).
@@ -143,7 +166,7 @@ impl DirectLog {
             std::mem::take(&mut w.1)
         };
         if !wakers.is_empty() {
-            self.waiting.fetch_sub(wakers.len(), Ordering::SeqCst);
+            self.head.waiting.fetch_sub(wakers.len(), Ordering::SeqCst);
         }
         for w in wakers {
             w.wake();
@@ -152,15 +175,15 @@ impl DirectLog {
 
     /// The first publication the log still holds (`None` before the first).
     fn oldest(&self) -> Option<u64> {
-        self.chunks.lock().front().map(|c| c.first)
+        self.chunks.lock().list.front().map(|c| c.first)
     }
 
     /// The chunk holding `pos`, if it is still (or already) listed.
     fn chunk_of(&self, pos: u64) -> Option<Arc<Chunk>> {
         let chunks = self.chunks.lock();
-        let first = chunks.front()?.first;
+        let first = chunks.list.front()?.first;
         let i = pos.checked_sub(first)? / CHUNK as u64;
-        chunks.get(i as usize).cloned()
+        chunks.list.get(i as usize).cloned()
     }
 
     /// Blocks the calling thread until `ready()` or `deadline`; `false` on the deadline.
@@ -169,7 +192,7 @@ impl DirectLog {
     /// wake-up is lost.
     pub(crate) fn wait_until(&self, ready: impl Fn() -> bool, deadline: Option<Instant>) -> bool {
         let mut g = self.wake.lock();
-        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.head.waiting.fetch_add(1, Ordering::SeqCst);
         let mut in_time = true;
         if !ready() {
             match deadline {
@@ -177,7 +200,7 @@ impl DirectLog {
                 Some(d) => in_time = !self.cv.wait_until(&mut g, d).timed_out(),
             }
         }
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.head.waiting.fetch_sub(1, Ordering::SeqCst);
         in_time
     }
 
@@ -193,13 +216,13 @@ impl DirectLog {
         ready: impl Fn() -> bool,
     ) -> Option<u64> {
         let mut g = self.wake.lock();
-        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.head.waiting.fetch_add(1, Ordering::SeqCst);
         if ready() {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.head.waiting.fetch_sub(1, Ordering::SeqCst);
             return None;
         }
         if known.is_some_and(|(epoch, w)| *epoch == g.0 && w.will_wake(waker)) {
-            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.head.waiting.fetch_sub(1, Ordering::SeqCst);
         } else {
             g.1.push(waker.clone());
         }
@@ -448,9 +471,9 @@ impl DirectReader {
         let pos = self.pos;
         match self.chunk.as_ref().filter(|c| c.get(pos).is_some()) {
             Some(c) => {
-                // The run: what this chunk holds written, up to the limit.
-                let written = c.first + c.len.load(Ordering::Acquire) as u64;
-                self.run_end = written.min(limit);
+                // The run: what this chunk holds below the limit (all of it written: the
+                // limit is a head, or an end taken from one).
+                self.run_end = c.end().min(limit);
                 self.pos += 1;
                 self.cursor.pos.store(self.pos, Ordering::Relaxed);
                 Next::Message

@@ -464,10 +464,18 @@ impl Receiver {
     /// [`TryRecvError::Empty`] when nothing waits; [`TryRecvError::Lagged`] once for messages
     /// the policy dropped; [`TryRecvError::Closed`] after the last message of a closed
     /// subscription.
+    #[inline]
     pub fn try_recv(&mut self) -> Result<Received, TryRecvError> {
         if let Some(e) = self.next_in_run() {
             return Ok(Received::of(e));
         }
+        self.try_recv_slow()
+    }
+
+    /// [`try_recv`](Receiver::try_recv) outside a run: kept out of line so that the fast path
+    /// inlines into the caller's loop.
+    #[inline(never)]
+    fn try_recv_slow(&mut self) -> Result<Received, TryRecvError> {
         self.try_next()?;
         Ok(self.received())
     }
@@ -505,6 +513,7 @@ impl Receiver {
     /// # Errors
     ///
     /// As [`try_recv`](Receiver::try_recv).
+    #[inline]
     pub fn try_recv_ref(&mut self) -> Result<Delivery<'_>, TryRecvError> {
         if matches!(&self.mode, Mode::Direct(d) if d.reader.in_run()) {
             let subscriber = &self.sub.sub.sref;
@@ -515,6 +524,13 @@ impl Receiver {
             d.received += 1;
             return Ok(Delivery::of(subscriber, e));
         }
+        self.try_recv_ref_slow()
+    }
+
+    /// [`try_recv_ref`](Receiver::try_recv_ref) outside a run (see
+    /// [`try_recv_slow`](Receiver::try_recv_slow)).
+    #[inline(never)]
+    fn try_recv_ref_slow(&mut self) -> Result<Delivery<'_>, TryRecvError> {
         self.try_next()?;
         Ok(self.delivery())
     }
