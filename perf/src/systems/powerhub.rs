@@ -447,8 +447,12 @@ pub(crate) fn inproc_receivers(
                     }
                 }
             }
+            // Stored only when it moved (as the broadcast consumer's): an idle pass writes no
+            // line the publisher reads.
             let min = counts.iter().copied().min().unwrap_or(0);
-            consumer_floor.store(min, Ordering::Release);
+            if min != consumer_floor.load(Ordering::Relaxed) {
+                consumer_floor.store(min, Ordering::Release);
+            }
         }
         (delivered, lost)
     });
