@@ -1744,7 +1744,7 @@ impl Inner {
     /// leaves `ended_direct` (and with it the log it holds).
     pub(crate) fn forget_ended(&self, dc: &Arc<DirectCursor>) {
         let _ids = self.ids.lock();
-        let gone = { self.ended_direct.lock().remove(&cursor_key(dc)) };
+        let gone = self.ended_direct.lock().remove(&cursor_key(dc));
         drop(_ids);
         // Dropped outside the locks: it may hold the topic's last chunks.
         drop(gone);
@@ -1870,11 +1870,6 @@ fn release_passed(t: &Topic) {
     }
 }
 
-/// The entry of publication `seq` in topic `t`, numbered in the topic; the guard keeps the next
-/// publication of the topic out until this one is offered to every subscriber.
-///
-/// A topic whose only consumers are taps (the engine's push fan-out, which does not read the
-/// number) and that retains nothing is not numbered: its publishers take no lock.
 /// The key of a direct receiver's cursor among the ended ones: its address (the entry holds the
 /// cursor, so the address is not reused while it is listed), so that dropping each of many
 /// receivers finds its own in constant time.
@@ -1882,6 +1877,11 @@ fn cursor_key(dc: &Arc<DirectCursor>) -> usize {
     Arc::as_ptr(dc) as usize
 }
 
+/// The entry of publication `seq` in topic `t`, numbered in the topic; the guard keeps the next
+/// publication of the topic out until this one is offered to every subscriber.
+///
+/// A topic whose only consumers are taps (the engine's push fan-out, which does not read the
+/// number) and that retains nothing is not numbered: its publishers take no lock.
 fn numbered(
     t: &Topic,
     seq: u64,
