@@ -6,6 +6,7 @@
 //! serialized and numbered); each receiver keeps its own position and holds one chunk by
 //! reference, so that receiving a message is a few loads with no lock and no reference count,
 //! and moving to the next chunk takes the log's chunk list lock once per [`CHUNK`] messages.
+//! The slots and the head that publishes them are [`super::slots`]'s, checked under loom.
 //! This is `tokio::sync::broadcast`'s shape (one buffer, a cursor per receiver) with the
 //! messages handed out by chunk.
 //!
@@ -29,54 +30,24 @@ use parking_lot::{Condvar, Mutex};
 use powerhub_plugin::CloseReason;
 
 use super::queue::Entry;
+use super::slots::{self, Head};
 
 /// Messages per chunk.
 pub(crate) const CHUNK: usize = 64;
 
-/// `CHUNK` write-once slots; slot `i` holds publication `first + i`. A chunk has no count of
-/// its own: slot `pos` is written once the log's `head` passes `pos`, so a receiver that read
-/// the head knows how far it may read, and the chunk's header (read by every receive that
-/// starts a run) is never written after it is made.
-pub(crate) struct Chunk {
-    first: u64,
-    slots: Box<[OnceLock<Arc<Entry>>]>,
-}
-
-impl Chunk {
-    fn new(first: u64) -> Chunk {
-        Chunk {
-            first,
-            slots: (0..CHUNK).map(|_| OnceLock::new()).collect(),
-        }
-    }
-
-    /// Publication `pos`, if this chunk holds it and it is written.
-    fn get(&self, pos: u64) -> Option<&Arc<Entry>> {
-        let off = pos.checked_sub(self.first)? as usize;
-        self.slots.get(off)?.get()
-    }
-
-    fn holds(&self, pos: u64) -> bool {
-        pos >= self.first && pos < self.end()
-    }
-
-    /// The first publication after this chunk.
-    fn end(&self) -> u64 {
-        self.first + CHUNK as u64
-    }
-}
+/// [`CHUNK`] write-once slots of the log; slot `i` holds publication `first + i`, written once
+/// the log's head passes it.
+pub(crate) type Chunk = slots::Chunk<Arc<Entry>>;
 
 /// What a publication writes and a receiver reads to learn of it, on a cache line of its own:
 /// the publisher's lock and the chunk list are not on it, so a receiver that polls the head
 /// does not take the line the next append locks away from the publisher.
-struct Head {
-    /// Publications appended. SeqCst store after the slot is written (the slot's set is a
-    /// release, so a receiver that loads `head > pos` finds slot `pos` set, and its chunk is
-    /// listed before `head` moves); SeqCst also orders it before the publisher's load of
-    /// `waiting` (see [`DirectLog::wait_until`]).
-    appended: AtomicU64,
+struct HeadLine {
+    /// Publications appended (see [`Head`]).
+    appended: Head,
     /// Receivers blocked or with a registered waker; publishers take `wake` only when non-zero.
-    /// Next to `appended`: the publisher reads it right after its store.
+    /// Next to `appended`: the publisher reads it right after its store. SeqCst, as the head's
+    /// load and store (see [`DirectLog::wait_until`]).
     waiting: AtomicUsize,
 }
 
@@ -95,7 +66,7 @@ pub(crate) struct DirectLog {
     /// is the one being written. Publishers (one at a time: they hold the topic's order lock)
     /// take it once per publication; receivers once per chunk, to look their next one up.
     chunks: Mutex<Chunks>,
-    head: CachePadded<Head>,
+    head: CachePadded<HeadLine>,
     /// The largest `max_queue` among the receivers; the chunks kept cover it.
     cap: AtomicUsize,
     /// Wake-ups so far (the epoch), and the wakers registered since the last one.
@@ -110,8 +81,8 @@ impl DirectLog {
     pub(crate) fn new(cap: usize) -> Arc<DirectLog> {
         Arc::new(DirectLog {
             chunks: Mutex::new(Chunks::default()),
-            head: CachePadded::new(Head {
-                appended: AtomicU64::new(0),
+            head: CachePadded::new(HeadLine {
+                appended: Head::new(),
                 waiting: AtomicUsize::new(0),
             }),
             cap: AtomicUsize::new(cap),
@@ -122,7 +93,7 @@ impl DirectLog {
 
     /// Publications appended so far: a new receiver starts here.
     pub(crate) fn head(&self) -> u64 {
-        self.head.appended.load(Ordering::SeqCst)
+        self.head.appended.load()
     }
 
     /// Keeps at least the last `cap` publications (the largest `max_queue`).
@@ -136,7 +107,7 @@ impl DirectLog {
         let head = chunks.next;
         let mut gone = None;
         if chunks.list.back().is_none_or(|c| c.end() == head) {
-            chunks.list.push_back(Arc::new(Chunk::new(head)));
+            chunks.list.push_back(Arc::new(Chunk::new(head, CHUNK)));
             // At least one chunk stays: the one being written.
             let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
             let over = chunks.list.len().saturating_sub(keep);
@@ -145,9 +116,11 @@ impl DirectLog {
             }
         }
         let chunk = chunks.list.back().expect("a chunk with room");
-        let _ = chunk.slots[(head - chunk.first) as usize].set(Arc::clone(entry));
+        // SAFETY: appends are serialized by the chunks lock, held here; `head` is the head's
+        // value (`next` moves with it, under the lock); the last chunk holds it (made above
+        // when the previous one ended at `head`).
+        unsafe { self.head.appended.publish(chunk, head, Arc::clone(entry)) };
         chunks.next = head + 1;
-        self.head.appended.store(head + 1, Ordering::SeqCst);
         drop(chunks);
         if self.head.waiting.load(Ordering::SeqCst) > 0 {
             self.wake_all();
@@ -175,13 +148,13 @@ impl DirectLog {
 
     /// The first publication the log still holds (`None` before the first).
     fn oldest(&self) -> Option<u64> {
-        self.chunks.lock().list.front().map(|c| c.first)
+        self.chunks.lock().list.front().map(|c| c.first())
     }
 
     /// The chunk holding `pos`, if it is still (or already) listed.
     fn chunk_of(&self, pos: u64) -> Option<Arc<Chunk>> {
         let chunks = self.chunks.lock();
-        let first = chunks.list.front()?.first;
+        let first = chunks.list.front()?.first();
         let i = pos.checked_sub(first)? / CHUNK as u64;
         chunks.list.get(i as usize).cloned()
     }
@@ -377,9 +350,10 @@ impl DirectReader {
             return e;
         }
         let chunk = self.chunk.as_ref().expect("the last receive was a message");
-        chunk.slots[(self.pos - 1 - chunk.first) as usize]
-            .get()
-            .expect("a message received from a written slot")
+        // SAFETY: `pos - 1` was just received from this chunk: it was below the run's end, which
+        // is below the limit, a head this reader loaded or the subscription's end (taken from
+        // the head by the closing thread, passed on through the end's `OnceLock`).
+        unsafe { chunk.get(self.pos - 1) }
     }
 
     /// Whether the next receive is inside the current run.
@@ -396,7 +370,9 @@ impl DirectReader {
             return None;
         }
         let chunk = self.chunk.as_ref()?;
-        let e = chunk.slots.get((self.pos - chunk.first) as usize)?.get()?;
+        // SAFETY: `pos` is below the run's end: the chunk holds it, and it is below the limit
+        // the run was cut at (see `current`).
+        let e = unsafe { chunk.get(self.pos) };
         self.pos += 1;
         Some(e)
     }
@@ -469,7 +445,8 @@ impl DirectReader {
             self.chunk = self.log.chunk_of(self.pos);
         }
         let pos = self.pos;
-        match self.chunk.as_ref().filter(|c| c.get(pos).is_some()) {
+        // `pos` is below the limit (checked above), so a chunk that holds it holds it written.
+        match self.chunk.as_ref().filter(|c| c.holds(pos)) {
             Some(c) => {
                 // The run: what this chunk holds below the limit (all of it written: the
                 // limit is a head, or an end taken from one).

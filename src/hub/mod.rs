@@ -81,6 +81,7 @@ mod message;
 mod options;
 mod queue;
 mod receiver;
+mod slots;
 mod stats;
 mod task;
 
