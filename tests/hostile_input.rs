@@ -117,9 +117,7 @@ fn over_frames(addr: SocketAddr) {
 }
 
 fn over_websocket(addr: SocketAddr) {
-    let stream = TcpStream::connect(addr).unwrap();
-    stream.set_read_timeout(Some(WAIT)).unwrap();
-    let (mut ws, _) = tungstenite::client(format!("ws://{addr}/"), stream).expect("upgrade");
+    let mut ws = engine_support::ws_connect(&format!("ws://{addr}/"), addr);
     let next = |ws: &mut tungstenite::WebSocket<TcpStream>| loop {
         let message = match ws.read() {
             // A signal delivered to this thread (the test process runs servers) interrupts the

@@ -254,3 +254,26 @@ pub fn serve(config: Config) -> Servers {
         engine,
     }
 }
+
+/// A WebSocket client upgraded on a fresh loopback connection to `addr` (`url` its request),
+/// with reads bounded by [`WAIT`]. A signal delivered to the test's thread (the test process
+/// runs servers) can interrupt the handshake's blocking read (`EINTR`), which the client
+/// library reports as a failed handshake with the connection half-read: the upgrade is then
+/// made again on a new connection. Any other failure fails the test.
+pub fn ws_connect(url: &str, addr: SocketAddr) -> tungstenite::WebSocket<TcpStream> {
+    const TRIES: usize = 5;
+    for _ in 0..TRIES {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream.set_read_timeout(Some(WAIT)).expect("read timeout");
+        match tungstenite::client(url, stream) {
+            Ok((ws, _)) => return ws,
+            Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Io(e)))
+                if e.kind() == std::io::ErrorKind::Interrupted =>
+            {
+                continue
+            }
+            Err(e) => panic!("upgrade: {e:?}"),
+        }
+    }
+    panic!("upgrade: interrupted {TRIES} times in a row");
+}
