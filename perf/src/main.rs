@@ -332,6 +332,17 @@ fn run(args: Args) -> io::Result<ExitCode> {
             ))
         })?);
     }
+    if let Some(bad) = args
+        .inproc_systems
+        .iter()
+        .flatten()
+        .find(|k| !inproc::SYSTEMS.contains(&k.as_str()))
+    {
+        return Err(io::Error::other(format!(
+            "unknown system {bad:?} in --inproc-systems; the in-process systems are {}",
+            inproc::SYSTEMS.join(", ")
+        )));
+    }
     if !(args.slow_fraction > 0.0 && args.slow_fraction <= 1.0) {
         return Err(io::Error::other(format!(
             "--slow-fraction {} is not in (0, 1]: it is a fraction of the slowest system's fanout maximum",

@@ -34,3 +34,12 @@ fn a_slow_fraction_outside_zero_to_one_is_refused() {
         "{err}"
     );
 }
+
+#[test]
+fn an_unknown_in_process_system_is_refused_naming_the_option_and_the_systems() {
+    let err = refused(&["--inproc-systems", "receivers,nope", "in-process"]);
+    assert!(
+        err.contains("\"nope\" in --inproc-systems") && err.contains("receivers-borrowed"),
+        "{err}"
+    );
+}
