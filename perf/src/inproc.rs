@@ -220,12 +220,13 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         unit: "deliveries/s".to_owned(),
         ..Scenario::default()
     };
-    let per_case = ctx.inproc_systems.as_ref().map_or(SYSTEMS.len(), |keys| {
-        SYSTEMS
-            .iter()
-            .filter(|s| keys.iter().any(|k| k == *s))
-            .count()
-    });
+    // `--inproc-systems` (checked against `SYSTEMS` before anything runs), or all.
+    let selected = |key: &str| {
+        ctx.inproc_systems
+            .as_ref()
+            .is_none_or(|keys| keys.iter().any(|k| k == key))
+    };
+    let per_case = SYSTEMS.iter().filter(|s| selected(s)).count();
     ctx.pb.inc_length((ctx.inproc_subs.len() * per_case) as u64);
     for &n in &ctx.inproc_subs {
         let msgs = (ctx.inproc_deliveries / n as u64).max(1000);
@@ -276,11 +277,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         ];
         let systems: Vec<(&str, bool, Runner)> = all
             .into_iter()
-            .filter(|s| {
-                ctx.inproc_systems
-                    .as_ref()
-                    .is_none_or(|keys| keys.iter().any(|k| k == s.0))
-            })
+            .filter(|s| selected(s.0))
             .map(|(_, name, is_ph, f)| (name, is_ph, f))
             .collect();
         // Repetitions interleaved across the systems, so that the machine's noise (it is

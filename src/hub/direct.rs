@@ -108,11 +108,11 @@ impl DirectLog {
         let mut gone = None;
         if chunks.list.back().is_none_or(|c| c.end() == head) {
             chunks.list.push_back(Arc::new(Chunk::new(head, CHUNK)));
-            // At least one chunk stays: the one being written.
+            // At least one chunk stays: the one being written. One chunk goes per chunk made;
+            // more only after the bound shrank, and all but the last of those drop here.
             let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
-            let over = chunks.list.len().saturating_sub(keep);
-            if over > 0 {
-                gone = Some(chunks.list.drain(..over).collect::<Vec<_>>());
+            while chunks.list.len() > keep {
+                gone = chunks.list.pop_front();
             }
         }
         let chunk = chunks.list.back().expect("a chunk with room");
@@ -125,8 +125,8 @@ impl DirectLog {
         if self.head.waiting.load(Ordering::SeqCst) > 0 {
             self.wake_all();
         }
-        // The chunks let go are freed outside the lock (with the last reference to their
-        // messages, when no receiver holds them).
+        // The chunk let go is freed outside the lock (with the last reference to its messages,
+        // when no receiver holds it).
         drop(gone);
     }
 

@@ -62,12 +62,23 @@ impl<T> Chunk<T> {
     ///
     /// When the slot is empty, which the contract rules out.
     pub(crate) unsafe fn get(&self, pos: u64) -> &T {
-        let slot = &self.slots[(pos - self.first) as usize];
+        let slot = self.slot(pos);
         // SAFETY: by the contract the head passed `pos`, so the slot's one write happened before
         // the head's store that this thread's load (or the load it learned `pos` from) saw; no
         // write follows. The reference lives as long as the chunk, whose slot no one writes again.
         slot.with(|p| unsafe { (*p).as_ref() })
             .expect("a slot below the head is written")
+    }
+
+    /// The cell of publication `pos`.
+    ///
+    /// # Panics
+    ///
+    /// When the chunk does not hold `pos`.
+    fn slot(&self, pos: u64) -> &UnsafeCell<Option<T>> {
+        pos.checked_sub(self.first)
+            .and_then(|off| self.slots.get(off as usize))
+            .unwrap_or_else(|| panic!("publication {pos} outside its chunk"))
     }
 }
 
@@ -98,8 +109,7 @@ impl Head {
     ///
     /// When `chunk` does not hold `pos`.
     pub(crate) unsafe fn publish<T>(&self, chunk: &Chunk<T>, pos: u64, value: T) {
-        assert!(chunk.holds(pos), "publication {pos} outside its chunk");
-        let slot = &chunk.slots[(pos - chunk.first) as usize];
+        let slot = chunk.slot(pos);
         // SAFETY: appends are serialized and `pos` is the head's value, so no other thread writes
         // this slot, and none reads it: readers read below a head they loaded, at most `pos`
         // until the store below.
