@@ -427,11 +427,12 @@ impl CommandParser {
     }
 
     fn parse_bytes(&self, line: &[u8]) -> Result<Command, CommandError> {
-        check_utf8(line)?;
-        // Nearly every publish: one pass (see `fast`); anything else, the full parser.
+        // Nearly every publish: one pass that checks the UTF-8 too (see `fast`); anything else,
+        // and every error, the full parser.
         if let Some(cmd) = super::fast::publish(line, self.max_depth) {
             return Ok(cmd);
         }
+        check_utf8(line)?;
         parse_json(line, self.max_depth)
     }
 }

@@ -10,9 +10,13 @@
 //! generated and byte-mutated lines, and `tests/protocol_fuzz.rs` checks the whole parser
 //! against serde_json.
 //!
-//! The line must already be known to be UTF-8. Short strings are read byte by byte; long ones
-//! are skipped with `memchr`, the skipped bytes checked for control characters in one
+//! The line need not be known to be UTF-8: the path takes only ASCII outside strings and checks
+//! a string holding a byte above ASCII as UTF-8, so a line it accepts is UTF-8 (and one that is
+//! not goes to the full parser, which names the offset). Short strings are skipped a word at a
+//! time; long ones with `memchr`, the skipped bytes checked for control characters in one
 //! vectorisable pass.
+
+use bytes::Bytes;
 
 use super::command::{one_line, Command, PublishMeta, RequestId};
 use crate::outbox::Field;
@@ -24,10 +28,16 @@ const MAX_DEPTH: usize = 64;
 /// A `publish` command read in one pass, or `None` to use the full parser. `max_depth` is the
 /// configured nesting limit: a line that nests deeper goes to the full parser, which refuses it.
 pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
+    // Offsets are kept in 32 bits (a smaller envelope to clear and move): a longer line, which
+    // no limit lets through by default, is the full parser's.
+    if u32::try_from(line.len()).is_err() {
+        return None;
+    }
     let mut p = Parser {
         b: line,
         i: 0,
         max_depth: MAX_DEPTH.min(max_depth),
+        breaks: false,
     };
     p.ws();
     let mut env = Envelope::default();
@@ -46,8 +56,9 @@ pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
         };
         if key == b"message" {
             // The message is read once: validated, and its head taken on the way.
+            let head = &mut env.head;
             p.record(slot, |p| {
-                env.head = p.head()?;
+                p.head(head)?;
                 Some(Kind::Object)
             })
         } else {
@@ -73,7 +84,12 @@ pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
     let meta = meta(line, &env.head)?;
     Some(Command::Publish {
         id,
-        message: one_line(&line[message.start..message.end]),
+        // A string holds no raw line break: without one read as whitespace, a copy will do.
+        message: if p.breaks {
+            one_line(message.of(line))
+        } else {
+            Bytes::copy_from_slice(message.of(line))
+        },
         meta,
     })
 }
@@ -121,7 +137,7 @@ fn request_id(line: &[u8], token: Option<Token>) -> Option<Option<RequestId>> {
             .plain_str(line)
             .map(|s| Some(RequestId::Str(s.to_owned()))),
         Kind::Integer => {
-            let text = std::str::from_utf8(&line[t.start..t.end]).ok()?;
+            let text = std::str::from_utf8(t.of(line)).ok()?;
             // `-0` is an integer to some parsers and a float to others: leave it to the full one.
             if text == "-0" {
                 return None;
@@ -157,21 +173,26 @@ struct Head {
     request_id: Option<Token>,
 }
 
-/// One value's span and what it is.
+/// One value's span and what it is (offsets fit 32 bits: [`publish`] checks the line's length).
 #[derive(Debug, Clone, Copy)]
 struct Token {
-    start: usize,
-    end: usize,
+    start: u32,
+    end: u32,
     kind: Kind,
 }
 
 impl Token {
+    /// The value's text.
+    fn of(self, json: &[u8]) -> &[u8] {
+        &json[self.start as usize..self.end as usize]
+    }
+
     /// The contents of a string without escapes.
     fn plain_str(self, json: &[u8]) -> Option<&str> {
         if self.kind != Kind::PlainString {
             return None;
         }
-        std::str::from_utf8(&json[self.start + 1..self.end - 1]).ok()
+        std::str::from_utf8(&json[self.start as usize + 1..self.end as usize - 1]).ok()
     }
 }
 
@@ -195,11 +216,15 @@ struct Parser<'a> {
     i: usize,
     /// A container opening at `value(depth)` with `depth >= max_depth` gives up.
     max_depth: usize,
+    /// A raw line break (`\r`: the line was cut at `\n`) was read as whitespace: only then
+    /// does the message need its line breaks flattened.
+    breaks: bool,
 }
 
 impl<'a> Parser<'a> {
     fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
+        while let Some(&c @ (b' ' | b'\t' | b'\n' | b'\r')) = self.b.get(self.i) {
+            self.breaks |= matches!(c, b'\n' | b'\r');
             self.i += 1;
         }
     }
@@ -254,8 +279,7 @@ impl<'a> Parser<'a> {
 
     /// The message object (depth 2), validated, with the members the server reads. `None` if it
     /// is not an object, repeats one of those members, or is not valid.
-    fn head(&mut self) -> Option<Head> {
-        let mut head = Head::default();
+    fn head(&mut self, head: &mut Head) -> Option<()> {
         self.object(true, |p, key| {
             let slot = match key {
                 b"type" => &mut head.kind,
@@ -269,8 +293,7 @@ impl<'a> Parser<'a> {
                 _ => return p.value(3).map(drop),
             };
             p.record(slot, |p| p.value(3))
-        })?;
-        Some(head)
+        })
     }
 
     /// Records the member value at the cursor in `slot`, read by `read`; a member already
@@ -283,11 +306,12 @@ impl<'a> Parser<'a> {
         if slot.is_some() {
             return None;
         }
-        let start = self.i;
+        // Both fit: `publish` refused a line longer than `u32::MAX`.
+        let start = self.i as u32;
         let kind = read(self)?;
         *slot = Some(Token {
             start,
-            end: self.i,
+            end: self.i as u32,
             kind,
         });
         Some(())
@@ -346,31 +370,57 @@ impl<'a> Parser<'a> {
         Some(kind)
     }
 
-    /// A string with no control character and no `\u` escape.
+    /// A string with no control character and no `\u` escape, whose bytes are UTF-8.
     ///
-    /// Keys and the fields the server reads are short: they are read byte by byte. Past 16 bytes
-    /// the rest is skipped with `memchr`, and the skipped bytes are checked for control
-    /// characters in one vectorisable pass (a base64 image is one long string).
+    /// Plain bytes are skipped eight at a time (a word tested for a quote, a backslash or a
+    /// control character at once); past 32 bytes the rest is found with `memchr` and the skipped
+    /// bytes checked for control characters in one vectorisable pass (a base64 image is one long
+    /// string). A string holding a byte above ASCII is checked as UTF-8 once it ends: outside
+    /// strings the parser takes only ASCII, so a line whose strings are all UTF-8 is UTF-8.
     fn string(&mut self) -> Option<Kind> {
         let b = self.b;
         if b.get(self.i) != Some(&b'"') {
             return None;
         }
-        let mut j = self.i + 1;
+        let first = self.i + 1;
+        let mut j = first;
         let mut kind = Kind::PlainString;
-        let mut run = 0;
+        // The bytes seen, or-ed together: bit 7 set when one was above ASCII.
+        let mut seen = 0u64;
         loop {
-            if run == 16 {
+            if j - first < 32 {
+                while let Some(word) = b.get(j..j + 8) {
+                    let x = u64::from_le_bytes(word.try_into().ok()?);
+                    let special = special_bytes(x);
+                    if special != 0 {
+                        let n = special.trailing_zeros() as usize / 8;
+                        // Only the bytes before the special one are plain (`n` is at most 7).
+                        seen |= x & ((1u64 << (8 * n)) - 1);
+                        j += n;
+                        break;
+                    }
+                    seen |= x;
+                    j += 8;
+                    if j - first >= 32 {
+                        break;
+                    }
+                }
+            } else {
                 let rest = b.get(j..)?;
                 let k = memchr::memchr2(b'"', b'\\', rest)?;
-                if rest[..k].iter().fold(false, |c, &x| c | (x < 0x20)) {
+                // Two folds the compiler vectorises: the least byte and every bit seen.
+                let skipped = &rest[..k];
+                if skipped.iter().fold(u8::MAX, |m, &x| m.min(x)) < 0x20 {
                     return None;
                 }
+                seen |= u64::from(skipped.iter().fold(0u8, |h, &x| h | x));
                 j += k;
-                run = 0;
             }
             match *b.get(j)? {
                 b'"' => {
+                    if seen & 0x8080_8080_8080_8080 != 0 {
+                        std::str::from_utf8(&b[first..j]).ok()?;
+                    }
                     self.i = j + 1;
                     return Some(kind);
                 }
@@ -382,9 +432,9 @@ impl<'a> Parser<'a> {
                     _ => return None,
                 },
                 0..=0x1f => return None,
-                _ => {
+                x => {
+                    seen |= u64::from(x);
                     j += 1;
-                    run += 1;
                 }
             }
         }
@@ -442,6 +492,21 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// Bit 7 of each byte of `x` (read little-endian) that is a quote, a backslash or a control
+/// character; bits above the first such byte may be set too (a borrow carries into them), so only
+/// the lowest set bit is exact.
+fn special_bytes(x: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // A byte is zero in `v` exactly when (v - 1) borrows into its bit 7 while bit 7 was clear.
+    let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    let quote = zero(x ^ (ONES * u64::from(b'"')));
+    let backslash = zero(x ^ (ONES * u64::from(b'\\')));
+    // Below 0x20: subtracting 0x20 borrows into bit 7 of a byte whose bit 7 was clear.
+    let control = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
+    quote | backslash | control
+}
+
 /// The byte-mutation helpers the integration tests use too.
 #[cfg(test)]
 #[path = "../../tests/mutate/mod.rs"]
@@ -459,12 +524,67 @@ mod tests {
 
     /// The fast path's answer, checked against the full parser whenever it gives one.
     fn both(line: &str) -> Option<Command> {
-        let fast = publish(line.as_bytes(), 128);
+        both_bytes(line.as_bytes())
+    }
+
+    /// [`both`] for any bytes: a line the fast path takes must be UTF-8.
+    fn both_bytes(line: &[u8]) -> Option<Command> {
+        let fast = publish(line, 128);
         if let Some(cmd) = &fast {
-            let full = parse_full_default(line.as_bytes());
-            assert_eq!(full.as_ref(), Ok(cmd), "{line}");
+            let text = String::from_utf8_lossy(line);
+            assert!(std::str::from_utf8(line).is_ok(), "not UTF-8: {text}");
+            let full = parse_full_default(line);
+            assert_eq!(full.as_ref(), Ok(cmd), "{text}");
         }
         fast
+    }
+
+    #[test]
+    fn a_line_that_is_not_utf8_goes_to_the_full_parser() {
+        let line = |s: &[u8]| {
+            let mut l = br#"{"type":"publish","message":{"type":"t","stream":"s","x":""#.to_vec();
+            l.extend_from_slice(s);
+            l.extend_from_slice(br#""}}"#);
+            l
+        };
+        // Short and long strings (word by word, then memchr), the bad byte anywhere in them.
+        for pad in [0, 3, 7, 8, 15, 31, 32, 33, 40, 100] {
+            let a = "a".repeat(pad);
+            // A lone byte above ASCII, a cut sequence, a surrogate's encoding.
+            for bad in [&b"\xff"[..], b"\xc3", b"\xe2\x82", b"\xed\xa0\x80"] {
+                for at in [0, pad / 2, pad] {
+                    let mut s = a.clone().into_bytes();
+                    s.splice(at..at, bad.iter().copied());
+                    assert!(
+                        publish(&line(&s), 128).is_none(),
+                        "pad {pad} at {at}: {bad:?}"
+                    );
+                }
+            }
+            // UTF-8 in the same places is taken.
+            for at in [0, pad / 2, pad] {
+                let mut s = a.clone().into_bytes();
+                s.splice(at..at, "é€😀".bytes());
+                assert!(both_bytes(&line(&s)).is_some(), "pad {pad} at {at}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_special_byte_is_found_anywhere_in_a_word() {
+        // A quote, a backslash or a control character at each position of the words read.
+        for pad in 0..40 {
+            let a = "a".repeat(pad);
+            let ok = format!(
+                r#"{{"type":"publish","message":{{"type":"t","stream":"s","x":"{a}\"b"}}}}"#
+            );
+            assert!(both(&ok).is_some(), "{ok}");
+            let ctrl = format!("{{\"type\":\"publish\",\"message\":{{\"type\":\"t\",\"stream\":\"s\",\"x\":\"{a}\u{1}b\"}}}}");
+            assert!(publish(ctrl.as_bytes(), 128).is_none(), "{ctrl:?}");
+            let short =
+                format!(r#"{{"type":"publish","message":{{"type":"t","stream":"s","x":"{a}"}}}}"#);
+            assert!(both(&short).is_some(), "{short}");
+        }
     }
 
     #[test]
@@ -472,6 +592,14 @@ mod tests {
         assert!(both(r#"{"type":"publish","message":{"type":"t","stream":"b","s":42}}"#).is_some());
         assert!(both(r#" {"type":"publish","id":7,"message":{"type":"screenshot_update","stream":"obs","deviceId":"d","deviceSessionUuid":null,"png":"aGk=","n":[1,2.5,-3e2,true,null,{}]}} "#).is_some());
         assert!(both(r#"{"message":{"stream":"s","type":"x","text":"a \"quoted\" \\ word\n"},"requestId":"r","type":"publish"}"#).is_some());
+        // Raw line breaks as whitespace (a WebSocket text message may hold them): flattened,
+        // as the full parser does.
+        let Some(Command::Publish { message, .. }) =
+            both("{\"type\":\"publish\",\"message\":{\"type\":\"t\",\r\n\"stream\":\"s\"\n}}")
+        else {
+            panic!("not taken");
+        };
+        assert_eq!(&message[..], b"{\"type\":\"t\",  \"stream\":\"s\" }");
     }
 
     #[test]
@@ -619,17 +747,16 @@ mod tests {
             both(&line);
         }
 
-        /// The same, on lines mutated byte by byte (most of them invalid).
+        /// The same, on lines mutated byte by byte (most of them invalid, some not UTF-8): a
+        /// line the fast path takes is UTF-8 and the full parser reads it alike.
         #[test]
         fn the_fast_path_agrees_with_the_full_parser_on_mutated_lines(
-            line in publish_line(plain_value(), Just(Some(json!(7))), "[a-z]{1,6}"),
+            line in publish_line(plain_value(), Just(Some(json!(7))), "[a-zé]{1,40}"),
             edits in mutate::edits(1..4),
         ) {
             let mut bytes = line.into_bytes();
             mutate::apply(&mut bytes, &edits);
-            if let Ok(text) = String::from_utf8(bytes) {
-                both(&text);
-            }
+            both_bytes(&bytes);
         }
 
         /// And the fast path is not a rarity: a publish of plain values always takes it.
