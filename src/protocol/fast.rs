@@ -377,11 +377,31 @@ impl<'a> Parser<'a> {
     /// bytes checked for control characters in one vectorisable pass (a base64 image is one long
     /// string). A string holding a byte above ASCII is checked as UTF-8 once it ends: outside
     /// strings the parser takes only ASCII, so a line whose strings are all UTF-8 is UTF-8.
+    #[inline]
     fn string(&mut self) -> Option<Kind> {
         let b = self.b;
         if b.get(self.i) != Some(&b'"') {
             return None;
         }
+        // Most keys and the fields the server reads end within the first word: read here, the
+        // rest out of line.
+        if let Some(word) = b.get(self.i + 1..self.i + 9) {
+            let x = u64::from_le_bytes(word.try_into().ok()?);
+            let special = special_bytes(x);
+            let n = special.trailing_zeros() as usize / 8;
+            // `n` is 8 when the word holds no special byte; below, the byte at `n` is exact.
+            if n < 8 && x.to_le_bytes()[n] == b'"' && x & ((1u64 << (8 * n)) - 1) & HIGH == 0 {
+                self.i += n + 2;
+                return Some(Kind::PlainString);
+            }
+        }
+        self.string_rest()
+    }
+
+    /// [`Self::string`] past its first word (the cursor still on the opening quote).
+    #[inline(never)]
+    fn string_rest(&mut self) -> Option<Kind> {
+        let b = self.b;
         let first = self.i + 1;
         let mut j = first;
         let mut kind = Kind::PlainString;
@@ -418,7 +438,7 @@ impl<'a> Parser<'a> {
             }
             match *b.get(j)? {
                 b'"' => {
-                    if seen & 0x8080_8080_8080_8080 != 0 {
+                    if seen & HIGH != 0 {
                         std::str::from_utf8(&b[first..j]).ok()?;
                     }
                     self.i = j + 1;
@@ -492,12 +512,14 @@ impl<'a> Parser<'a> {
     }
 }
 
+/// Bit 7 of every byte of a word.
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
 /// Bit 7 of each byte of `x` (read little-endian) that is a quote, a backslash or a control
 /// character; bits above the first such byte may be set too (a borrow carries into them), so only
 /// the lowest set bit is exact.
 fn special_bytes(x: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
     // A byte is zero in `v` exactly when (v - 1) borrows into its bit 7 while bit 7 was clear.
     let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
     let quote = zero(x ^ (ONES * u64::from(b'"')));
