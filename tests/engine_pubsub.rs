@@ -268,3 +268,61 @@ fn graceful_shutdown_ends_at_its_deadline_when_a_client_never_reads() {
         drop(stalled);
     });
 }
+
+/// A library subscriber's transport that blocks in `send` until released.
+#[derive(Debug)]
+struct BlockingSink {
+    called: crossbeam_channel::Sender<()>,
+    release: crossbeam_channel::Receiver<()>,
+}
+
+impl powerhub::plugin::Sink for BlockingSink {
+    fn send(
+        &self,
+        _sub: &powerhub::plugin::SubscriberRef,
+        _frame: powerhub::plugin::Frame,
+        _done: powerhub::plugin::Completion,
+    ) -> powerhub::plugin::SendOutcome {
+        let _ = self.called.try_send(());
+        // Longer than a client waits for a line: a stuck shard shows as a missing line.
+        let _ = self.release.recv_timeout(2 * WAIT);
+        powerhub::plugin::SendOutcome::Accepted
+    }
+}
+
+/// The engine's own hub drains on a thread of its own: a library subscriber whose transport
+/// blocks holds up no shard, so the push subscribers of the server's only shard keep receiving
+/// (a shard that ran the hub's turns would be stuck in that `send`).
+#[test]
+fn a_library_subscriber_that_blocks_holds_up_no_shard() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.engine.shards = 1;
+        let server = start(config);
+        let (called_tx, called_rx) = crossbeam_channel::bounded(1);
+        let (release_tx, release_rx) = crossbeam_channel::bounded(1);
+        let sink = Arc::new(BlockingSink {
+            called: called_tx,
+            release: release_rx,
+        });
+        let _library = server
+            .engine
+            .hub()
+            .subscribe_sink("lib", powerhub::hub::SubscribeOptions::default().sink(sink))
+            .unwrap();
+        let mut sub = Client::connect(server.addr);
+        sub.subscribe("obs");
+        let mut publisher = Client::connect(server.addr);
+        publisher.send(r#"{"type":"publish","message":{"type":"t","stream":"lib"}}"#);
+        called_rx
+            .recv_timeout(WAIT)
+            .expect("the library subscriber's transport was called");
+        // While its `send` blocks, the push subscriber on the same (only) shard is served.
+        for i in 0..3 {
+            let msg = format!(r#"{{"type":"t","stream":"obs","n":{i}}}"#);
+            publisher.send(&format!(r#"{{"type":"publish","message":{msg}}}"#));
+            assert_eq!(sub.line().as_deref(), Some(msg.as_str()));
+        }
+        release_tx.send(()).unwrap();
+    });
+}

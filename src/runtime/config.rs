@@ -90,13 +90,14 @@ pub struct EngineSection {
     /// How often the hub's and the engine's counters are published to the `$stats` stream
     /// (while it has subscribers), in milliseconds; 0 = never.
     pub stats_interval_ms: u64,
-    /// How long the engine's hub gathers publications before a delivery turn, in microseconds
-    /// (`HubOptions::batch_delay`); 0 = a turn per wake-up.
+    /// How long the engine's own hub gathers publications before a delivery turn to its
+    /// library subscribers, in microseconds (`HubOptions::batch_delay`); 0 = a turn per wake-up
+    /// of its drain thread.
     pub hub_batch_delay_us: u64,
-    /// After a pass of the hub-driving shard whose sends were small (under
-    /// [`SMALL_SEND_BYTES`] on average), the hub's next delivery turn waits until this many
-    /// microseconds after those sends, so that publications arriving meanwhile leave as one
-    /// larger segment per connection instead of many small ones; 0 = never wait.
+    /// After a pass of a busy shard whose sends were small (under [`SMALL_SEND_BYTES`] on
+    /// average), that shard's next fan-out waits until this many microseconds after those
+    /// sends, so that publications arriving meanwhile leave as one larger segment per
+    /// connection instead of many small ones; 0 = never wait. Per shard.
     pub turn_gap_us: u64,
 }
 

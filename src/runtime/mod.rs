@@ -13,9 +13,10 @@
 //! - Fan-out runs on the shards: each holds the push subscriptions of its own connections and
 //!   hands each topic batch, encoded once per wire format, to their outboxes (`fanout.rs`). A
 //!   publish from any thread only queues the entry for each interested shard.
-//! - The engine's own hub, for library subscribers of [`Engine::hub`], has no thread: shard 0
-//!   runs its turns between IO waits ([`Driver::Manual`] with an `on_work` hook that wakes
-//!   shard 0 when it sleeps).
+//! - The engine's own hub, for library subscribers of [`Engine::hub`], drains on a thread of
+//!   its own ([`Driver::Thread`], woken by a publish that queued for one of them): no shard
+//!   runs hub turns, so every shard does the same work. With no library subscriber that thread
+//!   never wakes: push subscriptions do not go through it.
 //! - Plugins: listeners name a [`ProtocolFactory`] registered in
 //!   a [`ProtocolRegistry`].
 //!
@@ -292,8 +293,6 @@ pub(crate) struct Shared {
     /// subtracted by the owning one. `Relaxed`: a count.
     pub(crate) open: AtomicUsize,
     pub(crate) hub: Hub,
-    /// Shard 0 runs the hub's turns (the engine's own hub, [`Driver::Manual`]).
-    pub(crate) drives_hub: bool,
     /// What every push connection shares: its limits, outbox settings and notifications.
     pub(crate) push_config: Arc<PushConfig>,
     pub(crate) next_conn_id: AtomicU64,
@@ -514,9 +513,9 @@ impl EngineBuilder {
         self
     }
 
-    /// Serves `hub` (default: a hub of its own, closed at shutdown, whose turns run on shard 0's
-    /// thread between its IO waits, with no thread of its own). A hub given here keeps its own
-    /// driver; it is flushed at shutdown but left open.
+    /// Serves `hub` (default: a hub of its own, closed at shutdown, whose drain thread delivers
+    /// to its library subscribers). A hub given here keeps its own driver; it is flushed at
+    /// shutdown but left open.
     pub fn hub(mut self, hub: Hub) -> Self {
         self.hub = Some(hub);
         self
@@ -582,22 +581,18 @@ impl Engine {
                 ShardHandle::new(index).map_err(|source| EngineError::Shard { index, source })?,
             ));
         }
-        // The engine's own hub has no thread: shard 0 runs its turns in its loop, woken (when it
-        // sleeps) by the first publish or completion that finds the hub idle.
+        // The engine's own hub drains on its own thread (for its library subscribers only), so
+        // that no shard does more than the others.
         let owns_hub = hub.is_none();
         let hub = match hub {
             Some(h) => h,
-            None => {
-                let hub_shard = Arc::clone(&handles[0]);
-                Hub::new(
-                    NoSink,
-                    HubOptions::default()
-                        .batch_delay(config.engine.hub_batch_delay())
-                        .driver(Driver::Manual)
-                        .on_work(move || hub_shard.wake())
-                        .on_error(report_hub_error),
-                )?
-            }
+            None => Hub::new(
+                NoSink,
+                HubOptions::default()
+                    .batch_delay(config.engine.hub_batch_delay())
+                    .driver(Driver::Thread)
+                    .on_error(report_hub_error),
+            )?,
         };
         let limits = &config.limits;
         let protocol_limits = ProtocolLimits::default()
@@ -677,7 +672,6 @@ impl Engine {
                 .collect(),
             open: AtomicUsize::new(0),
             hub,
-            drives_hub: owns_hub,
             push_config,
             next_conn_id: AtomicU64::new(1),
             auth: RwLock::new(auth),

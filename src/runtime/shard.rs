@@ -6,8 +6,6 @@
 //! phases as [`ShardMsg`]s, and publishers list the topics that have new entries for the shard's
 //! subscriptions (see [`super::fanout`]). A turn of the shard loop:
 //!
-//! 0. on shard 0, when the engine owns its hub: runs the hub's turn if one is due (the hub's
-//!    own subscribers, those of library users; push subscriptions are not among them),
 //! 1. fans out every listed topic (unless the turn gap holds it back): each batch is encoded
 //!    once per wire format and the same `Bytes` goes into every local subscriber's [`Outbox`],
 //! 2. drains the message queue (new connections, shutdown phases),
@@ -356,7 +354,7 @@ pub(crate) struct Shard<B: Backend> {
     /// Sends started since the last wait, and their bytes (see `engine.turn_gap_us`).
     pass_sends: usize,
     pass_bytes: usize,
-    /// The next fan-out (and hub turn) waits until then (see `engine.turn_gap_us`).
+    /// The next fan-out waits until then (see `engine.turn_gap_us`).
     quiet_until: Option<Instant>,
     /// When the last pass that sent ended, or the gap that followed it: a pass that begins
     /// within half a gap of it finds the shard busy (see [`wants_gap`]).
@@ -414,16 +412,12 @@ impl<B: Backend> Shard<B> {
         }
         let mut events = Vec::with_capacity(256);
         let mut next_tick = Instant::now() + TICK;
-        let drives_hub = self.shared.drives_hub && self.handle.index == 0;
         let gap = self.shared.config.engine.turn_gap();
         loop {
             let now = Instant::now();
             // In the gap after a pass of small sends (`wants_gap`), publications gather.
             if self.quiet_until.is_none_or(|q| now >= q) {
                 self.quiet_until = None;
-                if drives_hub {
-                    self.shared.hub.turn(now);
-                }
                 self.fan_out_listed(now);
             }
             self.drain_queue();
@@ -458,14 +452,6 @@ impl<B: Backend> Shard<B> {
                 // or sees the shard parked and wakes it (see [`Parker`]).
                 if !self.handle.topics.is_empty() {
                     let at = self.quiet_until.unwrap_or(now);
-                    timeout = timeout.min(at.saturating_duration_since(now));
-                }
-            }
-            if drives_hub && !timeout.is_zero() {
-                // After `park_begin`: a publish that set the hub's work flag before it either
-                // shows here or sees the shard parked and wakes it (see [`Parker`]).
-                if let Some(at) = self.shared.hub.poll_timeout() {
-                    let at = self.quiet_until.map_or(at, |q| q.max(at));
                     timeout = timeout.min(at.saturating_duration_since(now));
                 }
             }
