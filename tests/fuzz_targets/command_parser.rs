@@ -43,6 +43,12 @@ pub(crate) fn check(line: &[u8]) {
             }
         }
         Err(e) => {
+            // The fast path checks UTF-8 itself (the server no longer checks the whole line
+            // before it): it must leave such a line to the full parser.
+            assert!(
+                fast_publish(line).is_none(),
+                "the fast path read a line that is not UTF-8"
+            );
             let err = full_result
                 .as_ref()
                 .expect_err("a line that is not UTF-8 is refused");
