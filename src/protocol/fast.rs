@@ -216,8 +216,9 @@ struct Parser<'a> {
     i: usize,
     /// A container opening at `value(depth)` with `depth >= max_depth` gives up.
     max_depth: usize,
-    /// A raw line break (`\r`: the line was cut at `\n`) was read as whitespace: only then
-    /// does the message need its line breaks flattened.
+    /// A raw line break (`\n` or `\r`; a WebSocket text message may hold either, an NDJSON
+    /// line only `\r`) was read as whitespace: only then does the message need its line breaks
+    /// flattened.
     breaks: bool,
 }
 
