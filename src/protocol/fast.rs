@@ -387,11 +387,8 @@ impl<'a> Parser<'a> {
         // Most keys and the fields the server reads end within the first word: read here, the
         // rest out of line.
         if let Some(word) = b.get(self.i + 1..self.i + 9) {
-            let x = u64::from_le_bytes(word.try_into().ok()?);
-            let special = special_bytes(x);
-            let n = special.trailing_zeros() as usize / 8;
-            // `n` is 8 when the word holds no special byte; below, the byte at `n` is exact.
-            if n < 8 && x.to_le_bytes()[n] == b'"' && x & ((1u64 << (8 * n)) - 1) & HIGH == 0 {
+            let (n, plain) = first_special(u64::from_le_bytes(word.try_into().ok()?));
+            if n < 8 && word[n] == b'"' && plain & HIGH == 0 {
                 self.i += n + 2;
                 return Some(Kind::PlainString);
             }
@@ -412,11 +409,9 @@ impl<'a> Parser<'a> {
             if j - first < 32 {
                 while let Some(word) = b.get(j..j + 8) {
                     let x = u64::from_le_bytes(word.try_into().ok()?);
-                    let special = special_bytes(x);
-                    if special != 0 {
-                        let n = special.trailing_zeros() as usize / 8;
-                        // Only the bytes before the special one are plain (`n` is at most 7).
-                        seen |= x & ((1u64 << (8 * n)) - 1);
+                    let (n, plain) = first_special(x);
+                    if n < 8 {
+                        seen |= plain;
                         j += n;
                         break;
                     }
@@ -516,10 +511,9 @@ impl<'a> Parser<'a> {
 /// Bit 7 of every byte of a word.
 const HIGH: u64 = 0x8080_8080_8080_8080;
 
-/// Bit 7 of each byte of `x` (read little-endian) that is a quote, a backslash or a control
-/// character; bits above the first such byte may be set too (a borrow carries into them), so only
-/// the lowest set bit is exact.
-fn special_bytes(x: u64) -> u64 {
+/// Where the first quote, backslash or control character of the word `x` (read little-endian)
+/// is, as a byte index (8 when there is none), and the word's bytes before it (the rest zeroed).
+fn first_special(x: u64) -> (usize, u64) {
     const ONES: u64 = 0x0101_0101_0101_0101;
     // A byte is zero in `v` exactly when (v - 1) borrows into its bit 7 while bit 7 was clear.
     let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
@@ -527,7 +521,12 @@ fn special_bytes(x: u64) -> u64 {
     let backslash = zero(x ^ (ONES * u64::from(b'\\')));
     // Below 0x20: subtracting 0x20 borrows into bit 7 of a byte whose bit 7 was clear.
     let control = x.wrapping_sub(ONES * 0x20) & !x & HIGH;
-    quote | backslash | control
+    // Bit 7 of each special byte; above the first one a borrow may set more, so only the lowest
+    // set bit is exact. Below that bit's byte are the plain bytes (all of them when there is no
+    // special byte: the subtraction wraps).
+    let special = quote | backslash | control;
+    let plain = ((special & special.wrapping_neg()) >> 7).wrapping_sub(1);
+    (special.trailing_zeros() as usize / 8, x & plain)
 }
 
 /// The byte-mutation helpers the integration tests use too.

@@ -41,7 +41,7 @@ use super::parker::Parker;
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::tls::TlsLayer;
 use super::Shared;
-use crate::hub::Entry;
+use crate::hub::{Entry, Message, PublishError};
 use crate::protocol::Session;
 use crate::push::{Ending, PushConnection, PushState, Request, Transmit, MAX_IOV};
 
@@ -827,25 +827,7 @@ impl<B: Backend> Shard<B> {
                     topic,
                 } => self.unsubscribe(token, subscription_id, &topic, now),
                 Request::Publish { topics, message } => {
-                    let hub = &self.shared.hub;
-                    let publish = |topic: &str, m| {
-                        hub.publish(topic, m, crate::hub::PublishOptions::default())
-                    };
-                    let mut result = Ok(0);
-                    let mut add = |r| match (r, &mut result) {
-                        (Ok(n), Ok(total)) => *total += n,
-                        (Ok(_), Err(_)) => {}
-                        (Err(e), _) => result = Err(e),
-                    };
-                    // The last topic takes the message itself: a clone turns bytes made from a
-                    // vector into shared ones (an allocation), for a message most often
-                    // published to one topic.
-                    if let Some((last, others)) = topics.split_last() {
-                        for topic in others {
-                            add(publish(topic, message.clone()));
-                        }
-                        add(publish(last, message));
-                    }
+                    let result = self.publish(&topics, message);
                     if let Some(c) = slot_mut(&mut self.slots, token) {
                         c.push.publish_done(result, now);
                     }
@@ -854,6 +836,30 @@ impl<B: Backend> Shard<B> {
         }
         self.mark_dirty(token);
         self.settle(token);
+    }
+
+    /// Publishes a connection's message to each of its topics; the subscribers it reached, or
+    /// the last error. The last topic takes the message itself: a clone turns bytes made from a
+    /// vector into shared ones (an allocation), for a message most often published to one topic.
+    fn publish(&self, topics: &[String], message: Message) -> Result<usize, PublishError> {
+        let publish = |topic: &str, m| {
+            self.shared
+                .hub
+                .publish(topic, m, crate::hub::PublishOptions::default())
+        };
+        let add = |total: Result<usize, PublishError>, r| match r {
+            Ok(n) => total.map(|t| t + n),
+            Err(e) => Err(e),
+        };
+        let Some((last, others)) = topics.split_last() else {
+            return Ok(0);
+        };
+        // Every topic is published to, even after an error (not `try_fold`).
+        let mut total = Ok(0);
+        for topic in others {
+            total = add(total, publish(topic, message.clone()));
+        }
+        add(total, publish(last, message))
     }
 
     /// Adds a push subscription of connection `token` to the shard's fan-out of `topic` (after
