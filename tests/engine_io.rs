@@ -231,3 +231,129 @@ fn unix_listener_replaces_a_stale_socket_file_and_refuses_a_live_one() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// Holds a shard: its connection's `decode` blocks on a `STALL` line until the gate opens.
+#[derive(Debug, Default)]
+struct Gate {
+    /// (a decode is blocked, the gate is open)
+    state: std::sync::Mutex<(bool, bool)>,
+    changed: std::sync::Condvar,
+}
+
+impl Gate {
+    fn wait_open(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.0 = true;
+        self.changed.notify_all();
+        while !s.1 {
+            s = self.changed.wait(s).unwrap();
+        }
+    }
+
+    fn wait_blocked(&self) {
+        let s = self.state.lock().unwrap();
+        let (_s, timeout) = self.changed.wait_timeout_while(s, WAIT, |s| !s.0).unwrap();
+        assert!(!timeout.timed_out(), "the STALL line never reached decode");
+    }
+
+    fn open(&self) {
+        self.state.lock().unwrap().1 = true;
+        self.changed.notify_all();
+    }
+}
+
+/// NDJSON, except that a `STALL` line blocks the owning shard in `decode` until the gate opens.
+#[derive(Debug)]
+struct Stall(std::sync::Arc<Gate>);
+
+impl powerhub::plugin::StreamProtocol for Stall {
+    fn decode(
+        &mut self,
+        input: &mut powerhub::plugin::BytesMut,
+        out: &mut powerhub::plugin::ProtocolOutput,
+    ) -> Result<(), powerhub::plugin::ProtocolError> {
+        while let Some(pos) = input.iter().position(|&b| b == b'\n') {
+            let line = input.split_to(pos + 1).freeze().slice(..pos);
+            if &line[..] == b"STALL" {
+                self.0.wait_open();
+            } else {
+                out.events.push(powerhub::plugin::Inbound::Text(line));
+            }
+        }
+        Ok(())
+    }
+
+    fn encode_text(&mut self, json: &[u8], out: &mut powerhub::plugin::BytesMut) {
+        out.extend_from_slice(json);
+        out.extend_from_slice(b"\n");
+    }
+
+    fn is_ready(&self) -> bool {
+        true
+    }
+
+    fn name(&self) -> &str {
+        "stall"
+    }
+}
+
+#[derive(Debug)]
+struct StallFactory(std::sync::Arc<Gate>);
+
+impl powerhub::plugin::ProtocolFactory for StallFactory {
+    fn name(&self) -> &str {
+        "stall"
+    }
+
+    fn new_connection(
+        &self,
+        _limits: &powerhub::plugin::ProtocolLimits,
+    ) -> Box<dyn powerhub::plugin::StreamProtocol> {
+        Box::new(Stall(std::sync::Arc::clone(&self.0)))
+    }
+}
+
+/// No shard is special: every shard accepts on every listener. With the first connection's
+/// shard (shard 0, the first in the round-robin) held inside a decode, a new connection is
+/// still accepted by the other shard and served.
+#[test]
+fn every_shard_accepts_so_a_busy_shard_holds_up_no_new_connection() {
+    on_both_backends(|backend| {
+        let gate = std::sync::Arc::new(Gate::default());
+        let mut config = base_config(backend);
+        assert_eq!(config.engine.shards, 2);
+        config.listeners = vec![powerhub::runtime::ListenerConfig::tcp(
+            "stall",
+            "127.0.0.1:0",
+        )];
+        let mut registry = powerhub::runtime::ProtocolRegistry::with_builtins();
+        registry
+            .register(std::sync::Arc::new(StallFactory(std::sync::Arc::clone(
+                &gate,
+            ))))
+            .unwrap();
+        let server = start_with(config, &registry);
+        let mut first = Client::connect(server.addr);
+        first.send(r#"{"type":"ping","id":1}"#);
+        assert_eq!(first.json()["type"], "pong");
+        first.send("STALL");
+        gate.wait_blocked();
+        let mut second = Client::connect(server.addr);
+        second
+            .writer
+            .set_read_timeout(Some(std::time::Duration::from_secs(3)))
+            .unwrap();
+        second.send(r#"{"type":"ping","id":2}"#);
+        let mut reply = String::new();
+        let read = std::io::BufRead::read_line(&mut second.reader, &mut reply);
+        // The held shard goes on before any assertion, so that a failure still shuts down.
+        gate.open();
+        assert!(
+            read.as_ref().is_ok_and(|&n| n > 0) && reply.contains("\"pong\""),
+            "a new connection waited for the busy shard: {read:?} {reply:?}"
+        );
+        first.send(r#"{"type":"ping","id":3}"#);
+        assert_eq!(first.json()["requestId"], 3);
+        server.engine.shutdown().unwrap();
+    });
+}

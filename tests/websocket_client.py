@@ -327,10 +327,15 @@ async def subscriber_that_stops_reading_does_not_stall_the_others(url, mode):
                 await recv_json(pub, "published")
                 replies += 1
 
-        # Both readers run while publishing, so that they keep answering keepalive pings.
+        # Both readers run while publishing, so that they keep answering keepalive pings. The
+        # publisher stays within 16 MiB of the healthy reader: the three clients share one event
+        # loop, where sends that never wait would starve the reader (and a reader 32 MiB behind
+        # is closed at max_outbox_bytes, as the spec says).
         reader = asyncio.create_task(read_healthy())
         replies = asyncio.create_task(read_replies())
         for i in range(count):
+            while i - received > 64 and not reader.done():
+                await asyncio.sleep(0.001)
             await pub.send(json.dumps({"type": "publish", "id": i, "message": {"type": "bulk", "stream": stream, "i": i, "blob": blob}}))
         await asyncio.wait_for(replies, 60)
         await asyncio.wait_for(reader, 60)

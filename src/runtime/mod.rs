@@ -9,7 +9,9 @@
 //!   used), epoll otherwise; `backend = "epoll"` in the config or `POWERHUB_BACKEND=epoll` in the
 //!   environment forces epoll. The contract both implement is written in `sys/mod.rs`.
 //! - Shards: reached from other threads through a lock-free queue and an eventfd wake-up; the
-//!   write path takes no lock. Connections are assigned to shards round-robin, for life.
+//!   write path takes no lock. Every shard accepts on every listener (the kernel wakes one
+//!   per connection); the accepting shard assigns the connection round-robin over all shards,
+//!   for life (handing it over when it is another's), so no shard is special.
 //! - Fan-out runs on the shards: each holds the push subscriptions of its own connections and
 //!   hands each topic batch, encoded once per wire format, to their outboxes (`fanout.rs`). A
 //!   publish from any thread only queues the entry for each interested shard.
@@ -296,6 +298,9 @@ pub(crate) struct Shared {
     /// What every push connection shares: its limits, outbox settings and notifications.
     pub(crate) push_config: Arc<PushConfig>,
     pub(crate) next_conn_id: AtomicU64,
+    /// The round-robin assignment of accepted connections to shards, shared by the shards
+    /// that accept. `Relaxed`: only spreads the load; no other memory depends on it.
+    pub(crate) next_owner: AtomicUsize,
     /// How connections authenticate: `None` while the config has no `[auth]` section. Read
     /// once per accepted connection; replaced by [`Engine::reload_auth`] (open connections
     /// keep the policy they started with, and their identities).
@@ -653,7 +658,7 @@ impl Engine {
                 addr: local,
                 tls,
             });
-            fds.push(Some(fd));
+            fds.push(fd);
         }
         let session_config = Arc::new(SessionConfig {
             max_line_bytes: config.limits.max_message_bytes,
@@ -674,19 +679,27 @@ impl Engine {
             hub,
             push_config,
             next_conn_id: AtomicU64::new(1),
+            next_owner: AtomicUsize::new(0),
             auth: RwLock::new(auth),
             session_config,
         });
         let _ = shared.shards.set(handles.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         let mut threads = Vec::with_capacity(n);
-        for handle in handles {
+        // Every shard accepts on every listener, each through a descriptor of its own for the
+        // same socket: the kernel gives each connection to one of them.
+        let mut per_shard = Vec::with_capacity(n);
+        for index in 0..n {
+            let copies = fds
+                .iter()
+                .map(|fd: &OwnedFd| fd.try_clone().map(Some))
+                .collect::<io::Result<Vec<_>>>()
+                .map_err(|source| EngineError::Shard { index, source })?;
+            per_shard.push(copies);
+        }
+        drop(fds);
+        for (handle, listeners) in handles.into_iter().zip(per_shard) {
             let index = handle.index;
-            let listeners = if index == 0 {
-                std::mem::take(&mut fds)
-            } else {
-                Vec::new()
-            };
             let shared = Arc::clone(&shared);
             let tx = tx.clone();
             let thread = std::thread::Builder::new()

@@ -2,8 +2,8 @@
 //! one IO backend.
 //!
 //! Nothing on a shard's write path takes a lock. Other threads reach a shard through lock-free
-//! queues and a wake-up eventfd: the acceptor hands over new sockets and the engine its shutdown
-//! phases as [`ShardMsg`]s, and publishers list the topics that have new entries for the shard's
+//! queues and a wake-up eventfd: a shard that accepted another's connection hands it over, and
+//! the engine its shutdown phases, as [`ShardMsg`]s, and publishers list the topics that have new entries for the shard's
 //! subscriptions (see [`super::fanout`]). A turn of the shard loop:
 //!
 //! 1. fans out every listed topic (unless the turn gap holds it back): each batch is encoded
@@ -337,9 +337,9 @@ pub(crate) struct Shard<B: Backend> {
     free: Vec<u32>,
     /// Connections with bytes to send.
     dirty: Vec<Token>,
-    /// Listening sockets (acceptor shard only), by listener index.
+    /// This shard's descriptors of the listening sockets (every shard accepts on each), by
+    /// listener index.
     listeners: Vec<Option<OwnedFd>>,
-    next_shard: usize,
     drain_deadline: Option<Instant>,
     finishing: bool,
     /// Output memory of connections freed since the allocator was last asked to return free
@@ -382,7 +382,6 @@ impl<B: Backend> Shard<B> {
             free: Vec::new(),
             dirty: Vec::new(),
             listeners,
-            next_shard: 0,
             drain_deadline: None,
             finishing: false,
             freed_output: 0,
@@ -678,8 +677,8 @@ impl<B: Backend> Shard<B> {
             ));
         }
         let shards = self.shared.shards();
-        let target = self.next_shard % shards.len();
-        self.next_shard = self.next_shard.wrapping_add(1);
+        // Round-robin over every shard, whichever accepted (see `Shared::next_owner`).
+        let target = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % shards.len();
         if target == self.handle.index {
             self.add_conn(fd, listener, false);
         } else {

@@ -270,10 +270,13 @@ impl Backend for Epoll {
             self.listeners.resize(listener + 1, None);
         }
         self.listeners[listener] = Some(fd);
+        // Every shard's epoll holds the listening socket: exclusive, so that a connection wakes
+        // one shard waiting in `epoll_wait`, not all of them (one that is busy finds it in its
+        // ready list and accepts until `EAGAIN`).
         self.ctl(
             libc::EPOLL_CTL_ADD,
             fd,
-            libc::EPOLLIN as u32 | libc::EPOLLET as u32,
+            (libc::EPOLLIN | libc::EPOLLET | libc::EPOLLEXCLUSIVE) as u32,
             LISTENER_BIT | listener as u64,
         )?;
         // Connections may have queued before registration: accept them now.

@@ -609,7 +609,10 @@ impl Backend for Uring {
                     let listener = index as usize;
                     self.accept_armed[listener] = false;
                     let live = self.listeners.get(listener).is_some_and(Option::is_some);
-                    if live {
+                    // `EINVAL`: the socket stopped listening (another shard's descriptor of it
+                    // was shut down for a drain, which this shard is about to get too).
+                    let shut = matches!(&result, Err(e) if e.raw_os_error() == Some(libc::EINVAL));
+                    if live && !shut {
                         let aborted = matches!(&result, Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED));
                         let starved = matches!(&result, Err(e) if matches!(
                             e.raw_os_error(),
