@@ -892,6 +892,39 @@ fn a_partial_write_leaves_at_most_encode_ahead_bytes_out_of_the_rules_reach() {
     assert!(c.outbox.stats().coalesced >= 3000);
 }
 
+/// The same bound when the frames come as the shards deliver them, in shared chunks of a whole
+/// batch (64 messages of 1 KiB, more than `ENCODE_AHEAD`): a write carries a chunk's lines up to
+/// the budget only, the rest of the chunk stays queued under the rules.
+#[test]
+fn a_partial_write_of_a_shared_batch_leaves_at_most_encode_ahead_bytes_out_of_the_rules_reach() {
+    use powerhub::outbox::ENCODE_AHEAD;
+    let mut c = Conn::new(ndjson_config());
+    let frames: Vec<String> = (0..4096).map(|n| shot(Some("d"), S1, n, 1000)).collect();
+    let frame_len = frames[0].len() + 1;
+    let batch = |b: &[String]| b.iter().map(|f| format!("{f}\n")).collect::<String>();
+    assert!(64 * frame_len > ENCODE_AHEAD, "a batch is more than one write carries");
+    c.shared("s1", &batch(&frames[..64]));
+    // The socket takes 10 000 bytes of the first write, then nothing until it drains.
+    let (offered, taken) = c.write(10_000);
+    assert!(taken < offered, "the write is partial");
+    assert!(
+        offered <= ENCODE_AHEAD + frame_len,
+        "one write carried {offered} bytes, more than ENCODE_AHEAD = {ENCODE_AHEAD} plus a frame"
+    );
+    for b in frames[64..].chunks(64) {
+        c.shared("s1", &batch(b));
+    }
+    c.drain();
+    let got = c.lines();
+    let beyond_taken = (offered - taken).div_ceil(frame_len);
+    assert!(
+        got.len() <= taken.div_ceil(frame_len) + beyond_taken + 1,
+        "{} frames reached the reader",
+        got.len()
+    );
+    assert_eq!(got.last().unwrap(), &frames[4095], "the slot's newest frame comes last");
+}
+
 /// The same holds for a reader that never drains: the outbox holds one pending frame for the
 /// slot, whatever was pushed.
 #[test]

@@ -292,3 +292,84 @@ fn readers_that_keep_reading_lose_nothing_when_one_write_carries_20000_messages(
         assert_eq!(server.engine.hub().stats().dropped, 0);
     });
 }
+
+/// A write commits a bounded amount. Screenshots of one slot (1 KiB each) go to a reader that
+/// reads nothing, 128 at a time (more than one write carries) until the server's socket is full,
+/// then 4 000 more at once. Of what went out after the bytes the kernel had taken by then, all
+/// but the newest frame fit in what one write may carry beyond the kernel's take
+/// (`ENCODE_AHEAD`, 64 KiB, or one frame): a gather write that turns out partial gives the frames
+/// it did not start back to the outbox, where the next frame of their slot replaces them.
+#[test]
+fn one_frame_per_slot_after_a_partial_write() {
+    on_both_backends(|backend| {
+        let server = start(config(backend));
+        let mut c = stalled_client(&server, "shots");
+        let before = server.engine.stats().bytes_out;
+        let pad = 1 << 10;
+        let mut n = 0;
+        while server.engine.stats().unsent_bytes == 0 {
+            assert!(
+                n < 1 << 20,
+                "1 GiB of screenshots and the socket is not full"
+            );
+            let sent = server.engine.stats().bytes_out;
+            for _ in 0..128 {
+                publish_json(&server, "shots", screenshot("shots", n, pad));
+                n += 1;
+            }
+            eventually(
+                "the shard writes the screenshots or its socket is full",
+                || {
+                    let s = server.engine.stats();
+                    s.bytes_out > sent || s.unsent_bytes > 0
+                },
+            );
+        }
+        let last_shot = n + 4_000 - 1;
+        while n <= last_shot {
+            publish_json(&server, "shots", screenshot("shots", n, pad));
+            n += 1;
+        }
+        publish_json(&server, "shots", telemetry("shots", 0));
+        // Wait until the kernel takes nothing more.
+        let (mut taken, mut still) = (0, 0);
+        eventually("the stalled reader's socket stays full", || {
+            let s = server.engine.stats();
+            still = if s.bytes_out == taken { still + 1 } else { 0 };
+            taken = s.bytes_out;
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            s.unsent_bytes > 0 && still >= 10
+        });
+        let taken = (taken - before) as usize;
+        // Read everything, with each line's offset in the stream since the subscription.
+        let (mut at, mut after, mut shots) = (0usize, Vec::new(), Vec::new());
+        loop {
+            let line = c.line().expect("a line before the end of the stream");
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            let start = at;
+            at += line.len() + 1;
+            if v["type"] == "screenshot_update" {
+                shots.push(v["captureSequence"].as_u64().unwrap());
+                if start >= taken {
+                    after.push(line.len() + 1);
+                }
+            }
+            if v["type"] == "telemetry" {
+                break;
+            }
+        }
+        assert_eq!(
+            shots.last(),
+            Some(&last_shot),
+            "the newest frame is delivered"
+        );
+        assert!(shots.windows(2).all(|w| w[0] < w[1]), "frames in order");
+        let frame = pad + 100;
+        let stale: usize = after[..after.len().saturating_sub(1)].iter().sum();
+        assert!(
+            stale <= (64 << 10) + frame,
+            "{stale} bytes of stale frames ({} frames) went out after the {taken} bytes the kernel had taken",
+            after.len().saturating_sub(1)
+        );
+    });
+}

@@ -867,28 +867,53 @@ impl Outbox {
                     };
                     self.encode_json(framer, json);
                 }
-                Item::Shared { lines, .. } => match self.config.framing {
-                    Framing::Ndjson => {
-                        let terminated = lines.last() == Some(&b'\n');
-                        self.append_bytes(lines);
-                        if !terminated {
-                            self.scratch.extend_from_slice(NEWLINE);
-                            self.wire_len += 1;
+                Item::Shared { sub, lines } => {
+                    // A shared chunk holds a whole batch: only its lines up to the budget (and
+                    // the one that crosses it) go now; the rest stays first in the queue, where
+                    // a pause applies the rules to it.
+                    let lines = match split_at_budget(lines, ENCODE_AHEAD - self.wire_len) {
+                        (now_lines, Some(rest)) => {
+                            self.push_front(Item::Shared { sub, lines: rest });
+                            now_lines
                         }
-                    }
-                    Framing::Protocol => {
-                        for line in split_lines(&lines) {
-                            let before = self.scratch.len();
-                            framer.encode_text(&line, &mut self.scratch);
-                            self.wire_len += self.scratch.len() - before;
-                        }
-                    }
-                },
+                        (lines, None) => lines,
+                    };
+                    self.encode_shared(framer, lines);
+                }
                 Item::Removed => {}
             }
         }
         self.flush_scratch();
         self.stats.unsent_bytes = self.wire_len;
+    }
+
+    /// Puts `item` back first in the queue (under the sequence number it had there).
+    fn push_front(&mut self, item: Item) {
+        self.head_seq -= 1;
+        self.stats.queued += 1;
+        self.stats.queued_bytes += item.len();
+        self.queue.push_front(item);
+    }
+
+    /// Encodes a shared chunk's lines onto the wire.
+    fn encode_shared(&mut self, framer: &mut dyn StreamProtocol, lines: Bytes) {
+        match self.config.framing {
+            Framing::Ndjson => {
+                let terminated = lines.last() == Some(&b'\n');
+                self.append_bytes(lines);
+                if !terminated {
+                    self.scratch.extend_from_slice(NEWLINE);
+                    self.wire_len += 1;
+                }
+            }
+            Framing::Protocol => {
+                for line in split_lines(&lines) {
+                    let before = self.scratch.len();
+                    framer.encode_text(&line, &mut self.scratch);
+                    self.wire_len += self.scratch.len() - before;
+                }
+            }
+        }
     }
 
     /// Frames one JSON message (no newline) onto the wire.
@@ -958,6 +983,19 @@ fn trim_cr(line: &Bytes) -> Bytes {
         line.slice(..line.len() - 1)
     } else {
         line.clone()
+    }
+}
+
+/// `lines` (whole lines, each ending in `\n`) cut after the line that reaches `budget` bytes:
+/// the lines to write now (at least one) and the rest, if any.
+fn split_at_budget(lines: Bytes, budget: usize) -> (Bytes, Option<Bytes>) {
+    if lines.len() <= budget {
+        return (lines, None);
+    }
+    let from = budget.saturating_sub(1);
+    match memchr_newline(&lines[from..]).map(|i| from + i + 1) {
+        Some(cut) if cut < lines.len() => (lines.slice(..cut), Some(lines.slice(cut..))),
+        _ => (lines, None),
     }
 }
 
