@@ -262,7 +262,8 @@ impl Gate {
     }
 }
 
-/// NDJSON, except that a `STALL` line blocks the owning shard in `decode` until the gate opens.
+/// NDJSON, except that a `STALL` line blocks the owning shard in `decode` until the gate opens,
+/// and a `PANIC` line panics there.
 #[derive(Debug)]
 struct Stall(std::sync::Arc<Gate>);
 
@@ -276,6 +277,8 @@ impl powerhub::plugin::StreamProtocol for Stall {
             let line = input.split_to(pos + 1).freeze().slice(..pos);
             if &line[..] == b"STALL" {
                 self.0.wait_open();
+            } else if &line[..] == b"PANIC" {
+                panic!("a transport plugin's bug");
             } else {
                 out.events.push(powerhub::plugin::Inbound::Text(line));
             }
@@ -354,6 +357,45 @@ fn every_shard_accepts_so_a_busy_shard_holds_up_no_new_connection() {
         );
         first.send(r#"{"type":"ping","id":3}"#);
         assert_eq!(first.json()["requestId"], 3);
+        server.engine.shutdown().unwrap();
+    });
+}
+
+/// A panic while handling one connection's input (here a transport plugin's `decode`) closes
+/// that connection with `internal_error`, said in its protocol; the shard's other connections and
+/// the server go on.
+#[test]
+fn a_panic_handling_one_connection_closes_it_with_internal_error_and_the_shard_goes_on() {
+    on_both_backends(|backend| {
+        let gate = std::sync::Arc::new(Gate::default());
+        let mut config = base_config(backend);
+        config.listeners = vec![powerhub::runtime::ListenerConfig::tcp(
+            "stall",
+            "127.0.0.1:0",
+        )];
+        let mut registry = powerhub::runtime::ProtocolRegistry::with_builtins();
+        registry
+            .register(std::sync::Arc::new(StallFactory(gate)))
+            .unwrap();
+        let server = start_with(config, &registry);
+        // Round-robin over two shards: the first and third connections share shard 0.
+        let mut clients: Vec<Client> = (0..3).map(|_| Client::connect(server.addr)).collect();
+        for (i, c) in clients.iter_mut().enumerate() {
+            c.send(&format!(r#"{{"type":"ping","id":{i}}}"#));
+            assert_eq!(c.json()["requestId"], i);
+        }
+        clients[0].send("PANIC");
+        let error = clients[0].json();
+        assert_eq!(error["type"], "error");
+        assert_eq!(error["code"], "internal_error");
+        assert_eq!(clients[0].line(), None, "then the connection closes");
+        for (i, c) in clients.iter_mut().enumerate().skip(1) {
+            c.send(&format!(r#"{{"type":"ping","id":{}}}"#, 10 + i));
+            assert_eq!(c.json()["requestId"], 10 + i, "connection {i} goes on");
+        }
+        let mut late = Client::connect(server.addr);
+        late.send(r#"{"type":"ping","id":99}"#);
+        assert_eq!(late.json()["requestId"], 99);
         server.engine.shutdown().unwrap();
     });
 }

@@ -902,7 +902,10 @@ fn a_partial_write_of_a_shared_batch_leaves_at_most_encode_ahead_bytes_out_of_th
     let frames: Vec<String> = (0..4096).map(|n| shot(Some("d"), S1, n, 1000)).collect();
     let frame_len = frames[0].len() + 1;
     let batch = |b: &[String]| b.iter().map(|f| format!("{f}\n")).collect::<String>();
-    assert!(64 * frame_len > ENCODE_AHEAD, "a batch is more than one write carries");
+    assert!(
+        64 * frame_len > ENCODE_AHEAD,
+        "a batch is more than one write carries"
+    );
     c.shared("s1", &batch(&frames[..64]));
     // The socket takes 10 000 bytes of the first write, then nothing until it drains.
     let (offered, taken) = c.write(10_000);
@@ -922,7 +925,11 @@ fn a_partial_write_of_a_shared_batch_leaves_at_most_encode_ahead_bytes_out_of_th
         "{} frames reached the reader",
         got.len()
     );
-    assert_eq!(got.last().unwrap(), &frames[4095], "the slot's newest frame comes last");
+    assert_eq!(
+        got.last().unwrap(),
+        &frames[4095],
+        "the slot's newest frame comes last"
+    );
 }
 
 /// The same holds for a reader that never drains: the outbox holds one pending frame for the

@@ -92,6 +92,7 @@ use powerhub_plugin::{CloseReason, Sink};
 use serde::Serialize;
 
 use self::core::{Consumer, Inner, Sub};
+pub(crate) use self::error::panic_message;
 pub use self::error::{
     DeliveryError, FlushError, HubError, MessageError, OptionsError, PublishError, SubscribeError,
 };

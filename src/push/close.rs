@@ -32,6 +32,7 @@ use crate::protocol::{reply, RequestId};
 /// WebSocket close codes the runtime sends (RFC 6455 section 7.4.1).
 const GOING_AWAY: u16 = 1001;
 const POLICY: u16 = 1008;
+const INTERNAL: u16 = 1011;
 
 /// What the server says before a close it decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,8 @@ enum Kind {
     HubClosed,
     /// The server shuts down.
     Shutdown,
+    /// The server failed handling the connection.
+    Internal,
 }
 
 /// Why a connection closes: from the moment the close is decided to its log line.
@@ -139,6 +142,12 @@ impl Ending {
         .in_order()
     }
 
+    /// The server failed while handling the connection (a panic caught on its shard): the
+    /// error, then the close (WebSocket 1011).
+    pub(crate) fn internal(message: String) -> Ending {
+        Ending::new(codes::INTERNAL_ERROR, Some(Kind::Internal), message)
+    }
+
     /// A close with nothing to say: the peer closed, the protocol said it already, or nothing
     /// can be written any more. `reason` names it in the log, `detail` adds to it.
     pub(crate) fn unsaid(reason: &'static str, detail: String) -> Ending {
@@ -187,6 +196,7 @@ impl Ending {
             Kind::Refused => self.reason,
             Kind::HubClosed => codes::HUB_CLOSED,
             Kind::Shutdown => codes::SHUTDOWN,
+            Kind::Internal => codes::INTERNAL_ERROR,
         };
         Some(reply::error(self.request_id.as_ref(), code, &self.detail))
     }
@@ -201,6 +211,7 @@ impl Ending {
         Some(match self.kind? {
             Kind::Limit | Kind::Timeout | Kind::SlowConsumer | Kind::Refused => POLICY,
             Kind::HubClosed | Kind::Shutdown => GOING_AWAY,
+            Kind::Internal => INTERNAL,
         })
     }
 
@@ -208,6 +219,7 @@ impl Ending {
     pub(crate) fn http_status(&self) -> Option<u16> {
         Some(match self.kind? {
             Kind::Timeout => 408,
+            Kind::Internal => 500,
             _ => 503,
         })
     }

@@ -940,7 +940,31 @@ impl Drop for Engine {
 
 type Started = Result<BackendKind, (usize, io::Error)>;
 
+/// Runs a shard on its thread. A panic that escapes the shard's own handling ends the process:
+/// a server with a dead shard would accept connections it never serves, while a process that
+/// exits is restarted by its supervisor.
 fn run_shard(
+    handle: Arc<ShardHandle>,
+    shared: Arc<Shared>,
+    listeners: Vec<Option<OwnedFd>>,
+    backend: BackendKind,
+    started: &std::sync::mpsc::Sender<Started>,
+) {
+    let index = handle.index;
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_shard_loop(handle, shared, listeners, backend, started)
+    }));
+    if let Err(panic) = ran {
+        tracing::error!(
+            shard = index,
+            panic = %crate::hub::panic_message(&*panic),
+            "a shard panicked; the server cannot go on without it and aborts"
+        );
+        std::process::abort();
+    }
+}
+
+fn run_shard_loop(
     handle: Arc<ShardHandle>,
     shared: Arc<Shared>,
     listeners: Vec<Option<OwnedFd>>,

@@ -775,7 +775,16 @@ impl<B: Backend> Shard<B> {
                         }
                     }
                 }
-                self.after_input(token);
+                // A panic in the handling (the server's fault, or a transport plugin's) ends
+                // this connection, said in its protocol; the shard and its other connections go
+                // on.
+                let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    self.after_input(token)
+                }));
+                if let Err(panic) = handled {
+                    self.fail(token, &*panic);
+                    return;
+                }
                 if let Some(c) = slot_mut(&mut self.slots, token) {
                     // Input is quiet from when it was handled: handling a large receive can take
                     // longer than a shutdown's quiet period.
@@ -791,6 +800,24 @@ impl<B: Backend> Shard<B> {
             (_, Err(e)) => {
                 self.abort_with(token, Ending::unsaid("receive_failed", e.to_string()));
             }
+        }
+    }
+
+    /// Closes a connection whose handling panicked with `panic`: the `internal_error` error in
+    /// its protocol, or, if saying it panics too, at once.
+    fn fail(&mut self, token: Token, panic: &(dyn std::any::Any + Send)) {
+        let what = crate::hub::panic_message(panic);
+        tracing::error!(
+            shard = self.handle.index,
+            panic = %what,
+            "handling a connection's input panicked; closing that connection"
+        );
+        let message = "the server failed while handling this connection's input".to_owned();
+        let said = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.close_with(token, Ending::internal(message))
+        }));
+        if said.is_err() {
+            self.abort_with(token, Ending::unsaid(codes::INTERNAL_ERROR, what));
         }
     }
 

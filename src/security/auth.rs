@@ -87,6 +87,9 @@ pub const MAX_TOKEN_BYTES: usize = 8 * 1024;
 /// The shortest HS256 secret accepted: the size of the hash output (RFC 7518 §3.2).
 pub const MIN_HS256_SECRET_BYTES: usize = 32;
 
+/// The largest `[auth.jwt] leeway_secs` accepted: a day of clock skew.
+pub const MAX_LEEWAY_SECS: u64 = 86_400;
+
 /// The smallest RSA modulus accepted for RS256, in bits (RFC 7518 §3.3).
 pub const MIN_RSA_BITS: usize = 2048;
 
@@ -295,7 +298,8 @@ pub struct JwtConfig {
     /// without it authenticates with no permissions.
     #[serde(default = "default_permissions_claim")]
     pub permissions_claim: String,
-    /// Seconds of clock skew tolerated on `exp` and `nbf` (default 0).
+    /// Seconds of clock skew tolerated on `exp` and `nbf` (default 0, at most
+    /// [`MAX_LEEWAY_SECS`]).
     #[serde(default)]
     pub leeway_secs: u64,
 }
@@ -396,6 +400,12 @@ pub enum AuthConfigError {
         path: PathBuf,
         /// The error.
         source: io::Error,
+    },
+    /// `leeway_secs` is more than [`MAX_LEEWAY_SECS`].
+    #[error("auth.jwt.leeway_secs = {value} is more than {MAX_LEEWAY_SECS} (one day)")]
+    LeewayTooLarge {
+        /// The configured value.
+        value: u64,
     },
     /// A key file holds no usable public key.
     #[error("auth.jwt: {}: {reason}", path.display())]
@@ -969,6 +979,11 @@ impl JwtVerifier {
                 })?
             }
         };
+        if config.leeway_secs > MAX_LEEWAY_SECS {
+            return Err(AuthConfigError::LeewayTooLarge {
+                value: config.leeway_secs,
+            });
+        }
         let mut validation = Validation::new(algorithm.jsonwebtoken());
         // Only the signature is left to jsonwebtoken: it would read the system clock for `exp`
         // and `nbf`, and each claim check here names its own error.
@@ -1111,8 +1126,11 @@ impl JwtVerifier {
         Ok(Identity {
             user,
             permissions: Arc::new(permissions),
-            expires_at: exp
-                .map(|e| UNIX_EPOCH + Duration::from_secs(e.saturating_add(self.leeway_secs))),
+            // An `exp` past what the clock can represent (year 584 billion and later) never
+            // comes: the token does not expire.
+            expires_at: exp.and_then(|e| {
+                UNIX_EPOCH.checked_add(Duration::from_secs(e.saturating_add(self.leeway_secs)))
+            }),
             publish_rates,
             limits,
         })
@@ -1721,6 +1739,40 @@ mod tests {
         let id = auth.verify(&token, at(T0 + 64)).unwrap();
         assert_eq!(id.expires_at, Some(at(T0 + 65)));
         assert!(auth.verify(&token, at(T0 + 65)).is_err());
+    }
+
+    /// An `exp` past what the clock can represent, validly signed, is a token that does not
+    /// expire (it used to overflow adding to the epoch and panic the shard); a leeway past a
+    /// day is refused when the config is loaded, naming the key.
+    #[test]
+    fn an_exp_beyond_the_clock_never_expires_and_a_huge_leeway_is_refused() {
+        let auth = with_jwt(hs_config());
+        for exp in [json!(1e20), json!(1e300), json!(u64::MAX)] {
+            let token = hs_token(&json!({"sub": "alice", "exp": exp}));
+            let id = auth
+                .verify(&token, at(T0))
+                .expect("a far-future exp verifies");
+            assert_eq!(id.expires_at, None, "exp {exp}");
+        }
+        let config = AuthConfig {
+            jwt: Some(JwtConfig {
+                leeway_secs: u64::MAX,
+                ..hs_config()
+            }),
+            ..AuthConfig::default()
+        };
+        let err = Authenticator::from_config_with(&config, |p| read_from(&[], p)).unwrap_err();
+        assert!(matches!(
+            err,
+            AuthConfigError::LeewayTooLarge { value: u64::MAX }
+        ));
+        assert!(err.to_string().contains("auth.jwt.leeway_secs"), "{err}");
+        let auth = with_jwt(JwtConfig {
+            leeway_secs: MAX_LEEWAY_SECS,
+            ..hs_config()
+        });
+        let token = hs_token(&json!({"sub": "alice", "exp": u64::MAX - 1}));
+        assert_eq!(auth.verify(&token, at(T0)).unwrap().expires_at, None);
     }
 
     #[test]

@@ -43,6 +43,9 @@ pub const SLOW_CONSUMER: &str = "slow_consumer";
 pub const HUB_CLOSED: &str = "hub_closed";
 /// The server shuts down.
 pub const SHUTDOWN: &str = "shutdown";
+/// The server failed while handling the connection (a fault of the server or of a transport
+/// plugin, caught on the connection's shard): the connection closes, the others go on.
+pub const INTERNAL_ERROR: &str = "internal_error";
 /// The binary frame protocol: a frame that cannot be decoded.
 pub const BAD_FRAME: &str = "bad_frame";
 /// NDJSON input that cannot be framed into lines.
@@ -101,6 +104,7 @@ pub const ALL: &[&str] = &[
     SLOW_CONSUMER,
     HUB_CLOSED,
     SHUTDOWN,
+    INTERNAL_ERROR,
     BAD_FRAME,
     FATAL,
     TLS_NOT_ENABLED,
