@@ -215,21 +215,43 @@ fn reload(engine: &Engine, path: Option<&std::path::Path>) {
         );
         return;
     };
-    let result = Config::from_file(path)
-        .map_err(|e| e.to_string())
-        .and_then(|c| {
-            engine
-                .reload_auth(c.auth.as_ref())
-                .map_err(|e| e.to_string())
-        });
-    match result {
-        Ok(()) => tracing::info!(config = %path.display(), "SIGHUP: reloaded [auth] and its keys"),
+    let fresh = match Config::from_file(path) {
+        Ok(c) => Some(c),
         Err(e) => {
-            tracing::error!(config = %path.display(), error = %e, "SIGHUP: reload refused; the running [auth] stays")
+            tracing::error!(config = %path.display(), error = %e, "SIGHUP: the config file cannot be read; the running [auth] stays");
+            None
+        }
+    };
+    if let Some(c) = &fresh {
+        match engine.reload_auth(c.auth.as_ref()) {
+            Ok(()) if c.auth.is_none() => {
+                tracing::info!(config = %path.display(), "SIGHUP: the config has no [auth] section; authentication stays off")
+            }
+            Ok(()) => {
+                tracing::info!(config = %path.display(), "SIGHUP: reloaded [auth] and its keys")
+            }
+            Err(e) => {
+                tracing::error!(config = %path.display(), error = %e, "SIGHUP: reload refused; the running [auth] stays")
+            }
+        }
+        // A listener's certificate paths are read at start: a reload reads the same files again.
+        let running = &engine.config().listeners;
+        for (index, (now, then)) in c.listeners.iter().zip(running).enumerate() {
+            if (&now.tls_cert, &now.tls_key, &now.tls_client_ca)
+                != (&then.tls_cert, &then.tls_key, &then.tls_client_ca)
+            {
+                tracing::warn!(
+                    listener = index,
+                    "SIGHUP: the listener's tls_cert, tls_key or tls_client_ca path changed; a reload reads the files at the paths given at start (new paths need a restart)"
+                );
+            }
         }
     }
+    if engine.config().listeners.iter().all(|l| l.tls_cert.is_none()) {
+        return;
+    }
     match engine.reload_tls() {
-        Ok(()) => tracing::info!("SIGHUP: reloaded the TLS listeners' certificates and keys"),
+        Ok(()) => tracing::info!("SIGHUP: read the TLS listeners' certificate and key files again"),
         Err(e) => {
             tracing::error!(error = %e, "SIGHUP: TLS reload refused; the running certificates stay")
         }

@@ -1018,6 +1018,14 @@ impl JwtVerifier {
         if alg.eq_ignore_ascii_case("none") {
             return Err(AuthError::AlgNone);
         }
+        if header.contains_key("crit") {
+            // RFC 7515 §4.1.11: critical extensions the verifier does not understand (this one
+            // understands none) make the token invalid.
+            return Err(malformed(
+                TokenPart::Header,
+                "`crit` lists extensions this server does not implement",
+            ));
+        }
         if alg != self.algorithm.as_str() {
             return Err(AuthError::AlgorithmNotAllowed {
                 alg: alg.chars().take(32).collect(),
@@ -1883,6 +1891,11 @@ mod tests {
             part(&format!("{}.{payload}.c2ln", b64(br#"{"alg":5}"#))),
             TokenPart::Header
         );
+        // Critical extensions (RFC 7515 §4.1.11): refused from the header, before the signature.
+        let signed = hs_token(&json!({"sub": "a"}));
+        let (_, rest) = signed.split_once('.').unwrap();
+        let with_crit = format!("{}.{rest}", b64(br#"{"alg":"HS256","crit":["exp"]}"#));
+        assert_eq!(part(&with_crit), TokenPart::Header);
         // Signature: not base64url.
         assert_eq!(
             part(&format!("{}.{payload}.@@@", hs_header())),
