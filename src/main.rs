@@ -247,7 +247,12 @@ fn reload(engine: &Engine, path: Option<&std::path::Path>) {
             }
         }
     }
-    if engine.config().listeners.iter().all(|l| l.tls_cert.is_none()) {
+    if engine
+        .config()
+        .listeners
+        .iter()
+        .all(|l| l.tls_cert.is_none())
+    {
         return;
     }
     match engine.reload_tls() {

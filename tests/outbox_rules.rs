@@ -893,17 +893,17 @@ fn a_partial_write_leaves_at_most_encode_ahead_bytes_out_of_the_rules_reach() {
 }
 
 /// The same bound when the frames come as the shards deliver them, in shared chunks of a whole
-/// batch (64 messages of 1 KiB, more than `ENCODE_AHEAD`): a write carries a chunk's lines up to
+/// batch (64 messages of 3 KiB, more than `ENCODE_AHEAD` + `ENCODE_SLACK`): a write carries a chunk's lines up to
 /// the budget only, the rest of the chunk stays queued under the rules.
 #[test]
 fn a_partial_write_of_a_shared_batch_leaves_at_most_encode_ahead_bytes_out_of_the_rules_reach() {
-    use powerhub::outbox::ENCODE_AHEAD;
+    use powerhub::outbox::{ENCODE_AHEAD, ENCODE_SLACK};
     let mut c = Conn::new(ndjson_config());
-    let frames: Vec<String> = (0..4096).map(|n| shot(Some("d"), S1, n, 1000)).collect();
+    let frames: Vec<String> = (0..4096).map(|n| shot(Some("d"), S1, n, 3000)).collect();
     let frame_len = frames[0].len() + 1;
     let batch = |b: &[String]| b.iter().map(|f| format!("{f}\n")).collect::<String>();
     assert!(
-        64 * frame_len > ENCODE_AHEAD,
+        64 * frame_len > ENCODE_AHEAD + ENCODE_SLACK,
         "a batch is more than one write carries"
     );
     c.shared("s1", &batch(&frames[..64]));
