@@ -654,14 +654,22 @@ impl<B: Backend> Shard<B> {
         let counters = self.shared.counters_of(self.handle.index);
         counters.accepted.fetch_add(1, Ordering::Relaxed);
         let max = self.shared.config.limits.max_connections;
-        if self.shared.open.load(Ordering::Relaxed) >= max {
+        // Every shard accepts: the check and the count are one step, so that two shards
+        // accepting at once cannot both take the last place.
+        let admitted = self
+            .shared
+            .open
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |open| {
+                (open < max).then_some(open + 1)
+            })
+            .is_ok();
+        if !admitted {
             counters.rejected.fetch_add(1, Ordering::Relaxed);
             counters.limit_errors.fetch_add(1, Ordering::Relaxed);
             // Said to the client and logged when it closes.
             self.add_conn(fd, listener, true);
             return;
         }
-        self.shared.open.fetch_add(1, Ordering::Relaxed);
         if matches!(
             self.shared.listeners[listener].addr,
             super::config::ListenAddr::Tcp(_)
@@ -1083,7 +1091,21 @@ impl<B: Backend> Shard<B> {
                 }
                 self.settle(token);
             }
-            self.start_send(token);
+            // Framing the output runs the transport plugin's encoder: a panic there ends this
+            // connection at once (its encoder cannot be trusted to say it), not the shard.
+            let sent =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_send(token)));
+            if let Err(panic) = sent {
+                tracing::error!(
+                    shard = self.handle.index,
+                    panic = %crate::hub::panic_message(&*panic),
+                    "framing a connection's output panicked; closing that connection"
+                );
+                self.abort_with(
+                    token,
+                    Ending::unsaid(codes::INTERNAL_ERROR, "output framing panicked".into()),
+                );
+            }
         }
         dirty.clear();
         if self.dirty.is_empty() {

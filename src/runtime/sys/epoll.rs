@@ -229,33 +229,9 @@ impl Epoll {
         let Some(Some(fd)) = self.listeners.get(listener).copied() else {
             return;
         };
-        loop {
-            let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
-            // SAFETY: null address pointers ask the kernel not to report the peer address.
-            match syscall!(accept4(
-                fd,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                flags
-            )) {
-                Ok(conn) => self.ready.push(Event::Accept {
-                    listener,
-                    result: Ok(conn),
-                }),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
-                Err(e) => {
-                    // EMFILE and friends: report, and retry a little later.
-                    self.ready.push(Event::Accept {
-                        listener,
-                        result: Err(e),
-                    });
-                    self.accept_later
-                        .push((listener, Instant::now() + ACCEPT_BACKOFF));
-                    return;
-                }
-            }
+        if super::accept_waiting(fd, listener, &mut self.ready) == super::AcceptEnd::Starved {
+            self.accept_later
+                .push((listener, Instant::now() + ACCEPT_BACKOFF));
         }
     }
 }

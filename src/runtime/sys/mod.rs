@@ -112,6 +112,52 @@ pub(crate) enum Event {
     },
 }
 
+/// What ended [`accept_waiting`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AcceptEnd {
+    /// Nothing more waits (`EAGAIN`): wait for the next readiness.
+    Drained,
+    /// The process ran out of descriptors or memory (reported as an [`Event::Accept`] error):
+    /// try again a little later, not at once.
+    Starved,
+    /// The socket no longer listens (`EINVAL`: a drain shut it down, perhaps through another
+    /// shard's descriptor of it): stop.
+    Shut,
+}
+
+/// Accepts every connection waiting on listening socket `fd` (non-blocking, close-on-exec) as
+/// [`Event::Accept`]s of `listener`. Every shard accepts on every listener, and several may try
+/// at once: the kernel gives each connection to one of them, the others find `EAGAIN`.
+pub(crate) fn accept_waiting(fd: RawFd, listener: usize, out: &mut Vec<Event>) -> AcceptEnd {
+    loop {
+        let flags = libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC;
+        // SAFETY: null address pointers ask the kernel not to report the peer address.
+        match syscall!(accept4(
+            fd,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            flags
+        )) {
+            Ok(conn) => out.push(Event::Accept {
+                listener,
+                result: Ok(conn),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return AcceptEnd::Drained,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => return AcceptEnd::Shut,
+            Err(e) => {
+                // EMFILE and friends.
+                out.push(Event::Accept {
+                    listener,
+                    result: Err(e),
+                });
+                return AcceptEnd::Starved;
+            }
+        }
+    }
+}
+
 /// The contract of an IO backend. See the module documentation for the rules.
 pub(crate) trait Backend {
     /// The backend's name for logs: `io_uring` or `epoll`.

@@ -1,8 +1,9 @@
 //! The io_uring backend: the completion contract of [`super`], natively.
 //!
 //! One ring per shard. Receives (`IORING_OP_RECV` with buffer select), sends (`IORING_OP_SENDMSG` with `MSG_NOSIGNAL`), writability
-//! polls (`IORING_OP_POLL_ADD`, the drain event after a partial send) and accepts are
-//! pushed to the submission queue as the shard's turn produces them and reach the kernel together
+//! polls (`IORING_OP_POLL_ADD`, the drain event after a partial send) and listeners' readiness
+//! polls (each followed by `accept4` on the shard, see `arm_accept`) are pushed to the
+//! submission queue as the shard's turn produces them and reach the kernel together
 //! in the next [`Backend::wait`]: one `io_uring_enter` submits every connection's sends of a turn
 //! and waits for completions. The shard's wake-up eventfd is read by an `IORING_OP_READ` kept
 //! armed on the ring, so a wake-up is just another completion.
@@ -55,7 +56,7 @@
 //!   completes every pending operation, and waits for those completions.
 //! - A shard leaves its loop only when it holds no connection, so no connection operation is in
 //!   flight when the ring is dropped.
-//! - Accepts pass no address buffer; polls pass none.
+//! - Polls pass no buffer.
 //! - The wake-up read's 8-byte buffer is leaked (8 bytes per shard): the ring's teardown in the
 //!   kernel is asynchronous, so it is never freed.
 
@@ -246,7 +247,6 @@ pub(crate) fn probe() -> Result<(), String> {
                 .register_probe(&mut probe)
                 .map_err(|e| format!("io_uring probe failed: {e}"))?;
             for (code, name) in [
-                (opcode::Accept::CODE, "ACCEPT"),
                 (opcode::Recv::CODE, "RECV"),
                 (opcode::SendMsg::CODE, "SENDMSG"),
                 (opcode::Read::CODE, "READ"),
@@ -289,7 +289,7 @@ pub(crate) struct Uring {
     wake_buf: &'static mut u64,
     wake_armed: bool,
     listeners: Vec<Option<RawFd>>,
-    /// Accepts in flight per listener (a removed listener's accept may still complete).
+    /// Readiness polls in flight per listener (a removed listener's may still complete).
     accept_armed: Vec<bool>,
     /// Listeners whose last accept failed for lack of resources (`EMFILE`, `ENFILE`, `ENOBUFS`,
     /// `ENOMEM`), re-armed at the given instant rather than at once (no busy loop).
@@ -385,11 +385,14 @@ impl Uring {
         let Some(Some(fd)) = self.listeners.get(listener).copied() else {
             return;
         };
-        let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
-            .flags(libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC)
+        // A readiness poll, then `accept4` here: io_uring's own accept waits as an exclusive
+        // waiter, so a connection would go to one ring only, and wait for that shard however
+        // busy it is while the others idle. Every ring's poll is woken; the first free shard
+        // accepts.
+        let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32)
             .build()
             .user_data(user_data(KIND_ACCEPT, listener as u64));
-        // SAFETY: null address pointers: the entry points to no memory of ours.
+        // SAFETY: a poll points to no memory of ours.
         unsafe { self.push(&entry) };
         self.accept_armed[listener] = true;
     }
@@ -426,7 +429,7 @@ impl Backend for Uring {
         if let Some(slot) = self.listeners.get_mut(listener) {
             *slot = None;
         }
-        // Wakes the armed accept with an error; it is not re-armed.
+        // Wakes every shard's readiness poll on the socket with a hang-up; none is re-armed.
         // SAFETY: plain syscall on a socket the caller still owns.
         let _ = super::syscall!(shutdown(fd, libc::SHUT_RDWR));
     }
@@ -608,32 +611,18 @@ impl Backend for Uring {
                 KIND_ACCEPT => {
                     let listener = index as usize;
                     self.accept_armed[listener] = false;
-                    let live = self.listeners.get(listener).is_some_and(Option::is_some);
-                    // `EINVAL`: the socket stopped listening (another shard's descriptor of it
-                    // was shut down for a drain, which this shard is about to get too).
-                    let shut = matches!(&result, Err(e) if e.raw_os_error() == Some(libc::EINVAL));
-                    if live && !shut {
-                        let aborted = matches!(&result, Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED));
-                        let starved = matches!(&result, Err(e) if matches!(
-                            e.raw_os_error(),
-                            Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
-                        ));
-                        if !aborted {
-                            events.push(Event::Accept {
-                                listener,
-                                result: result.map(|fd| fd as RawFd),
-                            });
+                    let fd = self.listeners.get(listener).copied().flatten();
+                    if let Some(fd) = fd {
+                        let hung_up = matches!(res, r if r > 0 && r & i32::from(libc::POLLHUP | libc::POLLERR) != 0);
+                        match super::accept_waiting(fd, listener, events) {
+                            // A listening socket that reports a hang-up was shut down (a
+                            // drain, perhaps through another shard's descriptor of it).
+                            super::AcceptEnd::Drained if !hung_up => rearm_accept.push(listener),
+                            super::AcceptEnd::Starved => self
+                                .accept_later
+                                .push((listener, Instant::now() + ACCEPT_BACKOFF)),
+                            _ => {}
                         }
-                        if starved {
-                            self.accept_later
-                                .push((listener, Instant::now() + ACCEPT_BACKOFF));
-                        } else {
-                            rearm_accept.push(listener);
-                        }
-                    } else if let Ok(fd) = result {
-                        // Accepted while the listener was being removed: refuse it.
-                        // SAFETY: `fd` was just returned by the kernel and is owned by nobody else.
-                        let _ = super::syscall!(close(fd as RawFd));
                     }
                 }
                 KIND_WAKE => {
