@@ -90,6 +90,46 @@ fn under_drop_oldest_a_receive_says_how_many_were_dropped_before_the_messages_af
     assert_eq!(hub.stats().list[0].dropped, 6, "the hub's stats agree");
 }
 
+/// `dropped` is a counter to alert on: it never goes back. A drop-oldest receiver reading a run
+/// (the messages of one chunk, received whatever the bound) while more are published: the stats
+/// do not count the run as dropped, so the count only grows as the receiver reads on.
+#[test]
+fn the_dropped_count_never_goes_back_while_a_drop_oldest_receiver_reads_a_run() {
+    let hub = manual();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().id("r").max_queue(3))
+        .unwrap();
+    for n in 0..5 {
+        publish(&hub, "t", n);
+    }
+    assert_eq!(
+        rx.try_recv().unwrap_err(),
+        TryRecvError::Lagged { missed: 2 }
+    );
+    assert_eq!(rx.try_recv().unwrap().topic_seq(), 2, "a run starts");
+    for n in 5..10 {
+        publish(&hub, "t", n);
+    }
+    let mut shown = vec![hub.stats().dropped];
+    let mut got = Vec::new();
+    loop {
+        match rx.try_recv() {
+            Ok(m) => got.push(m.topic_seq()),
+            Err(TryRecvError::Lagged { missed }) => got.push(1000 + missed),
+            Err(TryRecvError::Empty) => break,
+            Err(e) => panic!("{e}"),
+        }
+        shown.push(hub.stats().dropped);
+    }
+    // The run's 3 and 4 come, then the bound applies again: 5 and 6 dropped, 7, 8, 9 kept.
+    assert_eq!(got, [3, 4, 1002, 7, 8, 9]);
+    assert!(
+        shown.windows(2).all(|w| w[0] <= w[1]),
+        "dropped went back: {shown:?}"
+    );
+    assert_eq!(shown.last(), Some(&4));
+}
+
 #[test]
 fn under_drop_newest_the_lag_is_the_refused_messages() {
     let hub = manual();

@@ -34,6 +34,7 @@ proptest! {
         // The model: the next topic number the receiver should see, given what it was told.
         let mut next = 0u64;
         let mut lost = 0u64;
+        let mut shown_dropped = 0u64;
         let step = |rx: &mut powerhub::hub::Receiver, next: &mut u64, lost: &mut u64, published: u64| -> bool {
             match rx.try_recv() {
                 Ok(m) => {
@@ -74,6 +75,9 @@ proptest! {
             }
             let s = hub.stats();
             prop_assert!(s.list[0].queued <= cap);
+            // A counter to alert on: it never goes back.
+            prop_assert!(s.dropped >= shown_dropped, "dropped went from {} to {}", shown_dropped, s.dropped);
+            shown_dropped = s.dropped;
         }
         while step(&mut rx, &mut next, &mut lost, published) {}
         prop_assert_eq!(next, published);

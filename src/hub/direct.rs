@@ -209,8 +209,14 @@ pub(crate) struct DirectCursor {
     /// The first publication of the log the receiver reads, and its retained replay: set at
     /// subscribe, taken by the receiver.
     pub(crate) start: Mutex<Option<(u64, Vec<Arc<Entry>>)>>,
-    /// The next publication to receive. Relaxed: only `stats()` reads it, as an estimate.
+    /// The next publication to receive (inside a run, the run's start: runs do not publish
+    /// their progress). Only `stats()` reads it, as an estimate; stored with Release after
+    /// `run_end`, loaded with Acquire before it, so that a `pos` read shows its run's end.
     pub(crate) pos: AtomicU64,
+    /// The end of the run the receiver reads (see `DirectReader::next`): the run is received
+    /// whatever the bound, so `stats()` does not count it as dropped (a count it would have to
+    /// take back once the run is read: `dropped` never goes back).
+    pub(crate) run_end: AtomicU64,
     /// Replayed messages not yet received.
     pub(crate) replay_left: AtomicUsize,
     pub(crate) cap: usize,
@@ -229,6 +235,7 @@ impl DirectCursor {
             log: OnceLock::new(),
             start: Mutex::new(None),
             pos: AtomicU64::new(0),
+            run_end: AtomicU64::new(0),
             replay_left: AtomicUsize::new(0),
             cap,
             received: AtomicU64::new(0),
@@ -237,9 +244,16 @@ impl DirectCursor {
         })
     }
 
-    /// Messages waiting for the receiver (at most `max_queue`), and those beyond that the
-    /// policy drops at the next receive.
+    /// Messages waiting for the receiver (at most `max_queue`; the rest of its run is being
+    /// received), and those beyond its run and its bound that the policy drops at the next
+    /// receive.
     pub(crate) fn backlog(&self) -> (usize, usize) {
+        self.backlog_with_run(true)
+    }
+
+    /// [`Self::backlog`]; without `run`, the rest of the receiver's run counts as queued only
+    /// within the bound (a receiver that went reads no more of it).
+    fn backlog_with_run(&self, run: bool) -> (usize, usize) {
         let Some(log) = self.log.get() else {
             return (0, 0);
         };
@@ -247,9 +261,17 @@ impl DirectCursor {
             Some(&(end, _)) => end,
             None => log.head(),
         };
-        let live = head.saturating_sub(self.pos.load(Ordering::Relaxed)) as usize;
+        // Acquire: pairs with the reader's Release stores (`run_end` before `pos`).
+        let pos = self.pos.load(Ordering::Acquire);
+        let in_run = match run {
+            true => self.run_end.load(Ordering::Acquire).saturating_sub(pos) as usize,
+            false => 0,
+        };
+        let live = head.saturating_sub(pos) as usize;
         let total = live + self.replay_left.load(Ordering::Relaxed);
-        (total.min(self.cap), total.saturating_sub(self.cap))
+        let over = total.saturating_sub(in_run).saturating_sub(self.cap);
+        // What the run holds beyond the bound is being received (in flight, not queued).
+        ((total - over).min(self.cap), over)
     }
 
     /// As the receiver goes (its drop, after [`DirectReader::sync_cursor`]), once its
@@ -258,7 +280,7 @@ impl DirectCursor {
     /// them (the replay first, then live publications, as a receive would), so they are
     /// counted once.
     pub(crate) fn take_overflow(&self) -> u64 {
-        let (_, over) = self.backlog();
+        let (_, over) = self.backlog_with_run(false);
         if over > 0 {
             // Relaxed: the reader, the only other writer, is gone; `stats()` reads a statistic.
             let replay = self.replay_left.load(Ordering::Relaxed);
@@ -452,7 +474,9 @@ impl DirectReader {
                 // limit is a head, or an end taken from one).
                 self.run_end = c.end().min(limit);
                 self.pos += 1;
-                self.cursor.pos.store(self.pos, Ordering::Relaxed);
+                // Release, the end before the position: see `DirectCursor::pos`.
+                self.cursor.run_end.store(self.run_end, Ordering::Release);
+                self.cursor.pos.store(self.pos, Ordering::Release);
                 Next::Message
             }
             // Not found: the log let the chunk go. That happens when the receiver is behind

@@ -14,10 +14,14 @@ pub struct Stats {
     pub topics: usize,
     /// Publications (a retained replay is not one).
     pub published: u64,
-    /// Messages offered to transports (sent in a batch, whatever the send's outcome).
+    /// Messages offered to transports (sent in a batch, whatever the send's outcome), and
+    /// messages receivers received. A drop-oldest [`Receiver`](crate::hub::Receiver) reads a
+    /// chunk of the topic's log (up to 64 messages) without writing anything shared, so its
+    /// receives are counted when it starts the next chunk or finds nothing left: the count
+    /// trails a receiver that is inside a chunk by at most that chunk.
     pub delivered: u64,
     /// Messages lost: evicted or refused by a policy, discarded on disconnect, or in a batch
-    /// that could not be encoded.
+    /// that could not be encoded. A counter to alert on: it never goes back.
     pub dropped: u64,
     /// Subscribers closed by the `disconnect` policy.
     pub disconnected: u64,
