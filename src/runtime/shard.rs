@@ -513,6 +513,18 @@ impl<B: Backend> Shard<B> {
 
     fn close_listeners(&mut self) {
         for i in 0..self.listeners.len() {
+            // A connection waiting in the listen backlog is established for its client, which
+            // may have sent its commands already: it is accepted and served, not reset with
+            // the socket.
+            if let Some(fd) = self.listeners[i].as_ref().map(AsRawFd::as_raw_fd) {
+                let mut waiting = Vec::new();
+                let _ = sys::accept_waiting(fd, i, &mut waiting);
+                for event in waiting {
+                    if let Event::Accept { listener, result } = event {
+                        self.on_accept(listener, result);
+                    }
+                }
+            }
             if let Some(fd) = self.listeners[i].take() {
                 self.backend.remove_listener(i, fd.as_raw_fd());
                 drop(fd);
