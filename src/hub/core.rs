@@ -189,6 +189,11 @@ pub(crate) struct Sub {
     /// even after the subscription ended (a handler may unsubscribe itself and go on to
     /// subscribe or publish): what the handler does before it returns belongs to the flush.
     handling: AtomicBool,
+    /// A receiver's batch is between its queue and its hand-off: set by the drainer before it
+    /// pops (SeqCst), cleared once the batch was handed over or held pending. While it is set,
+    /// an empty queue does not mean the receiver has everything before its drops (see
+    /// `HandOffRx::try_next`, which reads it after the queue's length).
+    taking: AtomicBool,
     dropped: AtomicU64,
     bytes_sent: AtomicU64,
     /// Entries that left the queue (popped or evicted); `flush` uses it to know when what was
@@ -208,6 +213,12 @@ impl Sub {
     /// Messages waiting in its queue.
     pub(crate) fn queued(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Whether the drainer holds a batch of this receiver between its queue and its hand-off.
+    pub(crate) fn is_taking(&self) -> bool {
+        // SeqCst: read after the queue's length (see `taking`).
+        self.taking.load(Ordering::SeqCst)
     }
 
     /// A direct receiver received `received` messages and its policy dropped `dropped`.
@@ -646,6 +657,7 @@ impl Inner {
             closed: AtomicBool::new(false),
             send_state: AtomicU64::new(0),
             handling: AtomicBool::new(false),
+            taking: AtomicBool::new(false),
             dropped: AtomicU64::new(0),
             bytes_sent: AtomicU64::new(0),
             removed: AtomicU64::new(0),
@@ -1193,6 +1205,8 @@ impl Inner {
                 continue;
             }
             let mut budget = budget;
+            // A receiver's batch is marked as taken from before its pop until its hand-off.
+            let _taking = matches!(sub.consumer, Consumer::Batch(_)).then(|| Taking::mark(sub));
             while budget > 0 {
                 let want = sub.max_batch.min(budget);
                 let (batch, frame) = if sub.queue.is_cursor() {
@@ -1875,6 +1889,24 @@ fn release_passed(t: &Topic) {
 /// receivers finds its own in constant time.
 fn cursor_key(dc: &Arc<DirectCursor>) -> usize {
     Arc::as_ptr(dc) as usize
+}
+
+/// Marks a receiver's batches as taken (`Sub::taking`) for the drainer's visit to it: set before
+/// the first pop, cleared when the visit ends (every batch handed over or held pending).
+struct Taking<'a>(&'a Sub);
+
+impl<'a> Taking<'a> {
+    fn mark(sub: &'a Sub) -> Taking<'a> {
+        // SeqCst, before the pop: a receiver that sees the pop in the queue's length sees this.
+        sub.taking.store(true, Ordering::SeqCst);
+        Taking(sub)
+    }
+}
+
+impl Drop for Taking<'_> {
+    fn drop(&mut self) {
+        self.0.taking.store(false, Ordering::SeqCst);
+    }
 }
 
 /// The entry of publication `seq` in topic `t`, numbered in the topic; the guard keeps the next

@@ -168,12 +168,14 @@ impl Chan {
             .map_or(0, |s| s.dropped_count())
     }
 
-    /// Messages the hub holds in the subscriber's queue.
-    fn queued(&self) -> usize {
+    /// What the hub holds for the subscriber: `(queued, taking)`, the messages in its queue and
+    /// whether the drainer took a batch from it that it has not handed over yet (read in that
+    /// order: see `Sub::taking`).
+    fn held(&self) -> (usize, bool) {
         self.sub
             .get()
             .and_then(Weak::upgrade)
-            .map_or(0, |s| s.queued())
+            .map_or((0, false), |s| (s.queued(), s.is_taking()))
     }
 
     /// Wakes the consumer (blocked or async); called with the state locked.
@@ -734,10 +736,30 @@ impl HandOffRx {
                 continue;
             }
             let dropped = chan.dropped();
-            if dropped > self.seen.reported && st.closed.is_none() && chan.queued() == 0 {
-                let missed = dropped - self.seen.reported;
-                self.seen.reported = dropped;
-                return Err(TryRecvError::Lagged { missed });
+            if dropped > self.seen.reported && st.closed.is_none() {
+                match chan.held() {
+                    (0, false) => {
+                        let missed = dropped - self.seen.reported;
+                        self.seen.reported = dropped;
+                        if chan.policy == SlowConsumer::DropNewest {
+                            // Nothing is queued or on its way: every publication after the last
+                            // one received was refused, so these are the next `missed` numbers.
+                            // The next message's gap is said now, not again before it.
+                            if let Some(last) = self.seen.last.as_mut() {
+                                *last += missed;
+                            }
+                        }
+                        return Err(TryRecvError::Lagged { missed });
+                    }
+                    (0, true) => {
+                        // The drainer is handing a batch over: the drops may come after it.
+                        // Its visit is short (a pop and a hand-over); look again after it.
+                        drop(st);
+                        std::thread::yield_now();
+                        continue;
+                    }
+                    _ => {}
+                }
             }
             return Err(match st.closed {
                 Some(reason) => TryRecvError::Closed { reason },
