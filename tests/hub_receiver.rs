@@ -362,6 +362,34 @@ fn flush_timeout_bounds_the_wait_for_a_fed_receiver_that_does_not_receive() {
     assert_eq!(consumer.join().unwrap(), (0, 1));
 }
 
+/// A shutdown has a bounded form too: with a fed receiver that never receives (a transport that
+/// never completes), `shutdown_timeout` returns `Timeout` and the hub is closed all the same;
+/// the receiver gets what was handed to it, then `Closed`.
+#[test]
+fn shutdown_timeout_closes_the_hub_even_when_a_fed_receiver_never_receives() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
+    let mut rx = hub.receiver("t", fed().max_batch(1)).unwrap();
+    publish(&hub, "t", 0);
+    publish(&hub, "t", 1);
+    let started = Instant::now();
+    assert_eq!(
+        hub.shutdown_timeout(Duration::from_millis(50)),
+        Err(FlushError::Timeout)
+    );
+    assert!(hub.is_closed());
+    assert!(started.elapsed() < WAIT, "bounded");
+    // What was handed over is kept, in order, then the end is said.
+    let mut got = Vec::new();
+    loop {
+        match rx.recv() {
+            Ok(m) => got.push(n_of(&m)),
+            Err(RecvError::Closed { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(got == [0] || got == [0, 1], "{got:?}");
+}
+
 #[test]
 fn flush_async_resolves_once_a_fed_receiver_took_what_was_queued() {
     let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();

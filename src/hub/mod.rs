@@ -416,9 +416,38 @@ impl Hub {
     }
 
     /// Flushes, then closes, even when the flush fails (the hub was closed meanwhile, or it is
-    /// called inside the drain); returns the flush's result.
+    /// called inside the drain); returns the flush's result. It waits for the transports as
+    /// [`flush`](Hub::flush) does: with one that never completes a send, use
+    /// [`shutdown_timeout`](Hub::shutdown_timeout).
     pub fn shutdown(&self) -> Result<(), FlushError> {
         let flushed = self.flush();
+        self.close();
+        flushed
+    }
+
+    /// [`shutdown`](Hub::shutdown) with the flush bounded by `timeout`: the hub is closed by
+    /// the time it returns, whatever the transports do; past the timeout the result is
+    /// [`FlushError::Timeout`] (sends still in flight are the transports'; the close tells each
+    /// subscriber's close adapter).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use powerhub::hub::{FlushError, Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::{SpyMode, SpySink};
+    ///
+    /// // A transport that holds every send and never completes one.
+    /// let spy = SpySink::new();
+    /// spy.set_mode(SpyMode::Pending);
+    /// let hub = Hub::new(spy, HubOptions::default())?;
+    /// let _s = hub.subscribe_sink("t", SubscribeOptions::default().id("stuck"))?;
+    /// hub.publish_json("t", &1)?;
+    /// let r = hub.shutdown_timeout(Duration::from_millis(50));
+    /// assert_eq!(r, Err(FlushError::Timeout));
+    /// assert!(hub.is_closed());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn shutdown_timeout(&self, timeout: std::time::Duration) -> Result<(), FlushError> {
+        let flushed = self.flush_timeout(timeout);
         self.close();
         flushed
     }
