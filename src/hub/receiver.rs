@@ -264,8 +264,10 @@ impl Sink for HandOff {
 ///   receiver (the default, which reads its topic itself), everything published before the end
 ///   within its bound; for the others (drop-newest, disconnect, `message_priority`), what the
 ///   hub had handed over to the receiver: messages still in the subscriber's queue at the end
-///   are discarded with it, as a sink subscriber's are (and, like those, not counted as
-///   dropped).
+///   are discarded with it, as a sink subscriber's are, and like those counted as dropped only
+///   when the end is a `disconnect` (the slow consumer's loss, in `stats().dropped`; the
+///   receiver is told by [`RecvError::Closed`] with reason `slow_consumer`, not by a
+///   `Lagged`), not after an unsubscribe or the hub's close.
 /// - **Dropping the receiver unsubscribes.**
 ///
 /// The async side needs no particular runtime: [`Receiver::recv_async`] is a future woken by
