@@ -266,7 +266,7 @@ impl Sink for HandOff {
 ///   hub had handed over to the receiver: messages still in the subscriber's queue at the end
 ///   are discarded with it, as a sink subscriber's are, and like those counted as dropped only
 ///   when the end is a `disconnect` (the slow consumer's loss, in `stats().dropped`; the
-///   receiver is told by [`RecvError::Closed`] with reason `slow_consumer`, not by a
+///   receiver is told by [`RecvError::Closed`] with reason `slow-consumer`, not by a
 ///   `Lagged`), not after an unsubscribe or the hub's close.
 /// - **Dropping the receiver unsubscribes.**
 ///
