@@ -343,12 +343,7 @@ fn the_async_receive_and_the_stream_work_on_any_executor() {
 
 #[test]
 fn flush_timeout_bounds_the_wait_for_a_fed_receiver_that_does_not_receive() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
-    // Drop-newest: a receiver fed by the drain, one batch at a time.
-    let mut rx = hub.receiver("t", fed().max_batch(1)).unwrap();
-    publish(&hub, "t", 0);
-    publish(&hub, "t", 1);
-    // 0 is handed over; 1 waits for the consumer, as a send waits for a transport.
+    let (hub, mut rx) = fed_with_two_published();
     assert_eq!(
         hub.flush_timeout(Duration::from_millis(50)),
         Err(FlushError::Timeout)
@@ -367,10 +362,7 @@ fn flush_timeout_bounds_the_wait_for_a_fed_receiver_that_does_not_receive() {
 /// the receiver gets what was handed to it, then `Closed`.
 #[test]
 fn shutdown_timeout_closes_the_hub_even_when_a_fed_receiver_never_receives() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
-    let mut rx = hub.receiver("t", fed().max_batch(1)).unwrap();
-    publish(&hub, "t", 0);
-    publish(&hub, "t", 1);
+    let (hub, mut rx) = fed_with_two_published();
     let started = Instant::now();
     assert_eq!(
         hub.shutdown_timeout(Duration::from_millis(50)),
@@ -392,10 +384,7 @@ fn shutdown_timeout_closes_the_hub_even_when_a_fed_receiver_never_receives() {
 
 #[test]
 fn flush_async_resolves_once_a_fed_receiver_took_what_was_queued() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
-    let mut rx = hub.receiver("t", fed().max_batch(1)).unwrap();
-    publish(&hub, "t", 0);
-    publish(&hub, "t", 1);
+    let (hub, mut rx) = fed_with_two_published();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -416,6 +405,16 @@ fn flush_async_resolves_once_a_fed_receiver_took_what_was_queued() {
 /// Options of a receiver the drain feeds (any policy but drop-oldest).
 fn fed() -> SubscribeOptions {
     SubscribeOptions::default().slow_consumer(SlowConsumer::DropNewest)
+}
+
+/// A drop-newest receiver (fed by the drain, one batch of one at a time) and two publications:
+/// 0 is handed over, 1 waits for the consumer, as a send waits for a transport.
+fn fed_with_two_published() -> (Hub, powerhub::hub::Receiver) {
+    let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
+    let rx = hub.receiver("t", fed().max_batch(1)).unwrap();
+    publish(&hub, "t", 0);
+    publish(&hub, "t", 1);
+    (hub, rx)
 }
 
 #[test]

@@ -859,26 +859,42 @@ fn shared_chunk_without_final_newline_still_ends_its_line() {
 /// frame), and then one frame for the slot: the newest.
 #[test]
 fn a_partial_write_leaves_at_most_encode_ahead_bytes_out_of_the_rules_reach() {
-    use powerhub::outbox::ENCODE_AHEAD;
     let mut c = Conn::new(ndjson_config());
     let frames: Vec<String> = (0..4000).map(|n| shot(Some("d"), S1, n, 1000)).collect();
     for f in &frames {
         c.event("s1", f);
     }
     let frame_len = frames[0].len() + 1;
-    // The socket takes 10 000 bytes of the first write, then nothing until it drains.
+    let (offered, taken) = partial_write(&mut c, frame_len);
+    assert!(c.outbox.is_paused());
+    c.drain();
+    at_most_one_write_past_the_take(&c, (offered, taken), frame_len, &frames[3999]);
+    assert!(c.outbox.stats().coalesced >= 3000);
+}
+
+/// The socket takes 10 000 bytes of the first write, then nothing until it drains: the write is
+/// partial, and carried at most `ENCODE_AHEAD` plus a frame. Returns (offered, taken).
+fn partial_write(c: &mut Conn, frame_len: usize) -> (usize, usize) {
+    use powerhub::outbox::ENCODE_AHEAD;
     let (offered, taken) = c.write(10_000);
     assert!(taken < offered, "the write is partial");
     assert!(
         offered <= ENCODE_AHEAD + frame_len,
         "one write carried {offered} bytes, more than ENCODE_AHEAD = {ENCODE_AHEAD} plus a frame"
     );
-    assert!(c.outbox.is_paused());
-    c.drain();
+    (offered, taken)
+}
+
+/// What the reader got after the drain: what the socket took (whole or in part), what was
+/// committed after it, and the slot's one pending frame, the newest, last.
+fn at_most_one_write_past_the_take(
+    c: &Conn,
+    (offered, taken): (usize, usize),
+    frame_len: usize,
+    newest: &str,
+) {
     let got = c.lines();
     let beyond_taken = (offered - taken).div_ceil(frame_len);
-    // What the socket took (whole or in part), what was committed after it, and the slot's one
-    // pending frame: the newest.
     assert!(
         got.len() <= taken.div_ceil(frame_len) + beyond_taken + 1,
         "{} frames reached the reader",
@@ -886,10 +902,9 @@ fn a_partial_write_leaves_at_most_encode_ahead_bytes_out_of_the_rules_reach() {
     );
     assert_eq!(
         got.last().unwrap(),
-        &frames[3999],
+        newest,
         "the slot's newest frame comes last"
     );
-    assert!(c.outbox.stats().coalesced >= 3000);
 }
 
 /// The same bound when the frames come as the shards deliver them, in shared chunks of a whole
@@ -907,29 +922,12 @@ fn a_partial_write_of_a_shared_batch_leaves_at_most_encode_ahead_bytes_out_of_th
         "a batch is more than one write carries"
     );
     c.shared("s1", &batch(&frames[..64]));
-    // The socket takes 10 000 bytes of the first write, then nothing until it drains.
-    let (offered, taken) = c.write(10_000);
-    assert!(taken < offered, "the write is partial");
-    assert!(
-        offered <= ENCODE_AHEAD + frame_len,
-        "one write carried {offered} bytes, more than ENCODE_AHEAD = {ENCODE_AHEAD} plus a frame"
-    );
+    let written = partial_write(&mut c, frame_len);
     for b in frames[64..].chunks(64) {
         c.shared("s1", &batch(b));
     }
     c.drain();
-    let got = c.lines();
-    let beyond_taken = (offered - taken).div_ceil(frame_len);
-    assert!(
-        got.len() <= taken.div_ceil(frame_len) + beyond_taken + 1,
-        "{} frames reached the reader",
-        got.len()
-    );
-    assert_eq!(
-        got.last().unwrap(),
-        &frames[4095],
-        "the slot's newest frame comes last"
-    );
+    at_most_one_write_past_the_take(&c, written, frame_len, &frames[4095]);
 }
 
 /// The same holds for a reader that never drains: the outbox holds one pending frame for the

@@ -263,9 +263,10 @@ impl DirectCursor {
         };
         // Acquire: pairs with the reader's Release stores (`run_end` before `pos`).
         let pos = self.pos.load(Ordering::Acquire);
-        let in_run = match run {
-            true => self.run_end.load(Ordering::Acquire).saturating_sub(pos) as usize,
-            false => 0,
+        let in_run = if run {
+            self.run_end.load(Ordering::Acquire).saturating_sub(pos) as usize
+        } else {
+            0
         };
         let live = head.saturating_sub(pos) as usize;
         let total = live + self.replay_left.load(Ordering::Relaxed);

@@ -3,8 +3,8 @@
 //!
 //! Nothing on a shard's write path takes a lock. Other threads reach a shard through lock-free
 //! queues and a wake-up eventfd: a shard that accepted another's connection hands it over, and
-//! the engine its shutdown phases, as [`ShardMsg`]s, and publishers list the topics that have new entries for the shard's
-//! subscriptions (see [`super::fanout`]). A turn of the shard loop:
+//! the engine its shutdown phases, as [`ShardMsg`]s; publishers list the topics that have new
+//! entries for the shard's subscriptions (see [`super::fanout`]). A turn of the shard loop:
 //!
 //! 1. fans out every listed topic (unless the turn gap holds it back): each batch is encoded
 //!    once per wire format and the same `Bytes` goes into every local subscriber's [`Outbox`],
@@ -325,6 +325,24 @@ fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
 /// The connection in slot `token`, if the slot is occupied.
 fn slot_mut(slots: &mut [Option<Box<Conn>>], token: Token) -> Option<&mut Conn> {
     slots.get_mut(token as usize)?.as_deref_mut()
+}
+
+/// Where a connection's handling panicked (see `Shard::fail`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Decoding and running what it sent.
+    Input,
+    /// Framing what it is sent (the transport plugin's encoder).
+    Output,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Stage::Input => "input",
+            Stage::Output => "output",
+        }
+    }
 }
 
 /// A shard's state, living on its thread.
@@ -802,7 +820,7 @@ impl<B: Backend> Shard<B> {
                     self.after_input(token)
                 }));
                 if let Err(panic) = handled {
-                    self.fail(token, &*panic);
+                    self.fail(token, &*panic, Stage::Input);
                     return;
                 }
                 if let Some(c) = slot_mut(&mut self.slots, token) {
@@ -823,22 +841,28 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    /// Closes a connection whose handling panicked with `panic`: the `internal_error` error in
-    /// its protocol, or, if saying it panics too, at once.
-    fn fail(&mut self, token: Token, panic: &(dyn std::any::Any + Send)) {
+    /// Closes a connection whose handling panicked with `panic` in `stage`, logged at `error`.
+    /// After its input, with the `internal_error` error in its protocol (at once if saying it
+    /// panics too); after framing its output, at once (its encoder cannot be trusted to say
+    /// it).
+    fn fail(&mut self, token: Token, panic: &(dyn std::any::Any + Send), stage: Stage) {
         let what = crate::hub::panic_message(panic);
         tracing::error!(
             shard = self.handle.index,
             panic = %what,
-            "handling a connection's input panicked; closing that connection"
+            stage = stage.as_str(),
+            "handling a connection panicked; closing that connection"
         );
-        let message = "the server failed while handling this connection's input".to_owned();
-        let said = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.close_with(token, Ending::internal(message))
-        }));
-        if said.is_err() {
-            self.abort_with(token, Ending::unsaid(codes::INTERNAL_ERROR, what));
+        if stage == Stage::Input {
+            let message = "the server failed while handling this connection's input".to_owned();
+            let said = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.close_with(token, Ending::internal(message))
+            }));
+            if said.is_ok() {
+                return;
+            }
         }
+        self.abort_with(token, Ending::unsaid(codes::INTERNAL_ERROR, what));
     }
 
     /// Decodes what arrived and runs the push connection on it: what it asks for (fan-out,
@@ -1108,15 +1132,7 @@ impl<B: Backend> Shard<B> {
             let sent =
                 std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.start_send(token)));
             if let Err(panic) = sent {
-                tracing::error!(
-                    shard = self.handle.index,
-                    panic = %crate::hub::panic_message(&*panic),
-                    "framing a connection's output panicked; closing that connection"
-                );
-                self.abort_with(
-                    token,
-                    Ending::unsaid(codes::INTERNAL_ERROR, "output framing panicked".into()),
-                );
+                self.fail(token, &*panic, Stage::Output);
             }
         }
         dirty.clear();

@@ -17,9 +17,6 @@ use std::time::{Duration, Instant};
 
 use super::{syscall, Backend, BufId, Event, RecvBufs, Token, RECV_BUFS, RECV_BUF_LEN};
 
-/// How long accepting pauses after the kernel ran out of descriptors or memory.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
 /// `epoll_event.u64` of the wake-up eventfd.
 const WAKER_KEY: u64 = u64::MAX;
 /// Listener keys: this bit plus the listener index.
@@ -231,7 +228,7 @@ impl Epoll {
         };
         if super::accept_waiting(fd, listener, &mut self.ready) == super::AcceptEnd::Starved {
             self.accept_later
-                .push((listener, Instant::now() + ACCEPT_BACKOFF));
+                .push((listener, Instant::now() + super::ACCEPT_BACKOFF));
         }
     }
 }

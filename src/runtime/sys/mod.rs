@@ -112,13 +112,16 @@ pub(crate) enum Event {
     },
 }
 
+/// How long accepting pauses after [`accept_waiting`] ran out of descriptors or memory.
+pub(crate) const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
 /// What ended [`accept_waiting`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AcceptEnd {
     /// Nothing more waits (`EAGAIN`): wait for the next readiness.
     Drained,
     /// The process ran out of descriptors or memory (reported as an [`Event::Accept`] error):
-    /// try again a little later, not at once.
+    /// try again after [`ACCEPT_BACKOFF`], not at once.
     Starved,
     /// The socket no longer listens (`EINVAL`: a drain shut it down, perhaps through another
     /// shard's descriptor of it): stop.

@@ -80,9 +80,6 @@ const KIND_POLL_OUT: u64 = 5;
 /// A shutdown of a direct descriptor (its slot waits for it, see [`Uring::shutdowns`]).
 const KIND_SHUTDOWN_DIRECT: u64 = 6;
 
-/// How long accepting pauses after the kernel ran out of descriptors or memory.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
-
 /// Submission queue entries per ring (the completion queue is twice as large).
 const ENTRIES: u32 = 1024;
 
@@ -613,14 +610,15 @@ impl Backend for Uring {
                     self.accept_armed[listener] = false;
                     let fd = self.listeners.get(listener).copied().flatten();
                     if let Some(fd) = fd {
-                        let hung_up = matches!(res, r if r > 0 && r & i32::from(libc::POLLHUP | libc::POLLERR) != 0);
+                        let hung_up =
+                            res > 0 && res & i32::from(libc::POLLHUP | libc::POLLERR) != 0;
                         match super::accept_waiting(fd, listener, events) {
                             // A listening socket that reports a hang-up was shut down (a
                             // drain, perhaps through another shard's descriptor of it).
                             super::AcceptEnd::Drained if !hung_up => rearm_accept.push(listener),
                             super::AcceptEnd::Starved => self
                                 .accept_later
-                                .push((listener, Instant::now() + ACCEPT_BACKOFF)),
+                                .push((listener, Instant::now() + super::ACCEPT_BACKOFF)),
                             _ => {}
                         }
                     }
