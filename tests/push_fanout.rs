@@ -1,7 +1,7 @@
 //! The engine's fan-out to push subscriptions, through the real dispatch on real sockets: every
-//! subscriber of a topic reads the published bytes, identical; the shard encodes a topic batch
-//! once for all its subscribers (`stats().encoded`); an unsubscribed subscription receives
-//! nothing more. (That a healthy NDJSON connection writes the shared encode itself, the same
+//! subscriber of a topic reads the published bytes, identical; a topic batch is encoded once per
+//! wire format for all its subscribers, on every shard (`stats().encoded`); an unsubscribed
+//! subscription receives nothing more. (That a healthy NDJSON connection writes the shared encode itself, the same
 //! buffer, is the outbox's: see its documentation example.)
 
 mod engine_support;
@@ -80,6 +80,82 @@ fn push_subscribers_of_a_topic_read_one_shared_encode_per_batch() {
             ]
         );
         assert_eq!(stats.bytes_out, 2 * both + line(m1));
+    });
+}
+
+/// Reads one hub frame's JSON messages.
+fn frame_messages(s: &mut std::net::TcpStream) -> Vec<String> {
+    use powerhub::plugin::frame;
+    use std::io::Read;
+    let mut head = [0u8; frame::HEADER_LEN];
+    s.read_exact(&mut head).unwrap();
+    let header = frame::Header::parse(&head).unwrap();
+    let mut whole = head.to_vec();
+    whole.resize(frame::HEADER_LEN + header.length as usize, 0);
+    s.read_exact(&mut whole[frame::HEADER_LEN..]).unwrap();
+    let decoded = frame::decode(&whole).unwrap();
+    decoded
+        .json_messages()
+        .unwrap()
+        .into_iter()
+        .map(|m| String::from_utf8(m.to_vec()).unwrap())
+        .collect()
+}
+
+#[test]
+fn every_shard_sends_the_one_encode_of_a_topic_batch_per_wire_format() {
+    use powerhub::plugin::frame;
+    use powerhub::runtime::{ListenAddr, ListenerConfig};
+    use std::io::Write;
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.engine.shards = 2;
+        config
+            .listeners
+            .push(ListenerConfig::tcp("frame", "127.0.0.1:0"));
+        let server = start(config);
+        let ListenAddr::Tcp(frame_addr) = server.engine.listeners()[1].addr.clone() else {
+            unreachable!()
+        };
+        // Connections go to the shards in turn: two NDJSON and two frame subscribers on each.
+        let mut lines: Vec<Client> = Vec::new();
+        let mut frames: Vec<std::net::TcpStream> = Vec::new();
+        for _ in 0..2 {
+            for _ in 0..2 {
+                let mut c = Client::connect(server.addr);
+                c.subscribe("shared");
+                lines.push(c);
+            }
+            for _ in 0..2 {
+                let mut f = std::net::TcpStream::connect(frame_addr).unwrap();
+                f.set_read_timeout(Some(WAIT)).unwrap();
+                let cmd = frame::encode_json_batch([
+                    &br#"{"type":"subscribe","id":"f","stream":"shared"}"#[..],
+                ])
+                .unwrap();
+                f.write_all(&cmd).unwrap();
+                assert!(frame_messages(&mut f)[0].contains(r#""type":"subscribed""#));
+                frames.push(f);
+            }
+        }
+        for seq in 0..20 {
+            let before = server.engine.hub().stats().encoded;
+            // Each publication is read by every subscriber before the next: every shard fans
+            // out the same one-message batch.
+            assert_eq!(publish(&server.engine, "shared", seq, 8), 8);
+            let sent = message("shared", seq, 8);
+            for c in &mut lines {
+                assert_eq!(c.line().unwrap(), sent);
+            }
+            for f in &mut frames {
+                assert_eq!(frame_messages(f), std::slice::from_ref(&sent));
+            }
+            let encoded = server.engine.hub().stats().encoded - before;
+            assert_eq!(
+                encoded, 2,
+                "publication {seq}: one NDJSON encode and one hub frame for both shards"
+            );
+        }
     });
 }
 

@@ -81,6 +81,8 @@ mod message;
 mod options;
 mod queue;
 mod receiver;
+mod sealed;
+pub(crate) use self::sealed::SealedBatch;
 mod slots;
 mod stats;
 mod task;

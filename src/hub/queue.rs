@@ -24,6 +24,7 @@ use parking_lot::Mutex;
 
 use super::message::Message;
 use super::options::SlowConsumer;
+use super::sealed::SealedBatch;
 use crate::ring::Ring;
 
 /// A message-priority queue: first entry delivered next, last entry evicted first.
@@ -38,6 +39,9 @@ pub(crate) struct Entry {
     pub(crate) topic_seq: u64,
     pub(crate) priority: i32,
     pub(crate) message: Message,
+    /// The batch an owner of the topic's taps sealed on this publication, when one starts here
+    /// (see [`sealed`](super::sealed)).
+    pub(crate) sealed: OnceLock<Arc<SealedBatch>>,
 }
 
 /// The result of offering an entry to a queue.
@@ -554,6 +558,7 @@ mod tests {
             seq,
             priority: 0,
             message: Message::binary(vec![0u8]),
+            sealed: OnceLock::new(),
         })
     }
 

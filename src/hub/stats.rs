@@ -28,7 +28,8 @@ pub struct Stats {
     /// Bytes of frames taken by the transports of the live subscribers: always the sum of
     /// `list[i].bytes_sent`.
     pub bytes_out: u64,
-    /// Frames encoded (one per distinct (batch, codec) per turn, whatever the subscriber count).
+    /// Frames encoded (one per distinct (batch, codec) per turn, whatever the subscriber count;
+    /// in a server, one per (topic batch, wire format) however many shards send it).
     pub encoded: u64,
     /// Every live subscriber, in drain order.
     pub list: Vec<SubscriberStats>,

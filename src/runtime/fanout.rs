@@ -8,12 +8,14 @@
 //! `SegQueue` of topic slots) and wakes the shard. So a publish costs O(1) plus O(interested
 //! shards), takes only the hub's topics read lock (which no fan-out holds) and never blocks.
 //!
-//! The shard, between IO waits, takes each listed topic's inbox, cuts it into batches of
-//! `subscriptions.max_batch`, encodes each batch once per wire format its subscribers use (the
-//! NDJSON lines, or the hub's binary frame), and hands the same `Bytes` to every local
-//! subscriber's [`Outbox`](crate::outbox::Outbox), the only queue of a push subscription. There
-//! is no per-delivery message between threads, no completion, and no queue with rules other
-//! than the push-stream spec's.
+//! The shard, between IO waits, takes each listed topic's inbox, cuts it into batches of at
+//! most `subscriptions.max_batch`, and hands each batch's encoding (the NDJSON lines, or the
+//! hub's binary frame) to every local subscriber's [`Outbox`](crate::outbox::Outbox), the only
+//! queue of a push subscription, as the same `Bytes`. A batch is cut and encoded once for every
+//! shard: the first shard to reach a publication seals the batch that starts there, and the
+//! others follow the seal and send its encodings ([`SealedBatch`](crate::hub::SealedBatch)).
+//! There is no per-delivery message between threads, no completion, and no queue with rules
+//! other than the push-stream spec's.
 //!
 //! # The listing handshake
 //!

@@ -7,7 +7,8 @@
 //! entries for the shard's subscriptions (see [`super::fanout`]). A turn of the shard loop:
 //!
 //! 1. fans out every listed topic (unless the turn gap holds it back): each batch is encoded
-//!    once per wire format and the same `Bytes` goes into every local subscriber's [`Outbox`],
+//!    once per wire format, for every shard that sends it, and the same `Bytes` goes into every
+//!    local subscriber's [`Outbox`],
 //! 2. drains the message queue (new connections, shutdown phases),
 //! 3. starts one send per connection that has bytes to write and none in flight, carrying
 //!    everything ready for it: the protocol's urgent bytes and what the connection's
@@ -41,7 +42,7 @@ use super::parker::Parker;
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::tls::TlsLayer;
 use super::Shared;
-use crate::hub::{Entry, Message, PublishError};
+use crate::hub::{Entry, Message, PublishError, SealedBatch};
 use crate::protocol::Session;
 use crate::push::{Ending, PushConnection, PushState, Request, Transmit, MAX_IOV};
 
@@ -1015,8 +1016,9 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    /// Fans out what topic `slot` holds: batches of `subscriptions.max_batch`, each encoded once
-    /// per wire format, the same `Bytes` into every local subscriber's outbox.
+    /// Fans out what topic `slot` holds: batches of at most `subscriptions.max_batch`, as other
+    /// shards sealed them where they did, each encoded once per wire format for every shard,
+    /// the same `Bytes` into every local subscriber's outbox.
     fn fan_out_slot(&mut self, slot: u32, now: Instant) {
         let mut taken = std::mem::take(&mut self.taken);
         let (Some(closed), Some(topic)) =
@@ -1029,32 +1031,34 @@ impl<B: Backend> Shard<B> {
         let (mut deliveries, mut messages, mut encoded) = (0u64, 0u64, 0u64);
         let wants_lines = topic.subs.len() > topic.hub_frame_subs;
         let wants_frames = topic.hub_frame_subs > 0;
-        for batch in taken.chunks(max_batch) {
+        let mut rest = &taken[..];
+        while !rest.is_empty() {
+            // The batch another shard cut from the same publications, if it did (then its
+            // encodings are shared too), else one cut here: see `hub::SealedBatch`.
+            let sealed = SealedBatch::cut(rest, max_batch);
+            let (batch, after) = rest.split_at(sealed.len());
+            rest = after;
             // Push messages are JSON; a binary message published into the hub has no NDJSON
             // or JSON-frame form and is left out (the hub's own subscribers can take it).
-            let texts = || {
-                batch
-                    .iter()
-                    .filter(|e| e.message.is_json())
-                    .map(|e| &e.message.bytes()[..])
-            };
-            let count = texts().count();
+            let count = batch.iter().filter(|e| e.message.is_json()).count();
             if count == 0 {
                 continue;
             }
-            let lines = wants_lines.then(|| powerhub_plugin::frame::encode_ndjson_batch(texts()));
+            let lines = wants_lines.then(|| {
+                let (lines, fresh) = sealed.lines(batch);
+                encoded += u64::from(fresh);
+                lines
+            });
             let frame = if wants_frames {
-                match powerhub_plugin::frame::encode_json_batch(texts()) {
-                    Ok(f) => Some(f),
-                    Err(e) => {
-                        tracing::warn!(topic = &*topic.name, error = %e, "cannot frame a batch");
-                        None
-                    }
-                }
+                let (frame, fresh) = sealed.frame(batch);
+                encoded += u64::from(fresh);
+                frame.unwrap_or_else(|e| {
+                    tracing::warn!(topic = &*topic.name, error = %e, "cannot frame a batch");
+                    None
+                })
             } else {
                 None
             };
-            encoded += u64::from(lines.is_some()) + u64::from(frame.is_some());
             for sub in &topic.subs {
                 let Some(c) = conn_in(&mut self.slots, sub.conn) else {
                     continue;
