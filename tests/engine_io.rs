@@ -194,6 +194,11 @@ fn counters_are_published_to_the_stats_stream_while_it_has_subscribers() {
         assert_eq!(m["stats"]["engine"]["open_connections"], 1, "{m}");
         let name = server.engine.backend().as_str();
         assert_eq!(m["stats"]["engine"]["backend"], name, "{m}");
+        // Each shard's share: the one subscription is on one of the two shards.
+        let shards = m["stats"]["engine"]["shards"].as_array().expect("shards");
+        assert_eq!(shards.len(), 2, "{m}");
+        let subs: Vec<_> = shards.iter().map(|s| &s["subscriptions"]).collect();
+        assert!(subs == [1, 0] || subs == [0, 1], "{m}");
     });
 }
 

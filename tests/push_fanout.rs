@@ -138,6 +138,14 @@ fn every_shard_sends_the_one_encode_of_a_topic_batch_per_wire_format() {
                 frames.push(f);
             }
         }
+        let per_shard: Vec<usize> = server
+            .engine
+            .stats()
+            .shards
+            .iter()
+            .map(|s| s.subscriptions)
+            .collect();
+        assert_eq!(per_shard, [4, 4], "subscriptions per shard");
         for seq in 0..20 {
             let before = server.engine.hub().stats().encoded;
             // Each publication is read by every subscriber before the next: every shard fans

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -1932,7 +1932,8 @@ fn numbered(
         topic_seq,
         priority,
         message,
-        sealed: OnceLock::new(),
+        taps: u32::try_from(t.taps.len()).unwrap_or(u32::MAX),
+        sealed: parking_lot::Mutex::default(),
     });
     (order, entry)
 }

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 
 use super::message::Message;
 use super::options::SlowConsumer;
-use super::sealed::SealedBatch;
+use super::sealed::Seal;
 use crate::ring::Ring;
 
 /// A message-priority queue: first entry delivered next, last entry evicted first.
@@ -39,9 +39,11 @@ pub(crate) struct Entry {
     pub(crate) topic_seq: u64,
     pub(crate) priority: i32,
     pub(crate) message: Message,
-    /// The batch an owner of the topic's taps sealed on this publication, when one starts here
+    /// How many taps (the shards with subscriptions to the topic) it was handed to.
+    pub(crate) taps: u32,
+    /// The batch a shard sealed on this publication, while other shards may still cut here
     /// (see [`sealed`](super::sealed)).
-    pub(crate) sealed: OnceLock<Arc<SealedBatch>>,
+    pub(crate) sealed: Mutex<Option<Seal>>,
 }
 
 /// The result of offering an entry to a queue.
@@ -558,7 +560,8 @@ mod tests {
             seq,
             priority: 0,
             message: Message::binary(vec![0u8]),
-            sealed: OnceLock::new(),
+            taps: 0,
+            sealed: Mutex::default(),
         })
     }
 

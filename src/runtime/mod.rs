@@ -235,6 +235,44 @@ pub struct EngineStats {
     pub sends: u64,
     /// Unsent bytes across connections, as last published by the shards.
     pub unsent_bytes: usize,
+    /// Each shard's share, by shard index (the fields above that are kept per shard are their
+    /// sums): how the connections and the fan-out spread over the shards.
+    pub shards: Vec<ShardStats>,
+}
+
+/// One shard's share of the [`EngineStats`] counters.
+///
+/// ```
+/// use powerhub::runtime::{Config, Engine, ListenerConfig, ProtocolRegistry};
+///
+/// let mut config = Config::default();
+/// config.engine.shards = 2;
+/// config.listeners.push(ListenerConfig::tcp("ndjson", "127.0.0.1:0"));
+/// let engine = Engine::start(config, &ProtocolRegistry::with_builtins())?;
+/// let stats = engine.stats();
+/// assert_eq!(stats.shards.len(), 2);
+/// assert_eq!(stats.shards.iter().map(|s| s.subscriptions).sum::<usize>(), stats.subscriptions);
+/// engine.shutdown()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ShardStats {
+    /// Push subscriptions held by the shard's connections now.
+    pub subscriptions: usize,
+    /// Connections the shard closed. (An accepted connection is counted by the shard that
+    /// accepted it, which may hand it to another: see [`EngineStats::accepted`].)
+    pub closed: u64,
+    /// Bytes received on the shard's connections.
+    pub bytes_in: u64,
+    /// Bytes the kernel took from the shard's connections.
+    pub bytes_out: u64,
+    /// Hub frames queued onto the shard's connections.
+    pub frames_out: u64,
+    /// Sends the shard started.
+    pub sends: u64,
+    /// Unsent bytes across the shard's connections, as it last published them.
+    pub unsent_bytes: usize,
 }
 
 /// Slack past a shutdown deadline for the shards' coarse timers to act on it.
@@ -265,6 +303,16 @@ fn stats_json(shared: &Shared, backend: BackendKind) -> String {
             })
         })
         .collect();
+    let shards: Vec<serde_json::Value> = e
+        .shards
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "subscriptions": s.subscriptions, "bytes_out": s.bytes_out,
+                "frames_out": s.frames_out, "sends": s.sends, "unsent_bytes": s.unsent_bytes,
+            })
+        })
+        .collect();
     serde_json::json!({
         "type": "stats",
         "stream": STATS_STREAM,
@@ -277,7 +325,7 @@ fn stats_json(shared: &Shared, backend: BackendKind) -> String {
                 "accepted": e.accepted, "closed": e.closed, "rejected": e.rejected,
                 "limit_errors": e.limit_errors, "subscriptions": e.subscriptions,
                 "bytes_in": e.bytes_in, "bytes_out": e.bytes_out, "sends": e.sends,
-                "unsent_bytes": e.unsent_bytes,
+                "unsent_bytes": e.unsent_bytes, "shards": shards,
             },
         },
     })
@@ -343,6 +391,19 @@ impl Shared {
             frames_out: sum(&|c| c.frames_out.load(Ordering::Relaxed)),
             sends: sum(&|c| c.send_syscalls.load(Ordering::Relaxed)),
             unsent_bytes: sum_usize(&|c| c.unsent.load(Ordering::Relaxed)),
+            shards: self
+                .counters
+                .iter()
+                .map(|c| ShardStats {
+                    subscriptions: c.subscriptions.load(Ordering::Relaxed),
+                    closed: c.closed.load(Ordering::Relaxed),
+                    bytes_in: c.bytes_in.load(Ordering::Relaxed),
+                    bytes_out: c.bytes_out.load(Ordering::Relaxed),
+                    frames_out: c.frames_out.load(Ordering::Relaxed),
+                    sends: c.send_syscalls.load(Ordering::Relaxed),
+                    unsent_bytes: c.unsent.load(Ordering::Relaxed),
+                })
+                .collect(),
         }
     }
 
