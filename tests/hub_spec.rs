@@ -876,6 +876,58 @@ fn encode_failure_is_counted_in_dropped_and_reported_never_requeued() {
     assert_eq!(errors.lock().unwrap().len(), 1);
 }
 
+#[test]
+fn a_binary_message_under_a_text_codec_is_dropped_alone_and_its_batch_goes_on() {
+    for codec in [Codec::Json, Codec::Ndjson] {
+        let (opts, errors) = with_errors(HubOptions::default().codec(codec));
+        let (hub, spy) = manual(opts);
+        for id in ["a", "b"] {
+            sub(&hub, "t", SubscribeOptions::default().id(id)).detach();
+        }
+        hub.publish_json("t", &1).unwrap();
+        hub.publish("t", Message::binary(vec![0xff]), PublishOptions::default())
+            .unwrap();
+        hub.publish_json("t", &3).unwrap();
+        hub.flush().unwrap();
+        for id in ["a", "b"] {
+            let frames = spy.frames_for(id);
+            assert_eq!(
+                frames.len(),
+                1,
+                "{codec:?} {id}: one frame of the two JSON messages"
+            );
+            let texts: Vec<Vec<u8>> = match codec {
+                Codec::Json => frame::decode(&frames[0])
+                    .unwrap()
+                    .json_messages()
+                    .unwrap()
+                    .into_iter()
+                    .map(<[u8]>::to_vec)
+                    .collect(),
+                _ => frames[0]
+                    .split(|&b| b == b'\n')
+                    .filter(|l| !l.is_empty())
+                    .map(<[u8]>::to_vec)
+                    .collect(),
+            };
+            assert_eq!(texts, [b"1".to_vec(), b"3".to_vec()], "{codec:?} {id}");
+        }
+        let s = hub.stats();
+        assert_eq!(
+            s.dropped, 2,
+            "{codec:?}: the binary message, once per subscriber"
+        );
+        assert_eq!(s.delivered, 4, "{codec:?}");
+        let errs = errors.lock().unwrap().clone();
+        assert_eq!(errs.len(), 2, "{codec:?}: {errs:?}");
+        assert!(
+            errs.iter()
+                .all(|(e, _)| matches!(e, DeliveryError::Encode { messages: 1, .. })),
+            "{errs:?}"
+        );
+    }
+}
+
 // ---- delivery ----------------------------------------------------------------------------------
 
 #[test]

@@ -1235,6 +1235,22 @@ impl Inner {
                 budget = budget.saturating_sub(batch.len());
                 sub.removed.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 let framed = !matches!(sub.consumer, Consumer::Batch(_));
+                let mut batch = batch;
+                if framed && frame.is_none() {
+                    // A binary message under a text codec cannot be framed: it alone is
+                    // dropped and reported; the batch's JSON messages go on.
+                    match self.drop_unframable(sub, batch, &mut m) {
+                        Some(rest) => batch = rest,
+                        None => {
+                            st.pending_range = None;
+                            continue;
+                        }
+                    }
+                    if matches!(batch, Batch::Owned(_)) {
+                        // Filtered: not the range other subscribers at this cursor share.
+                        st.pending_range = None;
+                    }
+                }
                 let frame = match frame {
                     Some(f) => Ok(Some(f)),
                     // A receiver takes the entries: no frame is encoded for it.
@@ -1362,6 +1378,37 @@ impl Inner {
                 Some((Batch::Shared(Arc::new(v)), None))
             }
         }
+    }
+
+    /// `batch` without the messages `sub`'s codec cannot frame (binary ones under `json` or
+    /// `ndjson`), which are counted in `dropped` and reported; the batch itself when it has
+    /// none, `None` when nothing is left of it.
+    fn drop_unframable(&self, sub: &Sub, batch: Batch, m: &mut TurnMetrics) -> Option<Batch> {
+        if !matches!(sub.codec, Codec::Json | Codec::Ndjson)
+            || batch.iter().all(|e| e.message.is_json())
+        {
+            return Some(batch);
+        }
+        let keep: Vec<Arc<Entry>> = batch
+            .iter()
+            .filter(|e| e.message.is_json())
+            .cloned()
+            .collect();
+        let n = batch.len() - keep.len();
+        let e = DeliveryError::Encode {
+            codec: sub.codec.as_str(),
+            messages: n,
+            reason: format!(
+                "{n} binary message(s); only JSON messages can be framed by `{}` (the batch's \
+                 other messages are sent)",
+                sub.codec.as_str()
+            ),
+        };
+        sub.dropped.fetch_add(n as u64, Ordering::Relaxed);
+        self.counters.dropped.fetch_add(n as u64, Ordering::Relaxed);
+        m.encode_dropped += n as u64;
+        self.report(&e, Some(&sub.sref));
+        (!keep.is_empty()).then_some(Batch::Owned(keep))
     }
 
     fn frame_for(

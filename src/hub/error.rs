@@ -135,12 +135,14 @@ pub enum FlushError {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum DeliveryError {
-    /// A batch could not be encoded; its messages were dropped (counted in `dropped`).
+    /// Messages could not be encoded and were dropped (counted in `dropped`): the binary
+    /// messages of a batch under `json` or `ndjson` (the batch's other messages are sent), or
+    /// a batch the codec refuses whole.
     #[error("cannot encode a batch of {messages} message(s) with codec `{codec}`: {reason}")]
     Encode {
         /// The codec in use.
         codec: &'static str,
-        /// Messages in the dropped batch.
+        /// Messages dropped.
         messages: usize,
         /// Why.
         reason: String,
