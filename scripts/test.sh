@@ -19,13 +19,14 @@ cargo test --workspace --doc
 echo "== cargo test, epoll forced (POWERHUB_BACKEND=epoll)"
 POWERHUB_BACKEND=epoll cargo test -p powerhub --tests
 
-echo "== loom models: the ring, the shard wake-up, the fan-out listing, the users' rate buckets, the direct receivers' slots"
+echo "== loom models: the ring, the shard wake-up, the fan-out listing, the users' rate buckets, the direct receivers' slots and their stats snapshot"
 export LOOM_MAX_PREEMPTIONS=2
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --test loom_ring
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib runtime::parker
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib runtime::fanout
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib protocol::rate
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib hub::slots
+RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib hub::direct
 unset LOOM_MAX_PREEMPTIONS
 
 echo "== perf tool, quick smoke run"

@@ -715,3 +715,102 @@ fn a_drop_newest_receiver_says_each_loss_just_before_the_gap_with_two_publishers
         assert_eq!(hub.stats().dropped, missed);
     }
 }
+
+/// The counters to alert on never go back and never count a message twice, read from another
+/// thread while they move: a drop-oldest receiver lags (its position moves past what it lost)
+/// and a drop-oldest handler subscriber's queue overflows (its evictions are committed by the
+/// drain) while one thread publishes and another polls `stats()`. Each snapshot: `dropped`,
+/// `delivered` and every row's `dropped` at least the previous one's, and `dropped +
+/// delivered` at most what the two subscribers were offered. A stress test: the old code failed
+/// it in most runs.
+#[test]
+fn stats_never_go_back_nor_count_twice_while_counts_move_on_other_threads() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    const MESSAGES: u64 = 20_000;
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().id("r").max_queue(16))
+        .unwrap();
+    let _handled = hub
+        .subscribe(
+            "t",
+            |_| std::thread::sleep(Duration::from_micros(20)),
+            SubscribeOptions::default()
+                .id("h")
+                .max_queue(8)
+                .max_batch(4),
+        )
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut missed = 0;
+            let mut n = 0u64;
+            loop {
+                match rx.try_recv() {
+                    Ok(_) => {
+                        n += 1;
+                        if n % 64 == 0 {
+                            std::thread::sleep(Duration::from_micros(200));
+                        }
+                    }
+                    Err(TryRecvError::Lagged { missed: k }) => missed += k,
+                    Err(TryRecvError::Empty) if done.load(Ordering::Acquire) => break,
+                    Err(TryRecvError::Empty) => std::thread::yield_now(),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            (rx, missed)
+        })
+    };
+    let poller = {
+        let hub = hub.clone();
+        let done = Arc::clone(&done);
+        std::thread::spawn(move || {
+            let mut last = (0u64, 0u64, [0u64; 2]);
+            let mut snapshots = 0;
+            while !done.load(Ordering::Acquire) {
+                let s = hub.stats();
+                let row = |id: &str| s.list.iter().find(|r| r.id == id).map_or(0, |r| r.dropped);
+                let rows = [row("r"), row("h")];
+                assert!(
+                    s.dropped >= last.0 && s.delivered >= last.1,
+                    "went back: dropped {} -> {}, delivered {} -> {}",
+                    last.0,
+                    s.dropped,
+                    last.1,
+                    s.delivered
+                );
+                assert!(
+                    rows[0] >= last.2[0] && rows[1] >= last.2[1],
+                    "a row went back: {:?} -> {rows:?}",
+                    last.2
+                );
+                assert!(
+                    s.dropped + s.delivered <= 2 * s.published,
+                    "counted twice: dropped {} + delivered {} > 2 × published {}",
+                    s.dropped,
+                    s.delivered,
+                    s.published
+                );
+                last = (s.dropped, s.delivered, rows);
+                snapshots += 1;
+            }
+            snapshots
+        })
+    };
+    for n in 0..MESSAGES {
+        publish(&hub, "t", n);
+        if n % 256 == 0 {
+            std::thread::yield_now();
+        }
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    done.store(true, Ordering::Release);
+    let snapshots = poller.join().expect("the poller's assertions");
+    let (_rx, missed) = consumer.join().unwrap();
+    assert!(snapshots > 10, "{snapshots} snapshots");
+    assert!(missed > 0, "the receiver was meant to lag");
+}

@@ -221,10 +221,11 @@ impl Sub {
         self.taking.load(Ordering::SeqCst)
     }
 
-    /// A direct receiver received `received` messages and its policy dropped `dropped`.
-    pub(crate) fn count_direct(&self, received: u64, dropped: u64) {
-        if dropped > 0 {
-            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+    /// A direct receiver's counts join the hub's (see [`DirectCursor::fold`]): `received`
+    /// delivered, `dropped` dropped. The caller holds the stats gate.
+    pub(crate) fn count_folded(&self, received: u64, dropped: u64) {
+        if received == 0 && dropped == 0 {
+            return;
         }
         if let Some(hub) = self.hub.upgrade() {
             hub.counters
@@ -455,6 +456,30 @@ struct Counters {
     errors: AtomicU64,
 }
 
+/// Keeps [`Inner::stats`] from reading the drop and delivery counts while one moves from an
+/// estimate to a counter: a cursor's uncommitted evictions to `dropped`, a direct receiver's
+/// lag (its position moves past what it lost) to `dropped`, a receiver's own count of what it
+/// received to `delivered`. Each such move is two or more writes; a snapshot taken between them
+/// counted the messages twice or not at all, so a counter that never goes back went back.
+///
+/// Movers hold it shared (many at once; only moves take it, never a publish or a plain
+/// receive), `stats()` exclusively while it reads the counts. It is taken before any cursor or
+/// queue lock and never held across user code.
+#[derive(Debug, Default)]
+pub(crate) struct StatsGate(RwLock<()>);
+
+impl StatsGate {
+    /// Held while a count moves.
+    pub(crate) fn moving(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.0.read()
+    }
+
+    /// Held while `stats()` reads the counts.
+    fn reading(&self) -> parking_lot::RwLockWriteGuard<'_, ()> {
+        self.0.write()
+    }
+}
+
 /// The topics by name.
 type TopicMap = HashMap<Arc<str>, Topic, foldhash::fast::RandomState>;
 
@@ -502,6 +527,8 @@ pub(crate) struct Inner {
     /// Lock order: `topics` before `ready`.
     ready: Mutex<Ready>,
     counters: Counters,
+    /// See [`StatsGate`].
+    gate: Arc<StatsGate>,
     /// Set by publish and by completions when there is something to drain.
     work: AtomicBool,
     wake: Mutex<WakeState>,
@@ -540,6 +567,7 @@ impl Inner {
             ended_direct: Mutex::new(HashMap::new()),
             ready: Mutex::new(Ready::default()),
             counters: Counters::default(),
+            gate: Arc::default(),
             work: AtomicBool::new(false),
             wake: Mutex::new(WakeState::default()),
             wake_cv: Condvar::new(),
@@ -745,11 +773,13 @@ impl Inner {
                     // what is published after this is not for it.
                     dc.close(reason);
                     // What it received so far joins the hub's count (the rest, at its drop).
-                    let received = dc.received.load(Ordering::Relaxed);
-                    let folded = dc.folded.swap(received, Ordering::Relaxed);
+                    let moving = self.gate.moving();
+                    let (received, dropped) = dc.fold();
                     self.counters
                         .delivered
-                        .fetch_add(received.saturating_sub(folded), Ordering::Relaxed);
+                        .fetch_add(received, Ordering::Relaxed);
+                    self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+                    drop(moving);
                     if let Some(n) = t.direct_caps.get_mut(&dc.cap) {
                         *n -= 1;
                         if *n == 0 {
@@ -810,7 +840,10 @@ impl Inner {
                 self.ended(dc);
             }
         }
-        self.commit_overflow(sub);
+        {
+            let _moving = self.gate.moving();
+            self.commit_overflow(sub);
+        }
         let discarded = sub.queue.clear() as u64;
         if reason == CloseReason::SlowConsumer {
             self.counters.disconnected.fetch_add(1, Ordering::Relaxed);
@@ -986,7 +1019,7 @@ impl Inner {
     }
 
     /// Commits a cursor queue's lazily applied evictions to the drop counters; returns the
-    /// queue's length.
+    /// queue's length. The caller holds the stats gate ([`StatsGate::moving`]).
     fn commit_overflow(&self, sub: &Sub) -> usize {
         let (n, len) = sub.queue.normalize();
         let n = n as u64;
@@ -1192,6 +1225,7 @@ impl Inner {
         {
             let topics = self.topics.write();
             order = self.take_ready(&topics, &mut st.order);
+            let _moving = self.gate.moving();
             st.budgets
                 .extend(order.iter().map(|s| self.commit_overflow(s)));
         }
@@ -1348,6 +1382,7 @@ impl Inner {
         let log_id = sub.queue.log_id();
         let codec = sub.codec;
         let ranges = &st.ranges;
+        let moving = self.gate.moving();
         let (evicted, popped) = sub.queue.pop_cursor(want, |start, k| {
             ranges.contains_key(&(log_id, start, k, codec))
         });
@@ -1357,6 +1392,7 @@ impl Inner {
             sub.dropped.fetch_add(n, Ordering::Relaxed);
             self.counters.dropped.fetch_add(n, Ordering::Relaxed);
         }
+        drop(moving);
         st.pending_range = None;
         match popped {
             CursorPop::Empty => None,
@@ -1811,6 +1847,10 @@ impl Inner {
         drop(gone);
     }
 
+    pub(crate) fn stats_gate(&self) -> Arc<StatsGate> {
+        Arc::clone(&self.gate)
+    }
+
     pub(crate) fn stats(&self) -> Stats {
         // The subscribers and the ended receivers in one look under `ids`: a receiver leaves
         // one for the other under that lock, so it is counted once.
@@ -1822,63 +1862,65 @@ impl Inner {
             (subs, ended)
         };
         subs.sort_by_key(|s| (Reverse(s.priority), s.order));
+        let taps = self.tap_members();
+        let topics = self.topics.read().len();
+        // No count moves from an estimate to a counter while they are read (see `StatsGate`).
+        let reading = self.gate.reading();
         // Evictions a cursor queue has not committed yet count as dropped already.
         let mut uncommitted = 0;
         // What live direct receivers received and the counter has not taken in yet.
         let mut received = 0;
         // So do those of ended direct receivers that still live (they are in no list).
         for dc in &ended {
-            received += dc
-                .received
-                .load(Ordering::Relaxed)
-                .saturating_sub(dc.folded.load(Ordering::Relaxed));
-            uncommitted += dc.backlog().1 as u64;
+            let c = dc.snapshot();
+            received += c.received_unfolded;
+            uncommitted += c.dropped_unfolded;
         }
         let mut list: Vec<SubscriberStats> = subs
             .iter()
             .map(|s| {
-                let (queued, overflow) = match &s.consumer {
+                let (queued, dropped) = match &s.consumer {
                     Consumer::Direct(dc) => {
-                        received += dc
-                            .received
-                            .load(Ordering::Relaxed)
-                            .saturating_sub(dc.folded.load(Ordering::Relaxed));
-                        dc.backlog()
+                        let c = dc.snapshot();
+                        received += c.received_unfolded;
+                        uncommitted += c.dropped_unfolded;
+                        (c.queued, c.dropped)
                     }
-                    _ => (s.queue.len(), s.queue.overflow()),
+                    _ => {
+                        let overflow = s.queue.overflow() as u64;
+                        uncommitted += overflow;
+                        (s.queue.len(), s.dropped.load(Ordering::Relaxed) + overflow)
+                    }
                 };
-                let overflow = overflow as u64;
-                uncommitted += overflow;
                 SubscriberStats {
                     id: s.sref.id().to_owned(),
                     topic: s.sref.topic().to_owned(),
                     queued,
-                    dropped: s.dropped.load(Ordering::Relaxed) + overflow,
+                    dropped,
                     bytes_sent: s.bytes_sent.load(Ordering::Relaxed),
                     in_flight: s.in_flight(),
                     priority: s.priority,
                 }
             })
             .collect();
-        list.extend(
-            self.tap_members()
-                .into_iter()
-                .map(|(topic, m)| SubscriberStats {
-                    id: m.id.to_string(),
-                    topic: topic.to_string(),
-                    queued: 0,
-                    dropped: 0,
-                    bytes_sent: m.bytes_sent.load(Ordering::Relaxed),
-                    in_flight: false,
-                    priority: 0,
-                }),
-        );
+        let delivered = self.counters.delivered.load(Ordering::Relaxed) + received;
+        let dropped = self.counters.dropped.load(Ordering::Relaxed) + uncommitted;
+        drop(reading);
+        list.extend(taps.into_iter().map(|(topic, m)| SubscriberStats {
+            id: m.id.to_string(),
+            topic: topic.to_string(),
+            queued: 0,
+            dropped: 0,
+            bytes_sent: m.bytes_sent.load(Ordering::Relaxed),
+            in_flight: false,
+            priority: 0,
+        }));
         Stats {
             subscribers: list.len(),
-            topics: self.topics.read().len(),
+            topics,
             published: self.seq.load(Ordering::Relaxed),
-            delivered: self.counters.delivered.load(Ordering::Relaxed) + received,
-            dropped: self.counters.dropped.load(Ordering::Relaxed) + uncommitted,
+            delivered,
+            dropped,
             disconnected: self.counters.disconnected.load(Ordering::Relaxed),
             bytes_out: list.iter().map(|s| s.bytes_sent).sum(),
             encoded: self.counters.encoded.load(Ordering::Relaxed),

@@ -29,6 +29,7 @@ use crossbeam_utils::CachePadded;
 use parking_lot::{Condvar, Mutex};
 use powerhub_plugin::CloseReason;
 
+use super::core::StatsGate;
 use super::queue::Entry;
 use super::slots::{self, Head};
 
@@ -227,11 +228,39 @@ pub(crate) struct DirectCursor {
     /// Why the subscription ended, and the log's head then: what was published before the end
     /// is still received.
     pub(crate) end: OnceLock<(u64, CloseReason)>,
+    /// Messages the policy dropped for this receiver (its lags, and at its end what it never
+    /// received), and how many of them the hub's `dropped` counter has taken in (at its removal
+    /// and its drop, under the hub's [`StatsGate`]).
+    pub(crate) dropped: AtomicU64,
+    pub(crate) dropped_folded: AtomicU64,
+    /// Odd while the receiver reads the log's head and publishes what it decided from it (a
+    /// lag, a run, an end): `stats()` reads the cursor between two even readings of the same
+    /// value (see [`DirectCursor::snapshot`]).
+    deciding: AtomicU64,
+    /// The hub's stats gate, held while the receiver's counts join the hub's at its drop.
+    pub(crate) gate: Arc<StatsGate>,
+}
+
+/// A direct receiver's counts as `stats()` shows them, read together.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CursorCounts {
+    /// Waiting for the receiver (at most its bound).
+    pub(crate) queued: usize,
+    /// Dropped: by its lags so far, and beyond its bound now.
+    pub(crate) dropped: u64,
+    /// Of `dropped`, what the hub's counter has not taken in.
+    pub(crate) dropped_unfolded: u64,
+    /// Received and not taken in by the hub's `delivered` counter yet.
+    pub(crate) received_unfolded: u64,
 }
 
 impl DirectCursor {
-    pub(crate) fn new(cap: usize) -> Arc<DirectCursor> {
+    pub(crate) fn new(cap: usize, gate: Arc<StatsGate>) -> Arc<DirectCursor> {
         Arc::new(DirectCursor {
+            dropped: AtomicU64::new(0),
+            dropped_folded: AtomicU64::new(0),
+            deciding: AtomicU64::new(0),
+            gate,
             log: OnceLock::new(),
             start: Mutex::new(None),
             pos: AtomicU64::new(0),
@@ -242,6 +271,52 @@ impl DirectCursor {
             folded: AtomicU64::new(0),
             end: OnceLock::new(),
         })
+    }
+
+    /// The receiver's counts, read while it decides nothing (a receive that starts a run or
+    /// lags moves its position and its drop count together; read between, they would count a
+    /// loss twice or not at all), waiting out a decision in progress.
+    ///
+    /// The head read here comes before the fence and the second reading of `deciding`; the
+    /// receiver's reading of the head comes after its odd store and its fence (see
+    /// [`DirectReader::next_slow`]). So when the second reading shows no decision began, the
+    /// next decision reads this head or a later one: what this snapshot counted as beyond the
+    /// bound, the receiver drops rather than receives in a run (the head's loads and stores
+    /// are SeqCst).
+    pub(crate) fn snapshot(&self) -> CursorCounts {
+        loop {
+            // Acquire: pairs with the receiver's Release store that ends a decision.
+            let before = self.deciding.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                std::thread::yield_now();
+                continue;
+            }
+            let dropped = self.dropped.load(Ordering::Relaxed);
+            let (queued, over) = self.backlog();
+            let received = self.received.load(Ordering::Relaxed);
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if self.deciding.load(Ordering::Relaxed) != before {
+                continue;
+            }
+            return CursorCounts {
+                queued,
+                dropped: dropped + over as u64,
+                dropped_unfolded: dropped
+                    .saturating_sub(self.dropped_folded.load(Ordering::Relaxed))
+                    + over as u64,
+                received_unfolded: received.saturating_sub(self.folded.load(Ordering::Relaxed)),
+            };
+        }
+    }
+
+    /// What the hub's counters have not taken in joins them (`delivered`, `dropped`); the
+    /// caller holds the hub's [`StatsGate`].
+    pub(crate) fn fold(&self) -> (u64, u64) {
+        let received = self.received.load(Ordering::Relaxed);
+        let received = received.saturating_sub(self.folded.swap(received, Ordering::Relaxed));
+        let dropped = self.dropped.load(Ordering::Relaxed);
+        let dropped = dropped.saturating_sub(self.dropped_folded.swap(dropped, Ordering::Relaxed));
+        (received, dropped)
     }
 
     /// Messages waiting for the receiver (at most `max_queue`; the rest of its run is being
@@ -276,10 +351,9 @@ impl DirectCursor {
     }
 
     /// As the receiver goes (its drop, after [`DirectReader::sync_cursor`]), once its
-    /// subscription ended: the messages beyond
-    /// its bound that it will never receive, which the policy drops. Its position moves past
-    /// them (the replay first, then live publications, as a receive would), so they are
-    /// counted once.
+    /// subscription ended: the messages beyond its bound that it will never receive, which the
+    /// policy drops (added to `dropped`). Its position moves past them (the replay first, then
+    /// live publications, as a receive would), so they are counted once.
     pub(crate) fn take_overflow(&self) -> u64 {
         let (_, over) = self.backlog_with_run(false);
         if over > 0 {
@@ -290,6 +364,7 @@ impl DirectCursor {
                 .store(replay - from_replay, Ordering::Relaxed);
             self.pos
                 .fetch_add((over - from_replay) as u64, Ordering::Relaxed);
+            self.dropped.fetch_add(over as u64, Ordering::Relaxed);
         }
         over as u64
     }
@@ -328,6 +403,8 @@ pub(crate) struct DirectReader {
     run_end: u64,
     /// The position last stored in the cursor.
     shown: u64,
+    /// The cursor's `deciding` as this reader last stored it (it is its only writer).
+    deciding: u64,
 }
 
 impl DirectReader {
@@ -347,6 +424,7 @@ impl DirectReader {
             pos,
             run_end: 0,
             shown: pos,
+            deciding: 0,
         }
     }
 
@@ -409,22 +487,37 @@ impl DirectReader {
             .store(self.replay.len(), Ordering::Relaxed);
     }
 
-    /// The next receive; `dropped` is called with the messages the policy drops now.
+    /// The next receive (a lag adds the messages the policy drops now to the cursor's
+    /// `dropped`).
     ///
     /// Inside a run (see `run_end`) a receive is a comparison and an increment: the bound, the
     /// end and the log's head are looked at once per run, when it starts. So a message the
     /// eager policy would have dropped while the run was being read can still be received; the
     /// next run applies the bound again, with its exact count.
     #[inline]
-    pub(crate) fn next(&mut self, dropped: impl FnOnce(u64)) -> Next {
+    pub(crate) fn next(&mut self) -> Next {
         if self.pos < self.run_end {
             self.pos += 1;
             return Next::Message;
         }
-        self.next_slow(dropped)
+        self.next_slow()
     }
 
-    fn next_slow(&mut self, dropped: impl FnOnce(u64)) -> Next {
+    /// A receive outside a run: decides from the log's head (a lag, a run, the end), marked
+    /// as a decision in progress for `stats()` (see [`DirectCursor::snapshot`]).
+    fn next_slow(&mut self) -> Next {
+        self.deciding += 1;
+        self.cursor.deciding.store(self.deciding, Ordering::Relaxed);
+        // SeqCst: the odd store before this decision's reading of the head (see `snapshot`).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        let next = self.decide();
+        self.deciding += 1;
+        // Release: what the decision published is visible to a snapshot that reads this.
+        self.cursor.deciding.store(self.deciding, Ordering::Release);
+        next
+    }
+
+    fn decide(&mut self) -> Next {
         // Runs do not publish their progress; the end of one does (a store only when it moved,
         // so that an idle receiver's check writes nothing).
         if self.shown != self.pos {
@@ -447,7 +540,7 @@ impl DirectReader {
             self.cursor
                 .replay_left
                 .store(self.replay.len(), Ordering::Relaxed);
-            dropped(missed);
+            self.cursor.dropped.fetch_add(missed, Ordering::Relaxed);
             return Next::Lagged(missed);
         }
         if let Some(e) = self.replay.pop_front() {
@@ -491,12 +584,111 @@ impl DirectReader {
                     let missed = to - pos;
                     self.pos = to;
                     self.cursor.pos.store(self.pos, Ordering::Relaxed);
-                    dropped(missed);
+                    self.cursor.dropped.fetch_add(missed, Ordering::Relaxed);
                     Next::Lagged(missed)
                 }
                 // The chunk is listed before `head` moves: not reached.
                 _ => Next::Empty,
             },
         }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use loom::sync::atomic::{fence, AtomicU64, Ordering};
+    use loom::sync::Arc;
+    use loom::thread;
+
+    /// The queue bound of the model.
+    const CAP: u64 = 1;
+
+    /// What `stats()` reads of a receiver and what the receiver publishes, as
+    /// `DirectCursor` and the log's head keep them.
+    #[derive(Default)]
+    struct Shared {
+        head: AtomicU64,
+        deciding: AtomicU64,
+        dropped: AtomicU64,
+        pos: AtomicU64,
+        run_end: AtomicU64,
+    }
+
+    /// `DirectCursor::snapshot`'s protocol: the receiver's row (`dropped`, its lags plus what
+    /// lies beyond its run and its bound), read between two even readings of `deciding`.
+    fn snapshot(s: &Shared) -> u64 {
+        loop {
+            let before = s.deciding.load(Ordering::Acquire);
+            if before % 2 == 1 {
+                thread::yield_now();
+                continue;
+            }
+            let dropped = s.dropped.load(Ordering::Relaxed);
+            let pos = s.pos.load(Ordering::Acquire);
+            let run_end = s.run_end.load(Ordering::Acquire);
+            let head = s.head.load(Ordering::SeqCst);
+            fence(Ordering::SeqCst);
+            if s.deciding.load(Ordering::Relaxed) != before {
+                thread::yield_now();
+                continue;
+            }
+            let in_run = run_end.saturating_sub(pos);
+            return dropped + (head - pos).saturating_sub(in_run).saturating_sub(CAP);
+        }
+    }
+
+    /// The receiver: `DirectReader::next_slow` twice (a lag, or a run it then reads whole).
+    fn receive(s: &Shared) {
+        let (mut pos, mut deciding) = (0u64, 0u64);
+        for _ in 0..2 {
+            deciding += 1;
+            s.deciding.store(deciding, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+            s.pos.store(pos, Ordering::Relaxed);
+            let head = s.head.load(Ordering::SeqCst);
+            if head - pos > CAP {
+                let missed = head - pos - CAP;
+                pos += missed;
+                s.pos.store(pos, Ordering::Relaxed);
+                s.dropped.fetch_add(missed, Ordering::Relaxed);
+            } else if head > pos {
+                // A run up to the head read, received whatever the bound; its first message
+                // now, the rest before the next decision.
+                s.run_end.store(head, Ordering::Release);
+                s.pos.store(pos + 1, Ordering::Release);
+                pos = head;
+            }
+            deciding += 1;
+            s.deciding.store(deciding, Ordering::Release);
+        }
+    }
+
+    /// Two publications, two receives and two snapshots in any interleaving: the second
+    /// snapshot never shows fewer drops than the first (a message counted as dropped is never
+    /// received in a run that started from an older head).
+    #[test]
+    fn a_snapshot_never_counts_as_dropped_what_a_run_then_receives() {
+        loom::model(|| {
+            let s = Arc::new(Shared::default());
+            let publisher = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || {
+                    s.head.fetch_add(1, Ordering::SeqCst);
+                    s.head.fetch_add(1, Ordering::SeqCst);
+                    s.head.fetch_add(1, Ordering::SeqCst);
+                })
+            };
+            let receiver = {
+                let s = Arc::clone(&s);
+                thread::spawn(move || receive(&s))
+            };
+            let first = snapshot(&s);
+            let second = snapshot(&s);
+            assert!(second >= first, "dropped went back: {first} -> {second}");
+            publisher.join().unwrap();
+            receiver.join().unwrap();
+            let last = snapshot(&s);
+            assert!(last >= second, "dropped went back: {second} -> {last}");
+        });
     }
 }

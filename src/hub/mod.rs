@@ -210,6 +210,11 @@ impl Hub {
             && !self.inner().message_priority()
     }
 
+    /// The gate a direct receiver holds while its counts move (see `core::StatsGate`).
+    fn stats_gate(&self) -> Arc<self::core::StatsGate> {
+        self.inner().stats_gate()
+    }
+
     fn subscribe_consumer(
         &self,
         topic: &str,

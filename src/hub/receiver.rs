@@ -357,7 +357,6 @@ impl Sink for DirectEnd {
 
 impl DirectRx {
     fn try_next(&mut self) -> Result<(), TryRecvError> {
-        let sub = &self.sub;
         // A plain store, read by `stats()`: no read-modify-write on the receive path.
         if self.shown != self.received {
             self.shown = self.received;
@@ -366,7 +365,7 @@ impl DirectRx {
                 .received
                 .store(self.received, Ordering::Relaxed);
         }
-        match self.reader.next(|missed| sub.count_direct(0, missed)) {
+        match self.reader.next() {
             Next::Message => {
                 self.received += 1;
                 Ok(())
@@ -387,14 +386,14 @@ impl Drop for DirectRx {
         if !self.sub.closed.load(Ordering::Acquire) {
             return;
         }
-        let folded = cursor.folded.swap(self.received, Ordering::Relaxed);
-        // What its bound dropped and it never received is dropped now (counted once: `stats()`
-        // counted it as uncommitted until here), from its exact position.
-        self.reader.sync_cursor();
-        let dropped = cursor.take_overflow();
-        if self.received > folded || dropped > 0 {
-            self.sub
-                .count_direct(self.received.saturating_sub(folded), dropped);
+        {
+            let _moving = cursor.gate.moving();
+            // What its bound dropped and it never received is dropped now (counted once:
+            // `stats()` counted it as beyond the bound until here), from its exact position.
+            self.reader.sync_cursor();
+            cursor.take_overflow();
+            let (received, dropped) = cursor.fold();
+            self.sub.count_folded(received, dropped);
         }
         self.sub.forget_ended(cursor);
     }
@@ -418,7 +417,7 @@ impl Receiver {
         options: super::SubscribeOptions,
     ) -> Result<Receiver, super::SubscribeError> {
         if hub.reads_directly(&options) {
-            let cursor = DirectCursor::new(options.max_queue);
+            let cursor = DirectCursor::new(options.max_queue, hub.stats_gate());
             let options = options.sink(Arc::new(DirectEnd(Arc::clone(&cursor))));
             let sub =
                 hub.subscribe_consumer(topic, Consumer::Direct(Arc::clone(&cursor)), options)?;
