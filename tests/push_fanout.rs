@@ -35,7 +35,7 @@ fn push_subscribers_of_a_topic_read_one_shared_encode_per_batch() {
         let m1 = r#"{"type":"screenshot_update","stream":"obs","deviceId":"d1","deviceSessionUuid":null,"captureSequence":1, "png":"AAAA"}"#;
         let m2 = r#"{"type":"device_lifecycle","stream":"obs","deviceId":"d2","state":"online"}"#;
         let mut publisher = Client::connect(server.addr);
-        // One write: both publishes are read, and fanned out, as one batch per topic.
+        // One write: both publishes are read, and fanned out, in the order they were published.
         publisher.send_raw(
             format!(
                 "{{\"type\":\"publish\",\"id\":1,\"message\":{m1}}}\n{{\"type\":\"publish\",\"id\":2,\"message\":{m2}}}\n"
@@ -56,10 +56,13 @@ fn push_subscribers_of_a_topic_read_one_shared_encode_per_batch() {
         }
         assert_eq!(subs[2].line().unwrap(), m1);
         let stats = server.engine.hub().stats();
+        // The publications reach the shard in the order obs (m1), obs/d1 (m1), obs (m2): three
+        // runs of one topic each (a connection subscribed to obs and obs/d1 must read them in
+        // that order), each batch encoded once for all its subscribers.
         assert_eq!(
             stats.encoded - encoded_before,
-            2,
-            "one encode for topic obs (two subscribers), one for obs/d1"
+            3,
+            "one encode per batch: obs [m1], obs/d1 [m1], obs [m2]"
         );
         // Each push subscription's row counts the bytes fanned out to it (its lines), and
         // `bytes_out` is their sum.
@@ -208,6 +211,56 @@ fn two_publishers_reach_subscribers_on_every_shard_each_in_its_order() {
         });
         for r in readers {
             assert_eq!(r.join().unwrap(), [PER_PUBLISHER; 2]);
+        }
+    });
+}
+
+/// One publisher alternates between two streams and a device topic; a client subscribed to
+/// all three reads every message in the order it was published, across its subscriptions (as a
+/// subscriber of several subjects reads one publisher in order on NATS or Redis). A client
+/// writes its publishes too, 50 per write, for the same order from a connection.
+#[test]
+fn a_connection_reads_its_subscriptions_in_publish_order_across_topics() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut reader = Client::connect(server.addr);
+        for stream in ["oa", "ob"] {
+            reader.subscribe(stream);
+        }
+        reader.send(r#"{"type":"subscribe","id":"d","stream":"oc","deviceId":"d1"}"#);
+        assert_eq!(reader.msg()["type"], "subscribed");
+        let topics = ["oa", "ob", "oc/d1"];
+        const IN_PROCESS: u64 = 3000;
+        for seq in 0..IN_PROCESS {
+            let topic = topics[(seq % 3) as usize];
+            let stream = topic.split('/').next().unwrap();
+            let m = format!(r#"{{"type":"tick","stream":"{stream}","seq":{seq}}}"#);
+            let m = powerhub::hub::Message::json(m).unwrap();
+            server
+                .engine
+                .hub()
+                .publish(topic, m, powerhub::hub::PublishOptions::default())
+                .unwrap();
+        }
+        for seq in 0..IN_PROCESS {
+            assert_eq!(reader.msg()["seq"], seq, "in-process publishes");
+        }
+        let mut publisher = Client::connect(server.addr);
+        const WRITES: u64 = 20;
+        for w in 0..WRITES {
+            let mut lines = String::new();
+            for k in 0..50 {
+                let seq = w * 50 + k;
+                let stream = ["oa", "ob"][(seq % 2) as usize];
+                lines.push_str(&format!(
+                    r#"{{"type":"publish","message":{{"type":"tick","stream":"{stream}","seq":{seq}}}}}"#
+                ));
+                lines.push('\n');
+            }
+            publisher.send_raw(lines.as_bytes());
+        }
+        for seq in 0..WRITES * 50 {
+            assert_eq!(reader.msg()["seq"], seq, "publishes from a connection");
         }
     });
 }

@@ -3,40 +3,47 @@
 //!
 //! The hub keeps, per topic, one [`Tap`] per interested shard (attached on the shard's first
 //! subscription to the topic, detached after its last). A publish from any thread hands the
-//! entry to each tap of the topic: the tap appends it to its inbox (a lock-free
-//! [`SegQueue`]) and, when the topic was not listed with its shard yet, lists it there (another
-//! `SegQueue` of topic slots) and wakes the shard. So a publish costs O(1) plus O(interested
-//! shards), takes only the hub's topics read lock (which no fan-out holds) and never blocks.
+//! entry to each tap of the topic: the tap appends it, tagged with the topic's slot in the
+//! shard's table, to the shard's one inbox (a lock-free [`SegQueue`](crossbeam_queue::SegQueue)) and, when the shard's
+//! inbox was not listed yet, lists it and wakes the shard. So a publish costs O(1) plus
+//! O(interested shards), takes only the hub's topics read lock (which no fan-out holds) and
+//! never blocks.
 //!
-//! The shard, between IO waits, takes each listed topic's inbox, cuts it into batches of at
-//! most `subscriptions.max_batch`, and hands each batch's encoding (the NDJSON lines, or the
-//! hub's binary frame) to every local subscriber's [`Outbox`](crate::outbox::Outbox), the only
-//! queue of a push subscription, as the same `Bytes`. A batch is cut and encoded once for every
-//! shard: the first shard to reach a publication seals the batch that starts there, and the
-//! others follow the seal and send its encodings ([`SealedBatch`](crate::hub::SealedBatch)).
-//! There is no per-delivery message between threads, no completion, and no queue with rules
-//! other than the push-stream spec's.
+//! The shard, between IO waits, takes its inbox in the order the publications reached it, cuts
+//! each run of one topic's publications into batches of at most `subscriptions.max_batch`, and
+//! hands each batch's encoding (the NDJSON lines, or the hub's binary frame) to every local
+//! subscriber's [`Outbox`](crate::outbox::Outbox), the only queue of a push subscription, as
+//! the same `Bytes`. One inbox per shard, not one per topic, keeps a connection's deliveries in
+//! the order they were published across all its subscriptions: what one publisher publishes to
+//! topics `A` and `B` in turn reaches a subscriber of both in that order. A batch is cut and
+//! encoded once for every shard that takes the same publications: the first shard to reach a
+//! publication seals the batch that starts there, and the others follow the seal and send its
+//! encodings ([`SealedBatch`](crate::hub::SealedBatch)). There is no per-delivery message
+//! between threads, no completion, and no queue with rules other than the push-stream spec's.
+//!
+//! A topic's slot is reused after the topic leaves the shard's table; each tenant of a slot
+//! has a generation of its own, so an entry still in the inbox for the previous tenant is
+//! dropped, not delivered to the next.
 //!
 //! # The listing handshake
 //!
-//! A topic is listed with its shard at most once until the shard takes it ([`DirtyFlag`]):
+//! The inbox is listed with its shard at most once until the shard takes it ([`DirtyFlag`]):
 //!
 //! - publisher: push the entry into the inbox, then `mark` (a `swap(true)`, release): if it
-//!   read `false`, list the topic and wake the shard;
-//! - shard: pop a listed slot, `take` (a `swap(false)`, acquire), then drain the inbox.
+//!   read `false`, wake the shard;
+//! - shard: `take` (a `swap(false)`, acquire), then drain the inbox.
 //!
 //! The two swaps are read-modify-writes of one flag, so they are totally ordered and each reads
 //! the value the one before it wrote. A `mark` that reads `true` comes before the `take` that
 //! will clear it; that `take` reads from the `mark` (or a later one), so the entry pushed before
 //! the `mark` is visible to the drain after the `take`. A `mark` after the `take` reads `false`
-//! and lists the topic again. No entry is left in an inbox that nobody will drain; the model in
+//! and wakes the shard again. No entry is left in an inbox that nobody will drain; the model in
 //! this module's loom tests checks it with two publishers.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering as StdOrdering};
 use std::sync::Arc;
 
-use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
 
 use super::shard::{ConnKey, ShardHandle};
@@ -64,28 +71,41 @@ impl DirtyFlag {
     }
 }
 
+/// One publication for a shard's topic, as it waits in the shard's inbox: the topic's slot in
+/// the shard's [`Fanout`] table and that slot's tenant, and the entry (`None`: the hub closed).
+#[derive(Debug)]
+pub(crate) struct Tapped {
+    pub(crate) slot: u32,
+    pub(crate) generation: u32,
+    pub(crate) entry: Option<Arc<Entry>>,
+}
+
 /// A shard's interest in one hub topic, shared between the hub's publishers and the shard.
 pub(crate) struct TopicTap {
-    /// The topic's slot in its shard's [`Fanout`] table.
+    /// The topic's slot in its shard's [`Fanout`] table, and the slot's tenant.
     slot: u32,
+    generation: u32,
     shard: Arc<ShardHandle>,
-    inbox: SegQueue<Arc<Entry>>,
-    dirty: DirtyFlag,
     /// Local subscriptions (what a publish counts as delivered to). `Relaxed`: a count.
     count: AtomicUsize,
     /// The local subscriptions' hub ids and transport contexts, for stats and presence (changed
     /// on subscribe and unsubscribe only; never on the publish path).
     members: Mutex<Vec<TapMember>>,
-    /// The hub closed (set before the topic is listed a last time).
-    closed: std::sync::atomic::AtomicBool,
+}
+
+impl TopicTap {
+    fn hand(&self, entry: Option<Arc<Entry>>) {
+        self.shard.tap(Tapped {
+            slot: self.slot,
+            generation: self.generation,
+            entry,
+        });
+    }
 }
 
 impl Tap for TopicTap {
     fn offer(&self, entry: &Arc<Entry>) {
-        self.inbox.push(Arc::clone(entry));
-        if self.dirty.mark() {
-            self.shard.list_topic(self.slot);
-        }
+        self.hand(Some(Arc::clone(entry)));
     }
 
     fn subscribers(&self) -> usize {
@@ -97,11 +117,7 @@ impl Tap for TopicTap {
     }
 
     fn hub_closed(&self) {
-        // Release pairs with the shard's Acquire load after it takes the listing.
-        self.closed.store(true, StdOrdering::Release);
-        if self.dirty.mark() {
-            self.shard.list_topic(self.slot);
-        }
+        self.hand(None);
     }
 }
 
@@ -132,6 +148,8 @@ impl LocalSub {
 /// A topic some local connection subscribes to.
 pub(crate) struct LocalTopic {
     pub(crate) name: Arc<str>,
+    /// The slot's tenant (see [`Tapped`]).
+    pub(crate) generation: u32,
     pub(crate) tap: Arc<TopicTap>,
     pub(crate) subs: Vec<LocalSub>,
     /// How many of `subs` want the hub's binary frame (the rest want NDJSON lines).
@@ -143,6 +161,8 @@ pub(crate) struct Fanout {
     topics: Vec<Option<LocalTopic>>,
     index: HashMap<Arc<str>, u32>,
     free: Vec<u32>,
+    /// The next slot tenant's generation.
+    generation: u32,
     /// The engine (its hub, and its count of push subscriptions, `EngineStats::subscriptions`,
     /// kept here where subscriptions are added and removed).
     shared: Arc<Shared>,
@@ -157,6 +177,7 @@ impl Fanout {
             topics: Vec::new(),
             index: HashMap::new(),
             free: Vec::new(),
+            generation: 0,
             shared,
             shard,
         }
@@ -167,9 +188,12 @@ impl Fanout {
         self.index.get(topic).copied()
     }
 
-    /// The topic in `slot`.
-    pub(crate) fn topic(&self, slot: u32) -> Option<&LocalTopic> {
-        self.topics.get(slot as usize)?.as_ref()
+    /// The topic in `slot`, if `generation` is its tenant.
+    pub(crate) fn topic(&self, slot: u32, generation: u32) -> Option<&LocalTopic> {
+        self.topics
+            .get(slot as usize)?
+            .as_ref()
+            .filter(|t| t.generation == generation)
     }
 
     /// Adds a subscription (attaching the shard's tap to the hub topic on its first one).
@@ -187,14 +211,14 @@ impl Fanout {
                     self.topics.push(None);
                     (self.topics.len() - 1) as u32
                 });
+                let generation = self.generation;
+                self.generation = self.generation.wrapping_add(1);
                 let tap = Arc::new(TopicTap {
                     slot,
+                    generation,
                     shard: Arc::clone(&self.shard),
-                    inbox: SegQueue::new(),
-                    dirty: DirtyFlag::default(),
                     count: AtomicUsize::new(0),
                     members: Mutex::new(Vec::new()),
-                    closed: std::sync::atomic::AtomicBool::new(false),
                 });
                 let as_tap: Arc<dyn Tap> = Arc::clone(&tap) as Arc<dyn Tap>;
                 if !self.shared.hub.attach_tap(topic, as_tap) {
@@ -205,6 +229,7 @@ impl Fanout {
                 self.index.insert(Arc::clone(&name), slot);
                 self.topics[slot as usize] = Some(LocalTopic {
                     name,
+                    generation,
                     tap,
                     subs: Vec::new(),
                     hub_frame_subs: 0,
@@ -259,7 +284,8 @@ impl Fanout {
         true
     }
 
-    /// Detaches and forgets the topic in `slot` with its subscriptions (its inbox is dropped).
+    /// Detaches and forgets the topic in `slot` with its subscriptions (what the shard's inbox
+    /// still holds for it is dropped when taken: the slot's next tenant has another generation).
     pub(crate) fn remove_topic(&mut self, slot: u32) {
         let Some(t) = self.topics.get_mut(slot as usize).and_then(Option::take) else {
             return;
@@ -272,20 +298,6 @@ impl Fanout {
         self.shared.hub.detach_tap(&t.name, &tap);
         self.index.remove(&t.name);
         self.free.push(slot);
-    }
-
-    /// Takes the listing of the topic in `slot` and appends what its inbox holds to `out`;
-    /// `Some(true)` once the hub is closed (end the topic's subscriptions), `None` for a slot
-    /// that holds no topic.
-    pub(crate) fn take(&self, slot: u32, out: &mut Vec<Arc<Entry>>) -> Option<bool> {
-        let t = self.topics.get(slot as usize)?.as_ref()?;
-        // Before the drain: see the module documentation.
-        t.tap.dirty.take();
-        while let Some(e) = t.tap.inbox.pop() {
-            out.push(e);
-        }
-        // Acquire pairs with `hub_closed`'s Release.
-        Some(t.tap.closed.load(StdOrdering::Acquire))
     }
 }
 

@@ -6,9 +6,10 @@
 //! the engine its shutdown phases, as [`ShardMsg`]s; publishers list the topics that have new
 //! entries for the shard's subscriptions (see [`super::fanout`]). A turn of the shard loop:
 //!
-//! 1. fans out every listed topic (unless the turn gap holds it back): each batch is encoded
-//!    once per wire format, for every shard that sends it, and the same `Bytes` goes into every
-//!    local subscriber's [`Outbox`],
+//! 1. fans out its inbox (unless the turn gap holds it back), in the order publications
+//!    reached it: each run of one topic's publications in batches, each batch encoded once per
+//!    wire format (shared with other shards that cut the same batch), the same `Bytes` into
+//!    every local subscriber's [`Outbox`],
 //! 2. drains the message queue (new connections, shutdown phases),
 //! 3. starts one send per connection that has bytes to write and none in flight, carrying
 //!    everything ready for it: the protocol's urgent bytes and what the connection's
@@ -37,7 +38,7 @@ use crossbeam_queue::SegQueue;
 use powerhub_plugin::codes;
 
 use super::config::SMALL_SEND_BYTES;
-use super::fanout::{Fanout, LocalSub};
+use super::fanout::{DirtyFlag, Fanout, LocalSub, Tapped};
 use super::parker::Parker;
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::tls::TlsLayer;
@@ -122,8 +123,10 @@ pub(crate) struct ShardHandle {
     /// Set while a shutdown drains, once every connection has gone quiet (see
     /// [`ShardMsg::Drain`]).
     quiet: AtomicBool,
-    /// Slots of the shard's topics that have entries to fan out (see [`super::fanout`]).
-    topics: SegQueue<u32>,
+    /// Publications for the shard's topics, in the order they reached it, and whether it is
+    /// listed (see [`super::fanout`]).
+    inbox: SegQueue<Tapped>,
+    listed: DirtyFlag,
 }
 
 impl ShardHandle {
@@ -135,7 +138,8 @@ impl ShardHandle {
             parker: Parker::default(),
             conns: AtomicUsize::new(0),
             quiet: AtomicBool::new(false),
-            topics: SegQueue::new(),
+            inbox: SegQueue::new(),
+            listed: DirtyFlag::default(),
         })
     }
 
@@ -152,10 +156,13 @@ impl ShardHandle {
         self.wake();
     }
 
-    /// Lists topic `slot` as having entries to fan out, and wakes the shard if it sleeps.
-    pub(crate) fn list_topic(&self, slot: u32) {
-        self.topics.push(slot);
-        self.wake();
+    /// Queues a publication for one of the shard's topics; wakes the shard when its inbox was
+    /// not listed (see [`super::fanout`]).
+    pub(crate) fn tap(&self, tapped: Tapped) {
+        self.inbox.push(tapped);
+        if self.listed.mark() {
+            self.wake();
+        }
     }
 
     /// Wakes the shard if it sleeps, after the caller made work visible to it (a queue push, or
@@ -380,8 +387,9 @@ pub(crate) struct Shard<B: Backend> {
     last_sent: Option<Instant>,
     /// The subscriptions of this shard's connections, by topic.
     fanout: Fanout,
-    /// Scratch: the entries taken from one topic.
-    taken: Vec<Arc<Entry>>,
+    /// Scratch: what was taken from the inbox, and one topic's run of it.
+    taken: Vec<Tapped>,
+    run: Vec<Arc<Entry>>,
 }
 
 impl<B: Backend> Shard<B> {
@@ -412,6 +420,7 @@ impl<B: Backend> Shard<B> {
             last_sent: None,
             fanout,
             taken: Vec::new(),
+            run: Vec::new(),
         }
     }
 
@@ -466,9 +475,9 @@ impl<B: Backend> Shard<B> {
             if !self.handle.queue.is_empty() {
                 timeout = Duration::ZERO;
             } else {
-                // After `park_begin`: a publisher that listed a topic before either shows here
-                // or sees the shard parked and wakes it (see [`Parker`]).
-                if !self.handle.topics.is_empty() {
+                // After `park_begin`: a publisher that listed the inbox before either shows
+                // here or sees the shard parked and wakes it (see [`Parker`]).
+                if !self.handle.inbox.is_empty() {
                     let at = self.quiet_until.unwrap_or(now);
                     timeout = timeout.min(at.saturating_duration_since(now));
                 }
@@ -934,7 +943,7 @@ impl<B: Backend> Shard<B> {
     }
 
     /// Adds a push subscription of connection `token` to the shard's fan-out of `topic` (after
-    /// delivering what the topic holds, published before it, to the subscriptions there were),
+    /// delivering what the inbox holds, published before it, to the subscriptions there were),
     /// then answers the connection (its `subscribed` reply goes before any delivery to it).
     fn subscribe(
         &mut self,
@@ -944,7 +953,7 @@ impl<B: Backend> Shard<B> {
         topic: &str,
         now: Instant,
     ) {
-        self.fan_out_topic(topic, now);
+        self.fan_out_listed(now);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
@@ -964,11 +973,11 @@ impl<B: Backend> Shard<B> {
         c.push.subscribe_done(result, now);
     }
 
-    /// Removes a push subscription after delivering what its topic holds (published before the
+    /// Removes a push subscription after delivering what the inbox holds (published before the
     /// unsubscribe), then answers the connection (the outbox drops the subscription's pending
     /// coalescible frames and queues the acknowledgement).
     fn unsubscribe(&mut self, token: Token, subscription_id: Arc<str>, topic: &str, now: Instant) {
-        self.fan_out_topic(topic, now);
+        self.fan_out_listed(now);
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
@@ -1002,36 +1011,64 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    /// Fans out what `topic` holds, if a local connection subscribes to it.
-    fn fan_out_topic(&mut self, topic: &str, now: Instant) {
-        if let Some(slot) = self.fanout.slot_of(topic) {
-            self.fan_out_slot(slot, now);
-        }
-    }
+    /// Most publications taken from the inbox in one call; the rest wait for the next turn
+    /// (the inbox stays non-empty, so the shard does not sleep).
+    const TAKE_MAX: usize = 1 << 16;
 
-    /// Fans out every topic listed since the last call.
+    /// Fans out what the inbox holds, in the order it came: each run of one topic's
+    /// publications in batches of at most `subscriptions.max_batch`.
     fn fan_out_listed(&mut self, now: Instant) {
-        while let Some(slot) = self.handle.topics.pop() {
-            self.fan_out_slot(slot, now);
+        // Before the drain: see the fan-out module's listing handshake.
+        self.handle.listed.take();
+        let mut taken = std::mem::take(&mut self.taken);
+        while taken.len() < Self::TAKE_MAX {
+            match self.handle.inbox.pop() {
+                Some(t) => taken.push(t),
+                None => break,
+            }
         }
+        let mut run = std::mem::take(&mut self.run);
+        let mut at = 0;
+        while at < taken.len() {
+            let (slot, generation) = (taken[at].slot, taken[at].generation);
+            let start = at;
+            while at < taken.len()
+                && taken[at].slot == slot
+                && taken[at].generation == generation
+                && taken[at].entry.is_some()
+            {
+                at += 1;
+            }
+            // The entries move out of the inbox's records: no reference count changes.
+            run.extend(taken[start..at].iter_mut().filter_map(|t| t.entry.take()));
+            if !run.is_empty() {
+                self.fan_out_run(slot, generation, &run, now);
+                run.clear();
+            }
+            if at < taken.len() && at == start {
+                // The hub closed (`entry: None`): after what came before, the topic ends.
+                self.end_topic(slot, generation, now);
+                at += 1;
+            }
+        }
+        taken.clear();
+        self.taken = taken;
+        self.run = run;
     }
 
-    /// Fans out what topic `slot` holds: batches of at most `subscriptions.max_batch`, as other
-    /// shards sealed them where they did, each encoded once per wire format for every shard,
-    /// the same `Bytes` into every local subscriber's outbox.
-    fn fan_out_slot(&mut self, slot: u32, now: Instant) {
-        let mut taken = std::mem::take(&mut self.taken);
-        let (Some(closed), Some(topic)) =
-            (self.fanout.take(slot, &mut taken), self.fanout.topic(slot))
-        else {
-            self.taken = taken;
+    /// Fans out one run of the publications of topic `slot` (if `generation` is still its
+    /// tenant): batches of at most `subscriptions.max_batch`, as other shards sealed them where
+    /// they did, each encoded once per wire format for every shard, the same `Bytes` into every
+    /// local subscriber's outbox.
+    fn fan_out_run(&mut self, slot: u32, generation: u32, run: &[Arc<Entry>], now: Instant) {
+        let Some(topic) = self.fanout.topic(slot, generation) else {
             return;
         };
         let max_batch = self.shared.config.subscriptions.max_batch.max(1);
         let (mut deliveries, mut messages, mut encoded) = (0u64, 0u64, 0u64);
         let wants_lines = topic.subs.len() > topic.hub_frame_subs;
         let wants_frames = topic.hub_frame_subs > 0;
-        let mut rest = &taken[..];
+        let mut rest = run;
         while !rest.is_empty() {
             // The batch another shard cut from the same publications, if it did (then its
             // encodings are shared too), else one cut here: see `hub::SealedBatch`.
@@ -1081,18 +1118,6 @@ impl<B: Backend> Shard<B> {
                 self.dirty.push(sub.conn.index);
             }
         }
-        // The hub closed: each subscription's connection is told and closed (rare: a local vector).
-        let ended: Vec<(ConnKey, Arc<str>)> = if closed {
-            topic
-                .subs
-                .iter()
-                .map(|s| (s.conn, Arc::clone(&s.id)))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        taken.clear();
-        self.taken = taken;
         if deliveries > 0 {
             self.shared
                 .counters_of(self.handle.index)
@@ -1100,9 +1125,20 @@ impl<B: Backend> Shard<B> {
                 .fetch_add(deliveries, Ordering::Relaxed);
             self.shared.hub.count_tapped(messages, encoded);
         }
-        if closed {
-            self.fanout.remove_topic(slot);
-        }
+    }
+
+    /// The hub closed: each subscription of topic `slot` (if `generation` is still its tenant)
+    /// is told and its connection closed, and the topic leaves the table.
+    fn end_topic(&mut self, slot: u32, generation: u32, now: Instant) {
+        let Some(topic) = self.fanout.topic(slot, generation) else {
+            return;
+        };
+        let ended: Vec<(ConnKey, Arc<str>)> = topic
+            .subs
+            .iter()
+            .map(|s| (s.conn, Arc::clone(&s.id)))
+            .collect();
+        self.fanout.remove_topic(slot);
         for (key, sub) in ended {
             if let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) {
                 c.push.subscription_ended(&sub, now);
