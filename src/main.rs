@@ -192,7 +192,8 @@ fn serve(args: ServeArgs) -> ExitCode {
             }
         };
         eprintln!("powerhub: signal {sig} during shutdown; exiting now");
-        std::process::exit(130);
+        // 128 + the signal, as a shell reports a process a signal ended.
+        std::process::exit(128 + sig);
     });
     match engine.shutdown() {
         Ok(()) => {

@@ -237,7 +237,7 @@ fn a_line_too_long_to_frame_closes_the_connection_with_a_final_error() {
     let bytes = Session::fatal_error(&e);
     assert_eq!(
         &bytes[..],
-        br#"{"type":"error","requestId":null,"code":"limit_exceeded","message":"line of 20000000 bytes exceeds the limit max_message_bytes = 16777216; closing the connection","limit":"max_message_bytes"}"#
+        br#"{"type":"error","requestId":null,"code":"limit_exceeded","message":"line of at least 20000000 bytes exceeds the limit max_message_bytes = 16777216; closing the connection","limit":"max_message_bytes"}"#
     );
 }
 

@@ -175,11 +175,13 @@ impl Ending {
 
     /// Whether the close is worth a log line at `info`: the server decided it for this
     /// connection (a limit, a deadline, a slow consumer, a protocol error), not for all of them
-    /// at shutdown.
+    /// at shutdown, unless the shutdown's deadline cut it (what it had queued is lost).
     pub(crate) fn is_notable(&self) -> bool {
         matches!(self.kind, Some(k) if k != Kind::Shutdown)
             || self.reason == "protocol_error"
             || self.reason.starts_with("max_")
+            // Cut by the shutdown's deadline: what it still had queued is lost.
+            || self.reason == "shutdown_timeout_ms"
     }
 
     /// The push protocol's error to send, if any.

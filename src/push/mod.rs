@@ -1462,7 +1462,7 @@ impl PushConnection {
             let at_boundary = self.outbox.unsent_bytes() == 0 && !self.transmitting;
             if self.outbox.handle_timeout(now) == TimeoutAction::Reap {
                 let ms = self.outbox.config().liveness_timeout.as_millis();
-                let msg = format!("no pong and no write progress for liveness_timeout_ms = {ms}");
+                let msg = format!("no pong and no drain progress for liveness_timeout_ms = {ms}");
                 let key = "liveness_timeout_ms";
                 if at_boundary {
                     self.close(Ending::timeout(key, msg), now);

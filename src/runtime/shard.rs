@@ -1528,8 +1528,8 @@ impl<B: Backend> Shard<B> {
     }
 
     /// The one log line of a connection's close: why, and what it did. At `info` when the
-    /// server decided the close (a limit, a deadline, a protocol error, a slow consumer), at
-    /// `debug` when the peer closed or the server shut down.
+    /// server decided the close (a limit, a deadline, a protocol error, a slow consumer, the
+    /// shutdown's deadline), at `debug` when the peer closed or the server shut down in time.
     fn log_close(&self, c: &Conn) {
         let ending = c.push.ending();
         let reason = ending.map_or("closed", |e| e.reason);

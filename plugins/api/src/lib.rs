@@ -347,7 +347,7 @@ impl ProtocolOutput {
 #[non_exhaustive]
 pub enum ProtocolError {
     /// An inbound message or handshake is larger than a configured limit.
-    #[error("{what} of {size} bytes exceeds the limit {limit_name} = {limit}")]
+    #[error("{what} of at least {size} bytes exceeds the limit {limit_name} = {limit}")]
     TooLarge {
         /// What was too large ("line", "message", "handshake", "frame").
         what: &'static str,
