@@ -814,3 +814,34 @@ fn stats_never_go_back_nor_count_twice_while_counts_move_on_other_threads() {
     assert!(snapshots > 10, "{snapshots} snapshots");
     assert!(missed > 0, "the receiver was meant to lag");
 }
+
+/// A receiver dropped on one thread while another thread unsubscribes it by id: whichever
+/// finishes the removal, what it received is counted once in `delivered` (two folds racing
+/// counted it twice), many times over.
+#[test]
+fn a_receiver_dropped_while_another_thread_unsubscribes_it_is_counted_once() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut received = 0u64;
+    for round in 0..300u64 {
+        let id = format!("r{round}");
+        let mut rx = hub
+            .receiver("t", SubscribeOptions::default().id(id.as_str()))
+            .unwrap();
+        for n in 0..10 {
+            publish(&hub, "t", n);
+        }
+        for _ in 0..(round % 10) {
+            rx.try_recv().unwrap();
+            received += 1;
+        }
+        let remover = {
+            let hub = hub.clone();
+            std::thread::spawn(move || hub.unsubscribe(&id))
+        };
+        drop(rx);
+        remover.join().unwrap();
+    }
+    let s = hub.stats();
+    assert_eq!(s.delivered, received, "each receive counted once");
+    assert_eq!(s.dropped, 0);
+}

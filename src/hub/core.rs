@@ -853,6 +853,9 @@ impl Inner {
                 .fetch_add(discarded, Ordering::Relaxed);
         }
         self.close_adapter(sub, reason);
+        if let Consumer::Direct(dc) = &sub.consumer {
+            dc.mark_removed();
+        }
         self.notify_flush();
         true
     }
@@ -1803,6 +1806,9 @@ impl Inner {
             if !sub.closed.swap(true, Ordering::AcqRel) {
                 sub.queue.clear();
                 self.close_adapter(sub, CloseReason::HubClosed);
+                if let Consumer::Direct(dc) = &sub.consumer {
+                    dc.mark_removed();
+                }
             }
         }
         for t in topics.values() {

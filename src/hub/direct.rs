@@ -233,6 +233,8 @@ pub(crate) struct DirectCursor {
     /// and its drop, under the hub's [`StatsGate`]).
     pub(crate) dropped: AtomicU64,
     pub(crate) dropped_folded: AtomicU64,
+    /// Set once the hub finished removing the subscription (see `mark_removed`).
+    removed: std::sync::atomic::AtomicBool,
     /// Odd while the receiver reads the log's head and publishes what it decided from it (a
     /// lag, a run, an end): `stats()` reads the cursor between two even readings of the same
     /// value (see [`DirectCursor::snapshot`]).
@@ -259,6 +261,7 @@ impl DirectCursor {
         Arc::new(DirectCursor {
             dropped: AtomicU64::new(0),
             dropped_folded: AtomicU64::new(0),
+            removed: std::sync::atomic::AtomicBool::new(false),
             deciding: AtomicU64::new(0),
             gate,
             log: OnceLock::new(),
@@ -311,12 +314,33 @@ impl DirectCursor {
 
     /// What the hub's counters have not taken in joins them (`delivered`, `dropped`); the
     /// caller holds the hub's [`StatsGate`].
+    ///
+    /// Two folds may run at once (a remover on another thread, and the receiver's drop): each
+    /// moves the folded mark forward only (`fetch_max`) and counts what lies past the mark it
+    /// found, so nothing is counted twice.
     pub(crate) fn fold(&self) -> (u64, u64) {
         let received = self.received.load(Ordering::Relaxed);
-        let received = received.saturating_sub(self.folded.swap(received, Ordering::Relaxed));
+        let received = received.saturating_sub(self.folded.fetch_max(received, Ordering::Relaxed));
         let dropped = self.dropped.load(Ordering::Relaxed);
-        let dropped = dropped.saturating_sub(self.dropped_folded.swap(dropped, Ordering::Relaxed));
+        let dropped =
+            dropped.saturating_sub(self.dropped_folded.fetch_max(dropped, Ordering::Relaxed));
         (received, dropped)
+    }
+
+    /// The hub is done removing the subscription (its end, its fold, its place among the ended
+    /// receivers): the receiver's drop may take its last counts.
+    pub(crate) fn mark_removed(&self) {
+        // Release: pairs with `wait_removed`'s Acquire.
+        self.removed.store(true, Ordering::Release);
+    }
+
+    /// Waits until [`mark_removed`](Self::mark_removed): a removal started on another thread
+    /// (the subscription's `closed` is set first) is finishing, with no lock held that this
+    /// thread holds.
+    pub(crate) fn wait_removed(&self) {
+        while !self.removed.load(Ordering::Acquire) {
+            std::thread::yield_now();
+        }
     }
 
     /// Messages waiting for the receiver (at most `max_queue`; the rest of its run is being
@@ -405,6 +429,9 @@ pub(crate) struct DirectReader {
     shown: u64,
     /// The cursor's `deciding` as this reader last stored it (it is its only writer).
     deciding: u64,
+    /// What a decision let go (a chunk, dropped replay), dropped once it ended.
+    retired_chunk: Option<Arc<Chunk>>,
+    retired: Vec<Arc<Entry>>,
 }
 
 impl DirectReader {
@@ -425,6 +452,8 @@ impl DirectReader {
             run_end: 0,
             shown: pos,
             deciding: 0,
+            retired_chunk: None,
+            retired: Vec::new(),
         }
     }
 
@@ -510,11 +539,19 @@ impl DirectReader {
         self.cursor.deciding.store(self.deciding, Ordering::Relaxed);
         // SeqCst: the odd store before this decision's reading of the head (see `snapshot`).
         std::sync::atomic::fence(Ordering::SeqCst);
-        let next = self.decide();
+        // A panic must not leave the count odd: `stats()` would wait for it for ever.
+        let decided = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.decide()));
         self.deciding += 1;
         // Release: what the decision published is visible to a snapshot that reads this.
         self.cursor.deciding.store(self.deciding, Ordering::Release);
-        next
+        // What the decision let go is dropped after it: the last reference to a payload may run
+        // its owner's code, which may call `stats()`.
+        self.retired_chunk = None;
+        self.retired.clear();
+        match decided {
+            Ok(next) => next,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
     }
 
     fn decide(&mut self) -> Next {
@@ -533,7 +570,7 @@ impl DirectReader {
             let mut over = total - cap;
             let missed = over as u64;
             let from_replay = over.min(self.replay.len());
-            self.replay.drain(..from_replay);
+            self.retired.extend(self.replay.drain(..from_replay));
             over -= from_replay;
             self.pos += over as u64;
             self.cursor.pos.store(self.pos, Ordering::Relaxed);
@@ -558,7 +595,7 @@ impl DirectReader {
             };
         }
         if !self.chunk.as_ref().is_some_and(|c| c.holds(self.pos)) {
-            self.chunk = self.log.chunk_of(self.pos);
+            self.retired_chunk = std::mem::replace(&mut self.chunk, self.log.chunk_of(self.pos));
         }
         let pos = self.pos;
         // `pos` is below the limit (checked above), so a chunk that holds it holds it written.

@@ -386,6 +386,9 @@ impl Drop for DirectRx {
         if !self.sub.closed.load(Ordering::Acquire) {
             return;
         }
+        // A removal on another thread (an unsubscribe by id, the hub's close) sets `closed`
+        // first: its end, its fold and its listing among the ended receivers come before ours.
+        cursor.wait_removed();
         {
             let _moving = cursor.gate.moving();
             // What its bound dropped and it never received is dropped now (counted once:

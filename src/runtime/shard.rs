@@ -3,8 +3,8 @@
 //!
 //! Nothing on a shard's write path takes a lock. Other threads reach a shard through lock-free
 //! queues and a wake-up eventfd: a shard that accepted another's connection hands it over, and
-//! the engine its shutdown phases, as [`ShardMsg`]s; publishers list the topics that have new
-//! entries for the shard's subscriptions (see [`super::fanout`]). A turn of the shard loop:
+//! the engine its shutdown phases, as [`ShardMsg`]s; publishers queue the entries for the
+//! shard's subscriptions in its inbox (see [`super::fanout`]). A turn of the shard loop:
 //!
 //! 1. fans out its inbox (unless the turn gap holds it back), in the order publications
 //!    reached it: each run of one topic's publications in batches, each batch encoded once per
@@ -476,8 +476,9 @@ impl<B: Backend> Shard<B> {
                 timeout = Duration::ZERO;
             } else {
                 // After `park_begin`: a publisher that listed the inbox before either shows
-                // here or sees the shard parked and wakes it (see [`Parker`]).
-                if !self.handle.inbox.is_empty() {
+                // here or sees the shard parked and wakes it (see [`Parker`]); a listing not
+                // taken yet is work too (see `DirtyFlag::is_listed`).
+                if !self.handle.inbox.is_empty() || self.handle.listed.is_listed() {
                     let at = self.quiet_until.unwrap_or(now);
                     timeout = timeout.min(at.saturating_duration_since(now));
                 }
@@ -1011,17 +1012,16 @@ impl<B: Backend> Shard<B> {
         }
     }
 
-    /// Most publications taken from the inbox in one call; the rest wait for the next turn
-    /// (the inbox stays non-empty, so the shard does not sleep).
-    const TAKE_MAX: usize = 1 << 16;
-
-    /// Fans out what the inbox holds, in the order it came: each run of one topic's
-    /// publications in batches of at most `subscriptions.max_batch`.
+    /// Fans out what the inbox holds when called, in the order it came: each run of one
+    /// topic's publications in batches of at most `subscriptions.max_batch`. What publishers
+    /// add meanwhile waits for the next call (the inbox stays non-empty, so the shard does not
+    /// sleep), so a shard that publishers keep busy still gets to its IO.
     fn fan_out_listed(&mut self, now: Instant) {
         // Before the drain: see the fan-out module's listing handshake.
         self.handle.listed.take();
+        let held = self.handle.inbox.len();
         let mut taken = std::mem::take(&mut self.taken);
-        while taken.len() < Self::TAKE_MAX {
+        while taken.len() < held {
             match self.handle.inbox.pop() {
                 Some(t) => taken.push(t),
                 None => break,
