@@ -4,6 +4,7 @@ mod engine_support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use engine_support::*;
 use powerhub::runtime::SlowConsumerChoice;
@@ -266,6 +267,65 @@ fn graceful_shutdown_ends_at_its_deadline_when_a_client_never_reads() {
         });
         stopper.join().unwrap();
         drop(stalled);
+    });
+}
+
+/// A publisher that never stops sending keeps no shard from saying the shutdown: the reading
+/// ends with a quarter of `shutdown_timeout_ms` left, and a subscriber that keeps reading gets
+/// everything then the `shutdown` error before the connection ends (reading until the deadline
+/// cut such connections without a word).
+#[test]
+fn a_publisher_that_never_stops_still_lets_every_reader_get_the_shutdown_error() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.engine.shutdown_timeout_ms = 1000;
+        let server = start(config);
+        let mut readers: Vec<Client> = (0..4).map(|_| Client::connect(server.addr)).collect();
+        for r in &mut readers {
+            r.subscribe("flow");
+        }
+        let stop = Arc::new(AtomicU64::new(0));
+        let publisher = {
+            let addr = server.addr;
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                use std::io::Write;
+                let mut s = std::net::TcpStream::connect(addr).unwrap();
+                let line = format!(
+                    "{{\"type\":\"publish\",\"message\":{}}}\n",
+                    message("flow", 0, 16)
+                );
+                let batch = line.repeat(50);
+                while stop.load(Ordering::Relaxed) == 0 {
+                    if s.write_all(batch.as_bytes()).is_err() {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let engine = server.engine;
+        let stopper = std::thread::spawn(move || engine.shutdown().unwrap());
+        let ends: Vec<_> = readers
+            .into_iter()
+            .map(|mut r| {
+                std::thread::spawn(move || loop {
+                    match r.line() {
+                        Some(l) if l.contains(r#""type":"error""#) => return l,
+                        Some(_) => continue,
+                        None => return String::from("the connection ended without a word"),
+                    }
+                })
+            })
+            .collect();
+        for e in ends {
+            let last = e.join().unwrap();
+            assert!(last.contains(r#""code":"shutdown""#), "{last}");
+        }
+        stopper.join().unwrap();
+        stop.store(1, Ordering::Relaxed);
+        publisher.join().unwrap();
     });
 }
 

@@ -927,14 +927,18 @@ impl Engine {
     /// `shutdown` error (WebSocket: then close 1001). All of it bounded by
     /// `engine.shutdown_timeout_ms`; then the shards stop.
     pub fn shutdown(mut self) -> Result<(), EngineError> {
-        let deadline =
-            Instant::now() + Duration::from_millis(self.shared.config.engine.shutdown_timeout_ms);
+        let budget = Duration::from_millis(self.shared.config.engine.shutdown_timeout_ms);
+        let deadline = Instant::now() + budget;
+        // The last quarter of the budget (at most a second) is kept for the close: each
+        // connection's queue and its `shutdown` error are written then, even when clients
+        // never stop sending (reading until the deadline left no time to say it).
+        let read_until = deadline - (budget / 4).min(Duration::from_secs(1));
         for s in self.shared.shards() {
             s.send(ShardMsg::Drain { deadline });
         }
         // The shards keep reading until what the connections sent before the shutdown is read
-        // (each goes quiet) or the deadline passes: what the server accepted is served.
-        while Instant::now() < deadline && !self.shared.shards().iter().all(|s| s.is_quiet()) {
+        // (each goes quiet) or the reading time is up: what the server accepted is served.
+        while Instant::now() < read_until && !self.shared.shards().iter().all(|s| s.is_quiet()) {
             std::thread::sleep(QUIET_POLL);
         }
         // The hub's own subscribers get what was published before now (push subscriptions get
@@ -948,7 +952,7 @@ impl Engine {
                 let _ = tx.send(hub.flush());
             });
         if flusher.is_ok() {
-            let wait = deadline.saturating_duration_since(Instant::now()) + TICK_GRACE;
+            let wait = read_until.saturating_duration_since(Instant::now()) + TICK_GRACE;
             match rx.recv_timeout(wait) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
