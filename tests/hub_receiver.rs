@@ -845,3 +845,100 @@ fn a_receiver_dropped_while_another_thread_unsubscribes_it_is_counted_once() {
     assert_eq!(s.delivered, received, "each receive counted once");
     assert_eq!(s.dropped, 0);
 }
+
+/// Closing the hub keeps what the drop-oldest queues dropped: evictions not yet committed by a
+/// drain are committed as their subscribers leave, so `dropped` does not fall back to what the
+/// drains had committed (it fell to 0).
+#[test]
+fn closing_the_hub_keeps_the_drops_no_drain_committed_yet() {
+    let hub = manual();
+    let _handled = hub
+        .subscribe(
+            "t",
+            |_| {},
+            SubscribeOptions::default().id("h").max_queue(4),
+        )
+        .unwrap();
+    let _sink = hub
+        .subscribe_sink("t", SubscribeOptions::default().id("s").max_queue(4))
+        .unwrap();
+    for n in 0..100 {
+        publish(&hub, "t", n);
+    }
+    let before = hub.stats().dropped;
+    assert_eq!(before, 2 * 96);
+    hub.close();
+    assert_eq!(
+        hub.stats().dropped,
+        before,
+        "dropped went back across close"
+    );
+}
+
+/// Handler subscribers with small queues come and go (dropped, or unsubscribed by id from
+/// another thread at the same moment) while two threads publish and one polls `stats()`: the
+/// totals never go back (a subscriber that left `ids` before its evictions were committed was
+/// counted nowhere for a moment).
+#[test]
+fn stats_never_go_back_while_overflowing_handler_subscribers_come_and_go() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    let publishers: Vec<_> = (0..2)
+        .map(|_| {
+            let (hub, done) = (hub.clone(), Arc::clone(&done));
+            std::thread::spawn(move || {
+                let mut n = 0;
+                while !done.load(Ordering::Relaxed) {
+                    publish(&hub, "t", n);
+                    n += 1;
+                }
+            })
+        })
+        .collect();
+    let poller = {
+        let (hub, done) = (hub.clone(), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let mut last = (0, 0);
+            while !done.load(Ordering::Relaxed) {
+                let s = hub.stats();
+                assert!(
+                    s.dropped >= last.0 && s.delivered >= last.1,
+                    "went back: dropped {} -> {}, delivered {} -> {}",
+                    last.0,
+                    s.dropped,
+                    last.1,
+                    s.delivered
+                );
+                last = (s.dropped, s.delivered);
+            }
+        })
+    };
+    for round in 0..60 {
+        let id = format!("h{round}");
+        let sub = hub
+            .subscribe(
+                "t",
+                |_| std::thread::sleep(Duration::from_micros(200)),
+                SubscribeOptions::default().id(id.as_str()).max_queue(2),
+            )
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(3));
+        if round % 2 == 0 {
+            let remover = {
+                let hub = hub.clone();
+                std::thread::spawn(move || hub.unsubscribe(&id))
+            };
+            drop(sub);
+            remover.join().unwrap();
+        } else {
+            drop(sub);
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    poller.join().expect("the poller's assertions");
+    for p in publishers {
+        p.join().unwrap();
+    }
+}

@@ -761,6 +761,9 @@ impl Inner {
         }
         {
             let mut topics = self.topics.write();
+            // Its counts move to the counters and it leaves `ids` in one step for `stats()`
+            // (see `StatsGate`); under the topics lock, so no publish adds to them meanwhile.
+            let _moving = self.gate.moving();
             if let Some(t) = topics.get_mut(sub.sref.topic()) {
                 // Every list is sorted (subscription order, or drain order): a binary search,
                 // so that many subscribers leaving one topic is not quadratic in comparisons.
@@ -773,13 +776,11 @@ impl Inner {
                     // what is published after this is not for it.
                     dc.close(reason);
                     // What it received so far joins the hub's count (the rest, at its drop).
-                    let moving = self.gate.moving();
                     let (received, dropped) = dc.fold();
                     self.counters
                         .delivered
                         .fetch_add(received, Ordering::Relaxed);
                     self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
-                    drop(moving);
                     if let Some(n) = t.direct_caps.get_mut(&dc.cap) {
                         *n -= 1;
                         if *n == 0 {
@@ -821,6 +822,9 @@ impl Inner {
                     topics.remove(sub.sref.topic());
                 }
             }
+            // A cursor's evictions so far (none can follow: it left its topic's cursors above,
+            // and publishes wait for the topics lock).
+            self.commit_overflow(sub);
             let mut ids = self.ids.lock();
             {
                 // Read under the lock that `run_job` takes to clear a closed subscriber's
@@ -839,10 +843,6 @@ impl Inner {
                 // counts the receiver once, in one list or the other.
                 self.ended(dc);
             }
-        }
-        {
-            let _moving = self.gate.moving();
-            self.commit_overflow(sub);
         }
         let discarded = sub.queue.clear() as u64;
         if reason == CloseReason::SlowConsumer {
@@ -1791,12 +1791,19 @@ impl Inner {
         }
         let topics = std::mem::take(&mut *self.topics.write());
         let mut subs: Vec<Arc<Sub>> = {
+            // The subscribers leave `ids` with their evictions committed, in one step for
+            // `stats()` (see `StatsGate`): what their queues dropped stays counted.
+            let _moving = self.gate.moving();
             let mut ids = self.ids.lock();
             let subs: Vec<Arc<Sub>> = ids.drain().map(|(_, s)| s).collect();
-            // Direct receivers leave `ids` here: `stats()` finds them in `ended_direct`.
             for sub in &subs {
-                if let Consumer::Direct(dc) = &sub.consumer {
-                    self.ended(dc);
+                match &sub.consumer {
+                    // Direct receivers leave `ids` here: `stats()` finds them in
+                    // `ended_direct`.
+                    Consumer::Direct(dc) => self.ended(dc),
+                    _ => {
+                        self.commit_overflow(sub);
+                    }
                 }
             }
             subs
