@@ -273,7 +273,9 @@ fn graceful_shutdown_ends_at_its_deadline_when_a_client_never_reads() {
 /// A publisher that never stops sending keeps no shard from saying the shutdown: the reading
 /// ends with a quarter of `shutdown_timeout_ms` left, and a subscriber that keeps reading gets
 /// everything then the `shutdown` error before the connection ends (reading until the deadline
-/// cut such connections without a word).
+/// cut such connections without a word). Every reader, on either shard, gets the same last
+/// message: all shards stop reading before any closes its connections (a shard that finished
+/// first left its readers over a thousand messages short).
 #[test]
 fn a_publisher_that_never_stops_still_lets_every_reader_get_the_shutdown_error() {
     on_both_backends(|backend| {
@@ -291,12 +293,16 @@ fn a_publisher_that_never_stops_still_lets_every_reader_get_the_shutdown_error()
             std::thread::spawn(move || {
                 use std::io::Write;
                 let mut s = std::net::TcpStream::connect(addr).unwrap();
-                let line = format!(
-                    "{{\"type\":\"publish\",\"message\":{}}}\n",
-                    message("flow", 0, 16)
-                );
-                let batch = line.repeat(50);
+                let mut seq = 0;
                 while stop.load(Ordering::Relaxed) == 0 {
+                    let mut batch = String::new();
+                    for _ in 0..50 {
+                        batch.push_str(&format!(
+                            "{{\"type\":\"publish\",\"message\":{}}}\n",
+                            message("flow", seq, 16)
+                        ));
+                        seq += 1;
+                    }
                     if s.write_all(batch.as_bytes()).is_err() {
                         break;
                     }
@@ -310,19 +316,33 @@ fn a_publisher_that_never_stops_still_lets_every_reader_get_the_shutdown_error()
         let ends: Vec<_> = readers
             .into_iter()
             .map(|mut r| {
-                std::thread::spawn(move || loop {
-                    match r.line() {
-                        Some(l) if l.contains(r#""type":"error""#) => return l,
-                        Some(_) => continue,
-                        None => return String::from("the connection ended without a word"),
+                std::thread::spawn(move || {
+                    let mut last_seq = None;
+                    loop {
+                        match r.line() {
+                            Some(l) if l.contains(r#""type":"error""#) => return (l, last_seq),
+                            Some(l) => {
+                                let v: serde_json::Value = serde_json::from_str(&l).unwrap();
+                                last_seq = v["seq"].as_u64();
+                            }
+                            None => {
+                                return ("the connection ended without a word".into(), last_seq)
+                            }
+                        }
                     }
                 })
             })
             .collect();
+        let mut lasts = Vec::new();
         for e in ends {
-            let last = e.join().unwrap();
-            assert!(last.contains(r#""code":"shutdown""#), "{last}");
+            let (end, last_seq) = e.join().unwrap();
+            assert!(end.contains(r#""code":"shutdown""#), "{end}");
+            lasts.push(last_seq);
         }
+        assert!(
+            lasts.windows(2).all(|w| w[0] == w[1]),
+            "readers on different shards got different last messages: {lasts:?}"
+        );
         stopper.join().unwrap();
         stop.store(1, Ordering::Relaxed);
         publisher.join().unwrap();

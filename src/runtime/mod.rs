@@ -922,8 +922,9 @@ impl Engine {
     }
 
     /// Graceful shutdown: stop accepting; keep reading and serving what the connections already
-    /// sent until each has sent nothing for a moment (100 ms); deliver what was published by
-    /// then to every connection; close each connection once its queue is written, with the
+    /// sent until each has sent nothing for a moment (100 ms), or until a quarter of the budget
+    /// is left; stop reading on every shard; deliver what was published by then to every
+    /// connection; close each connection once its queue is written, with the
     /// `shutdown` error (WebSocket: then close 1001). All of it bounded by
     /// `engine.shutdown_timeout_ms`; then the shards stop.
     pub fn shutdown(mut self) -> Result<(), EngineError> {
@@ -940,6 +941,16 @@ impl Engine {
         // (each goes quiet) or the reading time is up: what the server accepted is served.
         while Instant::now() < read_until && !self.shared.shards().iter().all(|s| s.is_quiet()) {
             std::thread::sleep(QUIET_POLL);
+        }
+        // Every shard stops reading before any finishes: a publish that one shard reads while
+        // another already closed its connections would reach only some subscribers.
+        for s in self.shared.shards() {
+            s.send(ShardMsg::StopReading);
+        }
+        while Instant::now() < deadline
+            && !self.shared.shards().iter().all(|s| s.has_stopped_reading())
+        {
+            std::thread::sleep(Duration::from_millis(1));
         }
         // The hub's own subscribers get what was published before now (push subscriptions get
         // it at `Finish`, which fans out first). The wait is bounded: a hub given by the caller

@@ -86,8 +86,12 @@ pub(crate) enum ShardMsg {
     /// [`ShardHandle::is_quiet`] once no connection has sent anything for [`DRAIN_QUIET`]; at
     /// `deadline` close every connection.
     Drain { deadline: Instant },
-    /// Shutdown, phase 2 (the hub is flushed): close each connection once its queue is written,
-    /// exit when none is left.
+    /// Shutdown, phase 2: read no more input (what arrives is discarded), then set
+    /// [`ShardHandle::has_stopped_reading`]. Every shard stops before any finishes, so each
+    /// connection is sent everything any shard published before it closes.
+    StopReading,
+    /// Shutdown, phase 3 (every shard stopped reading, the hub is flushed): close each
+    /// connection once its queue is written, exit when none is left.
     Finish,
 }
 
@@ -123,6 +127,8 @@ pub(crate) struct ShardHandle {
     /// Set while a shutdown drains, once every connection has gone quiet (see
     /// [`ShardMsg::Drain`]).
     quiet: AtomicBool,
+    /// Set once the shard read its last input of a shutdown (see [`ShardMsg::StopReading`]).
+    stopped_reading: AtomicBool,
     /// Publications for the shard's topics, in the order they reached it, and whether it is
     /// listed (see [`super::fanout`]).
     inbox: SegQueue<Tapped>,
@@ -138,6 +144,7 @@ impl ShardHandle {
             parker: Parker::default(),
             conns: AtomicUsize::new(0),
             quiet: AtomicBool::new(false),
+            stopped_reading: AtomicBool::new(false),
             inbox: SegQueue::new(),
             listed: DirtyFlag::default(),
         })
@@ -148,6 +155,13 @@ impl ShardHandle {
         // Acquire pairs with the shard's Release store: what it published before going quiet
         // (its publishes into the hub) is visible to the caller, which flushes the hub next.
         self.quiet.load(Ordering::Acquire)
+    }
+
+    /// Whether the shard, in a shutdown, reads no more input.
+    pub(crate) fn has_stopped_reading(&self) -> bool {
+        // Acquire pairs with the shard's Release store: its publishes into the hub are visible
+        // (and in the other shards' inboxes) by then.
+        self.stopped_reading.load(Ordering::Acquire)
     }
 
     /// Queues a message and wakes the shard if it sleeps.
@@ -367,6 +381,8 @@ pub(crate) struct Shard<B: Backend> {
     /// listener index.
     listeners: Vec<Option<OwnedFd>>,
     drain_deadline: Option<Instant>,
+    /// A shutdown's reading is over (see [`ShardMsg::StopReading`]).
+    reading_stopped: bool,
     finishing: bool,
     /// Output memory of connections freed since the allocator was last asked to return free
     /// memory to the system (see [`TICK`]'s handling in `tick`).
@@ -410,6 +426,7 @@ impl<B: Backend> Shard<B> {
             dirty: Vec::new(),
             listeners,
             drain_deadline: None,
+            reading_stopped: false,
             finishing: false,
             freed_output: 0,
             epoch: Instant::now(),
@@ -512,6 +529,10 @@ impl<B: Backend> Shard<B> {
                 ShardMsg::Drain { deadline } => {
                     self.close_listeners();
                     self.drain_deadline = Some(deadline);
+                }
+                ShardMsg::StopReading => {
+                    self.reading_stopped = true;
+                    self.handle.stopped_reading.store(true, Ordering::Release);
                 }
                 ShardMsg::Finish => {
                     self.close_listeners();
@@ -769,6 +790,11 @@ impl<B: Backend> Shard<B> {
                 // The peer shut down its sending side: write what is queued, then close.
                 c.peer_eof = true;
                 self.close_with(token, Ending::unsaid("peer_closed", String::new()));
+            }
+            (_, Ok((_, _))) if self.reading_stopped => {
+                // The shutdown's reading is over: what arrives now is not read (the connection
+                // is told `shutdown` after what was published before).
+                self.arm_recv(token);
             }
             (_, Ok((n, buf))) => {
                 self.shared
