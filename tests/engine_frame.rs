@@ -11,18 +11,8 @@ use powerhub::plugin::frame;
 use powerhub::runtime::{ListenAddr, ListenerConfig};
 
 fn read_frame(s: &mut TcpStream) -> Vec<serde_json::Value> {
-    let mut head = [0u8; frame::HEADER_LEN];
-    s.read_exact(&mut head).unwrap();
-    let header = frame::Header::parse(&head).unwrap();
-    let mut payload = vec![0u8; header.length as usize];
-    s.read_exact(&mut payload).unwrap();
-    let mut whole = head.to_vec();
-    whole.extend_from_slice(&payload);
-    let decoded = frame::decode(&whole).unwrap();
-    decoded
-        .json_messages()
-        .unwrap()
-        .into_iter()
+    frame_messages(s)
+        .iter()
         .map(|m| serde_json::from_slice(m).unwrap())
         .collect()
 }

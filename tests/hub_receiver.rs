@@ -716,6 +716,18 @@ fn a_drop_newest_receiver_says_each_loss_just_before_the_gap_with_two_publishers
     }
 }
 
+/// Asserts that `dropped` and `delivered` are at least the `last` ones seen.
+fn assert_totals_grow(last: (u64, u64), s: &powerhub::hub::Stats) {
+    assert!(
+        s.dropped >= last.0 && s.delivered >= last.1,
+        "went back: dropped {} -> {}, delivered {} -> {}",
+        last.0,
+        s.dropped,
+        last.1,
+        s.delivered
+    );
+}
+
 /// The counters to alert on never go back and never count a message twice, read from another
 /// thread while they move: a drop-oldest receiver lags (its position moves past what it lost)
 /// and a drop-oldest handler subscriber's queue overflows (its evictions are committed by the
@@ -775,14 +787,7 @@ fn stats_never_go_back_nor_count_twice_while_counts_move_on_other_threads() {
                 let s = hub.stats();
                 let row = |id: &str| s.list.iter().find(|r| r.id == id).map_or(0, |r| r.dropped);
                 let rows = [row("r"), row("h")];
-                assert!(
-                    s.dropped >= last.0 && s.delivered >= last.1,
-                    "went back: dropped {} -> {}, delivered {} -> {}",
-                    last.0,
-                    s.dropped,
-                    last.1,
-                    s.delivered
-                );
+                assert_totals_grow((last.0, last.1), &s);
                 assert!(
                     rows[0] >= last.2[0] && rows[1] >= last.2[1],
                     "a row went back: {:?} -> {rows:?}",
@@ -900,17 +905,10 @@ fn stats_never_go_back_while_overflowing_handler_subscribers_come_and_go() {
     let poller = {
         let (hub, done) = (hub.clone(), Arc::clone(&done));
         std::thread::spawn(move || {
-            let mut last = (0, 0);
+            let mut last = (0u64, 0u64);
             while !done.load(Ordering::Relaxed) {
                 let s = hub.stats();
-                assert!(
-                    s.dropped >= last.0 && s.delivered >= last.1,
-                    "went back: dropped {} -> {}, delivered {} -> {}",
-                    last.0,
-                    s.dropped,
-                    last.1,
-                    s.delivered
-                );
+                assert_totals_grow((last.0, last.1), &s);
                 last = (s.dropped, s.delivered);
             }
         })

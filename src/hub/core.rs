@@ -221,17 +221,10 @@ impl Sub {
         self.taking.load(Ordering::SeqCst)
     }
 
-    /// A direct receiver's counts join the hub's (see [`DirectCursor::fold`]): `received`
-    /// delivered, `dropped` dropped. The caller holds the stats gate.
-    pub(crate) fn count_folded(&self, received: u64, dropped: u64) {
-        if received == 0 && dropped == 0 {
-            return;
-        }
+    /// Its direct receiver's counts join the hub's (see [`Inner::fold_direct`]).
+    pub(crate) fn fold_direct(&self, dc: &DirectCursor) {
         if let Some(hub) = self.hub.upgrade() {
-            hub.counters
-                .delivered
-                .fetch_add(received, Ordering::Relaxed);
-            hub.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+            hub.fold_direct(dc);
         }
     }
 
@@ -776,11 +769,7 @@ impl Inner {
                     // what is published after this is not for it.
                     dc.close(reason);
                     // What it received so far joins the hub's count (the rest, at its drop).
-                    let (received, dropped) = dc.fold();
-                    self.counters
-                        .delivered
-                        .fetch_add(received, Ordering::Relaxed);
-                    self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
+                    self.fold_direct(dc);
                     if let Some(n) = t.direct_caps.get_mut(&dc.cap) {
                         *n -= 1;
                         if *n == 0 {
@@ -1858,6 +1847,16 @@ impl Inner {
         drop(_ids);
         // Dropped outside the locks: it may hold the topic's last chunks.
         drop(gone);
+    }
+
+    /// A direct receiver's counts not yet in the hub's counters join them (`delivered`,
+    /// `dropped`; see [`DirectCursor::fold`]). The caller holds the stats gate.
+    fn fold_direct(&self, dc: &DirectCursor) {
+        let (received, dropped) = dc.fold();
+        self.counters
+            .delivered
+            .fetch_add(received, Ordering::Relaxed);
+        self.counters.dropped.fetch_add(dropped, Ordering::Relaxed);
     }
 
     pub(crate) fn stats_gate(&self) -> Arc<StatsGate> {

@@ -395,8 +395,7 @@ impl Drop for DirectRx {
             // `stats()` counted it as beyond the bound until here), from its exact position.
             self.reader.sync_cursor();
             cursor.take_overflow();
-            let (received, dropped) = cursor.fold();
-            self.sub.count_folded(received, dropped);
+            self.sub.fold_direct(cursor);
         }
         self.sub.forget_ended(cursor);
     }

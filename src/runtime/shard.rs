@@ -381,8 +381,6 @@ pub(crate) struct Shard<B: Backend> {
     /// listener index.
     listeners: Vec<Option<OwnedFd>>,
     drain_deadline: Option<Instant>,
-    /// A shutdown's reading is over (see [`ShardMsg::StopReading`]).
-    reading_stopped: bool,
     finishing: bool,
     /// Output memory of connections freed since the allocator was last asked to return free
     /// memory to the system (see [`TICK`]'s handling in `tick`).
@@ -426,7 +424,6 @@ impl<B: Backend> Shard<B> {
             dirty: Vec::new(),
             listeners,
             drain_deadline: None,
-            reading_stopped: false,
             finishing: false,
             freed_output: 0,
             epoch: Instant::now(),
@@ -530,10 +527,8 @@ impl<B: Backend> Shard<B> {
                     self.close_listeners();
                     self.drain_deadline = Some(deadline);
                 }
-                ShardMsg::StopReading => {
-                    self.reading_stopped = true;
-                    self.handle.stopped_reading.store(true, Ordering::Release);
-                }
+                // Release pairs with `has_stopped_reading`'s Acquire.
+                ShardMsg::StopReading => self.handle.stopped_reading.store(true, Ordering::Release),
                 ShardMsg::Finish => {
                     self.close_listeners();
                     // Everything published before the shutdown reaches its subscribers first.
@@ -791,7 +786,7 @@ impl<B: Backend> Shard<B> {
                 c.peer_eof = true;
                 self.close_with(token, Ending::unsaid("peer_closed", String::new()));
             }
-            (_, Ok((_, _))) if self.reading_stopped => {
+            (_, Ok((_, _))) if self.handle.has_stopped_reading() => {
                 // The shutdown's reading is over: what arrives now is not read (the connection
                 // is told `shutdown` after what was published before).
                 self.arm_recv(token);
@@ -1054,28 +1049,23 @@ impl<B: Backend> Shard<B> {
             }
         }
         let mut run = std::mem::take(&mut self.run);
-        let mut at = 0;
-        while at < taken.len() {
-            let (slot, generation) = (taken[at].slot, taken[at].generation);
-            let start = at;
-            while at < taken.len()
-                && taken[at].slot == slot
-                && taken[at].generation == generation
-                && taken[at].entry.is_some()
-            {
-                at += 1;
+        // Runs of one topic's publications; a hub close (`entry: None`) is a group of its own.
+        let same_run = |a: &Tapped, b: &Tapped| {
+            (a.slot, a.generation) == (b.slot, b.generation)
+                && a.entry.is_some()
+                && b.entry.is_some()
+        };
+        for group in taken.chunk_by_mut(same_run) {
+            let (slot, generation) = (group[0].slot, group[0].generation);
+            if group[0].entry.is_none() {
+                // After what came before, the topic ends.
+                self.end_topic(slot, generation, now);
+                continue;
             }
             // The entries move out of the inbox's records: no reference count changes.
-            run.extend(taken[start..at].iter_mut().filter_map(|t| t.entry.take()));
-            if !run.is_empty() {
-                self.fan_out_run(slot, generation, &run, now);
-                run.clear();
-            }
-            if at < taken.len() && at == start {
-                // The hub closed (`entry: None`): after what came before, the topic ends.
-                self.end_topic(slot, generation, now);
-                at += 1;
-            }
+            run.extend(group.iter_mut().filter_map(|t| t.entry.take()));
+            self.fan_out_run(slot, generation, &run, now);
+            run.clear();
         }
         taken.clear();
         self.taken = taken;

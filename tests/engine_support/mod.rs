@@ -277,3 +277,21 @@ pub fn ws_connect(url: &str, addr: SocketAddr) -> tungstenite::WebSocket<TcpStre
     }
     panic!("upgrade: interrupted {TRIES} times in a row");
 }
+
+/// Reads one hub frame from `s` and returns its JSON messages, as written.
+pub fn frame_messages(s: &mut TcpStream) -> Vec<Vec<u8>> {
+    use powerhub::plugin::frame;
+    let mut head = [0u8; frame::HEADER_LEN];
+    s.read_exact(&mut head).unwrap();
+    let header = frame::Header::parse(&head).unwrap();
+    let mut whole = head.to_vec();
+    whole.resize(frame::HEADER_LEN + header.length as usize, 0);
+    s.read_exact(&mut whole[frame::HEADER_LEN..]).unwrap();
+    let decoded = frame::decode(&whole).unwrap();
+    decoded
+        .json_messages()
+        .unwrap()
+        .into_iter()
+        .map(<[u8]>::to_vec)
+        .collect()
+}
