@@ -467,13 +467,16 @@ impl<B: Backend> Shard<B> {
                 let idle_before = self
                     .last_sent
                     .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+                // The sends run now (io_uring runs them at submission), so that `end` is when
+                // they ended: taken before, it would count their time as idle, and a busy
+                // io_uring shard would never see itself busy (`wants_gap`).
+                self.backend.submit();
                 let mut end = Instant::now();
                 if wants_gap(self.pass_sends, self.pass_bytes, gap, idle_before) {
                     // Many small segments on a busy shard: the next fan-out waits `gap` after
-                    // these sends end (so they run now: io_uring runs sends at submission), and
-                    // what is published meanwhile goes out in fewer, larger ones.
-                    self.backend.submit();
-                    end = Instant::now() + gap;
+                    // these sends end, and what is published meanwhile goes out in fewer,
+                    // larger ones.
+                    end += gap;
                     self.quiet_until = Some(end);
                 }
                 self.last_sent = Some(end);
