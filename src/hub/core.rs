@@ -889,7 +889,7 @@ impl Inner {
                 if opts.retain {
                     retain(t, &entry);
                 }
-                self.fan_out(t, &entry, &mut queued, &mut tapped, &mut disconnect);
+                self.fan_out(t, entry, &mut queued, &mut tapped, &mut disconnect);
                 drop(order);
                 // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
                 // the topics write lock, which excludes this read-locked section.
@@ -905,7 +905,7 @@ impl Inner {
                 let t = topics.entry(Arc::from(topic)).or_default();
                 let (order, entry) = numbered(t, seq, priority, message, true);
                 retain(t, &entry);
-                self.fan_out(t, &entry, &mut queued, &mut tapped, &mut disconnect);
+                self.fan_out(t, entry, &mut queued, &mut tapped, &mut disconnect);
                 drop(order);
             }
         }
@@ -982,25 +982,26 @@ impl Inner {
     }
 
     /// Queues `entry` for every subscriber of `t`: one append for all the cursors, an offer to
-    /// each subscriber with a queue of its own.
+    /// each subscriber with a queue of its own. The receivers' log, last, takes the entry itself
+    /// (no reference count taken and given back per publication).
     fn fan_out(
         &self,
         t: &Topic,
-        entry: &Arc<Entry>,
+        entry: Arc<Entry>,
         queued: &mut usize,
         tap_counted: &mut usize,
         disconnect: &mut Vec<Arc<Sub>>,
     ) {
         if !t.cursors.is_empty() {
             // Drop-oldest always queues: every cursor subscriber counts.
-            t.log.append(entry);
+            t.log.append(&entry);
             *queued += t.cursors.len();
         }
         for sub in &t.subs {
-            self.offer(sub, entry, queued, disconnect);
+            self.offer(sub, &entry, queued, disconnect);
         }
         for tap in &t.taps {
-            tap.offer(entry);
+            tap.offer(&entry);
             *tap_counted += tap.subscribers();
         }
         if let Some(direct) = &t.direct {

@@ -103,7 +103,7 @@ impl DirectLog {
     }
 
     /// Appends a publication. Callers are serialized (the topic's order lock).
-    pub(crate) fn append(&self, entry: &Arc<Entry>) {
+    pub(crate) fn append(&self, entry: Arc<Entry>) {
         let mut chunks = self.chunks.lock();
         let head = chunks.next;
         let mut gone = None;
@@ -120,7 +120,7 @@ impl DirectLog {
         // SAFETY: appends are serialized by the chunks lock, held here; `head` is the head's
         // value (`next` moves with it, under the lock); the last chunk holds it (made above
         // when the previous one ended at `head`).
-        unsafe { self.head.appended.publish(chunk, head, Arc::clone(entry)) };
+        unsafe { self.head.appended.publish(chunk, head, entry) };
         chunks.next = head + 1;
         drop(chunks);
         if self.head.waiting.load(Ordering::SeqCst) > 0 {
