@@ -90,6 +90,7 @@
 //! assert_eq!(outbox.unsent_bytes(), 0);
 //! ```
 
+mod blocks;
 mod config;
 mod event;
 
@@ -100,6 +101,7 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use powerhub_plugin::StreamProtocol;
 
+use blocks::Blocks;
 pub use config::{Framing, OutboxConfig, OutboxConfigError};
 pub(crate) use event::write_json_str;
 pub use event::{
@@ -174,7 +176,7 @@ pub struct Outbox {
     config: Arc<OutboxConfig>,
     factory: Arc<dyn MessageFactory>,
     /// Messages not yet encoded, in order. `queue[i]` has sequence number `head_seq + i`.
-    queue: VecDeque<Item>,
+    queue: Blocks<Item>,
     head_seq: u64,
     /// Coalescing slots and `frames_dropped` keys: allocated only while one of them is held
     /// (paused, or over the threshold), so a healthy outbox holds no hash table.
@@ -287,7 +289,7 @@ impl Outbox {
             next_ping: now + config.keepalive_interval,
             config,
             factory,
-            queue: VecDeque::new(),
+            queue: Blocks::new(),
             head_seq: 0,
             drops: None,
             wire: VecDeque::new(),
@@ -594,7 +596,7 @@ impl Outbox {
     /// unaffected, and the next push allocates what it needs.
     pub fn shrink_idle(&mut self) {
         if self.queue.is_empty() && self.queue.capacity() > 0 {
-            self.queue = VecDeque::new();
+            self.queue = Blocks::new();
         }
         if self.wire.is_empty() && self.wire.capacity() > 0 {
             self.wire = VecDeque::new();
@@ -626,7 +628,7 @@ impl Outbox {
             .filter(|i| !matches!(i, Item::Removed))
             .count();
         self.head_seq += self.queue.len() as u64;
-        self.queue = VecDeque::new();
+        self.queue = Blocks::new();
         self.drops = None;
         self.stats.queued = 0;
         self.stats.queued_bytes = 0;
@@ -718,11 +720,6 @@ impl Outbox {
     fn push_back(&mut self, item: Item) -> u64 {
         self.stats.queued += 1;
         self.stats.queued_bytes += item.len();
-        if self.queue.capacity() == 0 {
-            // One slot, not the four a first push reserves: most connections are idle after a
-            // reply or two, and the queue keeps its capacity. A busy one doubles from there once.
-            self.queue.reserve_exact(1);
-        }
         self.queue.push_back(item);
         self.head_seq + self.queue.len() as u64 - 1
     }
