@@ -15,17 +15,23 @@ use std::collections::VecDeque;
 pub(crate) const BLOCK: usize = 256;
 
 /// A FIFO with `push_front` (for an item put back) and indexing by position.
+///
+/// The first block is inline: a connection whose queue never passes a block (nearly all of
+/// them) allocates what one `VecDeque` would, and no list of blocks.
 #[derive(Debug)]
 pub(crate) struct Blocks<T> {
-    /// Never empty blocks, but for a lone first block kept for its capacity.
-    blocks: VecDeque<VecDeque<T>>,
+    /// The front block: empty only when the queue is (it then keeps its capacity).
+    first: VecDeque<T>,
+    /// The blocks after the first: all full but the last.
+    rest: VecDeque<VecDeque<T>>,
     len: usize,
 }
 
 impl<T> Default for Blocks<T> {
     fn default() -> Self {
         Blocks {
-            blocks: VecDeque::new(),
+            first: VecDeque::new(),
+            rest: VecDeque::new(),
             len: 0,
         }
     }
@@ -44,93 +50,98 @@ impl<T> Blocks<T> {
         self.len == 0
     }
 
-    /// Items the blocks can hold without allocating (for memory accounting).
+    /// Items the blocks can hold without allocating (for memory accounting, checked on every
+    /// write: O(1)). A block between the first and the last is full and holds a block's
+    /// capacity (made with it).
     pub(crate) fn capacity(&self) -> usize {
-        self.blocks.iter().map(VecDeque::capacity).sum()
+        self.first.capacity()
+            + self
+                .rest
+                .back()
+                .map_or(0, |last| last.capacity() + (self.rest.len() - 1) * BLOCK)
     }
 
     pub(crate) fn push_back(&mut self, item: T) {
-        match self.blocks.back_mut() {
-            Some(last) if last.len() < BLOCK => {
-                if last.capacity() == 0 {
+        self.len += 1;
+        let last = match self.rest.back_mut() {
+            Some(last) => last,
+            None if self.first.len() < BLOCK => {
+                if self.first.capacity() == 0 {
                     // One slot, not the four a first push reserves: most connections are idle
                     // after a reply or two. A busy one doubles from there up to a block.
-                    last.reserve_exact(1);
+                    self.first.reserve_exact(1);
                 }
-                last.push_back(item);
-            }
-            Some(_) => {
-                let mut block = VecDeque::with_capacity(BLOCK);
-                block.push_back(item);
-                self.blocks.push_back(block);
+                self.first.push_back(item);
+                return;
             }
             None => {
-                let mut block = VecDeque::new();
-                block.reserve_exact(1);
-                block.push_back(item);
-                self.blocks.push_back(block);
+                self.rest.push_back(VecDeque::with_capacity(BLOCK));
+                self.rest.back_mut().expect("just pushed")
             }
+        };
+        if last.len() < BLOCK {
+            last.push_back(item);
+        } else {
+            let mut block = VecDeque::with_capacity(BLOCK);
+            block.push_back(item);
+            self.rest.push_back(block);
         }
-        self.len += 1;
     }
 
     /// Puts `item` first.
     pub(crate) fn push_front(&mut self, item: T) {
-        match self.blocks.front_mut() {
-            Some(first) if first.len() < BLOCK => first.push_front(item),
-            _ => {
-                let mut block = VecDeque::with_capacity(1);
-                block.push_front(item);
-                self.blocks.push_front(block);
-            }
-        }
         self.len += 1;
+        if self.first.len() >= BLOCK {
+            // The full first block becomes the first of the rest.
+            let full = std::mem::replace(&mut self.first, VecDeque::with_capacity(1));
+            self.rest.push_front(full);
+        }
+        self.first.push_front(item);
     }
 
     pub(crate) fn pop_front(&mut self) -> Option<T> {
-        let first = self.blocks.front_mut()?;
-        let item = first.pop_front()?;
+        let item = self.first.pop_front()?;
         self.len -= 1;
-        if first.is_empty() && self.blocks.len() > 1 {
-            self.blocks.pop_front();
+        if self.first.is_empty() {
+            if let Some(next) = self.rest.pop_front() {
+                self.first = next;
+            }
         }
         Some(item)
     }
 
     /// The item at position `index` from the front.
     pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
-        if index >= self.len {
-            return None;
-        }
-        let first = self.blocks.front()?.len();
-        if index < first {
-            return self.blocks.front_mut()?.get_mut(index);
-        }
-        // Every block after the first but the last is full.
-        let rest = index - first;
-        self.blocks.get_mut(1 + rest / BLOCK)?.get_mut(rest % BLOCK)
+        let Some(rest) = index.checked_sub(self.first.len()) else {
+            return self.first.get_mut(index);
+        };
+        // Every block of the rest but the last is full.
+        self.rest.get_mut(rest / BLOCK)?.get_mut(rest % BLOCK)
     }
 
     /// Empties the queue, keeping the first block's capacity.
     pub(crate) fn clear(&mut self) {
-        self.blocks.truncate(1);
-        if let Some(first) = self.blocks.front_mut() {
-            first.clear();
-        }
+        self.first.clear();
+        self.rest = VecDeque::new();
         self.len = 0;
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.blocks.iter().flatten()
+        self.first.iter().chain(self.rest.iter().flatten())
     }
 }
 
 impl<T> IntoIterator for Blocks<T> {
     type Item = T;
-    type IntoIter = std::iter::Flatten<std::collections::vec_deque::IntoIter<VecDeque<T>>>;
+    type IntoIter = std::iter::Chain<
+        std::collections::vec_deque::IntoIter<T>,
+        std::iter::Flatten<std::collections::vec_deque::IntoIter<VecDeque<T>>>,
+    >;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.blocks.into_iter().flatten()
+        self.first
+            .into_iter()
+            .chain(self.rest.into_iter().flatten())
     }
 }
 
@@ -194,6 +205,9 @@ mod tests {
                 prop_assert_eq!(blocks.len(), model.len());
                 prop_assert_eq!(blocks.is_empty(), model.is_empty());
                 prop_assert!(blocks.iter().eq(model.iter()));
+                let exact = blocks.first.capacity()
+                    + blocks.rest.iter().map(VecDeque::capacity).sum::<usize>();
+                prop_assert_eq!(blocks.capacity(), exact);
             }
             prop_assert!(blocks.into_iter().eq(model.into_iter()));
         }
@@ -207,8 +221,9 @@ mod tests {
         for i in 0..10 * BLOCK + 3 {
             blocks.push_back(i);
         }
-        assert_eq!(blocks.blocks.len(), 11);
-        assert!(blocks.blocks.iter().all(|b| b.capacity() < 2 * BLOCK));
+        assert_eq!(blocks.rest.len(), 10);
+        assert!(blocks.first.capacity() <= BLOCK);
+        assert!(blocks.rest.iter().all(|b| b.capacity() == BLOCK));
         let first: *const usize = blocks.get_mut(0).unwrap();
         for i in 0..5 * BLOCK {
             blocks.push_back(i);
