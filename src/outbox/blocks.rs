@@ -16,23 +16,21 @@ pub(crate) const BLOCK: usize = 256;
 
 /// A FIFO with `push_front` (for an item put back) and indexing by position.
 ///
-/// The first block is inline: a connection whose queue never passes a block (nearly all of
-/// them) allocates what one `VecDeque` would, and no list of blocks.
+/// As small as one `VecDeque` (a connection's state is kept under 512 bytes): no length is
+/// stored, every length and capacity is computed from the first and last blocks. A queue that
+/// never passes a block (nearly all of them) costs one allocation more than a `VecDeque`: the
+/// list, holding one block's header.
 #[derive(Debug)]
 pub(crate) struct Blocks<T> {
-    /// The front block: empty only when the queue is (it then keeps its capacity).
-    first: VecDeque<T>,
-    /// The blocks after the first: all full but the last.
-    rest: VecDeque<VecDeque<T>>,
-    len: usize,
+    /// The blocks in order: all full but the first and the last, none empty but a lone first
+    /// block (kept for its capacity).
+    blocks: VecDeque<VecDeque<T>>,
 }
 
 impl<T> Default for Blocks<T> {
     fn default() -> Self {
         Blocks {
-            first: VecDeque::new(),
-            rest: VecDeque::new(),
-            len: 0,
+            blocks: VecDeque::new(),
         }
     }
 }
@@ -42,106 +40,107 @@ impl<T> Blocks<T> {
         Self::default()
     }
 
+    /// The length of the blocks from the first and the last (the others are full): O(1).
+    fn sum(&self, of: impl Fn(&VecDeque<T>) -> usize) -> usize {
+        match (self.blocks.front(), self.blocks.back()) {
+            (Some(first), Some(last)) if self.blocks.len() > 1 => {
+                of(first) + (self.blocks.len() - 2) * BLOCK + of(last)
+            }
+            (Some(first), _) => of(first),
+            _ => 0,
+        }
+    }
+
     pub(crate) fn len(&self) -> usize {
-        self.len
+        self.sum(VecDeque::len)
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.len == 0
+        self.blocks.front().is_none_or(VecDeque::is_empty)
     }
 
     /// Items the blocks can hold without allocating (for memory accounting, checked on every
     /// write: O(1)). A block between the first and the last is full and holds a block's
-    /// capacity (made with it).
+    /// capacity (made with it, or grown to it by doubling).
     pub(crate) fn capacity(&self) -> usize {
-        self.first.capacity()
-            + self
-                .rest
-                .back()
-                .map_or(0, |last| last.capacity() + (self.rest.len() - 1) * BLOCK)
+        self.sum(VecDeque::capacity)
     }
 
     pub(crate) fn push_back(&mut self, item: T) {
-        self.len += 1;
-        let last = match self.rest.back_mut() {
-            Some(last) => last,
-            None if self.first.len() < BLOCK => {
-                if self.first.capacity() == 0 {
-                    // One slot, not the four a first push reserves: most connections are idle
-                    // after a reply or two. A busy one doubles from there up to a block.
-                    self.first.reserve_exact(1);
+        match self.blocks.back_mut() {
+            Some(last) if last.len() < BLOCK => {
+                if last.capacity() == 0 {
+                    last.reserve_exact(1);
                 }
-                self.first.push_back(item);
-                return;
+                last.push_back(item);
+            }
+            Some(_) => {
+                let mut block = VecDeque::with_capacity(BLOCK);
+                block.push_back(item);
+                self.blocks.push_back(block);
             }
             None => {
-                self.rest.push_back(VecDeque::with_capacity(BLOCK));
-                self.rest.back_mut().expect("just pushed")
+                // One slot, not the four a first push reserves: most connections are idle
+                // after a reply or two. A busy one doubles from there up to a block.
+                let mut block = VecDeque::new();
+                block.reserve_exact(1);
+                block.push_back(item);
+                self.blocks.reserve_exact(1);
+                self.blocks.push_back(block);
             }
-        };
-        if last.len() < BLOCK {
-            last.push_back(item);
-        } else {
-            let mut block = VecDeque::with_capacity(BLOCK);
-            block.push_back(item);
-            self.rest.push_back(block);
         }
     }
 
     /// Puts `item` first.
     pub(crate) fn push_front(&mut self, item: T) {
-        self.len += 1;
-        if self.first.len() >= BLOCK {
-            // The full first block becomes the first of the rest.
-            let full = std::mem::replace(&mut self.first, VecDeque::with_capacity(1));
-            self.rest.push_front(full);
+        match self.blocks.front_mut() {
+            Some(first) if first.len() < BLOCK => first.push_front(item),
+            _ => {
+                let mut block = VecDeque::with_capacity(1);
+                block.push_front(item);
+                self.blocks.push_front(block);
+            }
         }
-        self.first.push_front(item);
     }
 
     pub(crate) fn pop_front(&mut self) -> Option<T> {
-        let item = self.first.pop_front()?;
-        self.len -= 1;
-        if self.first.is_empty() {
-            if let Some(next) = self.rest.pop_front() {
-                self.first = next;
-            }
+        let first = self.blocks.front_mut()?;
+        let item = first.pop_front()?;
+        if first.is_empty() && self.blocks.len() > 1 {
+            self.blocks.pop_front();
         }
         Some(item)
     }
 
     /// The item at position `index` from the front.
     pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
-        let Some(rest) = index.checked_sub(self.first.len()) else {
-            return self.first.get_mut(index);
+        let first = self.blocks.front()?.len();
+        let Some(rest) = index.checked_sub(first) else {
+            return self.blocks.front_mut()?.get_mut(index);
         };
-        // Every block of the rest but the last is full.
-        self.rest.get_mut(rest / BLOCK)?.get_mut(rest % BLOCK)
+        // Every block after the first but the last is full.
+        self.blocks.get_mut(1 + rest / BLOCK)?.get_mut(rest % BLOCK)
     }
 
     /// Empties the queue, keeping the first block's capacity.
     pub(crate) fn clear(&mut self) {
-        self.first.clear();
-        self.rest = VecDeque::new();
-        self.len = 0;
+        self.blocks.truncate(1);
+        if let Some(first) = self.blocks.front_mut() {
+            first.clear();
+        }
     }
 
     pub(crate) fn iter(&self) -> impl Iterator<Item = &T> {
-        self.first.iter().chain(self.rest.iter().flatten())
+        self.blocks.iter().flatten()
     }
 }
 
 impl<T> IntoIterator for Blocks<T> {
     type Item = T;
-    type IntoIter = std::iter::Chain<
-        std::collections::vec_deque::IntoIter<T>,
-        std::iter::Flatten<std::collections::vec_deque::IntoIter<VecDeque<T>>>,
-    >;
+    type IntoIter = std::iter::Flatten<std::collections::vec_deque::IntoIter<VecDeque<T>>>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.first
-            .into_iter()
-            .chain(self.rest.into_iter().flatten())
+        self.blocks.into_iter().flatten()
     }
 }
 
@@ -205,8 +204,7 @@ mod tests {
                 prop_assert_eq!(blocks.len(), model.len());
                 prop_assert_eq!(blocks.is_empty(), model.is_empty());
                 prop_assert!(blocks.iter().eq(model.iter()));
-                let exact = blocks.first.capacity()
-                    + blocks.rest.iter().map(VecDeque::capacity).sum::<usize>();
+                let exact: usize = blocks.blocks.iter().map(VecDeque::capacity).sum();
                 prop_assert_eq!(blocks.capacity(), exact);
             }
             prop_assert!(blocks.into_iter().eq(model.into_iter()));
@@ -221,14 +219,22 @@ mod tests {
         for i in 0..10 * BLOCK + 3 {
             blocks.push_back(i);
         }
-        assert_eq!(blocks.rest.len(), 10);
-        assert!(blocks.first.capacity() <= BLOCK);
-        assert!(blocks.rest.iter().all(|b| b.capacity() == BLOCK));
+        assert_eq!(blocks.blocks.len(), 11);
+        assert!(blocks.blocks.iter().all(|b| b.capacity() == BLOCK));
         let first: *const usize = blocks.get_mut(0).unwrap();
         for i in 0..5 * BLOCK {
             blocks.push_back(i);
         }
         assert_eq!(first, blocks.get_mut(0).unwrap() as *const usize);
+    }
+
+    /// The queue's handle is as small as a `VecDeque`'s (it sits in every connection's state).
+    #[test]
+    fn blocks_are_as_small_as_one_deque() {
+        assert_eq!(
+            std::mem::size_of::<Blocks<[u8; 100]>>(),
+            std::mem::size_of::<VecDeque<[u8; 100]>>()
+        );
     }
 
     /// An idle connection's first push reserves one slot.
