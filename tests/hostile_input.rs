@@ -7,7 +7,7 @@
 
 mod engine_support;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 
 use engine_support::{config, on_both_backends, serve, Client, Servers, WAIT};
@@ -86,17 +86,9 @@ fn over_ndjson(addr: SocketAddr) {
     );
 }
 
+/// One hub frame's messages, parsed.
 fn read_frame(s: &mut TcpStream) -> Vec<Value> {
-    let mut head = [0u8; frame::HEADER_LEN];
-    s.read_exact(&mut head).unwrap();
-    let header = frame::Header::parse(&head).unwrap();
-    let mut whole = head.to_vec();
-    whole.resize(header.frame_len(), 0);
-    s.read_exact(&mut whole[frame::HEADER_LEN..]).unwrap();
-    let decoded = frame::decode(&whole).unwrap();
-    decoded
-        .json_messages()
-        .unwrap()
+    engine_support::frame_messages(s)
         .iter()
         .map(|m| serde_json::from_slice(m).unwrap())
         .collect()

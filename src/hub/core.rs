@@ -842,13 +842,12 @@ impl Inner {
                 .fetch_add(discarded, Ordering::Relaxed);
         }
         self.close_adapter(sub, reason);
-        if let Consumer::Direct(dc) = &sub.consumer {
-            dc.mark_removed();
-        }
         self.notify_flush();
         true
     }
 
+    /// The last step of a subscriber's removal: its transport is told, and a direct receiver
+    /// waiting to count its own end (`DirectCursor::wait_removed`) may go on.
     fn close_adapter(&self, sub: &Sub, reason: CloseReason) {
         let r = catch_unwind(AssertUnwindSafe(|| sub.sink.close(&sub.sref, reason)));
         if let Err(p) = r {
@@ -859,6 +858,9 @@ impl Inner {
                 },
                 Some(&sub.sref),
             );
+        }
+        if let Consumer::Direct(dc) = &sub.consumer {
+            dc.mark_removed();
         }
     }
 
@@ -1803,9 +1805,6 @@ impl Inner {
             if !sub.closed.swap(true, Ordering::AcqRel) {
                 sub.queue.clear();
                 self.close_adapter(sub, CloseReason::HubClosed);
-                if let Consumer::Direct(dc) = &sub.consumer {
-                    dc.mark_removed();
-                }
             }
         }
         for t in topics.values() {

@@ -285,7 +285,7 @@ pub fn frame_messages(s: &mut TcpStream) -> Vec<Vec<u8>> {
     s.read_exact(&mut head).unwrap();
     let header = frame::Header::parse(&head).unwrap();
     let mut whole = head.to_vec();
-    whole.resize(frame::HEADER_LEN + header.length as usize, 0);
+    whole.resize(header.frame_len(), 0);
     s.read_exact(&mut whole[frame::HEADER_LEN..]).unwrap();
     let decoded = frame::decode(&whole).unwrap();
     decoded
