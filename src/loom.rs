@@ -14,8 +14,11 @@
 mod imp {
     pub(crate) mod sync {
         pub(crate) mod atomic {
-            pub(crate) use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+            pub(crate) use std::sync::atomic::{
+                fence, AtomicBool, AtomicU64, AtomicUsize, Ordering,
+            };
         }
+        pub(crate) use std::sync::Arc;
     }
 
     pub(crate) mod cell {
@@ -78,8 +81,11 @@ mod imp {
 mod imp {
     pub(crate) mod sync {
         pub(crate) mod atomic {
-            pub(crate) use ::loom::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+            pub(crate) use ::loom::sync::atomic::{
+                fence, AtomicBool, AtomicU64, AtomicUsize, Ordering,
+            };
         }
+        pub(crate) use ::loom::sync::Arc;
     }
 
     pub(crate) mod cell {

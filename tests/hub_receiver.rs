@@ -940,3 +940,108 @@ fn stats_never_go_back_while_overflowing_handler_subscribers_come_and_go() {
         p.join().unwrap();
     }
 }
+
+/// A payload whose owner counts how many of it are alive.
+fn witnessed(n: u64, alive: &std::sync::Arc<()>) -> Message {
+    // The second field is the count itself: alive while the payload is.
+    struct Owned(String, #[allow(dead_code)] std::sync::Arc<()>);
+    impl AsRef<[u8]> for Owned {
+        fn as_ref(&self) -> &[u8] {
+            self.0.as_bytes()
+        }
+    }
+    let body = bytes::Bytes::from_owner(Owned(format!("{{\"n\":{n}}}"), alive.clone()));
+    Message::json(body).unwrap()
+}
+
+#[test]
+fn a_received_message_is_one_word_and_moves_between_threads() {
+    fn send_sync<T: Send + Sync + 'static>() {}
+    send_sync::<powerhub::hub::Received>();
+    assert_eq!(
+        std::mem::size_of::<powerhub::hub::Received>(),
+        std::mem::size_of::<usize>()
+    );
+    assert_eq!(
+        std::mem::size_of::<Option<powerhub::hub::Received>>(),
+        std::mem::size_of::<usize>()
+    );
+}
+
+#[test]
+fn a_kept_message_outlives_the_log_that_let_its_chunk_go_and_is_freed_once_every_copy_is_dropped() {
+    let alive = std::sync::Arc::new(());
+    let hub = manual();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(4))
+        .unwrap();
+    hub.publish("t", witnessed(0, &alive), PublishOptions::default())
+        .unwrap();
+    let kept = rx.try_recv().unwrap();
+    // A copy on another thread, dropped there (while the thread runs, then at its exit).
+    let copy = kept.clone();
+    let elsewhere = std::thread::spawn(move || {
+        assert_eq!(n_of(&copy), 0);
+        drop(copy);
+    });
+    // Far more than the log keeps for a queue of 4: the chunk of message 0 leaves the log.
+    for n in 1..1_000 {
+        publish(&hub, "t", n);
+        while let Ok(m) = rx.try_recv() {
+            assert!(n_of(&m) >= 1);
+        }
+    }
+    elsewhere.join().unwrap();
+    assert_eq!((n_of(&kept), kept.topic_seq()), (0, 0));
+    assert!(std::sync::Arc::strong_count(&alive) > 1, "freed while held");
+    // Owned out, then every reference dropped: what this thread's drops held back reaches the
+    // chunk at the receiver's next empty receive.
+    let message = kept.clone().into_message();
+    drop(kept);
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(&message.bytes()[..], br#"{"n":0}"#);
+    assert!(
+        std::sync::Arc::strong_count(&alive) > 1,
+        "the owned message is the payload"
+    );
+    drop(message);
+    assert_eq!(
+        std::sync::Arc::strong_count(&alive),
+        1,
+        "the payload outlived every reference to it"
+    );
+    drop(rx);
+}
+
+#[test]
+fn messages_received_on_a_thread_that_exits_are_freed_with_it() {
+    let alive = std::sync::Arc::new(());
+    let hub = manual();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(4))
+        .unwrap();
+    for n in 0..100 {
+        hub.publish("t", witnessed(n, &alive), PublishOptions::default())
+            .unwrap();
+    }
+    let consumer = std::thread::spawn(move || {
+        let mut got = 0;
+        loop {
+            match rx.try_recv() {
+                Ok(m) => got += u64::from(n_of(&m) >= 96),
+                Err(TryRecvError::Lagged { .. }) => {}
+                Err(e) => panic!("{e:?}"),
+            }
+            if got == 4 {
+                // The last message dropped, with no receive after it: held back by this
+                // thread until it exits. The receiver stays alive past the thread's end.
+                return rx;
+            }
+        }
+    });
+    let rx = consumer.join().unwrap();
+    // The log still holds the last chunk; what the thread held back went with the thread.
+    drop(hub);
+    drop(rx);
+    assert_eq!(std::sync::Arc::strong_count(&alive), 1, "a payload leaked");
+}

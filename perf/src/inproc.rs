@@ -72,7 +72,12 @@ fn broadcast(n: usize, msgs: u64) -> InprocOut {
             for rx in rxs.iter_mut() {
                 loop {
                     match rx.try_recv() {
-                        Ok(_) => delivered += 1,
+                        Ok(m) => {
+                            // Every consumer reads the message it received (hands its bytes to
+                            // `black_box`) and drops it.
+                            std::hint::black_box(&m[..]);
+                            delivered += 1;
+                        }
                         Err(TryRecvError::Empty) => {
                             open += 1;
                             break;
@@ -175,7 +180,10 @@ fn channels(n: usize, msgs: u64) -> InprocOut {
             let _ = tx.send(m);
         },
         |rx| match rx.try_recv() {
-            Ok(_) => Got::Message,
+            Ok(m) => {
+                std::hint::black_box(&m[..]);
+                Got::Message
+            }
             Err(TryRecvError::Empty) => Got::Empty,
             Err(TryRecvError::Disconnected) => Got::Closed,
         },
@@ -192,7 +200,10 @@ fn flume_channels(n: usize, msgs: u64) -> InprocOut {
             let _ = tx.send(m);
         },
         |rx| match rx.try_recv() {
-            Ok(_) => Got::Message,
+            Ok(m) => {
+                std::hint::black_box(&m[..]);
+                Got::Message
+            }
             Err(TryRecvError::Empty) => Got::Empty,
             Err(TryRecvError::Disconnected) => Got::Closed,
         },

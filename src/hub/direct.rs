@@ -19,7 +19,9 @@
 //!
 //! [`Receiver`]: super::Receiver
 
+use std::cell::Cell;
 use std::collections::VecDeque;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::task::Waker;
@@ -32,6 +34,7 @@ use powerhub_plugin::CloseReason;
 use super::core::StatsGate;
 use super::queue::Entry;
 use super::slots::{self, Head};
+use super::Message;
 
 /// Messages per chunk.
 pub(crate) const CHUNK: usize = 64;
@@ -39,6 +42,206 @@ pub(crate) const CHUNK: usize = 64;
 /// [`CHUNK`] write-once slots of the log; slot `i` holds publication `first + i`, written once
 /// the log's head passes it.
 pub(crate) type Chunk = slots::Chunk<Arc<Entry>>;
+
+/// A chunk by strong reference (loom's `Arc` under the model checker: the one [`slots`] lends
+/// references of).
+type ChunkArc = crate::loom::sync::Arc<Chunk>;
+
+/// What an owned receive holds, in one word: a slot of the log, by a reference its chunk lent
+/// ([`slots::Chunk::lend`]), or a publication the receiver got whole (its retained replay), by a
+/// strong reference.
+///
+/// A reader lends a run's worth of references at once, so a receive takes no atomic operation
+/// of its own; nor does dropping it, on a thread that drops messages of one chunk in a row (see
+/// [`Returns`]). A slot's reference keeps its whole chunk (at most [`CHUNK`] publications) in
+/// memory, as long as it is held.
+///
+/// The word is a chunk's address (chunks are aligned to `2 * CHUNK` bytes) with the slot's index
+/// in the bits below, shifted past bit 0; or an `Arc<Entry>`'s address (`Arc::into_raw`, aligned
+/// to 8) with bit 0 set. One word, so that a message is moved in one register.
+pub(crate) struct Held(NonNull<u8>);
+
+/// Bit 0 set: the word is a whole publication's address.
+const WHOLE: usize = 1;
+/// The bits of a slot's index (shifted by one).
+const INDEX: usize = (2 * CHUNK - 1) & !WHOLE;
+const _: () = assert!(std::mem::align_of::<Chunk>() >= 2 * CHUNK);
+const _: () = assert!(std::mem::align_of::<Entry>() >= 2);
+
+/// A [`Held`] word taken apart.
+enum Parts {
+    Slot(*const Chunk, usize),
+    Whole(*const Entry),
+}
+
+// SAFETY: a `Held` is a counted reference to a publication that is never written again (a slot
+// is written once, before the head the lending reader loaded; a whole entry is immutable behind
+// its `Arc`), so it is shared as an `&Arc<Entry>` is, which `Arc<Entry>: Send + Sync` allows;
+// the counts it gives back on drop are atomic, on any thread.
+unsafe impl Send for Held {}
+// SAFETY: as `Send`: `&Held` only reads the publication.
+unsafe impl Sync for Held {}
+
+impl Held {
+    /// A slot's word: the caller holds one reference `chunk` lent for it.
+    fn slot(chunk: &Chunk, pos: u64) -> Held {
+        let index = (pos - chunk.first()) as usize;
+        debug_assert!(index < CHUNK);
+        Held(
+            NonNull::from(chunk)
+                .cast::<u8>()
+                .map_addr(|a| a | index << 1),
+        )
+    }
+
+    /// A whole publication's word.
+    pub(crate) fn whole(e: Arc<Entry>) -> Held {
+        let p = NonNull::new(Arc::into_raw(e).cast_mut()).expect("an Arc is not null");
+        Held(p.cast::<u8>().map_addr(|a| a | WHOLE))
+    }
+
+    #[inline]
+    fn parts(&self) -> Parts {
+        let p = self.0.as_ptr();
+        if p.addr() & WHOLE != 0 {
+            Parts::Whole(p.map_addr(|a| a & !WHOLE).cast::<Entry>())
+        } else {
+            Parts::Slot(
+                p.map_addr(|a| a & !INDEX).cast::<Chunk>(),
+                (p.addr() & INDEX) >> 1,
+            )
+        }
+    }
+
+    /// The publication.
+    #[inline]
+    pub(crate) fn entry(&self) -> &Entry {
+        match self.parts() {
+            // SAFETY: the lent reference keeps the chunk alive; the slot was below a head the
+            // lending reader loaded, and this word reached the current thread from that one
+            // through a synchronizing hand-over (`Send`), so the slot's one write happens before
+            // this read.
+            Parts::Slot(chunk, index) => unsafe {
+                let chunk = &*chunk;
+                chunk.get(chunk.first() + index as u64)
+            },
+            // SAFETY: the word owns a strong reference to the entry.
+            Parts::Whole(e) => unsafe { &*e },
+        }
+    }
+
+    /// The message, owned: moved out when this was the last reference to a whole publication.
+    pub(crate) fn into_message(self) -> Message {
+        match self.parts() {
+            Parts::Whole(e) => {
+                std::mem::forget(self);
+                // SAFETY: the word's strong reference, taken over from the forgotten word.
+                let e = unsafe { Arc::from_raw(e) };
+                match Arc::try_unwrap(e) {
+                    Ok(e) => e.message,
+                    Err(e) => e.message.clone(),
+                }
+            }
+            Parts::Slot(..) => self.entry().message.clone(),
+        }
+    }
+}
+
+impl Clone for Held {
+    fn clone(&self) -> Held {
+        match self.parts() {
+            // SAFETY: `self` is a lent reference of this chunk, not given back.
+            Parts::Slot(chunk, _) => unsafe { Chunk::lend_more(chunk, 1) },
+            // SAFETY: `self` owns a strong reference from `Arc::into_raw`.
+            Parts::Whole(e) => unsafe { Arc::increment_strong_count(e) },
+        }
+        Held(self.0)
+    }
+}
+
+impl Drop for Held {
+    #[inline]
+    fn drop(&mut self) {
+        match self.parts() {
+            Parts::Slot(chunk, _) => {
+                let deferred = RETURNS.try_with(|r| r.give_back(chunk));
+                if deferred.is_err() {
+                    // The thread's returns are gone (it is exiting): given back now.
+                    // SAFETY: one lent reference of this chunk, given back once, here.
+                    unsafe { Chunk::give_back(chunk, 1) };
+                }
+            }
+            // SAFETY: the word's strong reference, from `Arc::into_raw`, dropped once.
+            Parts::Whole(e) => drop(unsafe { Arc::from_raw(e) }),
+        }
+    }
+}
+
+/// The references this thread gave back to one chunk and not yet to the chunk: consecutive
+/// drops of messages of one chunk (what a consumer does, run after run) count here, with no
+/// atomic operation, and reach the chunk together, when a message of another chunk is dropped
+/// on this thread, when a receiver on this thread finds nothing to receive or waits, or when the
+/// thread exits. So a thread holds back at most one chunk (at most [`CHUNK`] publications)
+/// from being freed: until one of those, if it stops using the hub (as an epoch-based
+/// collector's thread holds its local garbage until it pins again).
+struct Returns {
+    /// The chunk, while `n > 0` (and then alive: the references counted here are out).
+    chunk: Cell<*const Chunk>,
+    n: Cell<usize>,
+}
+
+thread_local! {
+    static RETURNS: Returns = const {
+        Returns {
+            chunk: Cell::new(std::ptr::null()),
+            n: Cell::new(0),
+        }
+    };
+}
+
+impl Returns {
+    /// Counts one reference of `chunk` given back (see [`Held`]'s drop).
+    #[inline]
+    fn give_back(&self, chunk: *const Chunk) {
+        // While `n > 0` the chunk counted here is alive, so no other chunk has its address: an
+        // equal address is the same chunk.
+        if self.chunk.get() == chunk {
+            self.n.set(self.n.get() + 1);
+            return;
+        }
+        // The cells are updated before the give-back, which may free a chunk and its messages
+        // (and run their owners' code, which may drop messages on this thread again).
+        let old = self.chunk.replace(chunk);
+        let n = self.n.replace(1);
+        if n > 0 {
+            // SAFETY: `n` references of `old`, given back on this thread and counted here
+            // only, reach the chunk once.
+            unsafe { Chunk::give_back(old, n) };
+        }
+    }
+
+    /// Gives what is counted back to its chunk.
+    fn flush(&self) {
+        let n = self.n.replace(0);
+        let old = self.chunk.replace(std::ptr::null());
+        if n > 0 {
+            // SAFETY: as in `give_back`.
+            unsafe { Chunk::give_back(old, n) };
+        }
+    }
+}
+
+impl Drop for Returns {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// Gives the references this thread holds back (see [`Returns`]) to their chunk: a receiver
+/// calls it when it finds nothing to receive, and before it waits.
+pub(crate) fn flush_returns() {
+    let _ = RETURNS.try_with(Returns::flush);
+}
 
 /// What a publication writes and a receiver reads to learn of it, on a cache line of its own:
 /// the publisher's lock and the chunk list are not on it, so a receiver that polls the head
@@ -57,7 +260,7 @@ struct HeadLine {
 /// receivers poll).
 #[derive(Default)]
 struct Chunks {
-    list: VecDeque<Arc<Chunk>>,
+    list: VecDeque<ChunkArc>,
     next: u64,
 }
 
@@ -108,7 +311,9 @@ impl DirectLog {
         let head = chunks.next;
         let mut gone = None;
         if chunks.list.back().is_none_or(|c| c.end() == head) {
-            chunks.list.push_back(Arc::new(Chunk::new(head, CHUNK)));
+            chunks
+                .list
+                .push_back(ChunkArc::new(Chunk::new(head, CHUNK)));
             // At least one chunk stays: the one being written. One chunk goes per chunk made;
             // more only after the bound shrank, and all but the last of those drop here.
             let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
@@ -153,7 +358,7 @@ impl DirectLog {
     }
 
     /// The chunk holding `pos`, if it is still (or already) listed.
-    fn chunk_of(&self, pos: u64) -> Option<Arc<Chunk>> {
+    fn chunk_of(&self, pos: u64) -> Option<ChunkArc> {
         let chunks = self.chunks.lock();
         let first = chunks.list.front()?.first();
         let i = pos.checked_sub(first)? / CHUNK as u64;
@@ -420,7 +625,10 @@ pub(crate) struct DirectReader {
     replay: VecDeque<Arc<Entry>>,
     /// The entry returned by the last `Message`, when it came from the replay.
     replayed: Option<Arc<Entry>>,
-    chunk: Option<Arc<Chunk>>,
+    chunk: Option<ChunkArc>,
+    /// References `chunk` lent this reader and it has not handed out yet (see [`Held`]):
+    /// given back when the reader leaves the chunk, or goes.
+    lent: usize,
     pos: u64,
     /// Positions below this are in `chunk`, written, and were within the queue bound when it
     /// was computed: the next receives take them with no further check (the fast path).
@@ -430,7 +638,7 @@ pub(crate) struct DirectReader {
     /// The cursor's `deciding` as this reader last stored it (it is its only writer).
     deciding: u64,
     /// What a decision let go (a chunk, dropped replay), dropped once it ended.
-    retired_chunk: Option<Arc<Chunk>>,
+    retired_chunk: Option<ChunkArc>,
     retired: Vec<Arc<Entry>>,
 }
 
@@ -448,6 +656,7 @@ impl DirectReader {
             replay: replay.into(),
             replayed: None,
             chunk: None,
+            lent: 0,
             pos,
             run_end: 0,
             shown: pos,
@@ -505,6 +714,55 @@ impl DirectReader {
         let e = unsafe { chunk.get(self.pos) };
         self.pos += 1;
         Some(e)
+    }
+
+    /// The next message when it is inside the current run, owned: as
+    /// [`next_in_run`](DirectReader::next_in_run), with a reference from the chunk's loan.
+    #[inline]
+    pub(crate) fn next_owned_in_run(&mut self) -> Option<Held> {
+        if self.pos >= self.run_end {
+            return None;
+        }
+        let pos = self.pos;
+        self.pos += 1;
+        Some(self.lend(pos))
+    }
+
+    /// The message the last [`Next::Message`] was, owned.
+    pub(crate) fn current_owned(&mut self) -> Held {
+        match &self.replayed {
+            Some(e) => Held::whole(Arc::clone(e)),
+            None => self.lend(self.pos - 1),
+        }
+    }
+
+    /// A reference to received publication `pos` of the current chunk, from the reader's loan;
+    /// an empty loan is renewed for every publication the chunk holds from `pos` on (the most
+    /// this reader can still receive from it), with one atomic operation.
+    #[inline]
+    fn lend(&mut self, pos: u64) -> Held {
+        let chunk = self
+            .chunk
+            .as_ref()
+            .expect("a received position is in the held chunk");
+        if self.lent == 0 {
+            let n = (chunk.end() - pos) as usize;
+            Chunk::lend(chunk, n);
+            self.lent = n;
+        }
+        self.lent -= 1;
+        Held::slot(chunk, pos)
+    }
+
+    /// Gives back what the held chunk lent and the reader did not hand out.
+    fn give_back_loan(&mut self) {
+        if let Some(chunk) = &self.chunk {
+            if self.lent > 0 {
+                // SAFETY: `lent` references of this chunk are the reader's, unused.
+                unsafe { Chunk::give_back(ChunkArc::as_ptr(chunk), self.lent) };
+            }
+        }
+        self.lent = 0;
     }
 
     /// Publishes the exact position to the cursor (inside a run it lags by what the run
@@ -595,6 +853,8 @@ impl DirectReader {
             };
         }
         if !self.chunk.as_ref().is_some_and(|c| c.holds(self.pos)) {
+            // Never the last reference: the reader still holds the chunk, until it retires.
+            self.give_back_loan();
             self.retired_chunk = std::mem::replace(&mut self.chunk, self.log.chunk_of(self.pos));
         }
         let pos = self.pos;
@@ -628,6 +888,13 @@ impl DirectReader {
                 _ => Next::Empty,
             },
         }
+    }
+}
+
+impl Drop for DirectReader {
+    fn drop(&mut self) {
+        self.give_back_loan();
+        flush_returns();
     }
 }
 
