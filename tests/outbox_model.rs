@@ -161,6 +161,11 @@ fn coalescible(m: &Msg) -> bool {
     m.correlated.is_none() && (m.kind == "screenshot_update" || m.kind == "hierarchy_update")
 }
 
+/// Whether the message's type is one the paused rules coalesce or drop (when uncorrelated).
+fn names_a_ruled_type(m: &Msg) -> bool {
+    m.kind == "screenshot_update" || m.kind == "hierarchy_update"
+}
+
 fn droppable(m: &Msg) -> bool {
     m.correlated.is_none() && m.kind == "screenshot_update"
 }
@@ -275,6 +280,12 @@ impl Model {
     fn admit(&mut self, item: Item) {
         let (sub, msg, json) = match item {
             Item::Msg { sub, msg, json, .. } => (sub, msg, json),
+            // A chunk whose messages name no coalesced or dropped type (whatever their
+            // correlation) stays whole: its messages are lossless FIFO either way.
+            Item::Chunk { sub, lines } if lines.iter().all(|(m, _)| !names_a_ruled_type(m)) => {
+                self.queue.push(Item::Chunk { sub, lines });
+                return;
+            }
             Item::Chunk { sub, lines } => {
                 for (msg, json) in lines {
                     self.admit(Item::Msg {

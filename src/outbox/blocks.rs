@@ -14,7 +14,8 @@ use std::collections::VecDeque;
 /// Items per block (every block but the first and the last holds exactly this many).
 pub(crate) const BLOCK: usize = 256;
 
-/// A FIFO with `push_front` (for an item put back) and indexing by position.
+/// A FIFO with `push_front` (for an item put back), `pop_back` (what a pause takes back to admit
+/// under the rules) and indexing by position.
 ///
 /// As small as one `VecDeque` (a connection's state is kept under 512 bytes): no length is
 /// stored, every length and capacity is computed from the first and last blocks. A queue that
@@ -112,6 +113,15 @@ impl<T> Blocks<T> {
         Some(item)
     }
 
+    pub(crate) fn pop_back(&mut self) -> Option<T> {
+        let last = self.blocks.back_mut()?;
+        let item = last.pop_back()?;
+        if last.is_empty() && self.blocks.len() > 1 {
+            self.blocks.pop_back();
+        }
+        Some(item)
+    }
+
     /// The item at position `index` from the front.
     pub(crate) fn get_mut(&mut self, index: usize) -> Option<&mut T> {
         let first = self.blocks.front()?.len();
@@ -155,6 +165,7 @@ mod tests {
         PushBack,
         PushFront,
         PopFront,
+        PopBack,
         Set(usize),
         Clear,
     }
@@ -164,6 +175,7 @@ mod tests {
             8 => Just(Op::PushBack),
             1 => Just(Op::PushFront),
             5 => Just(Op::PopFront),
+            2 => Just(Op::PopBack),
             2 => any::<usize>().prop_map(Op::Set),
             1 => Just(Op::Clear),
         ]
@@ -190,6 +202,7 @@ mod tests {
                         next += 1;
                     }
                     Op::PopFront => prop_assert_eq!(blocks.pop_front(), model.pop_front()),
+                    Op::PopBack => prop_assert_eq!(blocks.pop_back(), model.pop_back()),
                     Op::Set(i) => {
                         let i = if model.is_empty() { i } else { i % (model.len() + 1) };
                         let got = blocks.get_mut(i).map(|x| { *x += 1_000_000; *x });

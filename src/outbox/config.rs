@@ -136,4 +136,35 @@ impl OutboxConfig {
     pub(crate) fn is_droppable(&self, ty: &str) -> bool {
         self.drop_types.iter().any(|t| t == ty)
     }
+
+    /// Whether no message of `lines` (complete JSON messages) can be of a coalesced or dropped
+    /// type, so that all are lossless FIFO. Without escapes a message of type `T` holds `T`'s
+    /// bytes, so the answer is yes when the chunk has no backslash and names none of those
+    /// types anywhere; a name inside a payload, or any escape, answers no (the caller then
+    /// classifies each message).
+    pub(crate) fn all_lossless(&self, lines: &[u8]) -> bool {
+        memchr::memchr(b'\\', lines).is_none()
+            && !self
+                .coalesce_types
+                .iter()
+                .chain(&self.drop_types)
+                .any(|t| memchr::memmem::find(lines, t.as_bytes()).is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OutboxConfig;
+
+    /// A chunk is lossless as a whole only when no message can be of a coalesced or dropped
+    /// type: a name anywhere, or an escape (which could spell one), sends it to the rules.
+    #[test]
+    fn a_chunk_is_all_lossless_only_when_it_can_name_no_ruled_type() {
+        let c = OutboxConfig::default();
+        assert!(c.all_lossless(b"{\"type\":\"device_lifecycle\"}\n{\"type\":\"x\"}\n"));
+        assert!(!c.all_lossless(b"{\"type\":\"x\"}\n{\"type\":\"screenshot_update\"}\n"));
+        assert!(!c.all_lossless(b"{\"type\":\"hierarchy_update\",\"id\":1}\n"));
+        assert!(!c.all_lossless(b"{\"type\":\"x\",\"note\":\"hierarchy_update\"}\n"));
+        assert!(!c.all_lossless(b"{\"type\":\"screenshot\\u005fupdate\"}\n"));
+    }
 }

@@ -160,7 +160,8 @@ pub struct OutboxStats {
     /// Keepalive pings queued.
     pub pings: u64,
     /// Entries waiting in the FIFO, not yet encoded for the wire (a message; a shared chunk
-    /// pushed while healthy counts once until a pause splits it).
+    /// counts once, until a pause splits it: one holding no message of a coalesced or dropped
+    /// type stays whole).
     pub queued: usize,
     /// Bytes of the messages waiting in the FIFO (default serialization for deferred events).
     pub queued_bytes: usize,
@@ -178,14 +179,23 @@ pub struct Outbox {
     /// Messages not yet encoded, in order. `queue[i]` has sequence number `head_seq + i`.
     queue: Blocks<Item>,
     head_seq: u64,
+    /// The first items of the queue that were admitted under the paused rules (what was queued
+    /// when the connection last became healthy); those after them were queued as they came.
+    /// 32 bits, as `ruled_kinds`: a connection's state stays within 512 bytes.
+    admitted: u32,
+    /// Queued messages of a coalesced or dropped type (uncorrelated): while there are none, a
+    /// pause admits only what was queued since the last one (see [`Outbox::pause`]).
+    ruled_kinds: u32,
     /// Coalescing slots and `frames_dropped` keys: allocated only while one of them is held
     /// (paused, or over the threshold), so a healthy outbox holds no hash table.
     drops: Option<Box<DropState>>,
     /// Encoded bytes not yet taken by the socket, in order; the front may be partly written.
     wire: VecDeque<Bytes>,
     wire_len: usize,
-    /// Bytes offered by the last `poll_transmit` (a prefix of `wire`).
-    offered: usize,
+    /// Bytes offered by the last `poll_transmit` (a prefix of `wire`), saturated at `u32::MAX`:
+    /// a socket takes less than 2 GiB per write, so a larger offer reads as partly taken either
+    /// way (32 bits keep a connection's state within 512 bytes).
+    offered: u32,
     /// Scratch buffer small messages are framed into.
     scratch: BytesMut,
     /// Subscription ids seen, so a push does not allocate its id (a connection has few).
@@ -291,6 +301,8 @@ impl Outbox {
             factory,
             queue: Blocks::new(),
             head_seq: 0,
+            admitted: 0,
+            ruled_kinds: 0,
             drops: None,
             wire: VecDeque::new(),
             wire_len: 0,
@@ -335,7 +347,9 @@ impl Outbox {
     /// NDJSON batch frame), for subscription `sub`.
     ///
     /// Healthy: written as it is at the next transmit (with [`Framing::Ndjson`], the same `Bytes`).
-    /// Paused: split into messages and classified so that the coalescing rules apply.
+    /// Paused: split into messages and classified so that the coalescing rules apply, unless
+    /// none of its messages can be of a coalesced or dropped type (then it is queued whole, as
+    /// lossless FIFO would queue its messages).
     /// With a [`MessageFactory`] that is not the identity, each message of the chunk becomes a
     /// [`PushEvent`] serialized through the factory when written.
     pub fn push_shared(&mut self, sub: &str, lines: Bytes, now: Instant) {
@@ -408,6 +422,7 @@ impl Outbox {
         for seq in removed {
             if let Some(item) = self.item_mut(seq) {
                 let old = std::mem::replace(item, Item::Removed);
+                self.ruled_kinds -= u32::from(is_ruled(&self.config, &old));
                 self.stats.queued_bytes -= old.len();
                 self.stats.queued -= 1;
                 self.stats.removed += 1;
@@ -451,7 +466,7 @@ impl Outbox {
         if self.paused && self.wire_len == 0 {
             // Paused by the backlog (not by the socket) and everything unsent is taken: what
             // waits under the rules is written now.
-            self.paused = false;
+            self.resume();
         }
         if !self.paused {
             self.encode_queue(framer, now);
@@ -461,7 +476,7 @@ impl Outbox {
             offered += segment.len();
             out.push(segment.clone());
         }
-        self.offered = offered;
+        self.offered = u32::try_from(offered).unwrap_or(u32::MAX);
         offered
     }
 
@@ -470,8 +485,9 @@ impl Outbox {
     /// until [`on_writable`](Self::on_writable); bytes taken while paused are drain progress and
     /// refresh liveness. The connection is healthy again once every unsent byte is taken.
     pub fn on_written(&mut self, n: usize, now: Instant) {
-        let n = n.min(self.offered);
-        let partial = n < self.offered;
+        let offered = self.offered as usize;
+        let n = n.min(offered);
+        let partial = n < offered;
         self.offered = 0;
         let mut left = n;
         while let Some(front) = self.wire.front_mut() {
@@ -499,7 +515,7 @@ impl Outbox {
         if self.wire_len == 0 {
             // Healthy again: what was admitted while paused stays queued (and its slots stay
             // known to `unsubscribe`) until the next transmit writes it.
-            self.paused = false;
+            self.resume();
         } else if partial {
             self.awaiting_writable = true;
             if !self.paused {
@@ -551,7 +567,8 @@ impl Outbox {
             self.wire_len = 0;
             self.offered = 0;
             self.clear_notified();
-            self.paused = false;
+            self.ruled_kinds = 0;
+            self.resume();
             self.awaiting_writable = false;
             self.stats.queued = 0;
             self.stats.queued_bytes = 0;
@@ -629,6 +646,8 @@ impl Outbox {
             .count();
         self.head_seq += self.queue.len() as u64;
         self.queue = Blocks::new();
+        self.ruled_kinds = 0;
+        self.admitted = 0;
         self.drops = None;
         self.stats.queued = 0;
         self.stats.queued_bytes = 0;
@@ -718,6 +737,7 @@ impl Outbox {
     }
 
     fn push_back(&mut self, item: Item) -> u64 {
+        self.ruled_kinds += u32::from(is_ruled(&self.config, &item));
         self.stats.queued += 1;
         self.stats.queued_bytes += item.len();
         self.queue.push_back(item);
@@ -746,13 +766,34 @@ impl Outbox {
         self.wire_len > self.config.high_water_bytes
     }
 
-    /// The connection becomes paused: what was queued since the last transmit is re-admitted
+    /// The connection becomes paused: what was queued since it was last healthy is admitted
     /// under the paused rules (classified, coalesced).
+    ///
+    /// What was admitted before stays as it is when the queue holds no message of a coalesced
+    /// or dropped type: admitted again, lossless messages would stay where they are. So a
+    /// reader that keeps flipping between healthy and paused behind a deep backlog costs what
+    /// came since its last flip, not its whole backlog each time. Otherwise the whole queue is
+    /// admitted again, in order (its slots are found again, and a screenshot waiting over the
+    /// threshold is dropped for its notification).
     fn pause(&mut self) {
         self.paused = true;
         self.clear_slots();
+        if self.ruled_kinds == 0 {
+            let since = self.queue.len() - (self.admitted as usize).min(self.queue.len());
+            let mut came = Vec::with_capacity(since);
+            for _ in 0..since {
+                let item = self.queue.pop_back().expect("within the queue");
+                self.took(&item);
+                came.push(item);
+            }
+            for item in came.into_iter().rev() {
+                self.admit_paused(item);
+            }
+            return;
+        }
         let queued = std::mem::take(&mut self.queue);
         self.head_seq += queued.len() as u64;
+        self.ruled_kinds = 0;
         self.stats.queued = 0;
         self.stats.queued_bytes = 0;
         for item in queued {
@@ -760,8 +801,28 @@ impl Outbox {
         }
     }
 
+    /// The connection is healthy again: everything queued now was admitted under the rules.
+    fn resume(&mut self) {
+        self.paused = false;
+        self.admitted = u32::try_from(self.queue.len()).unwrap_or(u32::MAX);
+    }
+
+    /// Counts out an item taken off the queue.
+    fn took(&mut self, item: &Item) {
+        if !matches!(item, Item::Removed) {
+            self.stats.queued -= 1;
+            self.stats.queued_bytes -= item.len();
+        }
+        self.ruled_kinds -= u32::from(is_ruled(&self.config, item));
+    }
+
     fn admit_paused(&mut self, item: Item) {
         match item {
+            // A chunk none of whose messages the rules treat apart from lossless FIFO stays
+            // whole: queued as its messages one by one would be, with no classification.
+            Item::Shared { sub, lines } if self.config.all_lossless(&lines) => {
+                self.push_back(Item::Shared { sub, lines });
+            }
             Item::Shared { sub, lines } => {
                 for line in split_lines(&lines) {
                     let meta = MessageMeta::classify(&line);
@@ -840,10 +901,9 @@ impl Outbox {
                 break;
             };
             self.head_seq += 1;
-            if !matches!(item, Item::Removed) {
-                self.stats.queued -= 1;
-                self.stats.queued_bytes -= item.len();
-            }
+            self.took(&item);
+            let was_admitted = self.admitted > 0;
+            self.admitted = self.admitted.saturating_sub(1);
             match item {
                 Item::Control(json) => self.encode_json(framer, json),
                 Item::Wire(bytes) => self.append_bytes(bytes),
@@ -878,6 +938,8 @@ impl Outbox {
                     let lines = match split_at_budget(lines, ENCODE_AHEAD - self.wire_len) {
                         (now_lines, Some(rest)) => {
                             self.push_front(Item::Shared { sub, lines: rest });
+                            // The rest is what the chunk was: admitted, or queued as it came.
+                            self.admitted += u32::from(was_admitted);
                             now_lines
                         }
                         (lines, None) => lines,
@@ -893,6 +955,7 @@ impl Outbox {
 
     /// Puts `item` back first in the queue (under the sequence number it had there).
     fn push_front(&mut self, item: Item) {
+        self.ruled_kinds += u32::from(is_ruled(&self.config, &item));
         self.head_seq -= 1;
         self.stats.queued += 1;
         self.stats.queued_bytes += item.len();
@@ -993,6 +1056,14 @@ fn trim_cr(line: &Bytes) -> Bytes {
 /// `lines` (whole lines, each ending in `\n`) cut after the line that reaches `budget` bytes,
 /// unless all of them fit in `budget` plus [`ENCODE_SLACK`]: the lines to write now (at least
 /// one) and the rest, if any.
+/// Whether the paused rules treat `item` apart from lossless FIFO: a message of a coalesced or
+/// dropped type, uncorrelated.
+fn is_ruled(config: &OutboxConfig, item: &Item) -> bool {
+    matches!(item, Item::Message { meta, .. }
+        if !meta.correlated
+            && (config.is_coalescible(&meta.kind) || config.is_droppable(&meta.kind)))
+}
+
 fn split_at_budget(lines: Bytes, budget: usize) -> (Bytes, Option<Bytes>) {
     if lines.len() <= budget + ENCODE_SLACK {
         return (lines, None);
