@@ -79,6 +79,28 @@ fn healthy_shared_chunk_is_written_without_copy() {
 
 // ---- pause -------------------------------------------------------------------------------
 
+/// A healthy connection whose socket took all it was offered has admitted nothing of what it
+/// still has queued: the next pause applies the rules to all of it (here, one pending frame for
+/// the slot of the screenshots queued while healthy).
+#[test]
+fn a_full_write_while_healthy_leaves_what_is_queued_to_the_rules_of_the_next_pause() {
+    let mut c = Conn::new(ndjson_config());
+    for seq in 0..200 {
+        c.shared("s", &format!("{}\n", shot(Some("d"), S1, seq, 1000)));
+    }
+    // The first 64 KiB, all taken: still healthy, about 130 screenshots still queued.
+    let (offered, taken) = c.write(usize::MAX);
+    assert_eq!(offered, taken);
+    assert!(!c.outbox.is_paused());
+    // The next offer, partly taken: paused, and what is queued is admitted.
+    let (offered, taken) = c.write(10);
+    assert!(taken < offered);
+    assert!(c.outbox.is_paused());
+    let stats = c.outbox.stats();
+    assert_eq!(stats.queued, 1, "one pending frame for the slot: {stats:?}");
+    assert!(stats.coalesced > 30, "{stats:?}");
+}
+
 #[test]
 fn partial_write_pauses_until_drain_and_resumes_mid_message() {
     let mut c = Conn::new(ndjson_config());

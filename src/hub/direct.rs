@@ -83,15 +83,14 @@ unsafe impl Send for Held {}
 unsafe impl Sync for Held {}
 
 impl Held {
-    /// A slot's word: the caller holds one reference `chunk` lent for it.
-    fn slot(chunk: &Chunk, pos: u64) -> Held {
+    /// A slot's word: the caller holds one reference `chunk` lent for it. The address is the
+    /// `Arc`'s (`Arc::as_ptr`, whose provenance covers the allocation): the give-back that
+    /// drops the lent references' strong reference goes through it, to `Arc::from_raw`.
+    fn slot(chunk: &ChunkArc, pos: u64) -> Held {
         let index = (pos - chunk.first()) as usize;
         debug_assert!(index < CHUNK);
-        Held(
-            NonNull::from(chunk)
-                .cast::<u8>()
-                .map_addr(|a| a | index << 1),
-        )
+        let p = NonNull::new(ChunkArc::as_ptr(chunk).cast_mut()).expect("an Arc is not null");
+        Held(p.cast::<u8>().map_addr(|a| a | index << 1))
     }
 
     /// A whole publication's word.

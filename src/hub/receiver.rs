@@ -397,16 +397,8 @@ impl DirectRx {
                 Ok(())
             }
             Next::Lagged(missed) => Err(TryRecvError::Lagged { missed }),
-            Next::Empty => {
-                // Nothing to receive (the caller may wait next): what this thread's drops
-                // held back reaches its chunk.
-                flush_returns();
-                Err(TryRecvError::Empty)
-            }
-            Next::Closed(reason) => {
-                flush_returns();
-                Err(TryRecvError::Closed { reason })
-            }
+            Next::Empty => Err(TryRecvError::Empty),
+            Next::Closed(reason) => Err(TryRecvError::Closed { reason }),
         }
     }
 }
@@ -630,10 +622,16 @@ impl Receiver {
     }
 
     fn try_next(&mut self) -> Result<(), TryRecvError> {
-        match &mut self.mode {
+        let next = match &mut self.mode {
             Mode::Direct(d) => d.try_next(),
             Mode::HandOff(h) => h.try_next(),
+        };
+        if matches!(next, Err(TryRecvError::Empty | TryRecvError::Closed { .. })) {
+            // Nothing to receive (the caller may wait next): what this thread's drops held
+            // back reaches its chunk (see `Received`).
+            flush_returns();
         }
+        next
     }
 
     fn recv_until(&mut self, deadline: Option<Instant>) -> Result<(), RecvTimeoutError> {

@@ -31,7 +31,8 @@
 //! some shard never cuts at stays until the publication itself is freed: until then a
 //! publication kept by the retained log, a library subscriber's queue or a [`Received`] the
 //! caller holds keeps its batch's encodings too (at most two forms of at most
-//! `subscriptions.max_batch` messages per publication).
+//! `subscriptions.max_batch` messages per publication; a `Received` of a drop-oldest receiver
+//! keeps its chunk of the topic's log, up to 64 publications, each with its own seal).
 //!
 //! [`Received`]: super::Received
 

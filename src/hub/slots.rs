@@ -61,10 +61,12 @@ impl<T> Chunk<T> {
     pub(crate) fn lend(this: &Arc<Self>, n: usize) {
         // Relaxed, as an `Arc` clone's increment: the caller holds a strong reference, so the
         // chunk lives through this, and what a holder reads was published by the head.
-        if this.lent.fetch_add(n, Ordering::Relaxed) == 0 {
+        let before = this.lent.fetch_add(n, Ordering::Relaxed);
+        if before == 0 {
             // The lent references' strong reference, dropped by the give-back to zero.
             let _ = Arc::into_raw(Arc::clone(this));
         }
+        abort_past_max(before);
     }
 
     /// Lends `n` more references from a holder of a lent one (a clone of it).
@@ -79,6 +81,7 @@ impl<T> Chunk<T> {
         // Relaxed: as `lend`.
         let before = lent.fetch_add(n, Ordering::Relaxed);
         debug_assert!(before > 0, "lend_more without a lent reference");
+        abort_past_max(before);
     }
 
     /// Gives back `n` lent references; the last one out drops the strong reference they held
@@ -150,6 +153,15 @@ impl<T> Chunk<T> {
         pos.checked_sub(self.first)
             .and_then(|off| self.slots.get(off as usize))
             .unwrap_or_else(|| panic!("publication {pos} outside its chunk"))
+    }
+}
+
+/// Aborts once the lent references pass `isize::MAX`, as an `Arc`'s count does: clones of a
+/// lent reference forgotten one by one could otherwise wrap the count (on a 32-bit target) and
+/// free the chunk while references to it are out.
+fn abort_past_max(before: usize) {
+    if before > isize::MAX as usize {
+        std::process::abort();
     }
 }
 

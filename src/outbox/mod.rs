@@ -514,8 +514,11 @@ impl Outbox {
         }
         if self.wire_len == 0 {
             // Healthy again: what was admitted while paused stays queued (and its slots stay
-            // known to `unsubscribe`) until the next transmit writes it.
-            self.resume();
+            // known to `unsubscribe`) until the next transmit writes it. (A connection that was
+            // healthy stays so: what it queued meanwhile was admitted by nothing.)
+            if self.paused {
+                self.resume();
+            }
         } else if partial {
             self.awaiting_writable = true;
             if !self.paused {
@@ -1053,9 +1056,6 @@ fn trim_cr(line: &Bytes) -> Bytes {
     }
 }
 
-/// `lines` (whole lines, each ending in `\n`) cut after the line that reaches `budget` bytes,
-/// unless all of them fit in `budget` plus [`ENCODE_SLACK`]: the lines to write now (at least
-/// one) and the rest, if any.
 /// Whether the paused rules treat `item` apart from lossless FIFO: a message of a coalesced or
 /// dropped type, uncorrelated.
 fn is_ruled(config: &OutboxConfig, item: &Item) -> bool {
@@ -1064,6 +1064,9 @@ fn is_ruled(config: &OutboxConfig, item: &Item) -> bool {
             && (config.is_coalescible(&meta.kind) || config.is_droppable(&meta.kind)))
 }
 
+/// `lines` (whole lines, each ending in `\n`) cut after the line that reaches `budget` bytes,
+/// unless all of them fit in `budget` plus [`ENCODE_SLACK`]: the lines to write now (at least
+/// one) and the rest, if any.
 fn split_at_budget(lines: Bytes, budget: usize) -> (Bytes, Option<Bytes>) {
     if lines.len() <= budget + ENCODE_SLACK {
         return (lines, None);
