@@ -8,11 +8,11 @@ its `published` reply; only then does the subscriber ping, and it reads until it
 telemetry message of the round (and the round's last screenshot, or its replacement) must arrive
 before the pong. Usage:
 
-    python3 scripts/check-reply-order.py [HIGH_WATER_BYTES [SEED [SHARDS]]]
+    python3 scripts/check-reply-order.py [HIGH_WATER_BYTES [SEED [BACKEND]]]
 
 `POWERHUB_BIN` names the server binary (default `target/release/powerhub`). Exits 1 when a pong
-overtook a delivery. The subscriber and the publisher land on different shards when SHARDS is
-2 or more (connections are assigned round-robin), so this checks the rule across shards, where
+overtook a delivery. The server runs two shards, and connections are assigned round-robin: the
+subscriber and the publisher are on different shards, so this checks the rule across shards, where
 `tests/push_backlog.rs` checks it on one connection's shard. Keepalive pings come every second,
 so that the check also reads past them on both connections.
 """
@@ -20,86 +20,45 @@ so that the check also reads past them on both connections.
 import json
 import os
 import random
-import re
 import socket
-import subprocess
 import sys
 import tempfile
-import threading
 import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "tests"), os.path.join(ROOT, "perf")]
+from burst_rss import start  # noqa: E402  (the server on loopback, two shards)
+from e2e_client import Lines  # noqa: E402  (an NDJSON connection; `msg` skips keepalive pings)
 
 BIN = os.environ.get("POWERHUB_BIN", "target/release/powerhub")
 
 
-def start_server(config, shards):
-    path = os.path.join(tempfile.mkdtemp(), "server.toml")
-    with open(path, "w") as f:
-        f.write(config)
-    p = subprocess.Popen(
-        [BIN, "serve", "--config", path, "--shards", str(shards), "--listen", "ndjson=127.0.0.1:0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    port = None
-    t0 = time.time()
-    while time.time() - t0 < 10:
-        line = p.stdout.readline()
-        if not line:
-            break
-        m = re.search(r"listening ndjson \S*:(\d+)", line)
-        if m:
-            port = int(m.group(1))
-        if line.strip() == "ready":
-            break
-    assert port, "the server printed no ndjson port"
-    threading.Thread(target=lambda: [None for _ in p.stdout], daemon=True).start()
-    return p, port
-
-
-class Conn:
-    def __init__(self, port, rcvbuf=None):
-        self.s = socket.socket()
-        if rcvbuf:
-            self.s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
-        self.s.connect(("127.0.0.1", port))
-        self.buf = b""
-
-    def send(self, obj):
-        text = obj if isinstance(obj, str) else json.dumps(obj, separators=(",", ":"))
-        self.s.sendall(text.encode() + b"\n")
-
-    def recv_line(self, timeout=10):
-        self.s.settimeout(timeout)
-        while b"\n" not in self.buf:
-            d = self.s.recv(65536)
-            if not d:
-                raise EOFError
-            self.buf += d
-        line, self.buf = self.buf.split(b"\n", 1)
-        return line
-
-    def recv_some(self, n, timeout=10):
-        """One read of at most `n` bytes; the complete lines so far."""
-        self.s.settimeout(timeout)
-        d = self.s.recv(n)
-        if not d:
-            raise EOFError
-        self.buf += d
-        *lines, self.buf = self.buf.split(b"\n")
-        return lines
+def read_some(conn, n):
+    """One read of at most `n` bytes (a slow reader); the complete lines so far."""
+    data = conn.sock.recv(n)
+    if not data:
+        raise EOFError
+    conn.buf += data
+    *lines, conn.buf = conn.buf.split(b"\n")
+    return lines
 
 
 def main():
     high_water = int(sys.argv[1]) if len(sys.argv) > 1 else 65536
     random.seed(int(sys.argv[2]) if len(sys.argv) > 2 else 4)
-    shards = int(sys.argv[3]) if len(sys.argv) > 3 else 2
-    p, port = start_server(f"[outbox]\nhigh_water_bytes = {high_water}\nkeepalive_interval_ms = 1000\n", shards)
+    backend = sys.argv[3] if len(sys.argv) > 3 else "io_uring"
+    config = os.path.join(tempfile.mkdtemp(), "server.toml")
+    with open(config, "w") as f:
+        f.write(f"[outbox]\nhigh_water_bytes = {high_water}\nkeepalive_interval_ms = 1000\n")
+    p, addr = start(BIN, backend, ["--config", config])
     try:
-        sub = Conn(port, 4096)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(addr)
+        sub = Lines(sock)
         sub.send({"type": "subscribe", "id": "s", "stream": "obs"})
-        sub.recv_line()
-        pub = Conn(port)
+        sub.msg()
+        pub = Lines(socket.create_connection(addr))
         pending, n, cs, fails = [], 0, 0, 0
         for it in range(30):
             k = random.choice([50, 500, 3000])
@@ -113,14 +72,13 @@ def main():
                     pub.send('{"type":"publish","message":%s}' % shot)
             pub.send('{"type":"publish","id":"x","message":{"type":"telemetry","stream":"obs","n":%d}}' % n)
             n += 1
-            # The reply to the round's last publish (the server's keepalive pings, every
-            # `keepalive_interval_ms`, come on this connection too).
-            while json.loads(pub.recv_line(30)).get("requestId") != "x":
+            # The reply to the round's last publish (past the server's keepalive pings).
+            while pub.msg().get("requestId") != "x":
                 pass
             sub.send({"type": "ping", "id": it})
             max_n, max_cs, pong = -1, -1, None
             while pong is None:
-                lines = pending[:] if pending else sub.recv_some(4096, 30)
+                lines = pending[:] if pending else read_some(sub, 4096)
                 pending.clear()
                 for i, line in enumerate(lines):
                     o = json.loads(line)
@@ -141,10 +99,7 @@ def main():
         return 1 if fails else 0
     finally:
         p.terminate()
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            p.kill()
+        p.wait()
 
 
 if __name__ == "__main__":

@@ -206,26 +206,26 @@ impl Returns {
         // equal address is the same chunk.
         if self.chunk.get() == chunk {
             self.n.set(self.n.get() + 1);
-            return;
-        }
-        // The cells are updated before the give-back, which may free a chunk and its messages
-        // (and run their owners' code, which may drop messages on this thread again).
-        let old = self.chunk.replace(chunk);
-        let n = self.n.replace(1);
-        if n > 0 {
-            // SAFETY: `n` references of `old`, given back on this thread and counted here
-            // only, reach the chunk once.
-            unsafe { Chunk::give_back(old, n) };
+        } else {
+            self.hand_over(chunk, 1);
         }
     }
 
     /// Gives what is counted back to its chunk.
     fn flush(&self) {
-        let n = self.n.replace(0);
-        let old = self.chunk.replace(std::ptr::null());
-        if n > 0 {
-            // SAFETY: as in `give_back`.
-            unsafe { Chunk::give_back(old, n) };
+        self.hand_over(std::ptr::null(), 0);
+    }
+
+    /// Counts `n` references of `chunk` from now on, and gives what was counted back to its
+    /// chunk. The cells are updated first: the give-back may free a chunk and its messages (and
+    /// run their owners' code, which may drop messages on this thread again).
+    fn hand_over(&self, chunk: *const Chunk, n: usize) {
+        let old = self.chunk.replace(chunk);
+        let counted = self.n.replace(n);
+        if counted > 0 {
+            // SAFETY: `counted` references of `old`, given back on this thread and counted
+            // here only, reach the chunk once.
+            unsafe { Chunk::give_back(old, counted) };
         }
     }
 }
