@@ -113,17 +113,27 @@ fn fanout(c: &mut Criterion) {
         drop(hub);
 
         // A receiver per subscriber (drop-oldest: each reads the topic itself), consumed with
-        // an owned message per receive (as broadcast's) and borrowed.
+        // an owned message per receive (as broadcast's) and borrowed; published through the
+        // topic's `Publisher` (as broadcast's `Sender`), and by name.
         let hub = Hub::new(Counting::default(), HubOptions::default()).unwrap();
         let mut rxs: Vec<_> = (0..n)
             .map(|_| hub.receiver("t", SubscribeOptions::default()).unwrap())
             .collect();
-        for (name, borrowed) in [("hub/receivers", false), ("hub/receivers-borrowed", true)] {
+        let publisher = hub.publisher("t");
+        for (name, borrowed, by_name) in [
+            ("hub/receivers", false, false),
+            ("hub/receivers-borrowed", true, false),
+            ("hub/receivers-by-name", false, true),
+        ] {
             group.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 b.iter(|| {
                     for _ in 0..MESSAGES {
-                        hub.publish("t", msg.clone(), PublishOptions::default())
-                            .unwrap();
+                        if by_name {
+                            hub.publish("t", msg.clone(), PublishOptions::default())
+                        } else {
+                            publisher.publish(msg.clone(), PublishOptions::default())
+                        }
+                        .unwrap();
                     }
                     for rx in rxs.iter_mut() {
                         for _ in 0..MESSAGES {
@@ -137,7 +147,7 @@ fn fanout(c: &mut Criterion) {
                 })
             });
         }
-        drop(rxs);
+        drop((rxs, publisher));
         drop(hub);
 
         let bytes: Bytes = msg.bytes().clone();

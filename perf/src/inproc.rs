@@ -347,7 +347,7 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
         }
     }
     sc.notes.push(
-        "powerhub receivers: one consumer thread drains every Receiver with try_recv (as the broadcast and channel consumers drain theirs) while the hub's drain thread hands batches over; that third thread runs on the publisher's CPU (the publisher yields while a window ahead), not on the consumer's, which spins.".to_owned(),
+        "powerhub receivers: the publisher publishes through the topic's Publisher handle (as broadcast's through its Sender); one consumer thread drains every Receiver with try_recv (as the broadcast and channel consumers drain theirs) while the hub's drain thread hands batches over; that third thread runs on the publisher's CPU (the publisher yields while a window ahead), not on the consumer's, which spins.".to_owned(),
     );
     sc.notes.push(format!(
         "One publishing thread and one thread draining every subscriber; bounded queues everywhere (broadcast capacity {BROADCAST_CAP} with the publisher kept within half of it, per-subscriber channels and hub queues of {QUEUE_SLOTS}/N clamped to 256..={BROADCAST_CAP}, the hub's publisher also kept within half of it); every message must reach every subscriber."

@@ -15,7 +15,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use powerhub_plugin::frame;
 use powerhub_plugin::{CloseReason, Completion, SendError, SendOutcome, Sink, SubscriberRef};
 
-use super::direct::{DirectCursor, DirectLog};
+use super::direct::{DirectCursor, DirectLog, Slot, Tail};
 use super::error::{
     panic_message, DeliveryError, FlushError, OptionsError, PublishError, SubscribeError,
 };
@@ -306,9 +306,11 @@ struct Topic {
     cursors: Vec<Arc<Sub>>,
     log: Arc<TopicLog>,
     retained: Mutex<VecDeque<Arc<Entry>>>,
-    /// The next publication's [`Entry::topic_seq`]; held while the publication is numbered and
-    /// offered, so that every subscriber queues the topic's publications in number order.
-    order: Mutex<u64>,
+    /// The next publication's [`Entry::topic_seq`] and the direct log's writing end; held while
+    /// the publication is numbered and offered, so that every subscriber queues the topic's
+    /// publications in number order. Shared with the topic's [`Publisher`](super::Publisher)s,
+    /// which keep the topic listed while they live.
+    order: TopicOrder,
     /// Listed in [`Ready::topics`] since a publication queued something for its subscribers;
     /// cleared by the pass that takes it (under the topics write lock).
     dirty: AtomicBool,
@@ -328,12 +330,62 @@ struct Topic {
     direct_count: usize,
 }
 
+/// A topic's [`Order`], shared by the topic and its publishers' handles.
+pub(crate) type TopicOrder = Arc<Mutex<Order>>;
+
+/// What a topic's publishers take one at a time (see [`Topic::order`]).
+#[derive(Default)]
+pub(crate) struct Order {
+    next: u64,
+    tail: Tail,
+    route: Route,
+}
+
+/// How a publisher's handle publishes to the topic, kept current by every change to its
+/// consumers (under the topics write lock, then this lock).
+#[derive(Default)]
+enum Route {
+    /// Through [`Inner::publish`], under the topics lock: the general path.
+    #[default]
+    ByName,
+    /// The topic's only consumers are its direct receivers: the handle appends to their log
+    /// under this lock alone (what [`Inner::publish`] would do, without the topics lock).
+    Direct {
+        log: Arc<DirectLog>,
+        receivers: usize,
+    },
+}
+
 impl Topic {
+    /// No consumer and no publisher's handle: the topic can go.
     fn is_empty(&self) -> bool {
         self.subs.is_empty()
             && self.cursors.is_empty()
             && self.taps.is_empty()
             && self.direct.is_none()
+            && Arc::strong_count(&self.order) == 1
+    }
+
+    /// Brings the handles' route up to date with the consumers (called after every change to
+    /// them, under the topics write lock).
+    fn reroute(&self) {
+        let route = match &self.direct {
+            Some(log)
+                if self.subs.is_empty() && self.cursors.is_empty() && self.taps.is_empty() =>
+            {
+                Route::Direct {
+                    log: Arc::clone(log),
+                    receivers: self.direct_count,
+                }
+            }
+            _ => Route::ByName,
+        };
+        let mut order = self.order.lock();
+        if self.direct.is_none() {
+            // The ended log's writing end goes with it (it holds the log).
+            order.tail = Tail::default();
+        }
+        order.route = route;
     }
 
     fn log_id(&self) -> u64 {
@@ -696,11 +748,17 @@ impl Inner {
             log.set_cap(entry.direct_caps.last_key_value().map_or(0, |(&c, _)| c));
             // The retained log first, then what is published from now on; the receiver applies
             // its policy to both as one queue. The topics write lock keeps publishes out.
+            // Publishers' handles append under the topic's order lock alone: it keeps them out
+            // while the start is read.
             let replay: Vec<Arc<Entry>> = entry.retained.lock().iter().cloned().collect();
-            *dc.start.lock() = Some((log.head(), replay.clone()));
+            let order = entry.order.lock();
+            let head = log.head();
+            *dc.start.lock() = Some((head, replay.clone()));
             dc.replay_left.store(replay.len(), Ordering::Relaxed);
-            dc.pos.store(log.head(), Ordering::Relaxed);
+            dc.pos.store(head, Ordering::Relaxed);
+            drop(order);
             let _ = dc.log.set(Arc::clone(log));
+            entry.reroute();
             drop(topics);
             return Ok(sub);
         }
@@ -710,6 +768,7 @@ impl Inner {
         } else {
             entry.subs.push(Arc::clone(&sub));
         }
+        entry.reroute();
         let all = Arc::make_mut(&mut entry.all);
         // Usually the end: subscription order grows.
         let at = all.partition_point(|s| drain_key(s) <= drain_key(&sub));
@@ -765,9 +824,12 @@ impl Inner {
                     all.remove(i);
                 }
                 if let Consumer::Direct(dc) = &sub.consumer {
-                    // Its end is the log's head now, under the lock that keeps publishes out:
-                    // what is published after this is not for it.
+                    // Its end is the log's head now, under the locks that keep publishes out
+                    // (the topics lock, and the order lock for publishers' handles): what is
+                    // published after this is not for it.
+                    let order = t.order.lock();
                     dc.close(reason);
+                    drop(order);
                     // What it received so far joins the hub's count (the rest, at its drop).
                     self.fold_direct(dc);
                     if let Some(n) = t.direct_caps.get_mut(&dc.cap) {
@@ -806,6 +868,7 @@ impl Inner {
                 } else if let Ok(i) = t.subs.binary_search_by_key(&sub.order, |s| s.order) {
                     t.subs.remove(i);
                 }
+                t.reroute();
                 if t.is_empty() {
                     // The last subscriber left: release the retained log with the topic.
                     topics.remove(sub.sref.topic());
@@ -887,11 +950,17 @@ impl Inner {
         {
             let topics = self.topics.read();
             if let Some((key, t)) = topics.get_key_value(topic) {
-                let (order, entry) = numbered(t, seq, priority, message, opts.retain);
-                if opts.retain {
-                    retain(t, &entry);
-                }
-                self.fan_out(t, entry, &mut queued, &mut tapped, &mut disconnect);
+                let (mut order, entry) = numbered(t, seq, priority, message, opts.retain);
+                let tail = order.as_deref_mut().map(|o| &mut o.tail);
+                self.fan_out(
+                    t,
+                    entry,
+                    opts.retain,
+                    tail,
+                    &mut queued,
+                    &mut tapped,
+                    &mut disconnect,
+                );
                 drop(order);
                 // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
                 // the topics write lock, which excludes this read-locked section.
@@ -905,9 +974,17 @@ impl Inner {
                     return Ok(0);
                 }
                 let t = topics.entry(Arc::from(topic)).or_default();
-                let (order, entry) = numbered(t, seq, priority, message, true);
-                retain(t, &entry);
-                self.fan_out(t, entry, &mut queued, &mut tapped, &mut disconnect);
+                let (mut order, entry) = numbered(t, seq, priority, message, true);
+                let tail = order.as_deref_mut().map(|o| &mut o.tail);
+                self.fan_out(
+                    t,
+                    entry,
+                    true,
+                    tail,
+                    &mut queued,
+                    &mut tapped,
+                    &mut disconnect,
+                );
                 drop(order);
             }
         }
@@ -918,6 +995,78 @@ impl Inner {
             self.wake();
         }
         Ok(queued + tapped)
+    }
+
+    // ---- publishers' handles ------------------------------------------------------------------
+
+    /// The order of `topic`, listed (with the topic) while the returned handle lives; an
+    /// unlisted one on a closed hub (its route is [`Route::ByName`], which finds it closed).
+    pub(crate) fn publisher_order(&self, topic: &str) -> TopicOrder {
+        let mut topics = self.topics.write();
+        if self.is_closed() {
+            return TopicOrder::default();
+        }
+        let t = match topics.get_mut(topic) {
+            Some(t) => t,
+            None => {
+                let t = topics.entry(Arc::from(topic)).or_default();
+                t.reroute();
+                t
+            }
+        };
+        Arc::clone(&t.order)
+    }
+
+    /// [`publish`](Inner::publish) through a publisher's handle of `topic`: while the topic's
+    /// only consumers are direct receivers (and the publication is neither retained nor
+    /// prioritized), under the topic's order lock alone, without the topics lock; otherwise
+    /// through `publish`. Either way the publication is numbered under the order lock, so the
+    /// two paths agree on the topic's order.
+    pub(crate) fn publish_at(
+        &self,
+        topic: &str,
+        order: &Mutex<Order>,
+        message: Message,
+        opts: PublishOptions,
+    ) -> Result<usize, PublishError> {
+        if !opts.retain && opts.priority.is_none() {
+            let mut o = order.lock();
+            let Order { next, tail, route } = &mut *o;
+            if let Route::Direct { log, receivers } = route {
+                // Read under the lock that `tear_down` takes to reroute: a publication here
+                // either precedes the close or is not made.
+                if self.is_closed() {
+                    return Ok(0);
+                }
+                let entry = Entry {
+                    seq: self.seq.fetch_add(1, Ordering::Relaxed),
+                    topic_seq: *next,
+                    priority: 0,
+                    message,
+                    taps: 0,
+                    sealed: parking_lot::Mutex::default(),
+                };
+                *next += 1;
+                log.append(tail, Slot::Own(entry));
+                return Ok(*receivers);
+            }
+        }
+        self.publish(topic, message, opts)
+    }
+
+    /// A publisher's handle of `topic` goes: its reference to the topic's order is dropped
+    /// under the topics write lock, and the topic goes too if it was the last thing keeping it.
+    pub(crate) fn release_publisher(&self, topic: &str, order: TopicOrder) {
+        let mut topics = self.topics.write();
+        let listed = topics
+            .get(topic)
+            .is_some_and(|t| Arc::ptr_eq(&t.order, &order));
+        // Dropped under the lock, so that of two handles going at once the second sees the
+        // first gone.
+        drop(order);
+        if listed && topics.get(topic).is_some_and(Topic::is_empty) {
+            topics.remove(topic);
+        }
     }
 
     // ---- taps -------------------------------------------------------------------------------
@@ -933,7 +1082,9 @@ impl Inner {
             Some((key, _)) => Arc::clone(key),
             None => Arc::from(topic),
         };
-        topics.entry(key).or_default().taps.push(tap);
+        let t = topics.entry(key).or_default();
+        t.taps.push(tap);
+        t.reroute();
         true
     }
 
@@ -943,6 +1094,7 @@ impl Inner {
         let mut topics = self.topics.write();
         if let Some(t) = topics.get_mut(topic) {
             t.taps.retain(|x| !Arc::ptr_eq(x, tap));
+            t.reroute();
             if t.is_empty() {
                 topics.remove(topic);
             }
@@ -983,17 +1135,34 @@ impl Inner {
         out
     }
 
-    /// Queues `entry` for every subscriber of `t`: one append for all the cursors, an offer to
-    /// each subscriber with a queue of its own. The receivers' log, last, takes the entry itself
-    /// (no reference count taken and given back per publication).
+    /// Queues `entry` for every subscriber of `t` (and in its retained log, with `retain`): one
+    /// append for all the cursors, an offer to each subscriber with a queue of its own. The
+    /// receivers' log, last, takes the entry itself at `tail` (no reference count taken and
+    /// given back per publication); when the receivers are its only consumers, inline (no
+    /// allocation). `tail` is `None` only when [`numbered`] took no lock: no receivers.
+    #[allow(clippy::too_many_arguments)]
     fn fan_out(
         &self,
         t: &Topic,
-        entry: Arc<Entry>,
+        entry: Entry,
+        retain: bool,
+        tail: Option<&mut Tail>,
         queued: &mut usize,
         tap_counted: &mut usize,
         disconnect: &mut Vec<Arc<Sub>>,
     ) {
+        let direct = t.direct.as_ref().zip(tail);
+        if !retain && t.cursors.is_empty() && t.subs.is_empty() && t.taps.is_empty() {
+            if let Some((direct, tail)) = direct {
+                direct.append(tail, Slot::Own(entry));
+                *tap_counted += t.direct_count;
+            }
+            return;
+        }
+        let entry = Arc::new(entry);
+        if retain {
+            self::retain(t, &entry);
+        }
         if !t.cursors.is_empty() {
             // Drop-oldest always queues: every cursor subscriber counts.
             t.log.append(&entry);
@@ -1006,9 +1175,9 @@ impl Inner {
             tap.offer(&entry);
             *tap_counted += tap.subscribers();
         }
-        if let Some(direct) = &t.direct {
+        if let Some((direct, tail)) = direct {
             // Read by the receivers themselves: nothing for the drain.
-            direct.append(entry);
+            direct.append(tail, Slot::Shared(entry));
             *tap_counted += t.direct_count;
         }
     }
@@ -1782,6 +1951,10 @@ impl Inner {
             self.wake_cv.notify_all();
         }
         let topics = std::mem::take(&mut *self.topics.write());
+        for t in topics.values() {
+            // Publishers' handles go through `publish`, which finds the hub closed.
+            t.order.lock().route = Route::ByName;
+        }
         let mut subs: Vec<Arc<Sub>> = {
             // The subscribers leave `ids` with their evictions committed, in one step for
             // `stats()` (see `StatsGate`): what their queues dropped stays counted.
@@ -2021,21 +2194,21 @@ fn numbered(
     priority: i32,
     message: Message,
     retain: bool,
-) -> (Option<parking_lot::MutexGuard<'_, u64>>, Arc<Entry>) {
+) -> (Option<parking_lot::MutexGuard<'_, Order>>, Entry) {
     let numbers = retain || !t.subs.is_empty() || !t.cursors.is_empty() || t.direct.is_some();
     let mut order = numbers.then(|| t.order.lock());
-    let topic_seq = order.as_deref().copied().unwrap_or(0);
-    if let Some(next) = order.as_deref_mut() {
-        *next += 1;
+    let topic_seq = order.as_deref().map_or(0, |o| o.next);
+    if let Some(o) = order.as_deref_mut() {
+        o.next += 1;
     }
-    let entry = Arc::new(Entry {
+    let entry = Entry {
         seq,
         topic_seq,
         priority,
         message,
         taps: u32::try_from(t.taps.len()).unwrap_or(u32::MAX),
         sealed: parking_lot::Mutex::default(),
-    });
+    };
     (order, entry)
 }
 

@@ -41,7 +41,27 @@ pub(crate) const CHUNK: usize = 64;
 
 /// [`CHUNK`] write-once slots of the log; slot `i` holds publication `first + i`, written once
 /// the log's head passes it.
-pub(crate) type Chunk = slots::Chunk<Arc<Entry>>;
+pub(crate) type Chunk = slots::Chunk<Slot>;
+
+/// A publication in the log: inline when the topic's receivers are its only consumers (the
+/// publish allocates nothing of its own), or the entry it shares with the topic's other
+/// subscribers, taps or retained log.
+pub(crate) enum Slot {
+    Own(Entry),
+    Shared(Arc<Entry>),
+}
+
+impl std::ops::Deref for Slot {
+    type Target = Entry;
+
+    #[inline]
+    fn deref(&self) -> &Entry {
+        match self {
+            Slot::Own(e) => e,
+            Slot::Shared(e) => e,
+        }
+    }
+}
 
 /// A chunk by strong reference (loom's `Arc` under the model checker: the one [`slots`] lends
 /// references of).
@@ -76,7 +96,8 @@ enum Parts {
 
 // SAFETY: a `Held` is a counted reference to a publication that is never written again (a slot
 // is written once, before the head the lending reader loaded; a whole entry is immutable behind
-// its `Arc`), so it is shared as an `&Arc<Entry>` is, which `Arc<Entry>: Send + Sync` allows;
+// its `Arc`), so it is shared as an `&Entry` is, which `Entry: Sync` allows (and a chunk, its
+// slots included, is dropped by whichever thread lets go of it last, which `Entry: Send` allows);
 // the counts it gives back on drop are atomic, on any thread.
 unsafe impl Send for Held {}
 // SAFETY: as `Send`: `&Held` only reads the publication.
@@ -254,12 +275,23 @@ struct HeadLine {
     waiting: AtomicUsize,
 }
 
-/// The chunk list, and the next publication's number as the publisher keeps it (a copy of
-/// `head` on the publisher's side of the lock, so that an append does not load the line the
-/// receivers poll).
+/// The chunk list.
 #[derive(Default)]
 struct Chunks {
     list: VecDeque<ChunkArc>,
+}
+
+/// A direct log's writing end, kept by the topic's publishers under the lock that serializes
+/// them (the topic's order lock): the chunk being written and the next publication's number (a
+/// copy of the head on the publisher's side, so that an append does not load the line the
+/// receivers poll). Empty until the first append, and after the log it was for ended.
+#[derive(Default)]
+pub(crate) struct Tail(Option<TailAt>);
+
+struct TailAt {
+    /// The log it writes (by strong reference: its identity is checked at every append).
+    log: Arc<DirectLog>,
+    chunk: ChunkArc,
     next: u64,
 }
 
@@ -267,7 +299,8 @@ struct Chunks {
 pub(crate) struct DirectLog {
     /// The readable chunks, oldest first: those holding the last `cap` publications; the last
     /// is the one being written. Publishers (one at a time: they hold the topic's order lock)
-    /// take it once per publication; receivers once per chunk, to look their next one up.
+    /// take it once per chunk, to add one (see [`Tail`]); receivers once per chunk, to look
+    /// their next one up.
     chunks: Mutex<Chunks>,
     head: CachePadded<HeadLine>,
     /// The largest `max_queue` among the receivers; the chunks kept cover it.
@@ -304,15 +337,44 @@ impl DirectLog {
         self.cap.store(cap, Ordering::Relaxed);
     }
 
-    /// Appends a publication. Callers are serialized (the topic's order lock).
-    pub(crate) fn append(&self, entry: Arc<Entry>) {
+    /// Appends a publication at `tail`, the log's writing end as the topic's publishers keep it
+    /// (`&mut`: they hold the topic's order lock, which serializes appends). The chunk list's
+    /// lock is taken only to start a chunk (one publication in [`CHUNK`]), or when `tail` is
+    /// another log's or new.
+    pub(crate) fn append(self: &Arc<Self>, tail: &mut Tail, entry: Slot) {
+        let gone = match &tail.0 {
+            Some(t) if Arc::ptr_eq(&t.log, self) && t.next < t.chunk.end() => None,
+            _ => self.start_chunk(tail),
+        };
+        let t = tail.0.as_mut().expect("the tail was set above");
+        // SAFETY: appends are serialized: `tail` is borrowed mutably, and it is this log's
+        // (checked above, by strong reference, so not a freed log's address reused); `t.next` is
+        // the head's value (it moves with the head, here, and starts from it); `t.chunk` holds
+        // it (checked above against its end; it starts at or before the head).
+        unsafe { self.head.appended.publish(&t.chunk, t.next, entry) };
+        t.next += 1;
+        if self.head.waiting.load(Ordering::SeqCst) > 0 {
+            self.wake_all();
+        }
+        // The chunk let go is freed outside the lock (with the last reference to its messages,
+        // when no receiver holds it).
+        drop(gone);
+    }
+
+    /// Points `tail` at the chunk the next publication goes to: the last listed chunk, or a new
+    /// one when the last is full (then the chunks past the bound leave the list: the last of
+    /// those is returned, to be dropped outside the lock).
+    #[cold]
+    fn start_chunk(self: &Arc<Self>, tail: &mut Tail) -> Option<ChunkArc> {
+        // The head moves only by appends, which the caller serializes: it is the next
+        // publication's number.
+        let next = self.head();
         let mut chunks = self.chunks.lock();
-        let head = chunks.next;
         let mut gone = None;
-        if chunks.list.back().is_none_or(|c| c.end() == head) {
+        if chunks.list.back().is_none_or(|c| c.end() <= next) {
             chunks
                 .list
-                .push_back(ChunkArc::new(Chunk::new(head, CHUNK)));
+                .push_back(ChunkArc::new(Chunk::new(next, CHUNK)));
             // At least one chunk stays: the one being written. One chunk goes per chunk made;
             // more only after the bound shrank, and all but the last of those drop here.
             let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
@@ -320,19 +382,14 @@ impl DirectLog {
                 gone = chunks.list.pop_front();
             }
         }
-        let chunk = chunks.list.back().expect("a chunk with room");
-        // SAFETY: appends are serialized by the chunks lock, held here; `head` is the head's
-        // value (`next` moves with it, under the lock); the last chunk holds it (made above
-        // when the previous one ended at `head`).
-        unsafe { self.head.appended.publish(chunk, head, entry) };
-        chunks.next = head + 1;
+        let chunk = ChunkArc::clone(chunks.list.back().expect("a chunk with room"));
         drop(chunks);
-        if self.head.waiting.load(Ordering::SeqCst) > 0 {
-            self.wake_all();
-        }
-        // The chunk let go is freed outside the lock (with the last reference to its messages,
-        // when no receiver holds it).
-        drop(gone);
+        tail.0 = Some(TailAt {
+            log: Arc::clone(self),
+            chunk,
+            next,
+        });
+        gone
     }
 
     /// Wakes every waiting receiver (a publication, or a receiver's end).
@@ -683,7 +740,7 @@ impl DirectReader {
     }
 
     /// The message the last [`Next::Message`] was.
-    pub(crate) fn current(&self) -> &Arc<Entry> {
+    pub(crate) fn current(&self) -> &Entry {
         if let Some(e) = &self.replayed {
             return e;
         }
@@ -703,7 +760,7 @@ impl DirectReader {
     /// The next message when it is inside the current run (see `run_end`): no check beyond
     /// the comparison. `None`: ask [`next`](DirectReader::next).
     #[inline]
-    pub(crate) fn next_in_run(&mut self) -> Option<&Arc<Entry>> {
+    pub(crate) fn next_in_run(&mut self) -> Option<&Entry> {
         if self.pos >= self.run_end {
             return None;
         }

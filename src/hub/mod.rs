@@ -79,6 +79,7 @@ mod error;
 mod handlers;
 mod message;
 mod options;
+mod publisher;
 mod queue;
 mod receiver;
 mod sealed;
@@ -104,6 +105,7 @@ pub use self::options::{
     PublishOptions, SlowConsumer, SubscribeConfig, SubscribeOptions, WorkHook, MAX_BATCH_DELAY,
     MAX_BATCH_LIMIT, MAX_QUEUE_LIMIT, RETAINED_PER_TOPIC,
 };
+pub use self::publisher::Publisher;
 pub use self::receiver::{
     Received, Receiver, RecvError, RecvFuture, RecvTimeoutError, TryRecvError,
 };
@@ -314,6 +316,27 @@ impl Hub {
         options: PublishOptions,
     ) -> Result<usize, PublishError> {
         self.inner().publish(topic, message, options)
+    }
+
+    /// A handle that publishes to `topic` ([`Publisher::publish`]), as
+    /// [`publish`](Hub::publish) does, with the topic looked up once: what a service that
+    /// publishes to a few topics over and over keeps, as a channel's sender. Publishing to a
+    /// topic whose only consumers are [`receiver`](Hub::receiver)s takes no hub-wide lock
+    /// through it.
+    ///
+    /// ```
+    /// use powerhub::hub::{Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let hub = Hub::new(SpySink::new(), HubOptions::default())?;
+    /// let mut rx = hub.receiver("ticks", SubscribeOptions::default())?;
+    /// let ticks = hub.publisher("ticks");
+    /// ticks.publish_json(&1)?;
+    /// assert_eq!(&rx.try_recv()?.message().bytes()[..], b"1");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn publisher(&self, topic: &str) -> Publisher {
+        Publisher::new(self.inner(), topic)
     }
 
     /// Serializes `value` as JSON and publishes it with default options; a value that cannot be

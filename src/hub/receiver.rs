@@ -595,16 +595,10 @@ impl Receiver {
     }
 
     /// The message the last successful receive took.
-    fn entry(&self) -> &Arc<Entry> {
+    fn entry(&self) -> &Entry {
         match &self.mode {
             Mode::Direct(d) => d.reader.current(),
-            Mode::HandOff(h) => {
-                let handed = h
-                    .local
-                    .as_ref()
-                    .expect("a message was taken from the batch");
-                &handed.entries[h.pos - 1]
-            }
+            Mode::HandOff(h) => h.current(),
         }
     }
 
@@ -613,7 +607,7 @@ impl Receiver {
             Mode::Direct(d) => Received {
                 held: d.reader.current_owned(),
             },
-            Mode::HandOff(_) => Received::of(self.entry()),
+            Mode::HandOff(h) => Received::of(h.current()),
         }
     }
 
@@ -696,6 +690,15 @@ impl Receiver {
 }
 
 impl HandOffRx {
+    /// The message the last successful receive took.
+    fn current(&self) -> &Arc<Entry> {
+        let handed = self
+            .local
+            .as_ref()
+            .expect("a message was taken from the batch");
+        &handed.entries[self.pos - 1]
+    }
+
     /// The next message of the local batch (its index), a loss to report before it, or `None`
     /// once the batch is done. No lock.
     ///

@@ -10,7 +10,7 @@ use std::sync::Arc;
 pub struct Stats {
     /// Live subscribers.
     pub subscribers: usize,
-    /// Topics with subscribers or a retained log.
+    /// Topics with subscribers, a retained log or a [`Publisher`](crate::hub::Publisher) handle.
     pub topics: usize,
     /// Publications (a retained replay is not one).
     pub published: u64,

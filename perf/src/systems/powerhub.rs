@@ -459,17 +459,17 @@ pub(crate) fn inproc_receivers(
     });
     let message = Message::json(payload).map_err(hub_error)?;
     let window = (queue / 2).max(1) as u64;
+    // The topic's publisher handle, as broadcast's sender.
+    let publisher = hub.publisher(crate::scenarios::BENCH);
     for i in 0..msgs {
         while i >= floor.load(Ordering::Acquire) + window {
             std::thread::yield_now();
         }
-        hub.publish(
-            crate::scenarios::BENCH,
-            message.clone(),
-            PublishOptions::default(),
-        )
-        .map_err(hub_error)?;
+        publisher
+            .publish(message.clone(), PublishOptions::default())
+            .map_err(hub_error)?;
     }
+    drop(publisher);
     // Every message handed over, then the receivers end (Closed) once they have read it.
     while floor.load(Ordering::Acquire) < msgs {
         std::thread::yield_now();

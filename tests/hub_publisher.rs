@@ -1,0 +1,253 @@
+//! A publisher's handle of one topic (`Hub::publisher`): what `Hub::publish` does, in one order
+//! with it, whatever the topic's consumers are and however they change while it publishes; the
+//! topic kept while the handle lives and let go after; nothing published once the hub closed.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use powerhub::hub::{
+    Driver, Hub, HubOptions, Message, PublishError, PublishOptions, SubscribeOptions, TryRecvError,
+};
+use powerhub::transport::SpySink;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn json(n: u64) -> Message {
+    Message::json(format!("{{\"n\":{n}}}")).unwrap()
+}
+
+fn n_of(m: &[u8]) -> u64 {
+    let v: serde_json::Value = serde_json::from_slice(m).unwrap();
+    v["n"].as_u64().unwrap()
+}
+
+#[test]
+fn a_handle_and_publishes_by_name_are_numbered_in_one_order() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().max_queue(1024))
+        .unwrap();
+    let publisher = hub.publisher("t");
+    for n in 0..200u64 {
+        let queued = if n % 3 == 0 {
+            hub.publish("t", json(n), PublishOptions::default())
+        } else {
+            publisher.publish(json(n), PublishOptions::default())
+        }
+        .unwrap();
+        assert_eq!(queued, 1, "publication {n} is queued for the one receiver");
+    }
+    let mut last_seq = None;
+    for n in 0..200u64 {
+        let m = rx.try_recv().unwrap();
+        assert_eq!(n_of(m.message().bytes()), n, "publish order kept");
+        assert_eq!(
+            m.topic_seq(),
+            n,
+            "consecutive topic numbers across both paths"
+        );
+        assert!(last_seq < Some(m.seq()), "hub-wide numbers increase");
+        last_seq = Some(m.seq());
+    }
+    assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+    assert_eq!(hub.stats().published, 200);
+}
+
+#[test]
+fn a_handle_reaches_every_kind_of_subscriber_and_applies_every_option() {
+    let spy = SpySink::new();
+    let hub = Hub::new(spy.clone(), HubOptions::default().driver(Driver::Manual)).unwrap();
+    let publisher = hub.publisher("t");
+    // Retained through the handle: a later receiver replays it.
+    publisher
+        .publish(json(0), PublishOptions::default().retain(true))
+        .unwrap();
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    assert_eq!(n_of(rx.try_recv().unwrap().message().bytes()), 0);
+    // A transport subscriber joins the receiver: the handle reaches both.
+    let _sub = hub
+        .subscribe_sink("t", SubscribeOptions::default().id("sink"))
+        .unwrap();
+    assert_eq!(
+        publisher
+            .publish(json(1), PublishOptions::default())
+            .unwrap(),
+        2
+    );
+    hub.turn(Instant::now());
+    assert_eq!(spy.frames_for("sink").len(), 1);
+    let m = rx.try_recv().unwrap();
+    assert_eq!((n_of(m.message().bytes()), m.topic_seq()), (1, 1));
+    // A priority without `message_priority` is refused, as by name.
+    assert!(matches!(
+        publisher.publish(json(2), PublishOptions::default().priority(1)),
+        Err(PublishError::PriorityWithoutMessagePriority)
+    ));
+    // The transport subscriber leaves: the receiver alone again, on the handle's own path.
+    drop(_sub);
+    assert_eq!(
+        publisher
+            .publish(json(3), PublishOptions::default())
+            .unwrap(),
+        1
+    );
+    let m = rx.try_recv().unwrap();
+    assert_eq!((n_of(m.message().bytes()), m.topic_seq()), (3, 2));
+}
+
+#[test]
+fn a_handle_keeps_its_topic_while_it_lives_and_lets_it_go_after() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let publisher = hub.publisher("t");
+    let other = publisher.clone();
+    assert_eq!(hub.stats().topics, 1, "the handle lists its topic");
+    assert_eq!(
+        publisher
+            .publish(json(0), PublishOptions::default())
+            .unwrap(),
+        0
+    );
+    {
+        let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+        publisher
+            .publish(json(1), PublishOptions::default())
+            .unwrap();
+        assert_eq!(rx.try_recv().unwrap().topic_seq(), 0);
+    }
+    // The receiver left; the topic stays for the handles, and its numbering with it.
+    assert_eq!(hub.stats().topics, 1);
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    other.publish(json(2), PublishOptions::default()).unwrap();
+    assert_eq!(rx.try_recv().unwrap().topic_seq(), 1);
+    drop(rx);
+    drop(publisher);
+    assert_eq!(hub.stats().topics, 1, "a clone still holds it");
+    drop(other);
+    assert_eq!(hub.stats().topics, 0, "the last handle let it go");
+    // A new topic of that name numbers from 0 again.
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    hub.publisher("t")
+        .publish(json(3), PublishOptions::default())
+        .unwrap();
+    assert_eq!(rx.try_recv().unwrap().topic_seq(), 0);
+}
+
+#[test]
+fn handles_dropped_at_once_on_many_threads_leave_no_topic_behind() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    for _ in 0..50 {
+        let handles: Vec<_> = (0..4).map(|_| hub.publisher("t")).collect();
+        std::thread::scope(|s| {
+            for h in handles {
+                s.spawn(move || drop(h));
+            }
+        });
+        assert_eq!(hub.stats().topics, 0);
+    }
+}
+
+#[test]
+fn after_close_a_handle_publishes_nothing() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    let publisher = hub.publisher("t");
+    publisher
+        .publish(json(0), PublishOptions::default())
+        .unwrap();
+    hub.close();
+    assert_eq!(
+        publisher
+            .publish(json(1), PublishOptions::default())
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        hub.publisher("u")
+            .publish(json(2), PublishOptions::default())
+            .unwrap(),
+        0
+    );
+    assert_eq!(n_of(rx.try_recv().unwrap().message().bytes()), 0);
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Closed { .. })));
+    assert_eq!(hub.stats().published, 1);
+}
+
+/// Handles on several threads publish while receivers join and leave and a transport
+/// subscriber comes and goes (so the handles switch between their own path and the path by
+/// name): every receiver gets, from where it started, consecutive topic numbers with nothing
+/// lost (its queue holds everything), and the numbers it saw are the publications' own.
+#[test]
+fn handles_on_many_threads_race_subscribes_and_unsubscribes_without_loss_or_reordering() {
+    const PUBLISHERS: u64 = 3;
+    const EACH: u64 = 20_000;
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let done = AtomicBool::new(false);
+    let opts = || SubscribeOptions::default().max_queue(1 << 16);
+    // The whole run's receiver, from the first publication on.
+    let mut rx = hub.receiver("t", opts()).unwrap();
+    std::thread::scope(|s| {
+        for p in 0..PUBLISHERS {
+            let publisher = hub.publisher("t");
+            s.spawn(move || {
+                for i in 0..EACH {
+                    publisher
+                        .publish(json(p * EACH + i), PublishOptions::default())
+                        .unwrap();
+                }
+            });
+        }
+        // Joins and leaves: a receiver reads what it got until it has seen a few, checks the
+        // numbering, and goes.
+        let (hub2, done2) = (&hub, &done);
+        s.spawn(move || {
+            while !done2.load(Ordering::Acquire) {
+                let mut rx = hub2.receiver("t", opts()).unwrap();
+                let mut last: Option<u64> = None;
+                let start = Instant::now();
+                let mut got = 0u32;
+                while got < 50 && start.elapsed() < WAIT && !done2.load(Ordering::Acquire) {
+                    match rx.try_recv() {
+                        Ok(m) => {
+                            if let Some(l) = last {
+                                assert_eq!(m.topic_seq(), l + 1, "no gap, no reordering");
+                            }
+                            last = Some(m.topic_seq());
+                            got += 1;
+                        }
+                        Err(TryRecvError::Empty) => std::thread::yield_now(),
+                        Err(e) => panic!("unexpected {e:?}"),
+                    }
+                }
+            }
+        });
+        s.spawn(move || {
+            while !done2.load(Ordering::Acquire) {
+                let sub = hub2
+                    .subscribe_sink("t", SubscribeOptions::default())
+                    .unwrap();
+                std::thread::yield_now();
+                drop(sub);
+            }
+        });
+        let start = Instant::now();
+        let mut seen = 0u64;
+        let mut per_publisher = vec![None::<u64>; PUBLISHERS as usize];
+        while seen < PUBLISHERS * EACH {
+            assert!(start.elapsed() < WAIT, "stalled at {seen}");
+            match rx.recv_timeout(WAIT) {
+                Ok(m) => {
+                    // Each publisher's own messages arrive in its order.
+                    let n = n_of(m.message().bytes());
+                    let p = (n / EACH) as usize;
+                    assert!(per_publisher[p] < Some(n), "publisher {p} reordered");
+                    per_publisher[p] = Some(n);
+                    seen += 1;
+                }
+                Err(e) => panic!("unexpected {e:?} after {seen}"),
+            }
+        }
+        assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+        done.store(true, Ordering::Release);
+    });
+    assert_eq!(hub.stats().published, PUBLISHERS * EACH);
+}
