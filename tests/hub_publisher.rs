@@ -251,3 +251,127 @@ fn handles_on_many_threads_race_subscribes_and_unsubscribes_without_loss_or_reor
     });
     assert_eq!(hub.stats().published, PUBLISHERS * EACH);
 }
+
+#[test]
+fn dropping_a_handle_keeps_the_retained_messages_of_its_topic() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    // Retained through a handle with no subscriber, then the handle goes.
+    let p = hub.publisher("cfg");
+    p.publish(json(0), PublishOptions::default().retain(true))
+        .unwrap();
+    drop(p);
+    // Retained by name, then a handle comes and goes.
+    hub.publish("other", json(1), PublishOptions::default().retain(true))
+        .unwrap();
+    drop(hub.publisher("other"));
+    for (topic, n) in [("cfg", 0), ("other", 1)] {
+        let mut rx = hub.receiver(topic, SubscribeOptions::default()).unwrap();
+        let m = rx.try_recv().unwrap();
+        assert_eq!(
+            n_of(m.message().bytes()),
+            n,
+            "{topic} replays what it retained"
+        );
+    }
+}
+
+/// Receivers come and go one at a time (so the topic's log ends and a new one starts, with
+/// queues of different sizes) while handles on several threads publish: each receiver sees the
+/// topic's numbers consecutively from where it started, a gap only where it was told of a loss.
+#[test]
+fn receivers_coming_and_going_while_handles_publish_see_every_number_or_the_loss() {
+    const PUBLISHERS: u64 = 2;
+    const EACH: u64 = 50_000;
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let done = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let publishers: Vec<_> = (0..PUBLISHERS)
+            .map(|p| {
+                let publisher = hub.publisher("t");
+                s.spawn(move || {
+                    for i in 0..EACH {
+                        publisher
+                            .publish(json(p * EACH + i), PublishOptions::default())
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        let (hub, done) = (&hub, &done);
+        s.spawn(move || {
+            let mut round = 0usize;
+            while !done.load(Ordering::Acquire) {
+                round += 1;
+                let queue = [8, 64, 1 << 12][round % 3];
+                let mut rx = hub
+                    .receiver("t", SubscribeOptions::default().max_queue(queue))
+                    .unwrap();
+                let mut expected: Option<u64> = None;
+                for _ in 0..200 {
+                    match rx.try_recv() {
+                        Ok(m) => {
+                            if let Some(e) = expected {
+                                assert_eq!(m.topic_seq(), e, "a gap nobody was told of");
+                            }
+                            expected = Some(m.topic_seq() + 1);
+                        }
+                        Err(TryRecvError::Lagged { missed }) => {
+                            if let Some(e) = expected.as_mut() {
+                                *e += missed;
+                            }
+                        }
+                        Err(TryRecvError::Empty) => std::thread::yield_now(),
+                        Err(e) => panic!("unexpected {e:?}"),
+                    }
+                }
+            }
+        });
+        for p in publishers {
+            p.join().unwrap();
+        }
+        done.store(true, Ordering::Release);
+    });
+    assert_eq!(hub.stats().published, PUBLISHERS * EACH);
+}
+
+/// `close` while handles publish: a receiver gets exactly the publications that reported it
+/// (each `Ok(1)`), then `Closed`.
+#[test]
+fn a_close_racing_handles_leaves_the_receiver_exactly_what_was_reported_queued() {
+    for _ in 0..20 {
+        let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+        let mut rx = hub
+            .receiver("t", SubscribeOptions::default().max_queue(1 << 20))
+            .unwrap();
+        let queued: u64 = std::thread::scope(|s| {
+            let publishers: Vec<_> = (0..2)
+                .map(|_| {
+                    let publisher = hub.publisher("t");
+                    s.spawn(move || {
+                        let mut queued = 0u64;
+                        for i in 0.. {
+                            match publisher.publish(json(i), PublishOptions::default()) {
+                                Ok(0) => break,
+                                Ok(n) => queued += n as u64,
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                        queued
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(2));
+            hub.close();
+            publishers.into_iter().map(|p| p.join().unwrap()).sum()
+        });
+        let mut got = 0u64;
+        loop {
+            match rx.try_recv() {
+                Ok(_) => got += 1,
+                Err(TryRecvError::Closed { .. }) => break,
+                Err(e) => panic!("unexpected {e:?} after {got}"),
+            }
+        }
+        assert_eq!(got, queued, "received exactly what the publishes reported");
+    }
+}

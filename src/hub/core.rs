@@ -1064,7 +1064,13 @@ impl Inner {
         // Dropped under the lock, so that of two handles going at once the second sees the
         // first gone.
         drop(order);
-        if listed && topics.get(topic).is_some_and(Topic::is_empty) {
+        // A handle is not a subscriber: a retained log stays (until the last subscriber of the
+        // topic leaves, as without handles).
+        if listed
+            && topics
+                .get(topic)
+                .is_some_and(|t| t.is_empty() && t.retained.lock().is_empty())
+        {
             topics.remove(topic);
         }
     }
@@ -1952,8 +1958,11 @@ impl Inner {
         }
         let topics = std::mem::take(&mut *self.topics.write());
         for t in topics.values() {
-            // Publishers' handles go through `publish`, which finds the hub closed.
-            t.order.lock().route = Route::ByName;
+            // Publishers' handles go through `publish`, which finds the hub closed; the log's
+            // writing end lets go of the log.
+            let mut order = t.order.lock();
+            order.route = Route::ByName;
+            order.tail = Tail::default();
         }
         let mut subs: Vec<Arc<Sub>> = {
             // The subscribers leave `ids` with their evictions committed, in one step for

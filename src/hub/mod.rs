@@ -320,9 +320,11 @@ impl Hub {
 
     /// A handle that publishes to `topic` ([`Publisher::publish`]), as
     /// [`publish`](Hub::publish) does, with the topic looked up once: what a service that
-    /// publishes to a few topics over and over keeps, as a channel's sender. Publishing to a
-    /// topic whose only consumers are [`receiver`](Hub::receiver)s takes no hub-wide lock
-    /// through it.
+    /// publishes to a few topics over and over keeps, as a channel's sender (making one and
+    /// dropping one take the topics write lock). A publish through it that is neither retained
+    /// nor prioritized, to a topic whose only consumers are [`receiver`](Hub::receiver)s that
+    /// read the topic directly (FIFO drop-oldest with a queue, on a hub without
+    /// `message_priority`), takes no hub-wide lock.
     ///
     /// ```
     /// use powerhub::hub::{Hub, HubOptions, SubscribeOptions};

@@ -12,13 +12,15 @@ use super::{Message, PublishError, PublishOptions};
 /// what [`Hub::publish`](super::Hub::publish) does, with the topic looked up once.
 ///
 /// While the topic's only consumers are [`Receiver`](super::Receiver)s that read its log
-/// directly (FIFO drop-oldest, the default), a publication neither retained nor prioritized
+/// directly (FIFO drop-oldest with a queue, the default, on a hub without `message_priority`),
+/// a publication neither retained nor prioritized
 /// takes the topic's own lock and no hub-wide one, and allocates nothing of its own; otherwise
 /// it is published by name. Either way it is numbered in the topic with the others, in one
 /// order ([`Received::topic_seq`](super::Received::topic_seq)).
 ///
-/// The handle keeps its topic listed while it lives (an empty topic is one entry); it does not
-/// keep the hub open: after [`Hub::close`](super::Hub::close) a publish returns `Ok(0)`, as
+/// The handle keeps its topic listed while it lives (an empty topic is one entry; dropping the
+/// last handle lets it go, unless it has subscribers or retained messages); it does not keep
+/// the hub open: after [`Hub::close`](super::Hub::close) a publish returns `Ok(0)`, as
 /// `Hub::publish` does. Clones share the topic.
 ///
 /// ```
