@@ -1,7 +1,7 @@
 //! A thread-per-core service with blocking receivers: each worker thread owns one receiver and
-//! blocks in `recv`; the publisher thread fans a stream out to them. One worker is slow and
-//! sees its losses as `Lagged`, which do not slow the others. Prints each worker's count, then
-//! exits.
+//! blocks in `recv`; the publisher thread fans a stream out to them through the topic's
+//! `Publisher`. One worker is slow and sees its losses as `Lagged`, which do not slow the
+//! others. Prints each worker's count, then exits.
 //!
 //! Run: `cargo run --example thread_receivers`
 
@@ -44,9 +44,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }));
     }
+    // The topic's handle: the topic is looked up once, as a channel's sender.
+    let ticks = hub.publisher("ticks");
     for n in 0..MESSAGES {
         let m = Message::json(format!("{{\"type\":\"tick\",\"n\":{n}}}"))?;
-        hub.publish("ticks", m, PublishOptions::default())?;
+        ticks.publish(m, PublishOptions::default())?;
     }
     hub.flush_timeout(Duration::from_secs(10)).ok();
     thread::sleep(Duration::from_millis(50));
