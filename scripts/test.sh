@@ -19,7 +19,7 @@ cargo test --workspace --doc
 echo "== cargo test, epoll forced (POWERHUB_BACKEND=epoll)"
 POWERHUB_BACKEND=epoll cargo test -p powerhub --tests
 
-echo "== loom models: the ring, the shard wake-up, the fan-out listing, the users' rate buckets, the direct receivers' slots and their stats snapshot"
+echo "== loom models: the ring, the shard wake-up, the fan-out listing, the users' rate buckets, the direct receivers' slots and their stats snapshot, the shards' batch seals"
 export LOOM_MAX_PREEMPTIONS=2
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --test loom_ring
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib runtime::parker
@@ -27,6 +27,7 @@ RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib protocol::rate
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib hub::slots
 RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib hub::direct
+RUSTFLAGS="--cfg loom" cargo test -p powerhub --release --target-dir target/loom --lib hub::sealed::loom_tests
 unset LOOM_MAX_PREEMPTIONS
 
 echo "== perf tool, quick smoke run"

@@ -15,7 +15,7 @@ mod imp {
     pub(crate) mod sync {
         pub(crate) mod atomic {
             pub(crate) use std::sync::atomic::{
-                fence, AtomicBool, AtomicU64, AtomicUsize, Ordering,
+                fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
             };
         }
         pub(crate) use std::sync::Arc;
@@ -82,7 +82,7 @@ mod imp {
     pub(crate) mod sync {
         pub(crate) mod atomic {
             pub(crate) use ::loom::sync::atomic::{
-                fence, AtomicBool, AtomicU64, AtomicUsize, Ordering,
+                fence, AtomicBool, AtomicPtr, AtomicU32, AtomicU64, AtomicUsize, Ordering,
             };
         }
         pub(crate) use ::loom::sync::Arc;

@@ -1044,7 +1044,7 @@ impl Inner {
                     priority: 0,
                     message,
                     taps: 0,
-                    sealed: parking_lot::Mutex::default(),
+                    sealed: Default::default(),
                 };
                 *next += 1;
                 log.append(tail, Slot::Own(entry));
@@ -2216,7 +2216,7 @@ fn numbered(
         priority,
         message,
         taps: u32::try_from(t.taps.len()).unwrap_or(u32::MAX),
-        sealed: parking_lot::Mutex::default(),
+        sealed: Default::default(),
     };
     (order, entry)
 }

@@ -24,7 +24,7 @@ use parking_lot::Mutex;
 
 use super::message::Message;
 use super::options::SlowConsumer;
-use super::sealed::Seal;
+use super::sealed::SealCell;
 use crate::ring::Ring;
 
 /// A message-priority queue: first entry delivered next, last entry evicted first.
@@ -43,7 +43,7 @@ pub(crate) struct Entry {
     pub(crate) taps: u32,
     /// The batch a shard sealed on this publication, while other shards may still cut here
     /// (see [`sealed`](super::sealed)).
-    pub(crate) sealed: Mutex<Option<Seal>>,
+    pub(crate) sealed: SealCell,
 }
 
 /// The result of offering an entry to a queue.
@@ -561,7 +561,7 @@ mod tests {
             priority: 0,
             message: Message::binary(vec![0u8]),
             taps: 0,
-            sealed: Mutex::default(),
+            sealed: SealCell::default(),
         })
     }
 

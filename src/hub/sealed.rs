@@ -19,8 +19,9 @@
 //! batch cost before seals). A batch a shard follows is never longer than its own cut would be.
 //! A publication that went to one shard only is never sealed (no allocation, no lock).
 //!
-//! A seal is set and read under the publication's own lock, held for a few instructions by the
-//! shards that cut there (publishers never take it). An encoding is set with
+//! A seal is a pointer on the publication ([`SealCell`]), set, read and cleared without a lock
+//! by the shards that cut there (publishers never touch it; the orderings are documented at
+//! each step of [`SealedBatch::cut`], and `loom_tests` models them). An encoding is set with
 //! [`OnceLock::get_or_init`]: a shard that needs a form another shard is encoding waits for that
 //! encode of at most `subscriptions.max_batch` messages in memory (no IO, no lock, no user
 //! code). That is usually shorter than encoding it again, but if the encoding shard's thread is
@@ -37,20 +38,69 @@
 //! [`Received`]: super::Received
 
 use std::ops::Deref;
+use std::ptr;
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use powerhub_plugin::frame::{self, FrameError};
 
 use super::Entry;
+use crate::loom::cell::UnsafeCell;
+use crate::loom::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 /// The seal on a publication: the batch, and how many other shards may still cut there.
 #[derive(Debug)]
-pub(crate) struct Seal {
-    batch: Arc<SealedBatch>,
+struct Seal {
+    /// Read by each other shard once (`with`), written only by the free (`Drop`): a cell, so
+    /// that the model checker sees both accesses and reports a free not ordered after a read.
+    batch: UnsafeCell<Arc<SealedBatch>>,
     /// Shards that received the publication and have not cut at it yet (the sealing one
-    /// excluded); the one that takes it to zero clears the seal.
-    others: u32,
+    /// excluded); the one that takes it to zero clears the seal and frees it.
+    others: AtomicU32,
+}
+
+impl Drop for Seal {
+    fn drop(&mut self) {
+        // The free is a write of the cell (recorded under loom; nothing otherwise).
+        self.batch.with_mut(|_| ());
+    }
+}
+
+/// A publication's seal: null, or a [`Seal`] leaked from a `Box` by the shard that sealed it,
+/// freed by the last other shard to cut there, or with the publication when one never does.
+///
+/// The seal is read only by the shards counted in its `others`, each once, before it counts
+/// itself off: so it is freed only after every read of it (the count's Release/Acquire pair, as
+/// an `Arc`'s drop), and a shard that loads the pointer always finds it allocated.
+#[derive(Debug)]
+pub(crate) struct SealCell(AtomicPtr<Seal>);
+
+impl Default for SealCell {
+    fn default() -> SealCell {
+        SealCell(AtomicPtr::new(ptr::null_mut()))
+    }
+}
+
+impl SealCell {
+    /// Whether a seal is set (for tests: the answer may be stale as soon as it is returned).
+    #[cfg(test)]
+    fn is_sealed(&self) -> bool {
+        !self.0.load(Ordering::Acquire).is_null()
+    }
+}
+
+impl Drop for SealCell {
+    fn drop(&mut self) {
+        // `&mut`: no shard cuts at the publication any more (the last reference to it goes,
+        // after theirs, ordered by the publication's `Arc`), so a relaxed load sees the last
+        // store.
+        let p = self.0.load(Ordering::Relaxed);
+        if !p.is_null() {
+            // SAFETY: a non-null pointer is a leaked `Box<Seal>` that no shard freed (the one
+            // that frees it swaps null in first), and nothing else can read it now.
+            drop(unsafe { Box::from_raw(p) });
+        }
+    }
 }
 
 /// A batch of one topic's publications, with its encodings (see the
@@ -105,30 +155,56 @@ impl SealedBatch {
         if first.taps < 2 {
             return Cut::Alone(SealedBatch::new(take, Box::default()));
         }
-        let mut seal = first.sealed.lock();
-        if let Some(s) = seal.as_mut() {
-            // This shard will not cut at this publication again.
-            let batch = Arc::clone(&s.batch);
-            s.others = s.others.saturating_sub(1);
-            if s.others == 0 {
-                *seal = None;
+        let cell = &first.sealed.0;
+        // Acquire: pairs with the sealing shard's CAS, so the seal's fields are visible.
+        let mut p = cell.load(Ordering::Acquire);
+        if p.is_null() {
+            let batch = Arc::new(SealedBatch::new(
+                take,
+                run[..take].iter().map(|e| e.seq).collect(),
+            ));
+            let seal = Box::into_raw(Box::new(Seal {
+                batch: UnsafeCell::new(Arc::clone(&batch)),
+                others: AtomicU32::new(first.taps - 1),
+            }));
+            // Release on success: the seal's fields before the pointer, for the shards that
+            // load it. Acquire on failure: the winner's seal, which this shard follows.
+            match cell.compare_exchange(ptr::null_mut(), seal, Ordering::AcqRel, Ordering::Acquire)
+            {
+                Ok(_) => return Cut::Shared(batch),
+                Err(winner) => {
+                    // SAFETY: `seal` was never shared: the exchange failed.
+                    drop(unsafe { Box::from_raw(seal) });
+                    p = winner;
+                }
             }
-            drop(seal);
-            return if batch.starts(run) {
-                Cut::Shared(batch)
-            } else {
-                Cut::Alone(SealedBatch::new(take, Box::default()))
-            };
         }
-        let batch = Arc::new(SealedBatch::new(
-            take,
-            run[..take].iter().map(|e| e.seq).collect(),
-        ));
-        *seal = Some(Seal {
-            batch: Arc::clone(&batch),
-            others: first.taps - 1,
-        });
-        Cut::Shared(batch)
+        // This shard is one of the seal's `others` and will not cut at this publication again:
+        // it reads the seal, then counts itself off.
+        // SAFETY: `p` is non-null, set by the sealing shard, and freed only once every other
+        // shard, this one included, has counted itself off, which this one does below after its
+        // last read.
+        let seal = unsafe { &*p };
+        // SAFETY: the cell is written only when the seal is freed, which is after this read
+        // (see above).
+        let batch = seal.batch.with(|b| Arc::clone(unsafe { &*b }));
+        // AcqRel, as an `Arc`'s drop: each shard's reads of the seal happen before the count
+        // reaches zero (Release), and the shard that takes it there frees the seal after all of
+        // them (Acquire).
+        if seal.others.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last: no shard loads the pointer again. Relaxed: the publication's drop reads
+            // the cell through `&mut`, ordered by the `Arc`s that hand the publication over.
+            let q = cell.swap(ptr::null_mut(), Ordering::Relaxed);
+            debug_assert_eq!(q, p);
+            // SAFETY: every other reader counted itself off after its reads (see above), and
+            // the cell no longer holds the pointer: this is its only owner.
+            drop(unsafe { Box::from_raw(p) });
+        }
+        if batch.starts(run) {
+            Cut::Shared(batch)
+        } else {
+            Cut::Alone(SealedBatch::new(take, Box::default()))
+        }
     }
 
     /// How many publications the batch holds.
@@ -179,7 +255,7 @@ fn json_texts(batch: &[Arc<Entry>]) -> impl Iterator<Item = &[u8]> + Clone {
         .map(|e| &e.message.bytes()[..])
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::hub::Message;
@@ -255,7 +331,7 @@ mod tests {
     fn a_publication_for_one_shard_is_never_sealed() {
         let run = entries(&[1, 2], 1);
         assert!(matches!(SealedBatch::cut(&run, 64), Cut::Alone(_)));
-        assert!(run[0].sealed.lock().is_none());
+        assert!(!run[0].sealed.is_sealed());
     }
 
     #[test]
@@ -263,17 +339,14 @@ mod tests {
         let run = entries(&[1, 2], 3);
         let a = SealedBatch::cut(&run, 64);
         let (lines, _) = a.lines(&run);
-        assert!(run[0].sealed.lock().is_some());
+        assert!(run[0].sealed.is_sealed());
         let _b = SealedBatch::cut(&run, 64);
-        assert!(
-            run[0].sealed.lock().is_some(),
-            "one shard has yet to cut here"
-        );
+        assert!(run[0].sealed.is_sealed(), "one shard has yet to cut here");
         // The third shard holds a shorter run: it does not follow, but it is done here too.
         let c = SealedBatch::cut(&run[..1], 64);
         assert!(matches!(c, Cut::Alone(_)));
         assert!(
-            run[0].sealed.lock().is_none(),
+            !run[0].sealed.is_sealed(),
             "the encodings outlive their use"
         );
         drop(a);
@@ -332,7 +405,7 @@ mod tests {
                 "round {round}: encoded {} times",
                 u8::from(fa) + u8::from(fb)
             );
-            assert!(run[0].sealed.lock().is_none());
+            assert!(!run[0].sealed.is_sealed());
         }
     }
 
@@ -432,9 +505,86 @@ mod tests {
                 }
                 // Every shard cut at every publication a seal starts at: no seal is left.
                 if same && !grows {
-                    prop_assert!(entries.iter().all(|e| e.sealed.lock().is_none()), "a seal outlived its use");
+                    prop_assert!(entries.iter().all(|e| !e.sealed.is_sealed()), "a seal outlived its use");
                 }
             }
         }
+    }
+}
+
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::*;
+    use crate::hub::Message;
+    use loom::thread;
+
+    /// One publication handed to `taps` shards.
+    fn run(taps: u32) -> Arc<Vec<Arc<Entry>>> {
+        Arc::new(vec![Arc::new(Entry {
+            seq: 1,
+            topic_seq: 0,
+            priority: 0,
+            message: Message::json("{}").unwrap(),
+            taps,
+            sealed: SealCell::default(),
+        })])
+    }
+
+    fn shared(cut: Cut) -> Arc<SealedBatch> {
+        match cut {
+            Cut::Shared(b) => b,
+            Cut::Alone(_) => panic!("the batch is not shared"),
+        }
+    }
+
+    /// Three shards cut the same run at once: one seals, the other two follow that seal (one
+    /// batch for all), and the last of them frees the seal, once, leaving the cell empty. A
+    /// seal freed early would be read after its free (a crash or a wrong batch); one never
+    /// freed would keep a reference to the batch.
+    #[test]
+    fn shards_cutting_at_once_share_one_seal_that_the_last_frees_once() {
+        loom::model(|| {
+            let run = run(3);
+            let shards: Vec<_> = (0..2)
+                .map(|_| {
+                    let run = Arc::clone(&run);
+                    thread::spawn(move || shared(SealedBatch::cut(&run, 64)))
+                })
+                .collect();
+            let mine = shared(SealedBatch::cut(&run, 64));
+            let others: Vec<_> = shards.into_iter().map(|s| s.join().unwrap()).collect();
+            for other in &others {
+                assert!(Arc::ptr_eq(other, &mine), "two batches");
+            }
+            assert!(
+                !run[0].sealed.is_sealed(),
+                "the seal outlived the last shard"
+            );
+            drop(others);
+            assert_eq!(Arc::strong_count(&mine), 1, "the seal was not freed");
+        });
+    }
+
+    /// Of three shards, two cut (at once): the seal stays for the third, and goes with the
+    /// publication.
+    #[test]
+    fn a_seal_some_shard_never_cuts_at_goes_with_the_publication() {
+        loom::model(|| {
+            let run = run(3);
+            let other = {
+                let run = Arc::clone(&run);
+                thread::spawn(move || shared(SealedBatch::cut(&run, 64)))
+            };
+            let mine = shared(SealedBatch::cut(&run, 64));
+            let other = other.join().unwrap();
+            assert!(Arc::ptr_eq(&other, &mine), "two batches");
+            assert!(
+                run[0].sealed.is_sealed(),
+                "cleared with a shard still to cut"
+            );
+            drop(other);
+            drop(run);
+            assert_eq!(Arc::strong_count(&mine), 1, "the seal was not freed");
+        });
     }
 }
