@@ -236,6 +236,12 @@ fn handles_on_many_threads_race_subscribes_and_unsubscribes_without_loss_or_reor
             assert!(start.elapsed() < WAIT, "stalled at {seen}");
             match rx.recv_timeout(WAIT) {
                 Ok(m) => {
+                    // Every publication, numbered from the first, none skipped or repeated.
+                    assert_eq!(
+                        m.topic_seq(),
+                        seen,
+                        "a gap or a repeat in the topic's numbers"
+                    );
                     // Each publisher's own messages arrive in its order.
                     let n = n_of(m.message().bytes());
                     let p = (n / EACH) as usize;
