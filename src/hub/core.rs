@@ -1177,6 +1177,8 @@ impl Inner {
         for sub in &t.subs {
             self.offer(sub, &entry, queued, disconnect);
         }
+        // One offer per tap counted in `Entry::taps` (the same list, under the same lock): the
+        // seals' count depends on it (`hub/sealed.rs`).
         for tap in &t.taps {
             tap.offer(&entry);
             *tap_counted += tap.subscribers();

@@ -39,7 +39,10 @@ pub(crate) struct Entry {
     pub(crate) topic_seq: u64,
     pub(crate) priority: i32,
     pub(crate) message: Message,
-    /// How many taps (the shards with subscriptions to the topic) it was handed to.
+    /// How many taps (the shards with subscriptions to the topic) it was handed to: exactly the
+    /// number of `Tap::offer` calls made with it (both under one topics lock, in `fan_out`).
+    /// The seal's count relies on it: a shard cuts at a publication at most once per offer, so
+    /// a shard beyond the count would read a freed seal (see [`sealed`](super::sealed)).
     pub(crate) taps: u32,
     /// The batch a shard sealed on this publication, while other shards may still cut here
     /// (see [`sealed`](super::sealed)).

@@ -1090,7 +1090,9 @@ impl<B: Backend> Shard<B> {
         let mut rest = run;
         while !rest.is_empty() {
             // The batch another shard cut from the same publications, if it did (then its
-            // encodings are shared too), else one cut here: see `hub::SealedBatch`.
+            // encodings are shared too), else one cut here: see `hub::SealedBatch`. Each
+            // publication taken from the inbox is cut at most once (`rest` only moves on):
+            // the seal's count of the shards still to cut there relies on it.
             let sealed = SealedBatch::cut(rest, max_batch);
             let (batch, after) = rest.split_at(sealed.len());
             rest = after;
