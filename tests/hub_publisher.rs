@@ -21,6 +21,28 @@ fn n_of(m: &[u8]) -> u64 {
     v["n"].as_u64().unwrap()
 }
 
+/// `count` threads, each publishing `each` messages to "t" through a handle of its own:
+/// publisher `p` publishes `p * each`, `p * each + 1`, … in order.
+fn spawn_publishers<'scope>(
+    s: &'scope std::thread::Scope<'scope, '_>,
+    hub: &Hub,
+    count: u64,
+    each: u64,
+) -> Vec<std::thread::ScopedJoinHandle<'scope, ()>> {
+    (0..count)
+        .map(|p| {
+            let publisher = hub.publisher("t");
+            s.spawn(move || {
+                for i in 0..each {
+                    publisher
+                        .publish(json(p * each + i), PublishOptions::default())
+                        .unwrap();
+                }
+            })
+        })
+        .collect()
+}
+
 #[test]
 fn a_handle_and_publishes_by_name_are_numbered_in_one_order() {
     let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
@@ -186,16 +208,7 @@ fn handles_on_many_threads_race_subscribes_and_unsubscribes_without_loss_or_reor
     // The whole run's receiver, from the first publication on.
     let mut rx = hub.receiver("t", opts()).unwrap();
     std::thread::scope(|s| {
-        for p in 0..PUBLISHERS {
-            let publisher = hub.publisher("t");
-            s.spawn(move || {
-                for i in 0..EACH {
-                    publisher
-                        .publish(json(p * EACH + i), PublishOptions::default())
-                        .unwrap();
-                }
-            });
-        }
+        spawn_publishers(s, &hub, PUBLISHERS, EACH);
         // Joins and leaves: a receiver reads what it got until it has seen a few, checks the
         // numbering, and goes.
         let (hub2, done2) = (&hub, &done);
@@ -291,18 +304,7 @@ fn receivers_coming_and_going_while_handles_publish_see_every_number_or_the_loss
     let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
     let done = AtomicBool::new(false);
     std::thread::scope(|s| {
-        let publishers: Vec<_> = (0..PUBLISHERS)
-            .map(|p| {
-                let publisher = hub.publisher("t");
-                s.spawn(move || {
-                    for i in 0..EACH {
-                        publisher
-                            .publish(json(p * EACH + i), PublishOptions::default())
-                            .unwrap();
-                    }
-                })
-            })
-            .collect();
+        let publishers = spawn_publishers(s, &hub, PUBLISHERS, EACH);
         let (hub, done) = (&hub, &done);
         s.spawn(move || {
             let mut round = 0usize;

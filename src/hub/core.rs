@@ -366,18 +366,20 @@ impl Topic {
             && Arc::strong_count(&self.order) == 1
     }
 
+    /// No consumer but direct receivers, if any: a publication that is not retained then goes
+    /// inline into their log, and nowhere else.
+    fn only_receivers(&self) -> bool {
+        self.subs.is_empty() && self.cursors.is_empty() && self.taps.is_empty()
+    }
+
     /// Brings the handles' route up to date with the consumers (called after every change to
     /// them, under the topics write lock).
     fn reroute(&self) {
         let route = match &self.direct {
-            Some(log)
-                if self.subs.is_empty() && self.cursors.is_empty() && self.taps.is_empty() =>
-            {
-                Route::Direct {
-                    log: Arc::clone(log),
-                    receivers: self.direct_count,
-                }
-            }
+            Some(log) if self.only_receivers() => Route::Direct {
+                log: Arc::clone(log),
+                receivers: self.direct_count,
+            },
             _ => Route::ByName,
         };
         let mut order = self.order.lock();
@@ -1006,14 +1008,11 @@ impl Inner {
         if self.is_closed() {
             return TopicOrder::default();
         }
-        let t = match topics.get_mut(topic) {
-            Some(t) => t,
-            None => {
-                let t = topics.entry(Arc::from(topic)).or_default();
-                t.reroute();
-                t
-            }
-        };
+        if let Some(t) = topics.get(topic) {
+            return Arc::clone(&t.order);
+        }
+        // A new topic has no consumers: its route is the default, by name.
+        let t = topics.entry(Arc::from(topic)).or_default();
         Arc::clone(&t.order)
     }
 
@@ -1038,14 +1037,8 @@ impl Inner {
                 if self.is_closed() {
                     return Ok(0);
                 }
-                let entry = Entry {
-                    seq: self.seq.fetch_add(1, Ordering::Relaxed),
-                    topic_seq: *next,
-                    priority: 0,
-                    message,
-                    taps: 0,
-                    sealed: Default::default(),
-                };
+                let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+                let entry = Entry::new(seq, *next, 0, message, 0);
                 *next += 1;
                 log.append(tail, Slot::Own(entry));
                 return Ok(*receivers);
@@ -1158,9 +1151,9 @@ impl Inner {
         disconnect: &mut Vec<Arc<Sub>>,
     ) {
         let direct = t.direct.as_ref().zip(tail);
-        if !retain && t.cursors.is_empty() && t.subs.is_empty() && t.taps.is_empty() {
-            if let Some((direct, tail)) = direct {
-                direct.append(tail, Slot::Own(entry));
+        if !retain && t.only_receivers() {
+            if let Some((log, tail)) = direct {
+                log.append(tail, Slot::Own(entry));
                 *tap_counted += t.direct_count;
             }
             return;
@@ -2212,15 +2205,8 @@ fn numbered(
     if let Some(o) = order.as_deref_mut() {
         o.next += 1;
     }
-    let entry = Entry {
-        seq,
-        topic_seq,
-        priority,
-        message,
-        taps: u32::try_from(t.taps.len()).unwrap_or(u32::MAX),
-        sealed: Default::default(),
-    };
-    (order, entry)
+    let taps = u32::try_from(t.taps.len()).unwrap_or(u32::MAX);
+    (order, Entry::new(seq, topic_seq, priority, message, taps))
 }
 
 fn retain(topic: &Topic, entry: &Arc<Entry>) {

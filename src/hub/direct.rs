@@ -275,12 +275,6 @@ struct HeadLine {
     waiting: AtomicUsize,
 }
 
-/// The chunk list.
-#[derive(Default)]
-struct Chunks {
-    list: VecDeque<ChunkArc>,
-}
-
 /// A direct log's writing end, kept by the topic's publishers under the lock that serializes
 /// them (the topic's order lock): the chunk being written and the next publication's number (a
 /// copy of the head on the publisher's side, so that an append does not load the line the
@@ -301,7 +295,7 @@ pub(crate) struct DirectLog {
     /// is the one being written. Publishers (one at a time: they hold the topic's order lock)
     /// take it once per chunk, to add one (see [`Tail`]); receivers once per chunk, to look
     /// their next one up.
-    chunks: Mutex<Chunks>,
+    chunks: Mutex<VecDeque<ChunkArc>>,
     head: CachePadded<HeadLine>,
     /// The largest `max_queue` among the receivers; the chunks kept cover it.
     cap: AtomicUsize,
@@ -316,7 +310,7 @@ impl DirectLog {
     /// log's head).
     pub(crate) fn new(cap: usize) -> Arc<DirectLog> {
         Arc::new(DirectLog {
-            chunks: Mutex::new(Chunks::default()),
+            chunks: Mutex::new(VecDeque::new()),
             head: CachePadded::new(HeadLine {
                 appended: Head::new(),
                 waiting: AtomicUsize::new(0),
@@ -371,18 +365,16 @@ impl DirectLog {
         let next = self.head();
         let mut chunks = self.chunks.lock();
         let mut gone = None;
-        if chunks.list.back().is_none_or(|c| c.end() <= next) {
-            chunks
-                .list
-                .push_back(ChunkArc::new(Chunk::new(next, CHUNK)));
+        if chunks.back().is_none_or(|c| c.end() <= next) {
+            chunks.push_back(ChunkArc::new(Chunk::new(next, CHUNK)));
             // At least one chunk stays: the one being written. One chunk goes per chunk made;
             // more only after the bound shrank, and all but the last of those drop here.
             let keep = self.cap.load(Ordering::Relaxed).div_ceil(CHUNK) + 1;
-            while chunks.list.len() > keep {
-                gone = chunks.list.pop_front();
+            while chunks.len() > keep {
+                gone = chunks.pop_front();
             }
         }
-        let chunk = ChunkArc::clone(chunks.list.back().expect("a chunk with room"));
+        let chunk = ChunkArc::clone(chunks.back().expect("a chunk with room"));
         drop(chunks);
         tail.0 = Some(TailAt {
             log: Arc::clone(self),
@@ -410,15 +402,15 @@ impl DirectLog {
 
     /// The first publication the log still holds (`None` before the first).
     fn oldest(&self) -> Option<u64> {
-        self.chunks.lock().list.front().map(|c| c.first())
+        self.chunks.lock().front().map(|c| c.first())
     }
 
     /// The chunk holding `pos`, if it is still (or already) listed.
     fn chunk_of(&self, pos: u64) -> Option<ChunkArc> {
         let chunks = self.chunks.lock();
-        let first = chunks.list.front()?.first();
+        let first = chunks.front()?.first();
         let i = pos.checked_sub(first)? / CHUNK as u64;
-        chunks.list.get(i as usize).cloned()
+        chunks.get(i as usize).cloned()
     }
 
     /// Blocks the calling thread until `ready()` or `deadline`; `false` on the deadline.

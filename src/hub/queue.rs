@@ -49,6 +49,26 @@ pub(crate) struct Entry {
     pub(crate) sealed: SealCell,
 }
 
+impl Entry {
+    /// Publication `seq`, number `topic_seq` of its topic, handed to `taps` taps; not sealed.
+    pub(crate) fn new(
+        seq: u64,
+        topic_seq: u64,
+        priority: i32,
+        message: Message,
+        taps: u32,
+    ) -> Entry {
+        Entry {
+            seq,
+            topic_seq,
+            priority,
+            message,
+            taps,
+            sealed: SealCell::default(),
+        }
+    }
+}
+
 /// The result of offering an entry to a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Offer {
@@ -558,14 +578,7 @@ mod tests {
     use super::*;
 
     fn entry(seq: u64) -> Arc<Entry> {
-        Arc::new(Entry {
-            topic_seq: seq,
-            seq,
-            priority: 0,
-            message: Message::binary(vec![0u8]),
-            taps: 0,
-            sealed: SealCell::default(),
-        })
+        Arc::new(Entry::new(seq, seq, 0, Message::binary(vec![0u8]), 0))
     }
 
     fn ring_allocated(q: &Queue) -> bool {

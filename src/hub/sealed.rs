@@ -264,14 +264,13 @@ mod tests {
     fn entries(seqs: &[u64], taps: u32) -> Vec<Arc<Entry>> {
         seqs.iter()
             .map(|&seq| {
-                Arc::new(Entry {
+                Arc::new(Entry::new(
                     seq,
-                    topic_seq: 0,
-                    priority: 0,
-                    message: Message::json(format!("{{\"n\":{seq}}}")).unwrap(),
+                    0,
+                    0,
+                    Message::json(format!("{{\"n\":{seq}}}")).unwrap(),
                     taps,
-                    sealed: Default::default(),
-                })
+                ))
             })
             .collect()
     }
@@ -520,14 +519,13 @@ mod loom_tests {
 
     /// One publication handed to `taps` shards.
     fn run(taps: u32) -> Arc<Vec<Arc<Entry>>> {
-        Arc::new(vec![Arc::new(Entry {
-            seq: 1,
-            topic_seq: 0,
-            priority: 0,
-            message: Message::json("{}").unwrap(),
+        Arc::new(vec![Arc::new(Entry::new(
+            1,
+            0,
+            0,
+            Message::json("{}").unwrap(),
             taps,
-            sealed: SealCell::default(),
-        })])
+        ))])
     }
 
     fn shared(cut: Cut) -> Arc<SealedBatch> {
