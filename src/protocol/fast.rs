@@ -508,7 +508,8 @@ impl<'a> Parser<'a> {
         self.string_rest()
     }
 
-    /// [`Self::string`] past its first word (the cursor still on the opening quote).
+    /// [`Self::string`] for a string that does not end, plain, in the block it starts in (the
+    /// cursor still on the opening quote).
     #[inline(never)]
     fn string_rest(&mut self) -> Option<Kind> {
         let b = self.b;
