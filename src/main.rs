@@ -107,6 +107,10 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
     }
     if !overrides.is_empty() {
         config.listeners = overrides;
+    } else if config.listeners.is_empty() {
+        // A file without `[[listener]]` keeps the default listeners, as every key it omits
+        // keeps its default: a server that listens nowhere would say `ready` and serve nobody.
+        config.listeners = Config::embedded_default().listeners;
     }
     config.validate().map_err(|e| e.to_string())?;
     Ok(config)
@@ -309,5 +313,55 @@ fn main() -> ExitCode {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn serve_args(args: &[&str]) -> ServeArgs {
+        let cli = Cli::try_parse_from([&["powerhub", "serve"], args].concat()).expect("parses");
+        let Command::Serve(args) = cli.command;
+        args
+    }
+
+    fn addresses(config: &Config) -> Vec<String> {
+        config
+            .listeners
+            .iter()
+            .map(|l| format!("{} {:?} {:?}", l.protocol, l.address, l.path))
+            .collect()
+    }
+
+    #[test]
+    fn a_config_file_without_listeners_keeps_the_default_listeners() {
+        let dir = std::env::temp_dir().join(format!("powerhub-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("limits-only.toml");
+        std::fs::write(&file, "[limits]\nmax_connections = 10\n").unwrap();
+        let path = file.to_str().unwrap();
+        let config = build_config(&serve_args(&["--config", path])).unwrap();
+        assert_eq!(config.limits.max_connections, 10);
+        let default = Config::embedded_default();
+        assert!(!default.listeners.is_empty());
+        assert_eq!(addresses(&config), addresses(&default));
+        // Listeners in the file, or on the command line, replace the defaults.
+        std::fs::write(
+            &file,
+            "[[listener]]\nprotocol = \"ndjson\"\naddress = \"127.0.0.1:0\"\n",
+        )
+        .unwrap();
+        let config = build_config(&serve_args(&["--config", path])).unwrap();
+        assert_eq!(config.listeners.len(), 1);
+        let config = build_config(&serve_args(&[
+            "--config",
+            path,
+            "--listen",
+            "frame=127.0.0.1:0",
+        ]))
+        .unwrap();
+        assert_eq!(addresses(&config), ["frame Some(\"127.0.0.1:0\") None"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

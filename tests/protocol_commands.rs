@@ -544,4 +544,11 @@ fn an_error_echoes_only_an_id_that_was_read_whole() {
     assert_eq!(e.kind, ErrorKind::DuplicateField("id"));
     let e = err(r#"{"type":"publish","id":1,"requestId":2,"message":{"type":"t","stream":"s"}}"#);
     assert_eq!(e.kind, ErrorKind::DuplicateField("id"));
+    // A repeated field leaves the line JSON: an id after the repeat is read and echoed.
+    let e = err(r#"{"type":"subscribe","stream":"s","stream":"t","id":"late"}"#);
+    assert_eq!(e.kind, ErrorKind::DuplicateField("stream"));
+    assert_eq!(e.request_id, Some(RequestId::Str("late".into())));
+    let e = err(r#"{"type":"publish","message":{"type":"t","stream":"s","stream":"x"},"id":7}"#);
+    assert_eq!(e.kind, ErrorKind::DuplicateField("message.stream"));
+    assert_eq!(e.request_id, Some(RequestId::Int(7)));
 }

@@ -160,8 +160,13 @@ pub(crate) fn read(line: &[u8], max_depth: usize) -> (Doc, Result<(), JsonError>
         seen: [false; 8],
         seen_head: [false; 6],
         max_depth: max_depth.max(1),
+        duplicate: None,
     };
-    let result = r.run();
+    // A repeated member is still JSON: the line is read to its end (a later id is read, and a
+    // later syntax error is the one reported), and the repeat is the error if there is no other.
+    let result = r
+        .run()
+        .and_then(|()| r.duplicate.take().map_or(Ok(()), Err));
     (r.doc, result)
 }
 
@@ -173,6 +178,8 @@ struct Reader<'a> {
     seen: [bool; 8],
     seen_head: [bool; 6],
     max_depth: usize,
+    /// The first repeat of a member of interest (its first value is the one kept).
+    duplicate: Option<JsonError>,
 }
 
 impl Reader<'_> {
@@ -318,7 +325,7 @@ impl Reader<'_> {
                 return Ok(None);
             };
             if std::mem::replace(&mut self.seen[k], true) {
-                return Err(JsonError::Duplicate { field: TOP[k] });
+                return Ok(self.repeated(TOP[k]));
             }
             Ok(Some(Slot::Top(k)))
         } else {
@@ -326,12 +333,17 @@ impl Reader<'_> {
                 return Ok(None);
             };
             if std::mem::replace(&mut self.seen_head[k], true) {
-                return Err(JsonError::Duplicate {
-                    field: HEAD_FIELDS[k],
-                });
+                return Ok(self.repeated(HEAD_FIELDS[k]));
             }
             Ok(Some(Slot::Head(k)))
         }
+    }
+
+    /// A member of interest given again: noted (the first repeat is the error) and read as a
+    /// member of no interest, so that its first value stays.
+    fn repeated(&mut self, field: &'static str) -> Option<Slot> {
+        self.duplicate.get_or_insert(JsonError::Duplicate { field });
+        None
     }
 
     fn literal(&mut self, word: &[u8], kind: Kind) -> Result<Kind, JsonError> {
@@ -571,6 +583,30 @@ mod tests {
         );
         // Repeats the server does not read, or at levels it does not read, are JSON.
         ok(r#"{"x":1,"x":2,"message":{"y":[{"stream":1,"stream":2}],"y":0}}"#);
+    }
+
+    #[test]
+    fn a_repeat_is_read_past_to_the_end_of_the_line() {
+        // The members after it are read (the first value of the repeated one stays); a later
+        // syntax error is the one reported, as the line is not JSON.
+        let line = r#"{"stream":"a","stream":"b","id":"late"}"#;
+        let (doc, result) = read(line.as_bytes(), 128);
+        assert_eq!(result, Err(JsonError::Duplicate { field: "stream" }));
+        assert_eq!(doc.top[1].unwrap().string(line.as_bytes()).unwrap(), "late");
+        assert_eq!(doc.top[3].unwrap().string(line.as_bytes()).unwrap(), "a");
+        let line = r#"{"message":{"stream":"a","stream":"b","type":"t"},"type":"publish"}"#;
+        let (doc, result) = read(line.as_bytes(), 128);
+        assert_eq!(
+            result,
+            Err(JsonError::Duplicate {
+                field: "message.stream"
+            })
+        );
+        assert!(doc.top[0].is_some() && doc.head.iter().flatten().count() == 2);
+        assert!(matches!(
+            err(r#"{"stream":"a","stream":"b","id":}"#),
+            JsonError::Syntax { .. }
+        ));
     }
 
     #[test]

@@ -254,7 +254,8 @@ fn split_json_array(json: &[u8]) -> Result<Vec<&[u8]>, String> {
     } else {
         loop {
             let start = i;
-            let mut depth = 0usize;
+            // The closers the element's open brackets wait for, innermost last.
+            let mut open = Vec::new();
             // The element runs to the `,` or `]` at depth 0 that follows it.
             loop {
                 match json.get(i) {
@@ -274,16 +275,22 @@ fn split_json_array(json: &[u8]) -> Result<Vec<&[u8]>, String> {
                             i += 2;
                         }
                     }
-                    Some(b'[' | b'{') => {
-                        depth += 1;
+                    Some(&c @ (b'[' | b'{')) => {
+                        open.push(if c == b'[' { b']' } else { b'}' });
                         i += 1;
                     }
-                    Some(b']' | b'}') if depth > 0 => {
-                        depth -= 1;
+                    Some(&c @ (b']' | b'}')) if !open.is_empty() => {
+                        let expected = open.pop().unwrap_or(c);
+                        if c != expected {
+                            return Err(format!(
+                                "`{}` at byte {i} closes a bracket that `{}` should close",
+                                c as char, expected as char
+                            ));
+                        }
                         i += 1;
                     }
-                    Some(b',' | b']') if depth == 0 => break,
-                    Some(b'}') if depth == 0 => return Err(format!("unexpected `}}` at byte {i}")),
+                    Some(b',' | b']') if open.is_empty() => break,
+                    Some(b'}') => return Err(format!("unexpected `}}` at byte {i}")),
                     Some(_) => i += 1,
                 }
             }
@@ -500,6 +507,8 @@ mod tests {
             b"[1]x",
             b"[}]",
             b"[1 2]x",
+            b"[[}]",
+            br#"[{"x":]"#,
         ] {
             assert!(
                 split_json_array(bad).is_err(),
@@ -507,6 +516,11 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+        // A bracket closed by the other kind is named where it is.
+        assert_eq!(
+            split_json_array(br#"[{"type":"ping","id":1},{"x":]"#).unwrap_err(),
+            "`]` at byte 29 closes a bracket that `}` should close"
+        );
     }
 
     use super::*;
