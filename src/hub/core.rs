@@ -58,8 +58,9 @@ pub(crate) enum Consumer {
 /// no slow-consumer policy to it and encodes nothing for it: the owner does all of that on its
 /// own thread.
 pub(crate) trait Tap: Send + Sync {
-    /// A publication to the topic, in the publisher's order.
-    fn offer(&self, entry: &Arc<Entry>);
+    /// A publication to the topic, in the publisher's order (the last consumer of a
+    /// publication is handed the hub's own reference).
+    fn offer(&self, entry: Arc<Entry>);
     /// How many subscriptions the tap serves (what a publish counts as delivered to).
     fn subscribers(&self) -> usize;
     /// The tap's subscriptions, for [`Stats::list`] and [`Presence`]: their hub ids and
@@ -1172,9 +1173,19 @@ impl Inner {
         }
         // One offer per tap counted in `Entry::taps` (the same list, under the same lock): the
         // seals' count depends on it (`hub/sealed.rs`).
-        for tap in &t.taps {
-            tap.offer(&entry);
-            *tap_counted += tap.subscribers();
+        if let Some((last, others)) = t.taps.split_last() {
+            for tap in others {
+                tap.offer(Arc::clone(&entry));
+                *tap_counted += tap.subscribers();
+            }
+            *tap_counted += last.subscribers();
+            if direct.is_none() {
+                // The last consumer: the hub's reference goes with it (one count less to take
+                // and give back per publication).
+                last.offer(entry);
+                return;
+            }
+            last.offer(Arc::clone(&entry));
         }
         if let Some((direct, tail)) = direct {
             // Read by the receivers themselves: nothing for the drain.

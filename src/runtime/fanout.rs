@@ -117,8 +117,8 @@ impl TopicTap {
 }
 
 impl Tap for TopicTap {
-    fn offer(&self, entry: &Arc<Entry>) {
-        self.hand(Some(Arc::clone(entry)));
+    fn offer(&self, entry: Arc<Entry>) {
+        self.hand(Some(entry));
     }
 
     fn subscribers(&self) -> usize {
