@@ -337,6 +337,41 @@ fn a_tls_connection_over_max_connections_is_told_why_through_tls() {
     });
 }
 
+#[test]
+fn a_tls_connection_that_never_finishes_its_handshake_is_closed_at_the_first_message_deadline() {
+    let pki = Pki::new("silent");
+    on_both_backends(|backend| {
+        let mut config = tls_config(backend, &pki);
+        config.limits.first_message_timeout_ms = 300;
+        let server = start(config);
+        // Nothing, or a record header cut short: no handshake to encrypt the deadline's error
+        // with, so the peer gets what TLS can say in the clear (an alert, if anything), then the
+        // end of the stream, at the deadline; not 5 s later at the close deadline, holding a
+        // slot of `max_connections` meanwhile.
+        for sent in [&[][..], &[0x16, 0x03, 0x01]] {
+            let mut raw = TcpStream::connect(server.addr).unwrap();
+            raw.set_read_timeout(Some(WAIT)).unwrap();
+            raw.write_all(sent).unwrap();
+            let started = std::time::Instant::now();
+            let mut rest = Vec::new();
+            raw.read_to_end(&mut rest).unwrap();
+            let took = started.elapsed();
+            assert!(
+                rest.is_empty() || rest[0] == 0x15,
+                "only a TLS alert record: {rest:?}"
+            );
+            assert!(
+                took < std::time::Duration::from_secs(3),
+                "closed at the deadline, not at the close deadline: {took:?}"
+            );
+        }
+        // A client that handshakes in time is served.
+        let mut ok = TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
+        ok.send(r#"{"type":"ping","id":1}"#);
+        assert_eq!(ok.msg(), json!({"type":"pong","requestId":1}));
+    });
+}
+
 /// A server whose one listener is mutual TLS (clients need a certificate of the test CA).
 fn mutual_tls_config(backend: BackendChoice, pki: &Pki) -> Config {
     let mut config = base_config(backend);

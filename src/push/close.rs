@@ -112,6 +112,11 @@ impl Ending {
         Ending::new(key, Some(Kind::Timeout), message)
     }
 
+    /// Whether the peer let a deadline pass (it was given the whole of it to speak).
+    pub(crate) fn is_timeout(&self) -> bool {
+        matches!(self.kind, Some(Kind::Timeout))
+    }
+
     /// A subscription fell behind under `slow_consumer = "disconnect"`.
     pub(crate) fn slow_consumer(message: String) -> Ending {
         Ending::new("slow_consumer", Some(Kind::SlowConsumer), message)

@@ -1250,7 +1250,15 @@ impl<B: Backend> Shard<B> {
         // The push connection's close message went with its last bytes (`poll_transmit`).
         let written = c.push.is_written() && c.tls.as_ref().is_none_or(|t| !t.has_output());
         let failed = c.tls.as_ref().is_some_and(|t| t.failed);
-        if !matches!(c.state, State::Closing(_)) || !(written || failed) {
+        // A TLS session whose handshake is not finished by a deadline the peer let pass (the
+        // first message's, say) will not finish to carry the deadline's error: what TLS itself
+        // can say (`close_notify`, an alert in the clear) is all the peer gets, at once, not at
+        // the close deadline. Other closes (over `max_connections` at accept, shutdown) wait for
+        // the handshake to say why, within the close deadline.
+        let unsayable = c.tls.as_ref().is_some_and(|t| {
+            t.is_handshaking() && !t.has_output() && c.push.ending().is_some_and(|e| e.is_timeout())
+        });
+        if !matches!(c.state, State::Closing(_)) || !(written || failed || unsayable) {
             return;
         }
         if !failed {
