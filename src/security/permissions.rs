@@ -417,7 +417,11 @@ impl Permissions {
             Decision::SystemStream
         } else if self.unrestricted {
             Decision::Allowed
-        } else if self.publish.denies(stream, device) {
+        } else if self.publish.denies(stream, device)
+            || (device.is_some() && self.publish.denies(stream, None))
+        {
+            // A device's publication reaches the stream's whole-stream subscribers too: a deny
+            // of the stream covers it (as a deny of a device refuses a whole-stream subscribe).
             Decision::Denied
         } else if self.publish.allows(stream, device) {
             Decision::Allowed
@@ -713,6 +717,21 @@ mod tests {
     }
 
     #[test]
+    fn a_device_publication_is_refused_when_its_stream_is_denied() {
+        let p = perms(rules(&[">"], &["obs", "*/private"]), rules(&[">"], &[]));
+        assert_eq!(p.publish("obs", None), Decision::Denied);
+        // It would reach the subscribers of all of `obs`.
+        assert_eq!(p.publish("obs", Some("dev1")), Decision::Denied);
+        assert_eq!(p.publish("other", Some("private")), Decision::Denied);
+        assert_eq!(p.publish("other", Some("dev1")), Decision::Allowed);
+        // A deny of one device leaves the stream and its other devices.
+        let p = perms(rules(&[">"], &["obs/hidden"]), rules(&[">"], &[]));
+        assert_eq!(p.publish("obs", None), Decision::Allowed);
+        assert_eq!(p.publish("obs", Some("dev1")), Decision::Allowed);
+        assert_eq!(p.publish("obs", Some("hidden")), Decision::Denied);
+    }
+
+    #[test]
     fn system_streams_need_a_pattern_naming_them_and_are_never_published_to() {
         let p = sub(&[">", "*", "*/*"], &[]);
         assert_eq!(p.subscribe("$stats", None), Decision::NotAllowed);
@@ -919,6 +938,10 @@ mod tests {
                     && device.is_none()
                     && p.len() == 2
                     && model_match(&p[..1], &s, false, true))
+                // A device's publication reaches the whole stream: a deny of the stream holds.
+                || (action == Action::Publish
+                    && device.is_some()
+                    && model_match(&p, &segments(stream), false, true))
         });
         if denied {
             Decision::Denied
