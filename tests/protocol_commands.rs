@@ -535,6 +535,18 @@ fn an_error_echoes_only_an_id_that_was_read_whole() {
         assert_eq!(e.request_id, None, "{line}: {e}");
         assert!(matches!(e.kind, ErrorKind::InvalidJson(_)), "{line}");
     }
+    // Through `requestId` after a null `id`: the same rule.
+    for line in [
+        r#"{"type":"ping","id":null,"requestId":01}"#,
+        r#"{"type":"ping","id":null,"requestId":12abc}"#,
+    ] {
+        let e = err(line);
+        assert_eq!(e.request_id, None, "{line}: {e}");
+    }
+    assert_eq!(
+        err(r#"{"type":"ping","id":null,"requestId":12,"x":tru}"#).request_id,
+        Some(RequestId::Int(12))
+    );
     // Read whole, then an error after it: echoed.
     assert_eq!(
         err(r#"{"type":"ping","id":12,"x":tru}"#).request_id,

@@ -345,7 +345,7 @@ fn a_tls_connection_that_never_finishes_its_handshake_is_closed_at_the_first_mes
         config.limits.first_message_timeout_ms = 300;
         let server = start(config);
         // Nothing, or a record header cut short: no handshake to encrypt the deadline's error
-        // with, so the peer gets what TLS can say in the clear (an alert, if anything), then the
+        // with, so the peer gets what TLS can say, in the clear here (an alert, if anything), then the
         // end of the stream, at the deadline; not 5 s later at the close deadline, holding a
         // slot of `max_connections` meanwhile.
         for sent in [&[][..], &[0x16, 0x03, 0x01]] {

@@ -489,11 +489,11 @@ fn value(line: &[u8], token: Option<Token>) -> Value<'_> {
 /// The full parser, for a line known to be UTF-8: the JSON reader, then the command's fields.
 fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
     let (doc, read) = json::read(line, max_depth);
-    // The id, when it was read before any error.
-    let id = match request_id(line, doc.top[1], "id") {
-        Ok(Some(id)) => Ok(Some(id)),
-        Ok(None) => request_id(line, doc.top[2], "requestId"),
-        Err(e) => Err(e),
+    // The id, when it was read before any error, and the token it was read from.
+    let (id, id_token) = match request_id(line, doc.top[1], "id") {
+        Ok(Some(id)) => (Ok(Some(id)), doc.top[1]),
+        Ok(None) => (request_id(line, doc.top[2], "requestId"), doc.top[2]),
+        Err(e) => (Err(e), doc.top[1]),
     };
     if let Err(e) = read {
         // An id read before the error is echoed only if the reader got past it: in `"id":01`
@@ -504,7 +504,7 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
             | JsonError::LoneSurrogate { at } => at,
             JsonError::Duplicate { .. } => usize::MAX,
         };
-        let id_end = doc.top[1].or(doc.top[2]).map_or(0, |t| t.end);
+        let id_end = id_token.map_or(0, |t| t.end);
         let id = if error_at > id_end { id } else { Ok(None) };
         let kind = match e {
             JsonError::Syntax { at, what } => {

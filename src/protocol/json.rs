@@ -111,8 +111,8 @@ impl Token {
     }
 }
 
-/// Where the members the server reads are: the last complete value of each (a repeat is an
-/// error, so there is at most one).
+/// Where the members the server reads are: the first complete value of each (a repeat is an
+/// error, noted while the line is read on to its end; the repeat's value is not kept).
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Doc {
     /// The members of the command object, in [`TOP`]'s order.
@@ -296,7 +296,7 @@ impl Reader<'_> {
     }
 
     /// Reads a member's key and its `:` (the cursor at the key), and says which member of
-    /// interest it is; a repeat of one is an error.
+    /// interest it is; a repeat of one is noted as the error (see [`Reader::repeated`]).
     fn key(&mut self) -> Result<Option<Slot>, JsonError> {
         if self.peek() != Some(b'"') {
             return Err(self.expected("a string key"));

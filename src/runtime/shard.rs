@@ -1252,7 +1252,7 @@ impl<B: Backend> Shard<B> {
         let failed = c.tls.as_ref().is_some_and(|t| t.failed);
         // A TLS session whose handshake is not finished by a deadline the peer let pass (the
         // first message's, say) will not finish to carry the deadline's error: what TLS itself
-        // can say (`close_notify`, an alert in the clear) is all the peer gets, at once, not at
+        // can say (`close_notify`, an alert) is all the peer gets, at once, not at
         // the close deadline. Other closes (over `max_connections` at accept, shutdown) wait for
         // the handshake to say why, within the close deadline.
         let unsayable = c.tls.as_ref().is_some_and(|t| {

@@ -34,8 +34,11 @@
 //! - A subscription to a whole stream `S` receives every device's messages, so it is refused when
 //!   a deny pattern covers **any** device of `S` (deny `obs/secret` refuses subscribing to `obs`,
 //!   but not to `obs/dev1`).
-//! - A publication with a device is judged on `S/D`, one without on `S`: to let a user publish
-//!   everything in `obs`, allow both `obs` and `obs/>`.
+//! - A deny pattern matching a stream `S` covers its devices too: a device's messages are the
+//!   stream's, so deny `obs` refuses subscribing to `obs/dev1` and publishing to `obs` with a
+//!   device as well.
+//! - A publication with a device is judged on `S/D` (and on `S` for deny), one without on `S`:
+//!   to let a user publish everything in `obs`, allow both `obs` and `obs/>`.
 //!
 //! Patterns are parsed once ([`Permissions::compile`]); a decision walks the lists without
 //! allocating. The publish path is expected to go through a [`PublishCache`] per connection, so
@@ -436,6 +439,8 @@ impl Permissions {
             return Decision::Allowed;
         }
         let denied = self.subscribe.denies(stream, device)
+            // A device's messages are the stream's: a deny of the stream covers it.
+            || (device.is_some() && self.subscribe.denies(stream, None))
             || (device.is_none()
                 && self
                     .subscribe
@@ -717,6 +722,14 @@ mod tests {
     }
 
     #[test]
+    fn a_device_subscription_is_refused_when_its_stream_is_denied() {
+        let p = sub(&[">"], &["secret"]);
+        assert_eq!(p.subscribe("secret", None), Decision::Denied);
+        assert_eq!(p.subscribe("secret", Some("d")), Decision::Denied);
+        assert_eq!(p.subscribe("other", Some("d")), Decision::Allowed);
+    }
+
+    #[test]
     fn a_device_publication_is_refused_when_its_stream_is_denied() {
         let p = perms(rules(&[">"], &["obs", "*/private"]), rules(&[">"], &[]));
         assert_eq!(p.publish("obs", None), Decision::Denied);
@@ -938,10 +951,8 @@ mod tests {
                     && device.is_none()
                     && p.len() == 2
                     && model_match(&p[..1], &s, false, true))
-                // A device's publication reaches the whole stream: a deny of the stream holds.
-                || (action == Action::Publish
-                    && device.is_some()
-                    && model_match(&p, &segments(stream), false, true))
+                // A deny of the stream covers its devices, for either action.
+                || (device.is_some() && model_match(&p, &segments(stream), false, true))
         });
         if denied {
             Decision::Denied

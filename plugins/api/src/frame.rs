@@ -214,7 +214,7 @@ impl<'a> FrameRef<'a> {
     /// yields its one message. Checks that the element count matches the header.
     ///
     /// The array is split, not parsed: each element's extent is found by one iterative scan
-    /// (strings skipped, brackets counted), whatever its nesting, and each element is left to the
+    /// (strings skipped, open brackets kept on a stack), whatever its nesting, and each element is left to the
     /// reader of the messages to validate (the push protocol's command parser answers a bad one
     /// with a named error and the connection stays usable).
     pub fn json_messages(&self) -> Result<Vec<&'a [u8]>, FrameError> {
@@ -233,8 +233,8 @@ impl<'a> FrameRef<'a> {
 }
 
 /// The elements of the JSON array `json` as slices (surrounding whitespace trimmed), found by
-/// one scan that counts brackets and skips strings: no recursion, so any nesting is split
-/// safely. An element's own validity is not checked; the array's punctuation is.
+/// one scan that keeps a stack of the open brackets and skips strings: no recursion, so any
+/// nesting is split safely. An element's own validity is not checked; the array's punctuation is.
 fn split_json_array(json: &[u8]) -> Result<Vec<&[u8]>, String> {
     let ws = |i: &mut usize| {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = json.get(*i) {
@@ -249,13 +249,13 @@ fn split_json_array(json: &[u8]) -> Result<Vec<&[u8]>, String> {
     i += 1;
     ws(&mut i);
     let mut elements = Vec::new();
+    // The closers the current element's open brackets wait for, innermost last.
+    let mut open = Vec::new();
     if json.get(i) == Some(&b']') {
         i += 1;
     } else {
         loop {
             let start = i;
-            // The closers the element's open brackets wait for, innermost last.
-            let mut open = Vec::new();
             // The element runs to the `,` or `]` at depth 0 that follows it.
             loop {
                 match json.get(i) {
