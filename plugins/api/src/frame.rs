@@ -214,9 +214,9 @@ impl<'a> FrameRef<'a> {
     /// yields its one message. Checks that the element count matches the header.
     ///
     /// The array is split, not parsed: each element's extent is found by one iterative scan
-    /// (strings skipped, open brackets kept on a stack), whatever its nesting, and each element is left to the
-    /// reader of the messages to validate (the push protocol's command parser answers a bad one
-    /// with a named error and the connection stays usable).
+    /// (strings skipped, open brackets kept on a stack), whatever its nesting, and each element
+    /// is left to the reader of the messages to validate (the push protocol's command parser
+    /// answers a bad one with a named error and the connection stays usable).
     pub fn json_messages(&self) -> Result<Vec<&'a [u8]>, FrameError> {
         if self.header.codec == FrameCodec::Raw {
             return Ok(vec![self.payload]);
