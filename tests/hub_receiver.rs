@@ -1045,3 +1045,53 @@ fn messages_received_on_a_thread_that_exits_are_freed_with_it() {
     drop(rx);
     assert_eq!(std::sync::Arc::strong_count(&alive), 1, "a payload leaked");
 }
+
+/// Publishers racing on one topic: a publication's hub-wide number (`seq`) is taken in the same
+/// order as its topic number, so both increase in what a subscriber receives, and equal
+/// priorities stay in topic order under `message_priority` (which breaks ties by `seq`).
+#[test]
+fn publishers_racing_on_one_topic_are_numbered_alike_in_the_hub_and_the_topic() {
+    for message_priority in [false, true] {
+        let hub = Hub::new(
+            SpySink::new(),
+            HubOptions::default().message_priority(message_priority),
+        )
+        .unwrap();
+        let mut rx = hub
+            .receiver("t", SubscribeOptions::default().max_queue(64))
+            .unwrap();
+        const PER: u64 = 20_000;
+        let publishers: Vec<_> = (0..2)
+            .map(|_| {
+                let hub = hub.clone();
+                std::thread::spawn(move || {
+                    for i in 0..PER {
+                        publish(&hub, "t", i);
+                    }
+                })
+            })
+            .collect();
+        let mut last: Option<(u64, u64)> = None;
+        let (mut got, mut lagged) = (0, 0);
+        while got + lagged < 2 * PER {
+            match rx.recv_timeout(WAIT) {
+                Ok(m) => {
+                    let now = (m.topic_seq(), m.seq());
+                    if let Some(before) = last {
+                        assert!(
+                            now.0 > before.0 && now.1 > before.1,
+                            "message_priority {message_priority}: (topic_seq, seq) {now:?} after {before:?}"
+                        );
+                    }
+                    last = Some(now);
+                    got += 1;
+                }
+                Err(RecvTimeoutError::Lagged { missed }) => lagged += missed,
+                Err(e) => panic!("{e:?}"),
+            }
+        }
+        for p in publishers {
+            p.join().unwrap();
+        }
+    }
+}

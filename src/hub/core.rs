@@ -944,8 +944,6 @@ impl Inner {
         if self.is_closed() {
             return Ok(0);
         }
-        // One sequence number per publication: `seq` doubles as the `published` counter.
-        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
         let priority = opts.priority.unwrap_or(0);
         let mut queued = 0;
         let mut tapped = 0;
@@ -953,7 +951,7 @@ impl Inner {
         {
             let topics = self.topics.read();
             if let Some((key, t)) = topics.get_key_value(topic) {
-                let (mut order, entry) = numbered(t, seq, priority, message, opts.retain);
+                let (mut order, entry) = numbered(t, &self.seq, priority, message, opts.retain);
                 let tail = order.as_deref_mut().map(|o| &mut o.tail);
                 self.fan_out(
                     t,
@@ -977,7 +975,7 @@ impl Inner {
                     return Ok(0);
                 }
                 let t = topics.entry(Arc::from(topic)).or_default();
-                let (mut order, entry) = numbered(t, seq, priority, message, true);
+                let (mut order, entry) = numbered(t, &self.seq, priority, message, true);
                 let tail = order.as_deref_mut().map(|o| &mut o.tail);
                 self.fan_out(
                     t,
@@ -989,6 +987,9 @@ impl Inner {
                     &mut disconnect,
                 );
                 drop(order);
+            } else {
+                // Nobody to number it for: counted as published all the same.
+                self.seq.fetch_add(1, Ordering::Relaxed);
             }
         }
         for s in disconnect {
@@ -2198,20 +2199,28 @@ impl Drop for Taking<'_> {
     }
 }
 
-/// The entry of publication `seq` in topic `t`, numbered in the topic; the guard keeps the next
-/// publication of the topic out until this one is offered to every subscriber.
+/// The entry of the next publication in topic `t`, numbered in the hub (from `counter`, which
+/// doubles as the `published` counter) and in the topic; the guard keeps the next publication of
+/// the topic out until this one is offered to every subscriber.
 ///
-/// A topic whose only consumers are taps (the engine's push fan-out, which does not read the
-/// number) and that retains nothing is not numbered: its publishers take no lock.
-fn numbered(
-    t: &Topic,
-    seq: u64,
+/// The hub-wide number is taken under the topic's order lock, as the topic's number is, so the
+/// two agree in order: of two publishers racing on one topic, the one numbered first in the
+/// topic is numbered first in the hub too (a subscriber's queue breaks priority ties by it, and
+/// `seq` increases in delivery order). The lock's acquire and release order the two
+/// increments; the increment itself is `Relaxed` (a count).
+///
+/// A topic whose only consumers are taps (the engine's push fan-out, which reads neither number)
+/// and that retains nothing is not numbered in the topic: its publishers take no lock.
+fn numbered<'t>(
+    t: &'t Topic,
+    counter: &AtomicU64,
     priority: i32,
     message: Message,
     retain: bool,
-) -> (Option<parking_lot::MutexGuard<'_, Order>>, Entry) {
+) -> (Option<parking_lot::MutexGuard<'t, Order>>, Entry) {
     let numbers = retain || !t.subs.is_empty() || !t.cursors.is_empty() || t.direct.is_some();
     let mut order = numbers.then(|| t.order.lock());
+    let seq = counter.fetch_add(1, Ordering::Relaxed);
     let topic_seq = order.as_deref().map_or(0, |o| o.next);
     if let Some(o) = order.as_deref_mut() {
         o.next += 1;
