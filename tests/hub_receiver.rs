@@ -1095,3 +1095,55 @@ fn publishers_racing_on_one_topic_are_numbered_alike_in_the_hub_and_the_topic() 
         }
     }
 }
+
+/// A loss is reported where it is, never before messages published ahead of it: also when the
+/// drain took the batch before the gap while the publisher went on dropping (a batch's drop
+/// count is read when it is handed over, so it can count later drops).
+#[test]
+fn a_loss_is_never_reported_before_the_messages_ahead_of_it() {
+    for message_priority in [false, true] {
+        for policy in [SlowConsumer::DropOldest, SlowConsumer::DropNewest] {
+            for _ in 0..20 {
+                let hub = Hub::new(
+                    SpySink::new(),
+                    HubOptions::default().message_priority(message_priority),
+                )
+                .unwrap();
+                let options = SubscribeOptions::default()
+                    .max_queue(3)
+                    .max_batch(2)
+                    .slow_consumer(policy);
+                let mut rx = hub.receiver("t", options).unwrap();
+                for i in 0..20 {
+                    publish(&hub, "t", i);
+                }
+                let (mut next, mut accounted) = (0, 0);
+                let mut lag = 0;
+                let mut seen = Vec::new();
+                while accounted < 20 {
+                    match rx.recv_timeout(WAIT) {
+                        Ok(m) => {
+                            let n = m.topic_seq();
+                            seen.push(n.to_string());
+                            assert!(
+                                n >= next + lag,
+                                "{policy:?}, message_priority {message_priority}: a loss of \
+                                 {lag} reported before {n}, expected at {next} or later: {seen:?}"
+                            );
+                            next = n + 1;
+                            lag = 0;
+                            accounted += 1;
+                        }
+                        Err(RecvTimeoutError::Lagged { missed }) => {
+                            seen.push(format!("L{missed}"));
+                            lag += missed;
+                            accounted += missed;
+                        }
+                        Err(e) => panic!("{e:?} after {seen:?}"),
+                    }
+                }
+                assert_eq!(accounted, 20, "{seen:?}");
+            }
+        }
+    }
+}

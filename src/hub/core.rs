@@ -184,6 +184,11 @@ pub(crate) struct Sub {
     consumer: Consumer,
     ack: Option<BytesAcknowledged>,
     pub(crate) closed: AtomicBool,
+    /// The topic number of the first publication the subscription can be offered (the oldest
+    /// retained one, else the topic's next), set once while subscribing: a receiver tells a
+    /// loss before its first message from a publication that came before it. `Relaxed`: read
+    /// after the subscribe that set it returned.
+    pub(crate) start: AtomicU64,
     /// `generation << 3 | phase`; see [`phase`].
     send_state: AtomicU64,
     /// A handler job of this subscriber is running on the handler pool. A flush waits for it
@@ -731,6 +736,7 @@ impl Inner {
             consumer,
             ack: opts.bytes_acknowledged,
             closed: AtomicBool::new(false),
+            start: AtomicU64::new(0),
             send_state: AtomicU64::new(0),
             handling: AtomicBool::new(false),
             taking: AtomicBool::new(false),
@@ -772,6 +778,12 @@ impl Inner {
             entry.subs.push(Arc::clone(&sub));
         }
         entry.reroute();
+        // Read after the reroute, under the order lock: a publisher's handle that appended to
+        // the receivers' log alone (not offered to this subscription) is numbered before it,
+        // and every later publication comes by name, after this subscribe.
+        let next = entry.order.lock().next;
+        let start = entry.retained.lock().front().map_or(next, |e| e.topic_seq);
+        sub.start.store(start, Ordering::Relaxed);
         let all = Arc::make_mut(&mut entry.all);
         // Usually the end: subscription order grows.
         let at = all.partition_point(|s| drain_key(s) <= drain_key(&sub));

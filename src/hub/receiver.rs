@@ -472,11 +472,15 @@ impl Receiver {
         let take = Consumer::Batch(Arc::new(move |b: &SharedBatch| hand_chan.hand(b)));
         let sub = hub.subscribe_consumer(topic, take, options)?;
         let _ = chan.sub.set(Arc::downgrade(&sub.sub));
+        let start = sub.sub.start.load(std::sync::atomic::Ordering::Relaxed);
         Ok(Receiver {
             sub,
             mode: Mode::HandOff(HandOffRx {
                 chan,
-                seen: Seen::default(),
+                seen: Seen {
+                    start,
+                    ..Seen::default()
+                },
                 local: None,
                 pos: 0,
             }),
@@ -712,10 +716,11 @@ impl HandOffRx {
         let unreported = handed.dropped_before.saturating_sub(seen.reported);
         let gap = match seen.last {
             Some(last) => e.topic_seq.saturating_sub(last + 1),
-            // Nothing received yet: under drop-oldest the drops before the first handed over
-            // message were older than it.
-            None if self.chan.policy == SlowConsumer::DropOldest => unreported,
-            None => 0,
+            // Nothing received yet: the publications between the first the subscription could
+            // be offered and this one. (A batch's drop count is read when it is handed over, so
+            // it may count drops of publications after the batch: they are reported at their
+            // gap, not before the batch.)
+            None => e.topic_seq.saturating_sub(seen.start),
         };
         let missed = gap.min(unreported);
         if missed > 0 {
@@ -825,6 +830,8 @@ struct Seen {
     reported: u64,
     /// The topic number of the last message received.
     last: Option<u64>,
+    /// The topic number of the first publication the subscription could be offered.
+    start: u64,
 }
 
 fn map_timeout(r: Result<(), TryRecvError>) -> Result<(), RecvTimeoutError> {
