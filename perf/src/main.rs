@@ -48,15 +48,16 @@ enum Budget {
 #[derive(Debug, Parser)]
 #[command(name = "powerhub-perf", version)]
 struct Args {
-    /// Scenarios to run (default: all): fanout, latency, slow-consumer, screens,
-    /// idle-connections, scaling, in-process.
+    /// Scenarios to run (default: all): fanout, latency, rtt, slow-consumer, screens,
+    /// idle-connections, scaling, in-process. Any run with a problem (a system not run, a
+    /// message not delivered) lists it and exits non-zero.
     scenarios: Vec<String>,
-    /// A smoke run that finishes in under two minutes; exits non-zero if any system fails to
-    /// deliver a message it should.
+    /// A smoke run that finishes in under two minutes.
     #[arg(long)]
     quick: bool,
     /// Systems to run, comma-separated: powerhub (default io backend: io_uring where the kernel
-    /// allows it), powerhub-epoll, redis, nats, raw.
+    /// allows it), powerhub-epoll, powerhub-auth (with `[auth]`), powerhub-tls, redis, nats,
+    /// nats-tls, raw.
     #[arg(
         long,
         value_delimiter = ',',
@@ -84,16 +85,17 @@ struct Args {
     /// Results directory.
     #[arg(long)]
     results: Option<PathBuf>,
-    /// Warm-up seconds per case.
+    /// Warm-up seconds per case (fanout, latency, slow-consumer, scaling).
     #[arg(long)]
     warmup: Option<f64>,
-    /// Measured seconds per case.
+    /// Measured seconds per case (fanout, latency, slow-consumer, scaling; screens runs 5 s,
+    /// idle-connections holds 5 s, in-process runs a fixed number of deliveries).
     #[arg(long)]
     measure: Option<f64>,
     /// fanout: subscriber counts.
     #[arg(long, value_delimiter = ',')]
     subs: Option<Vec<usize>>,
-    /// fanout: payload sizes in bytes.
+    /// fanout: message sizes in bytes (at least the benchmark message's fixed fields).
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<usize>>,
     /// rtt: round trips per block (default 2000; 200 in quick mode); every system runs 6 blocks
@@ -324,6 +326,24 @@ fn run(args: Args) -> io::Result<ExitCode> {
             )));
         }
     }
+    if let Some(twice) = names
+        .iter()
+        .enumerate()
+        .find_map(|(i, n)| names[..i].contains(n).then_some(n))
+    {
+        return Err(io::Error::other(format!(
+            "scenario {twice:?} is given twice"
+        )));
+    }
+    if let Some(twice) = args
+        .systems
+        .iter()
+        .enumerate()
+        .find_map(|(i, n)| args.systems[..i].contains(n).then_some(n))
+    {
+        return Err(io::Error::other(format!("--systems lists {twice:?} twice")));
+    }
+    check_values(&args)?;
     let mut kinds = Vec::new();
     for s in &args.systems {
         kinds.push(SystemKind::parse(s).ok_or_else(|| {
@@ -364,7 +384,12 @@ fn run(args: Args) -> io::Result<ExitCode> {
         .results
         .clone()
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("results"));
-    std::fs::create_dir_all(&results)?;
+    std::fs::create_dir_all(&results).map_err(|e| {
+        io::Error::other(format!(
+            "cannot create the results directory {} (--results): {e}",
+            results.display()
+        ))
+    })?;
     let cpus = procfs::cpus();
     let threads = if args.budget == Budget::Pinned { 1 } else { 2 };
     procfs::raise_nofile(1 << 17);
@@ -494,7 +519,17 @@ fn run(args: Args) -> io::Result<ExitCode> {
         ctx.threads,
         if ctx.threads == 1 { "" } else { "s" },
         if args.budget == Budget::Pinned { ", server on the last CPU, load generator on the others" } else { "" },
-        ctx.targets.iter().map(|t| t.kind.name()).collect::<Vec<_>>().join(", "),
+        if ctx.targets.is_empty() {
+            // Only in-process ran: its systems are libraries, not servers.
+            format!(
+                "in-process {}",
+                ctx.inproc_systems
+                    .as_deref()
+                    .map_or_else(|| inproc::SYSTEMS.join(", "), |s| s.join(", "))
+            )
+        } else {
+            ctx.targets.iter().map(|t| t.kind.name()).collect::<Vec<_>>().join(", ")
+        },
         if quick { "quick" } else { "full" },
         std::env::args().skip(1).collect::<Vec<_>>().join(" "),
     ));
@@ -523,16 +558,76 @@ fn run(args: Args) -> io::Result<ExitCode> {
     } else {
         "report.md"
     });
-    std::fs::write(&report, &out)?;
-    println!("Report, .hgrm files and plots: {}", results.display());
+    std::fs::write(&report, &out).map_err(|e| {
+        io::Error::other(format!("cannot write the report {}: {e}", report.display()))
+    })?;
+    println!(
+        "Report: {}; the latency scenario's .hgrm files and the plots (where a scenario draws one) are in {}",
+        report.display(),
+        results.display()
+    );
     if !failures.is_empty() {
         eprintln!("Problems:");
         for f in &failures {
             eprintln!("- {f}");
         }
-        if quick {
-            return Ok(ExitCode::FAILURE);
-        }
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses the values no run can use, naming the option: counts of zero, durations that are
+/// not a number of seconds, rates that are not fractions, sizes under the benchmark message's
+/// fixed fields.
+fn check_values(args: &Args) -> io::Result<()> {
+    let bad = |message: String| Err(io::Error::other(message));
+    for (option, values) in [
+        ("--subs", args.subs.as_deref()),
+        ("--inproc-subs", args.inproc_subs.as_deref()),
+    ] {
+        if values.is_some_and(|v| v.is_empty() || v.contains(&0)) {
+            return bad(format!("{option} needs subscriber counts of at least 1"));
+        }
+    }
+    for (option, value) in [("--idle", args.idle), ("--devices", args.devices)] {
+        if value == Some(0) {
+            return bad(format!("{option} 0: give at least 1"));
+        }
+    }
+    if args.shot_hz == Some(0) {
+        return bad("--shot-hz 0: give at least 1 frame per second".to_owned());
+    }
+    if let Some(w) = args.warmup.filter(|w| !(w.is_finite() && *w >= 0.0)) {
+        return bad(format!(
+            "--warmup {w} is not a number of seconds (0 or more)"
+        ));
+    }
+    if let Some(m) = args.measure.filter(|m| !(m.is_finite() && *m > 0.0)) {
+        return bad(format!(
+            "--measure {m} is not a number of seconds (more than 0)"
+        ));
+    }
+    if let Some(r) = args
+        .rates
+        .iter()
+        .flatten()
+        .find(|r| !(r.is_finite() && **r > 0.0))
+    {
+        return bad(format!(
+            "--rates {r} is not a fraction of the maximum rate (more than 0)"
+        ));
+    }
+    if args.rates.as_ref().is_some_and(Vec::is_empty) {
+        return bad("--rates needs at least one fraction".to_owned());
+    }
+    let least = payload::Template::new(0, scenarios::BENCH, "t", "").len();
+    if let Some(size) = args.sizes.iter().flatten().find(|&&s| s < least) {
+        return bad(format!(
+            "--sizes {size}: the benchmark message is at least {least} bytes (its sequence number, time, stream and type)"
+        ));
+    }
+    if args.sizes.as_ref().is_some_and(Vec::is_empty) {
+        return bad("--sizes needs at least one size".to_owned());
+    }
+    Ok(())
 }

@@ -1059,7 +1059,7 @@ fn screens(ctx: &Ctx) -> io::Result<Scenario> {
     }
     sc.notes.push(format!(
         "{} devices, hierarchy_update ({} KiB) at {} Hz and screenshot_update (256 KiB–2 MiB) at {} Hz each, {} subscribers of which {} never read; {:.1} s. Throughput is bytes delivered to the healthy subscribers; latency is theirs.",
-        prof.devices, HIERARCHY_SIZE >> 10, prof.hz, prof.shot_hz, prof.subs, prof.stalled, prof.secs
+        prof.devices, HIERARCHY_SIZE >> 10, prof.hz, prof.hz / (prof.hz / prof.shot_hz.max(1)).max(1), prof.subs, prof.stalled, prof.secs
     ));
     let p = ctx.path("screens-rss.svg");
     plot_rss(&p, "screens: server RSS over time", &rss)?;
