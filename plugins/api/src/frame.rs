@@ -105,7 +105,7 @@ pub enum FrameError {
     #[error("json frame payload is not a JSON array: {0}")]
     InvalidJson(String),
     /// The JSON array's length differs from the header's `count`.
-    #[error("frame header says {header} messages, the payload holds {found}")]
+    #[error("message count {header} in the frame header, {found} in the payload")]
     CountMismatch {
         /// The header's `count`.
         header: u32,
