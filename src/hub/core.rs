@@ -1184,26 +1184,20 @@ impl Inner {
         for sub in &t.subs {
             self.offer(sub, &entry, queued, disconnect);
         }
+        if let Some((direct, tail)) = direct {
+            // Read by the receivers themselves: nothing for the drain.
+            direct.append(tail, Slot::Shared(Arc::clone(&entry)));
+            *tap_counted += t.direct_count;
+        }
         // One offer per tap counted in `Entry::taps` (the same list, under the same lock): the
-        // seals' count depends on it (`hub/sealed.rs`).
+        // seals' count depends on it (`hub/sealed.rs`). The last tap takes the hub's reference.
         if let Some((last, others)) = t.taps.split_last() {
             for tap in others {
                 tap.offer(Arc::clone(&entry));
                 *tap_counted += tap.subscribers();
             }
             *tap_counted += last.subscribers();
-            if direct.is_none() {
-                // The last consumer: the hub's reference goes with it (one count less to take
-                // and give back per publication).
-                last.offer(entry);
-                return;
-            }
-            last.offer(Arc::clone(&entry));
-        }
-        if let Some((direct, tail)) = direct {
-            // Read by the receivers themselves: nothing for the drain.
-            direct.append(tail, Slot::Shared(entry));
-            *tap_counted += t.direct_count;
+            last.offer(entry);
         }
     }
 
