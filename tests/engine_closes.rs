@@ -596,3 +596,112 @@ fn the_answer_to_a_websocket_clients_close_follows_the_backlog_and_no_data_frame
         assert!(ws.frame().is_none(), "no frame after the close reply");
     });
 }
+
+/// The peer's end of stream ends its input, not its last message: an NDJSON line without its
+/// newline is read and answered (a publish reaches its subscribers), a line cut inside its JSON
+/// gets the parse error, and the replies come before the close.
+#[test]
+fn a_last_ndjson_line_without_its_newline_is_read_at_the_end_of_stream() {
+    on_both_backends(|backend| {
+        let server = serve(config(backend));
+        let mut sub = Client::connect(server.ndjson);
+        sub.subscribe("s");
+        let mut publisher = Client::connect(server.ndjson);
+        publisher.send_raw(
+            br#"{"type":"publish","id":"p","message":{"type":"tick","stream":"s","n":1}}"#,
+        );
+        publisher
+            .writer
+            .shutdown(std::net::Shutdown::Write)
+            .unwrap();
+        let text = String::from_utf8(publisher.rest()).unwrap();
+        let replies: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(replies.len(), 1, "{text}");
+        assert_eq!(replies[0]["type"], "published", "{text}");
+        assert_eq!(replies[0]["requestId"], "p", "{text}");
+        let m = sub.msg();
+        assert_eq!(m["n"], 1, "{m}");
+
+        let mut cut = Client::connect(server.ndjson);
+        cut.send_raw(br#"{"type":"ping","id":1}"#);
+        cut.send_raw(b"\n");
+        cut.send_raw(br#"{"type":"ping","id":2"#);
+        cut.writer.shutdown(std::net::Shutdown::Write).unwrap();
+        let text = String::from_utf8(cut.rest()).unwrap();
+        let replies: Vec<Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(replies.len(), 2, "{text}");
+        assert_eq!(replies[0]["type"], "pong", "{text}");
+        assert_eq!(replies[1]["type"], "error", "{text}");
+        assert_eq!(replies[1]["code"], "invalid_json", "{text}");
+        eventually("both connections released", || {
+            server.engine.stats().open_connections == 1
+        });
+    });
+}
+
+/// A frame the peer's end of stream cuts short is refused in the frame protocol (`bad_frame`,
+/// saying how much of it arrived), after the replies to the frames before it.
+#[test]
+fn a_frame_cut_short_by_the_end_of_stream_gets_a_bad_frame_error() {
+    on_both_backends(|backend| {
+        let server = serve(config(backend));
+        let whole = frame::encode_json_batch([&br#"{"type":"ping","id":1}"#[..]]).unwrap();
+        for (cut, what) in [
+            (whole.len() - 3, "a frame ("),
+            (5, "a frame header (5 of its 12"),
+        ] {
+            let mut fr = connect(server.frame);
+            fr.write_all(&whole).unwrap();
+            fr.write_all(&whole[..cut]).unwrap();
+            fr.shutdown(std::net::Shutdown::Write).unwrap();
+            assert_eq!(frame_msg(&mut fr).unwrap()["type"], "pong");
+            let e = frame_msg(&mut fr).expect("an error about the cut frame");
+            assert_eq!(e["code"], "bad_frame", "{e}");
+            let message = e["message"].as_str().unwrap();
+            assert!(message.contains("the stream ended inside"), "{e}");
+            assert!(message.contains(what), "{e}");
+            assert!(closed(&mut fr));
+        }
+    });
+}
+
+/// On WebSocket, a frame the end of stream cuts short gets a close frame (1002) that says so,
+/// and a handshake cut short gets HTTP 400.
+#[test]
+fn a_websocket_frame_or_handshake_cut_short_by_the_end_of_stream_is_said() {
+    on_both_backends(|backend| {
+        let server = serve(config(backend));
+        let mut ws = Ws::upgrade(server.websocket);
+        assert_eq!(ws.request(r#"{"type":"ping","id":1}"#)["type"], "pong");
+        // A masked text frame header announcing 10 bytes, then 3 of them.
+        ws.s.write_all(&[0x81, 0x80 | 10, 1, 2, 3, 4, b'{', b'"', b't'])
+            .unwrap();
+        ws.s.shutdown(std::net::Shutdown::Write).unwrap();
+        let (texts, code, reason) = ws.until_close();
+        assert!(texts.is_empty(), "{texts:?}");
+        assert_eq!(code, 1002, "{reason}");
+        assert!(
+            reason.contains("the stream ended inside a frame"),
+            "{reason}"
+        );
+
+        let mut s = connect(server.websocket);
+        s.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n")
+            .unwrap();
+        s.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut response = Vec::new();
+        let _ = s.read_to_end(&mut response);
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 400 "), "{response}");
+        assert!(
+            response.contains("the stream ended inside the opening handshake"),
+            "{response}"
+        );
+    });
+}

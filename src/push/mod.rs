@@ -614,9 +614,46 @@ impl PushConnection {
         &mut self.input.get_or_insert_with(Box::default).buf
     }
 
+    /// The peer ended its stream (a TCP end of stream): a message it cut short is read as the
+    /// protocol's last message (an NDJSON line without its newline) or refused with an error
+    /// that names it, said in the protocol (see
+    /// [`StreamProtocol::decode_end`](powerhub_plugin::StreamProtocol::decode_end)). Then call
+    /// [`poll`](Self::poll) until it returns `None`, and close the connection as the peer did,
+    /// after what is queued.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Instant, SystemTime};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// # let config = Arc::new(PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// # let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// conn.handle_input(b"{\"type\":\"ping\",\"id\":7}", now); // no newline yet
+    /// assert_eq!(conn.poll(now, SystemTime::now()), None);
+    /// conn.handle_end_of_stream(now); // nor ever: the last line is read as it is
+    /// assert_eq!(conn.poll(now, SystemTime::now()), None);
+    /// let mut out = Vec::new();
+    /// conn.poll_transmit(&mut out, 16, now).unwrap();
+    /// assert_eq!(out.concat(), b"{\"type\":\"pong\",\"requestId\":7}\n");
+    /// ```
+    pub fn handle_end_of_stream(&mut self, now: Instant) {
+        self.decode_input(now, true);
+    }
+
     /// Decodes what the input buffer holds (see [`handle_input`](Self::handle_input)).
     pub(crate) fn decode_received(&mut self, now: Instant) {
-        self.last_inbound_ms = self.millis(now);
+        self.decode_input(now, false);
+    }
+
+    /// Decodes the input buffer; at the peer's `end` of stream, all of it.
+    fn decode_input(&mut self, now: Instant, end: bool) {
+        if !end {
+            self.last_inbound_ms = self.millis(now);
+        }
         let input = self.input.get_or_insert_with(Box::default);
         if self.state != PushState::Open {
             input.buf.clear();
@@ -629,7 +666,11 @@ impl PushConnection {
             self.published = false;
         }
         input.output.urgent.clear();
-        let result = self.proto.decode(&mut input.buf, &mut input.output);
+        let result = if end {
+            self.proto.decode_end(&mut input.buf, &mut input.output)
+        } else {
+            self.proto.decode(&mut input.buf, &mut input.output)
+        };
         if input.buf.is_empty() {
             // Nothing partial: hold no buffer while waiting for input.
             input.buf = BytesMut::new();

@@ -785,9 +785,23 @@ impl<B: Backend> Shard<B> {
             (State::Lingering(_), _) => self.abort(token),
             (State::Closing(_), Ok(_)) => c.peer_eof = true,
             (_, Ok((0, _))) => {
-                // The peer shut down its sending side: write what is queued, then close.
+                // The peer shut down its sending side: what it cut short is read (a last line
+                // without its newline) or refused, said; then what is queued is written, and the
+                // connection closes.
+                // (Once the shutdown's reading is over, nothing more is read.)
                 c.peer_eof = true;
-                self.close_with(token, Ending::unsaid("peer_closed", String::new()));
+                if !self.handle.has_stopped_reading() {
+                    let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        self.after_input(token, true)
+                    }));
+                    if let Err(panic) = handled {
+                        self.fail(token, &*panic, Stage::Input);
+                        return;
+                    }
+                }
+                if slot_mut(&mut self.slots, token).is_some_and(|c| c.state == State::Open) {
+                    self.close_with(token, Ending::unsaid("peer_closed", String::new()));
+                }
             }
             (_, Ok((_, _))) if self.handle.has_stopped_reading() => {
                 // The shutdown's reading is over: what arrives now is not read (the connection
@@ -852,7 +866,7 @@ impl<B: Backend> Shard<B> {
                 // this connection, said in its protocol; the shard and its other connections go
                 // on.
                 let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    self.after_input(token)
+                    self.after_input(token, false)
                 }));
                 if let Err(panic) = handled {
                     self.fail(token, &*panic, Stage::Input);
@@ -900,9 +914,10 @@ impl<B: Backend> Shard<B> {
         self.abort_with(token, Ending::unsaid(codes::INTERNAL_ERROR, what));
     }
 
-    /// Decodes what arrived and runs the push connection on it: what it asks for (fan-out,
-    /// subscriptions, publishes) is done here, in the order it asks.
-    fn after_input(&mut self, token: Token) {
+    /// Decodes what arrived (at the peer's `end` of stream, all of it) and runs the push
+    /// connection on it: what it asks for (fan-out, subscriptions, publishes) is done here, in
+    /// the order it asks.
+    fn after_input(&mut self, token: Token, end: bool) {
         let now = Instant::now();
         let wall = SystemTime::now();
         let Some(c) = slot_mut(&mut self.slots, token) else {
@@ -912,7 +927,11 @@ impl<B: Backend> Shard<B> {
             c.push.inbuf_mut().clear();
             return;
         }
-        c.push.decode_received(now);
+        if end {
+            c.push.handle_end_of_stream(now);
+        } else {
+            c.push.decode_received(now);
+        }
         loop {
             let Some(c) = slot_mut(&mut self.slots, token) else {
                 return;

@@ -10,7 +10,8 @@ use powerhub::plugin::{Inbound, ProtocolError, StreamProtocol};
 use powerhub_frame::FrameProtocol;
 
 use super::support::{
-    assert_same, feed_bytewise, feed_chunked, feed_whole, is_json, Rng, BYTEWISE_MAX,
+    assert_ends_cleanly, assert_same, feed_bytewise, feed_chunked, feed_whole, is_json, Rng,
+    BYTEWISE_MAX,
 };
 
 /// The check.
@@ -111,7 +112,9 @@ fn split_frames(stream: &[u8], max_payload: usize, rng: &mut Rng) {
 /// The `frame` transport: split-independent, every text event is one array element, and a refusal
 /// leaves a final error frame.
 fn transport(stream: &[u8], max_payload: usize, mode: u8) {
-    let whole = feed_whole(&mut FrameProtocol::new(max_payload), stream);
+    let mut proto = FrameProtocol::new(max_payload);
+    let whole = feed_whole(&mut proto, stream);
+    assert_ends_cleanly(&mut proto, &whole);
     for event in &whole.events {
         match event {
             // An element of a json frame, split but not validated: the command parser answers

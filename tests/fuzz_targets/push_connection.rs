@@ -41,8 +41,8 @@ use powerhub_ndjson::{NdjsonFactory, NdjsonProtocol};
 use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
 
 use super::support::{
-    check_http_response, client_frame, feed_chunked, feed_whole, is_json, is_json_object,
-    server_frames, Rng, HANDSHAKE,
+    assert_ends_cleanly, check_http_response, client_frame, feed_chunked, feed_whole, is_json,
+    is_json_object, server_frames, Rng, HANDSHAKE,
 };
 
 /// Messages per fan-out batch (the server's `subscriptions.max_batch`, small here).
@@ -522,7 +522,9 @@ fn is_error(m: &[u8]) -> bool {
 /// limit is refused either way (its size counts the bytes seen when it was refused, which
 /// depends on the receives).
 fn ndjson_splits(stream: &[u8], max_line: usize, rng: &mut Rng) {
-    let whole = feed_whole(&mut NdjsonProtocol::new(max_line), stream);
+    let mut proto = NdjsonProtocol::new(max_line);
+    let whole = feed_whole(&mut proto, stream);
+    assert_ends_cleanly(&mut proto, &whole);
     let chunked = feed_chunked(&mut NdjsonProtocol::new(max_line), stream, rng);
     assert_eq!(whole.events, chunked.events, "ndjson: whole and in chunks");
     match (&whole.result, &chunked.result) {

@@ -96,6 +96,25 @@ pub(crate) fn feed<P: StreamProtocol + ?Sized>(
     fed
 }
 
+/// Ends the stream after `fed` (fed to `proto`): what was left is read or refused, an error is
+/// said in the protocol's urgent bytes (unless an earlier one was), and nothing stays buffered.
+pub(crate) fn assert_ends_cleanly<P: StreamProtocol + ?Sized>(proto: &mut P, fed: &Fed) {
+    let mut input = BytesMut::from(&fed.rest[..]);
+    let mut out = ProtocolOutput::default();
+    let result = proto.decode_end(&mut input, &mut out);
+    assert!(input.is_empty(), "input left after the end of stream");
+    match result {
+        Ok(()) => assert!(
+            out.urgent.is_empty(),
+            "answered at the end of stream without an error"
+        ),
+        Err(e) => assert!(
+            !out.urgent.is_empty() || fed.result.is_err(),
+            "the end of stream's error was not said: {e}"
+        ),
+    }
+}
+
 /// Feeds `data` in one receive.
 pub(crate) fn feed_whole(proto: &mut dyn StreamProtocol, data: &[u8]) -> Fed {
     feed(proto, data, || None, |_| {})

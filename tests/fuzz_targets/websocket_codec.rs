@@ -11,8 +11,8 @@ use powerhub::plugin::{Inbound, ProtocolError, ProtocolLimits, StreamProtocol};
 use powerhub_websocket::{close_code, WebSocket, WebSocketConfig, WebSocketFactory};
 
 use super::support::{
-    assert_same, check_http_response, client_frame, feed, server_frames, Fed, Rng, BYTEWISE_MAX,
-    HANDSHAKE,
+    assert_ends_cleanly, assert_same, check_http_response, client_frame, feed, server_frames, Fed,
+    Rng, BYTEWISE_MAX, HANDSHAKE,
 };
 
 const OP_CONTINUATION: u8 = 0;
@@ -67,6 +67,7 @@ pub(crate) fn check(data: &[u8]) {
 
     well_formed(&whole, &conn);
     after_the_end(&whole, &mut conn);
+    assert_ends_cleanly(&mut conn, &whole);
     // Within the default limits, every message sent comes out whole.
     if let (Some((events, pongs)), false) = (expected, small) {
         assert_eq!(whole.result, Ok(()), "well-formed messages refused");

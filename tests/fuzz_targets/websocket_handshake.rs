@@ -7,7 +7,9 @@
 use powerhub::plugin::{Inbound, ProtocolError, ProtocolLimits};
 use powerhub_websocket::{accept_key, WebSocket, WebSocketConfig, WebSocketFactory};
 
-use super::support::{assert_same, check_http_response, feed, Fed, Rng, BYTEWISE_MAX};
+use super::support::{
+    assert_ends_cleanly, assert_same, check_http_response, feed, Fed, Rng, BYTEWISE_MAX,
+};
 
 fn connection(mode: u8) -> WebSocket {
     let mut config = WebSocketConfig::default();
@@ -40,6 +42,7 @@ pub(crate) fn check(data: &[u8]) {
     let chunked = feed(&mut connection(mode), request, || Some(rng.chunk()), |_| {});
     assert_same(&whole, &chunked, "handshake: whole and in chunks");
     outcome(&whole, &conn, request);
+    assert_ends_cleanly(&mut conn, &whole);
 }
 
 /// Whether the response is one that the request and the settings allow.

@@ -380,6 +380,50 @@ pub trait StreamProtocol: Send + fmt::Debug {
         out: &mut ProtocolOutput,
     ) -> Result<(), ProtocolError>;
 
+    /// The peer ended its stream (a TCP end of stream) with `input` holding what
+    /// [`decode`](StreamProtocol::decode) left: a message cut short. Decodes a last message
+    /// the protocol allows without its terminator into `out` (NDJSON: a last line without its
+    /// newline), or returns the error that names what was cut off, with the protocol's final
+    /// words in [`ProtocolOutput::urgent`] as for a decode error. Leaves `input` empty.
+    ///
+    /// The default: nothing left is no error; anything left is a
+    /// [`ProtocolError::Violation`] that says how many bytes of a message arrived.
+    ///
+    /// ```
+    /// use bytes::BytesMut;
+    /// use powerhub_plugin::{ProtocolError, ProtocolOutput, StreamProtocol};
+    ///
+    /// #[derive(Debug)]
+    /// struct Fixed;
+    /// impl StreamProtocol for Fixed {
+    ///     fn decode(&mut self, _: &mut BytesMut, _: &mut ProtocolOutput) -> Result<(), ProtocolError> {
+    ///         Ok(())
+    ///     }
+    ///     fn encode_text(&mut self, _: &[u8], _: &mut BytesMut) {}
+    ///     fn name(&self) -> &str { "fixed" }
+    /// }
+    ///
+    /// let mut out = ProtocolOutput::default();
+    /// assert_eq!(Fixed.decode_end(&mut BytesMut::new(), &mut out), Ok(()));
+    /// let err = Fixed.decode_end(&mut BytesMut::from(&b"abc"[..]), &mut out).unwrap_err();
+    /// assert!(err.to_string().contains("3 bytes"), "{err}");
+    /// ```
+    fn decode_end(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        let _ = out;
+        if input.is_empty() {
+            return Ok(());
+        }
+        let cut = input.len();
+        input.clear();
+        Err(ProtocolError::Violation(format!(
+            "the stream ended inside a message ({cut} bytes of it arrived)"
+        )))
+    }
+
     /// Appends one outbound JSON message (without trailing newline) framed for the wire.
     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut);
 

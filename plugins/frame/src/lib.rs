@@ -12,7 +12,8 @@
 //!   [`ProtocolError::Violation`] naming the fault. Either way a final error frame is put in
 //!   [`ProtocolOutput::urgent`] and the runtime closes the connection: the push protocol's
 //!   `{"type":"error","requestId":null,"code":..,"message":..}`, with `code` `limit_exceeded`
-//!   (and `"limit":"max_message_bytes"`) or `bad_frame`.
+//!   (and `"limit":"max_message_bytes"`) or `bad_frame`. A frame the peer's end of stream cuts
+//!   short is a `bad_frame` violation too, saying how many of its bytes arrived.
 //! - Outbound: [`StreamProtocol::encode_text`] writes a one-message `json` frame, or, given a
 //!   complete hub frame (no JSON text starts with its magic `P`), that frame as it is: a
 //!   subscriber's batch encoded once by the hub reaches the wire as the same frame;
@@ -171,6 +172,33 @@ impl StreamProtocol for FrameProtocol {
         }
     }
 
+    /// A frame cut short by the end of the stream is a [`ProtocolError::Violation`] that says
+    /// how much of it arrived, with the final error frame (`bad_frame`).
+    fn decode_end(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        if input.is_empty() {
+            return Ok(());
+        }
+        let what = match frame::Header::parse(input) {
+            Ok(header) => format!(
+                "a frame ({} of its {} bytes arrived)",
+                input.len(),
+                header.frame_len()
+            ),
+            Err(_) => format!(
+                "a frame header ({} of its {} bytes arrived)",
+                input.len(),
+                frame::HEADER_LEN
+            ),
+        };
+        input.clear();
+        let err = ProtocolError::Violation(format!("the stream ended inside {what}"));
+        Err(self.fail(err, out))
+    }
+
     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
         // A complete hub frame (a subscriber's batch, encoded once by the hub) is already framed
         // for this protocol and goes as it is. No JSON text starts with `P`, so the two cases
@@ -207,6 +235,27 @@ impl StreamProtocol for FrameProtocol {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_frame_cut_short_by_the_end_of_stream_is_a_bad_frame_error() {
+        let wire = frame::encode_json_batch([&b"{\"a\":1}"[..]]).unwrap();
+        let mut out = ProtocolOutput::default();
+        let mut p = FrameProtocol::new(1024);
+        assert_eq!(p.decode_end(&mut BytesMut::new(), &mut out), Ok(()));
+        for cut in 1..wire.len() {
+            let mut input = BytesMut::from(&wire[..cut]);
+            p.decode(&mut input, &mut out).unwrap();
+            let err = p.decode_end(&mut input, &mut out).unwrap_err();
+            assert!(input.is_empty());
+            let said = format!("{cut} of its");
+            assert!(err.to_string().contains(&said), "{err}");
+            let error = frame::decode(&out.urgent).unwrap().json_messages().unwrap()[0].to_vec();
+            let error = String::from_utf8(error).unwrap();
+            let code = format!("\"code\":\"{}\"", codes::BAD_FRAME);
+            assert!(error.contains(&code), "{error}");
+            out.clear();
+        }
+    }
 
     #[test]
     fn frames_split_across_reads_are_reassembled() {

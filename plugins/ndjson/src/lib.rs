@@ -2,7 +2,8 @@
 //!
 //! The plugin is sans-IO: [`NdjsonProtocol`] splits inbound bytes into lines and frames outbound
 //! JSON messages by appending `\n`; the runtime owns the socket. A line is one JSON message;
-//! `\r\n` endings are accepted and empty lines are ignored. A line longer than
+//! `\r\n` endings are accepted, empty lines are ignored, and a last line the peer ends its stream
+//! on without a newline is read as a line. A line longer than
 //! [`ProtocolLimits::max_message_bytes`] (counting the bytes seen so far, so an endless line is
 //! refused without buffering it) is a [`ProtocolError::TooLarge`]: the protocol puts a final
 //! `error` line naming the limit into [`ProtocolOutput::urgent`] and the runtime closes.
@@ -27,7 +28,7 @@
 
 use powerhub_plugin::codes;
 use powerhub_plugin::{
-    BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
+    Bytes, BytesMut, Inbound, ProtocolError, ProtocolFactory, ProtocolLimits, ProtocolOutput,
     StreamProtocol,
 };
 
@@ -66,6 +67,30 @@ impl NdjsonProtocol {
     }
 }
 
+impl NdjsonProtocol {
+    /// Adds one line (without its `\n`) as a message: a `\r` before the newline is dropped, a
+    /// blank line is skipped, a line over the limit is the error.
+    fn push_line(&self, mut line: Bytes, out: &mut ProtocolOutput) -> Result<(), ProtocolError> {
+        if line.last() == Some(&b'\r') {
+            line.truncate(line.len() - 1);
+        }
+        if line.len() > self.max_line {
+            let err = ProtocolError::TooLarge {
+                what: "line",
+                limit_name: "max_message_bytes",
+                size: line.len(),
+                limit: self.max_line,
+            };
+            final_error(&err, &mut out.urgent);
+            return Err(err);
+        }
+        if !line.iter().all(u8::is_ascii_whitespace) {
+            out.events.push(Inbound::Text(line));
+        }
+        Ok(())
+    }
+}
+
 impl StreamProtocol for NdjsonProtocol {
     fn decode(
         &mut self,
@@ -94,24 +119,23 @@ impl StreamProtocol for NdjsonProtocol {
             self.scanned = 0;
             let mut line = input.split_to(pos + 1).freeze();
             line.truncate(pos);
-            if line.last() == Some(&b'\r') {
-                line.truncate(line.len() - 1);
-            }
-            if line.len() > self.max_line {
-                let err = ProtocolError::TooLarge {
-                    what: "line",
-                    limit_name: "max_message_bytes",
-                    size: line.len(),
-                    limit: self.max_line,
-                };
-                final_error(&err, &mut out.urgent);
-                return Err(err);
-            }
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            out.events.push(Inbound::Text(line));
+            self.push_line(line, out)?;
         }
+    }
+
+    /// A last line without its newline is a line: a client that writes its last command and
+    /// ends its stream (`printf '…' | nc`) is answered as if the newline had come.
+    fn decode_end(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        self.scanned = 0;
+        if input.is_empty() {
+            return Ok(());
+        }
+        let line = input.split().freeze();
+        self.push_line(line, out)
     }
 
     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
@@ -212,6 +236,34 @@ mod tests {
         let mut p = NdjsonProtocol::new(4);
         let (_, r) = decode_all(&mut p, &[b"123456\n"]);
         assert!(r.is_err());
+    }
+
+    #[test]
+    fn a_last_line_without_its_newline_is_a_line_at_the_end_of_stream() {
+        let mut p = NdjsonProtocol::new(8);
+        let mut out = ProtocolOutput::default();
+        for (left, event) in [
+            (&b"{\"a\":1}\r"[..], Some("{\"a\":1}")),
+            (b"  \t", None),
+            (b"", None),
+        ] {
+            let mut input = BytesMut::from(left);
+            p.decode(&mut input, &mut out).unwrap();
+            p.decode_end(&mut input, &mut out).unwrap();
+            assert!(input.is_empty());
+            let want: Vec<Inbound> = event.map(|e| Inbound::Text(e.into())).into_iter().collect();
+            assert_eq!(out.events, want);
+            out.clear();
+        }
+        // Over the limit at the end too (the limit's slack is for a `\r`).
+        let mut input = BytesMut::from(&b"123456789"[..]);
+        p.decode(&mut input, &mut out).unwrap();
+        let err = p.decode_end(&mut input, &mut out).unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::TooLarge { limit: 8, .. }),
+            "{err}"
+        );
+        assert!(out.urgent.ends_with(b"}\n"));
     }
 
     #[test]

@@ -571,6 +571,49 @@ impl StreamProtocol for WebSocket {
         })
     }
 
+    /// A handshake cut short by the end of the stream is answered `400 Bad Request`; a frame or
+    /// a fragmented message cut short is a violation, said with a close frame (1002), as
+    /// for a broken frame.
+    fn decode_end(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        let held = input.len();
+        input.clear();
+        match &self.state {
+            State::Handshake { .. } if held > 0 => {
+                let reason = format!(
+                    "the stream ended inside the opening handshake ({held} bytes of it arrived)"
+                );
+                handshake::write_response(&mut out.urgent, 400, "Bad Request", "", &reason);
+                let error = ProtocolError::Handshake(reason);
+                self.state = State::Failed(error.clone());
+                Err(error)
+            }
+            State::Open | State::CloseSent => {
+                let what = if let FrameState::Payload(payload) = self.frame {
+                    format!(
+                        "a frame ({} bytes of its payload missing)",
+                        payload.remaining.saturating_sub(held)
+                    )
+                } else if held > 0 {
+                    format!("a frame header ({held} bytes of it arrived)")
+                } else if self.message_opcode.is_some() {
+                    format!(
+                        "a fragmented message ({} bytes of it arrived, not its final frame)",
+                        self.message.len()
+                    )
+                } else {
+                    return Ok(());
+                };
+                let fault = Fault::violation(format!("the stream ended inside {what}"));
+                Err(self.fail(fault, out))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
         if !self.closing() {
             put_frame(OP_TEXT, json, out);

@@ -455,3 +455,58 @@ fn not_ready_before_the_handshake() {
     assert!(!conn.is_ready());
     assert_eq!(conn.name(), "websocket");
 }
+
+/// Decodes `bytes` on an upgraded connection, then ends the stream.
+fn ended(bytes: &[u8]) -> Step {
+    let mut conn = upgraded(WebSocketConfig::default());
+    let mut input = BytesMut::from(bytes);
+    let mut out = ProtocolOutput::default();
+    let mut result = conn.decode(&mut input, &mut out);
+    if result.is_ok() {
+        result = conn.decode_end(&mut input, &mut out);
+    }
+    Step {
+        result,
+        events: out.events,
+        urgent: out.urgent.to_vec(),
+        left: input.len(),
+    }
+}
+
+#[test]
+fn a_frame_or_message_cut_short_by_the_end_of_stream_is_a_protocol_error_1002() {
+    let whole = data(TEXT, b"{\"type\":\"ping\"}");
+    let ok = ended(&whole);
+    assert_eq!(ok.result, Ok(()));
+    assert_eq!(ok.events, vec![text("{\"type\":\"ping\"}")]);
+    assert!(ok.urgent.is_empty());
+    for cut in 1..whole.len() {
+        let step = ended(&whole[..cut]);
+        let reason = assert_closed_with(&step, 1002);
+        assert!(
+            reason.contains("the stream ended inside a frame"),
+            "{reason}"
+        );
+        assert_eq!(step.left, 0);
+    }
+    // A fragmented message whose final frame never came.
+    let step = ended(&frame(false, TEXT, b"{\"a\"", K));
+    let reason = assert_closed_with(&step, 1002);
+    assert!(reason.contains("fragmented message"), "{reason}");
+}
+
+#[test]
+fn a_handshake_cut_short_by_the_end_of_stream_gets_http_400() {
+    let mut conn = connection(WebSocketConfig::default());
+    let mut input = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: x\r\n"[..]);
+    let mut out = ProtocolOutput::default();
+    conn.decode(&mut input, &mut out).unwrap();
+    let err = conn.decode_end(&mut input, &mut out).unwrap_err();
+    assert!(matches!(err, ProtocolError::Handshake(_)), "{err}");
+    assert_eq!(status_of(&out.urgent), 400);
+    // Nothing at all before the end: nothing to say.
+    let mut conn = connection(WebSocketConfig::default());
+    let mut out = ProtocolOutput::default();
+    assert_eq!(conn.decode_end(&mut BytesMut::new(), &mut out), Ok(()));
+    assert!(out.urgent.is_empty());
+}
