@@ -1147,3 +1147,21 @@ fn a_loss_is_never_reported_before_the_messages_ahead_of_it() {
         }
     }
 }
+
+/// `topic_seq` numbers the publications the topic kept for someone: one made while the topic
+/// holds only a retained log (no subscriber, not retained) takes no number, so the receiver
+/// that subscribes later sees its replay without a gap.
+#[test]
+fn a_publication_that_reaches_nobody_takes_no_topic_number() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Manual)).unwrap();
+    let retained = PublishOptions::default().retain(true);
+    hub.publish("t", Message::to_json(&"a").unwrap(), retained)
+        .unwrap();
+    hub.publish_json("t", &"nobody").unwrap();
+    hub.publish("t", Message::to_json(&"b").unwrap(), retained)
+        .unwrap();
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    hub.publish_json("t", &"c").unwrap();
+    let seqs: Vec<u64> = (0..3).map(|_| rx.try_recv().unwrap().topic_seq()).collect();
+    assert_eq!(seqs, [0, 1, 2]);
+}

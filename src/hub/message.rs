@@ -118,9 +118,11 @@ impl<'a> Delivery<'a> {
         self.entry.seq
     }
 
-    /// The message's number within its topic: 0, 1, 2, … in publish order while the topic has
-    /// subscribers (or a retained log). Consecutive for a subscriber that missed nothing, so a
-    /// gap is a message the subscriber's policy dropped (retained replays keep their numbers).
+    /// The message's number within its topic: 0, 1, 2, … in publish order over the publications
+    /// the topic kept for someone: those made while it had subscribers, and those it retained.
+    /// A publication that reached nobody (made with no subscriber, and not retained) takes no
+    /// number. Consecutive for a subscriber that missed nothing, so a gap is a message the
+    /// subscriber's policy dropped (retained replays keep their numbers).
     pub fn topic_seq(&self) -> u64 {
         self.entry.topic_seq
     }
