@@ -625,6 +625,14 @@ fn a_last_ndjson_line_without_its_newline_is_read_at_the_end_of_stream() {
         let m = sub.msg();
         assert_eq!(m["n"], 1, "{m}");
 
+        // The connection's own subscription gets its last publish before the close.
+        let mut own = Client::connect(server.ndjson);
+        own.subscribe("o");
+        own.send_raw(br#"{"type":"publish","message":{"type":"tick","stream":"o","n":2}}"#);
+        own.writer.shutdown(std::net::Shutdown::Write).unwrap();
+        let text = String::from_utf8(own.rest()).unwrap();
+        assert!(text.contains(r#""n":2"#), "{text}");
+
         let mut cut = Client::connect(server.ndjson);
         cut.send_raw(br#"{"type":"ping","id":1}"#);
         cut.send_raw(b"\n");
@@ -639,7 +647,7 @@ fn a_last_ndjson_line_without_its_newline_is_read_at_the_end_of_stream() {
         assert_eq!(replies[0]["type"], "pong", "{text}");
         assert_eq!(replies[1]["type"], "error", "{text}");
         assert_eq!(replies[1]["code"], "invalid_json", "{text}");
-        eventually("both connections released", || {
+        eventually("the three connections released", || {
             server.engine.stats().open_connections == 1
         });
     });

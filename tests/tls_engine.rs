@@ -629,3 +629,35 @@ fn a_reload_serves_new_connections_the_new_certificate() {
         let _ = std::fs::remove_dir_all(&dir);
     });
 }
+
+/// A TLS `close_notify` ends the client's stream as a TCP end of stream does: its last line
+/// without a newline is answered (a publish reaches the connection's own subscription), then
+/// the server closes, though the client's TCP sending side stays open.
+#[test]
+fn a_tls_close_notify_ends_the_stream_and_its_last_line_is_read() {
+    let pki = Pki::new("close-notify");
+    on_both_backends(|backend| {
+        let server = start(tls_config(backend, &pki));
+        let mut c = TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
+        c.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+        assert_eq!(c.msg()["type"], "subscribed");
+        let s = c.reader.get_mut();
+        let last = format!(
+            r#"{{"type":"publish","id":"p","message":{}}}"#,
+            message("obs", 7, 10)
+        );
+        s.write_all(last.as_bytes()).unwrap();
+        s.conn.send_close_notify();
+        s.flush().unwrap();
+        assert_eq!(
+            c.msg(),
+            json!({"type":"published","requestId":"p","delivered":1})
+        );
+        assert_eq!(c.msg()["seq"], 7);
+        assert_eq!(
+            c.try_line().unwrap_or(None),
+            None,
+            "closed after the delivery"
+        );
+    });
+}

@@ -785,23 +785,8 @@ impl<B: Backend> Shard<B> {
             (State::Lingering(_), _) => self.abort(token),
             (State::Closing(_), Ok(_)) => c.peer_eof = true,
             (_, Ok((0, _))) => {
-                // The peer shut down its sending side: what it cut short is read (a last line
-                // without its newline) or refused, said; then what is queued is written, and the
-                // connection closes.
-                // (Once the shutdown's reading is over, nothing more is read.)
                 c.peer_eof = true;
-                if !self.handle.has_stopped_reading() {
-                    let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        self.after_input(token, true)
-                    }));
-                    if let Err(panic) = handled {
-                        self.fail(token, &*panic, Stage::Input);
-                        return;
-                    }
-                }
-                if slot_mut(&mut self.slots, token).is_some_and(|c| c.state == State::Open) {
-                    self.close_with(token, Ending::unsaid("peer_closed", String::new()));
-                }
+                self.on_peer_end(token);
             }
             (_, Ok((_, _))) if self.handle.has_stopped_reading() => {
                 // The shutdown's reading is over: what arrives now is not read (the connection
@@ -817,6 +802,8 @@ impl<B: Backend> Shard<B> {
                 let data = buf.map_or(&[][..], |buf| self.backend.recv_buf(buf, n));
                 let now = Instant::now();
                 let mut established = false;
+                // The peer's `close_notify`: the end of its stream, as a TCP end of stream is.
+                let mut tls_ended = false;
                 if let Some(tls) = c.tls.as_deref_mut() {
                     c.push.count_received(n);
                     let handshaking = tls.is_handshaking();
@@ -830,6 +817,7 @@ impl<B: Backend> Shard<B> {
                         self.mark_dirty(token);
                         return;
                     }
+                    tls_ended = matches!(received, Ok(true));
                     established = handshaking && !tls.is_handshaking();
                     if tls.has_output() || established {
                         // A handshake message to answer, or the handshake just completed.
@@ -872,6 +860,9 @@ impl<B: Backend> Shard<B> {
                     self.fail(token, &*panic, Stage::Input);
                     return;
                 }
+                if tls_ended {
+                    self.on_peer_end(token);
+                }
                 if let Some(c) = slot_mut(&mut self.slots, token) {
                     // Input is quiet from when it was handled: handling a large receive can take
                     // longer than a shutdown's quiet period.
@@ -887,6 +878,27 @@ impl<B: Backend> Shard<B> {
             (_, Err(e)) => {
                 self.abort_with(token, Ending::unsaid("receive_failed", e.to_string()));
             }
+        }
+    }
+
+    /// The peer ended its stream (its end of stream, or a TLS `close_notify`): what it cut short
+    /// is read (a last line without its newline) or refused, said; what was published before
+    /// is fanned out (the connection's own last publish to its own subscription included); then
+    /// what is queued is written, and the connection closes. Once the shutdown's reading is
+    /// over, nothing more is read.
+    fn on_peer_end(&mut self, token: Token) {
+        if !self.handle.has_stopped_reading() {
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.after_input(token, true);
+                self.fan_out_listed(Instant::now());
+            }));
+            if let Err(panic) = handled {
+                self.fail(token, &*panic, Stage::Input);
+                return;
+            }
+        }
+        if slot_mut(&mut self.slots, token).is_some_and(|c| c.state == State::Open) {
+            self.close_with(token, Ending::unsaid("peer_closed", String::new()));
         }
     }
 

@@ -406,7 +406,7 @@ pub trait StreamProtocol: Send + fmt::Debug {
     /// let mut out = ProtocolOutput::default();
     /// assert_eq!(Fixed.decode_end(&mut BytesMut::new(), &mut out), Ok(()));
     /// let err = Fixed.decode_end(&mut BytesMut::from(&b"abc"[..]), &mut out).unwrap_err();
-    /// assert!(err.to_string().contains("3 bytes"), "{err}");
+    /// assert!(err.to_string().contains("3 of its bytes"), "{err}");
     /// ```
     fn decode_end(
         &mut self,
@@ -420,7 +420,7 @@ pub trait StreamProtocol: Send + fmt::Debug {
         let cut = input.len();
         input.clear();
         Err(ProtocolError::Violation(format!(
-            "the stream ended inside a message ({cut} bytes of it arrived)"
+            "the stream ended inside a message ({cut} of its bytes arrived)"
         )))
     }
 

@@ -584,7 +584,7 @@ impl StreamProtocol for WebSocket {
         match &self.state {
             State::Handshake { .. } if held > 0 => {
                 let reason = format!(
-                    "the stream ended inside the opening handshake ({held} bytes of it arrived)"
+                    "the stream ended inside the opening handshake ({held} of its bytes arrived)"
                 );
                 handshake::write_response(&mut out.urgent, 400, "Bad Request", "", &reason);
                 let error = ProtocolError::Handshake(reason);
@@ -594,14 +594,14 @@ impl StreamProtocol for WebSocket {
             State::Open | State::CloseSent => {
                 let what = if let FrameState::Payload(payload) = self.frame {
                     format!(
-                        "a frame ({} bytes of its payload missing)",
+                        "a frame ({} of its payload's bytes missing)",
                         payload.remaining.saturating_sub(held)
                     )
                 } else if held > 0 {
-                    format!("a frame header ({held} bytes of it arrived)")
+                    format!("a frame header ({held} of its bytes arrived)")
                 } else if self.message_opcode.is_some() {
                     format!(
-                        "a fragmented message ({} bytes of it arrived, not its final frame)",
+                        "a fragmented message ({} of its bytes arrived, not its final frame)",
                         self.message.len()
                     )
                 } else {
