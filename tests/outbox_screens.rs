@@ -244,3 +244,50 @@ fn stalled_shared_chunks_hold_one_screenshot_per_slot() {
     assert_eq!(c.outbox.stats().frames_dropped, 0);
     let _ = Field::Null;
 }
+
+/// The lines the paused rules keep from a shared chunk are slices of it, and any one of them
+/// would hold the whole chunk in memory, the frames the rules removed included, uncounted. A
+/// stalled reader sent (screenshot of one slot, small lossless message) chunks keeps one
+/// screenshot and every small message: the chunks it no longer needs are freed (a copy of each
+/// small message is kept instead), so what it holds stays what it counts.
+#[test]
+fn lossless_messages_kept_from_shared_chunks_do_not_hold_the_frames_coalesced_away() {
+    let mut c = Conn::new(ndjson_config());
+    c.stall_with(r#"{"type":"stall"}"#, 1);
+    let pad = "C".repeat(500_000);
+    let mut chunks = Vec::new();
+    for n in 0..50 {
+        let chunk = Bytes::from(format!(
+            "{{\"type\":\"screenshot_update\",\"deviceId\":\"d1\",\"captureSequence\":{n},\"png\":\"{pad}\"}}\n\
+             {{\"type\":\"navigation\",\"n\":{n}}}\n"
+        ));
+        let now = c.now;
+        c.outbox.push_shared("obs", chunk.clone(), now);
+        chunks.push(chunk);
+    }
+    let held: Vec<usize> = (0..chunks.len())
+        .filter(|&i| !chunks[i].is_unique())
+        .collect();
+    assert_eq!(
+        held,
+        [49],
+        "only the chunk of the pending screenshot is held"
+    );
+    let st = c.outbox.stats();
+    assert_eq!(st.coalesced, 49);
+    assert!(c.outbox.memory_bytes() < 3 * 500_000, "{st:?}");
+    c.drain();
+    let lines = c.lines();
+    assert_eq!(
+        lines.len(),
+        1 + 50 + 1,
+        "the stall, 50 navigations, one screenshot"
+    );
+    assert!(
+        lines[1].contains("\"captureSequence\":49"),
+        "the screenshot keeps the first one's place"
+    );
+    for (i, line) in lines[2..].iter().enumerate() {
+        assert_eq!(line, &format!("{{\"type\":\"navigation\",\"n\":{i}}}"));
+    }
+}

@@ -827,12 +827,18 @@ impl Outbox {
                 self.push_back(Item::Shared { sub, lines });
             }
             Item::Shared { sub, lines } => {
+                let first = self.head_seq + self.queue.len() as u64;
+                let mut replaced = Vec::new();
                 for line in split_lines(&lines) {
                     let meta = MessageMeta::classify(&line);
-                    self.admit_message(Arc::clone(&sub), meta, Body::Json(line));
+                    let kept = self.admit_message(Arc::clone(&sub), meta, Body::Json(line));
+                    replaced.extend(kept.filter(|&seq| seq < first));
                 }
+                self.unpin(&lines, first, &replaced);
             }
-            Item::Message { sub, meta, body } => self.admit_message(sub, meta, body),
+            Item::Message { sub, meta, body } => {
+                self.admit_message(sub, meta, body);
+            }
             Item::Removed => {}
             other => {
                 self.push_back(other);
@@ -840,17 +846,18 @@ impl Outbox {
         }
     }
 
-    fn admit_message(&mut self, sub: Arc<str>, meta: MessageMeta, body: Body) {
+    /// Admits one message under the paused rules; the sequence number of the item that holds
+    /// it now (appended, or a slot's frame replaced in place), `None` when it was dropped.
+    fn admit_message(&mut self, sub: Arc<str>, meta: MessageMeta, body: Body) -> Option<u64> {
         if !meta.correlated && self.config.is_droppable(&meta.kind) {
             if self.over_threshold() {
                 self.drop_frame(&sub, &meta, false);
-                return;
+                return None;
             }
             self.clear_notified();
         }
         if meta.correlated || !self.config.is_coalescible(&meta.kind) {
-            self.push_back(Item::Message { sub, meta, body });
-            return;
+            return Some(self.push_back(Item::Message { sub, meta, body }));
         }
         let key = SlotKey {
             sub: Arc::clone(&sub),
@@ -865,11 +872,61 @@ impl Outbox {
                 *old = body;
                 self.stats.queued_bytes = self.stats.queued_bytes - old_len + new_len;
                 self.stats.coalesced += 1;
-                return;
+                return Some(seq);
             }
         }
         let seq = self.push_back(Item::Message { sub, meta, body });
         self.drops.get_or_insert_default().slots.insert(key, seq);
+        Some(seq)
+    }
+
+    /// After the messages of shared chunk `chunk` were admitted one by one (appended from
+    /// `first` on, or put in place of the slots' frames at `replaced`): the messages kept
+    /// are slices of the chunk, and any one of them holds all of it in memory, the bytes of
+    /// the messages the rules removed (a coalesced screenshot, a dropped one) included, which
+    /// the outbox does not count. So a kept message is copied out when the chunk would hold
+    /// more than twice as much for it: a coalesced frame (replaced later, one by one) alone
+    /// against the chunk, the lossless messages (kept until written) together. What a
+    /// connection holds then stays within twice what it counts, however many frames its
+    /// slots replace behind a lossless backlog; a chunk mostly kept is not copied.
+    fn unpin(&mut self, chunk: &Bytes, first: u64, replaced: &[u64]) {
+        let start = chunk.as_ptr() as usize;
+        let within = |b: &Bytes| (start..start + chunk.len()).contains(&(b.as_ptr() as usize));
+        let config = Arc::clone(&self.config);
+        let coalesced = |meta: &MessageMeta| !meta.correlated && config.is_coalescible(&meta.kind);
+        let end = self.head_seq + self.queue.len() as u64;
+        let kept = || replaced.iter().copied().chain(first..end);
+        let mut lossless = 0;
+        for seq in kept() {
+            if let Some(Item::Message {
+                meta,
+                body: Body::Json(b),
+                ..
+            }) = self.item_mut(seq)
+            {
+                if within(b) && !coalesced(meta) {
+                    lossless += b.len();
+                }
+            }
+        }
+        let copy_lossless = 2 * lossless < chunk.len();
+        for seq in kept() {
+            if let Some(Item::Message {
+                meta,
+                body: Body::Json(b),
+                ..
+            }) = self.item_mut(seq)
+            {
+                let copy = if coalesced(meta) {
+                    2 * b.len() < chunk.len()
+                } else {
+                    copy_lossless
+                };
+                if copy && within(b) {
+                    *b = Bytes::copy_from_slice(b);
+                }
+            }
+        }
     }
 
     /// Counts a dropped frame and queues its notification if its key has none outstanding. With
