@@ -547,11 +547,23 @@ fn an_error_echoes_only_an_id_that_was_read_whole() {
         err(r#"{"type":"ping","id":null,"requestId":12,"x":tru}"#).request_id,
         Some(RequestId::Int(12))
     );
-    // Read whole, then an error after it: echoed.
+    // Read whole, then an error after it: echoed, also when the error is just past the id
+    // (the line cut short after it, a wrong closer).
     assert_eq!(
         err(r#"{"type":"ping","id":12,"x":tru}"#).request_id,
         Some(RequestId::Int(12))
     );
+    for (line, id) in [
+        (r#"{"type":"ping","id":"x""#, RequestId::Str("x".into())),
+        (r#"{"type":"ping","id":"x"]"#, RequestId::Str("x".into())),
+        (r#"{"type":"ping","id":7"#, RequestId::Int(7)),
+        (r#"{"type":"ping","id":7]"#, RequestId::Int(7)),
+        (r#"{"type":"ping","id":7 x"#, RequestId::Int(7)),
+    ] {
+        let e = err(line);
+        assert_eq!(e.request_id, Some(id), "{line}: {e}");
+        assert!(matches!(e.kind, ErrorKind::InvalidJson(_)), "{line}");
+    }
     let e = err(r#"{"type":"ping","id":1,"requestId":2}"#);
     assert_eq!(e.kind, ErrorKind::DuplicateField("id"));
     let e = err(r#"{"type":"publish","id":1,"requestId":2,"message":{"type":"t","stream":"s"}}"#);

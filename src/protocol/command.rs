@@ -497,15 +497,29 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
     };
     if let Err(e) = read {
         // An id read before the error is echoed only if the reader got past it: in `"id":01`
-        // the reader stops inside the number, and `0` is not what the client sent.
+        // and `"id":12abc` the reader stops inside the token, and `0` or `12` is not what the
+        // client sent. A string ends at its closing quote, and a number where the line ends or
+        // JSON's punctuation or whitespace follows, so an error just there leaves the id whole
+        // (`{"type":"ping","id":"x"` cut short, `"id":7]`).
         let error_at = match e {
             JsonError::Syntax { at, .. }
             | JsonError::TooDeep { at, .. }
             | JsonError::LoneSurrogate { at } => at,
             JsonError::Duplicate { .. } => usize::MAX,
         };
-        let id_end = id_token.map_or(0, |t| t.end);
-        let id = if error_at > id_end { id } else { Ok(None) };
+        let whole = |t: Token| {
+            error_at > t.end
+                || (error_at == t.end
+                    && (matches!(t.kind, Kind::String { .. })
+                        || line
+                            .get(t.end)
+                            .is_none_or(|b| b" \t\r\n,:[]{}\"".contains(b))))
+        };
+        let id = if id_token.is_none_or(whole) {
+            id
+        } else {
+            Ok(None)
+        };
         let kind = match e {
             JsonError::Syntax { at, what } => {
                 ErrorKind::InvalidJson(format!("expected {what} at byte {at}"))
