@@ -597,6 +597,18 @@ fn the_answer_to_a_websocket_clients_close_follows_the_backlog_and_no_data_frame
     });
 }
 
+/// Ends `c`'s sending side and reads what the server sends until it closes: the text, and its
+/// lines as JSON.
+fn end_and_read(c: &mut Client) -> (String, Vec<Value>) {
+    c.writer.shutdown(std::net::Shutdown::Write).unwrap();
+    let text = String::from_utf8(c.rest()).unwrap();
+    let lines = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (text, lines)
+}
+
 /// The peer's end of stream ends its input, not its last message: an NDJSON line without its
 /// newline is read and answered (a publish reaches its subscribers), a line cut inside its JSON
 /// gets the parse error, and the replies come before the close.
@@ -610,15 +622,7 @@ fn a_last_ndjson_line_without_its_newline_is_read_at_the_end_of_stream() {
         publisher.send_raw(
             br#"{"type":"publish","id":"p","message":{"type":"tick","stream":"s","n":1}}"#,
         );
-        publisher
-            .writer
-            .shutdown(std::net::Shutdown::Write)
-            .unwrap();
-        let text = String::from_utf8(publisher.rest()).unwrap();
-        let replies: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let (text, replies) = end_and_read(&mut publisher);
         assert_eq!(replies.len(), 1, "{text}");
         assert_eq!(replies[0]["type"], "published", "{text}");
         assert_eq!(replies[0]["requestId"], "p", "{text}");
@@ -629,24 +633,19 @@ fn a_last_ndjson_line_without_its_newline_is_read_at_the_end_of_stream() {
         let mut own = Client::connect(server.ndjson);
         own.subscribe("o");
         own.send_raw(br#"{"type":"publish","message":{"type":"tick","stream":"o","n":2}}"#);
-        own.writer.shutdown(std::net::Shutdown::Write).unwrap();
-        let text = String::from_utf8(own.rest()).unwrap();
+        let (text, _) = end_and_read(&mut own);
         assert!(text.contains(r#""n":2"#), "{text}");
 
         let mut cut = Client::connect(server.ndjson);
         cut.send_raw(br#"{"type":"ping","id":1}"#);
         cut.send_raw(b"\n");
         cut.send_raw(br#"{"type":"ping","id":2"#);
-        cut.writer.shutdown(std::net::Shutdown::Write).unwrap();
-        let text = String::from_utf8(cut.rest()).unwrap();
-        let replies: Vec<Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
+        let (text, replies) = end_and_read(&mut cut);
         assert_eq!(replies.len(), 2, "{text}");
         assert_eq!(replies[0]["type"], "pong", "{text}");
         assert_eq!(replies[1]["type"], "error", "{text}");
         assert_eq!(replies[1]["code"], "invalid_json", "{text}");
+        assert_eq!(replies[1]["requestId"], 2, "the id was read whole: {text}");
         eventually("the three connections released", || {
             server.engine.stats().open_connections == 1
         });

@@ -75,19 +75,24 @@ impl NdjsonProtocol {
             line.truncate(line.len() - 1);
         }
         if line.len() > self.max_line {
-            let err = ProtocolError::TooLarge {
-                what: "line",
-                limit_name: "max_message_bytes",
-                size: line.len(),
-                limit: self.max_line,
-            };
-            final_error(&err, &mut out.urgent);
-            return Err(err);
+            return Err(self.too_large(line.len(), out));
         }
         if !line.iter().all(u8::is_ascii_whitespace) {
             out.events.push(Inbound::Text(line));
         }
         Ok(())
+    }
+
+    /// A line of at least `size` bytes is over the limit: the error, its final line queued.
+    fn too_large(&self, size: usize, out: &mut ProtocolOutput) -> ProtocolError {
+        let err = ProtocolError::TooLarge {
+            what: "line",
+            limit_name: "max_message_bytes",
+            size,
+            limit: self.max_line,
+        };
+        final_error(&err, &mut out.urgent);
+        err
     }
 }
 
@@ -105,14 +110,7 @@ impl StreamProtocol for NdjsonProtocol {
                 self.scanned = input.len();
                 // One byte of slack for a `\r` before the newline.
                 if input.len() > self.max_line + 1 {
-                    let err = ProtocolError::TooLarge {
-                        what: "line",
-                        limit_name: "max_message_bytes",
-                        size: input.len(),
-                        limit: self.max_line,
-                    };
-                    final_error(&err, &mut out.urgent);
-                    return Err(err);
+                    return Err(self.too_large(input.len(), out));
                 }
                 return Ok(());
             };
