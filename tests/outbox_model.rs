@@ -612,8 +612,9 @@ proptest! {
 // says what the client reads. The connection-level rules the model adds: every command's reply
 // is queued in command order; what was published before a command (and reaches a subscription
 // of this connection) is delivered before that command's reply; a subscription gets nothing
-// published before its `subscribe`; an unsubscribe delivers what was published before it.
-// Over NDJSON, and over WebSocket (after the upgrade, every command a masked text frame; the
+// published before its `subscribe`; an unsubscribe delivers what was published before it; over
+// NDJSON an input whose last line lacks its newline, followed by the client's end of stream, is
+// handled as the whole input. Over NDJSON, and over WebSocket (after the upgrade, every command a masked text frame; the
 // model's stream is then server frames: a text frame per message, a ping frame per keepalive).
 
 use powerhub::plugin::ProtocolFactory;
@@ -638,8 +639,9 @@ enum Cmd {
 
 #[derive(Debug, Clone)]
 enum PushOp {
-    /// Commands arriving in one input.
-    Input(Vec<Cmd>),
+    /// Commands arriving in one input; with `true`, over NDJSON, the last one without its
+    /// newline, and then the end of the client's stream.
+    Input(Vec<Cmd>, bool),
     /// Another client publishes to stream `t`.
     Elsewhere(u8, Vec<Msg>),
     /// The driver's own fan-out turn.
@@ -663,7 +665,8 @@ fn cmd() -> impl Strategy<Value = Cmd> {
 
 fn push_op() -> impl Strategy<Value = PushOp> {
     prop_oneof![
-        6 => prop::collection::vec(cmd(), 1..4).prop_map(PushOp::Input),
+        6 => (prop::collection::vec(cmd(), 1..4), prop::bool::weighted(0.2))
+            .prop_map(|(cmds, ends)| PushOp::Input(cmds, ends)),
         3 => (0u8..2, prop::collection::vec(msg(), 1..4)).prop_map(|(t, m)| PushOp::Elsewhere(t, m)),
         2 => Just(PushOp::Turn),
         4 => prop_oneof![0usize..300, Just(usize::MAX)].prop_map(PushOp::Write),
@@ -774,8 +777,17 @@ impl PushDriver {
     }
 
     fn input(&mut self, bytes: &[u8], stream_of: &BTreeMap<String, u8>) {
+        self.input_ending(bytes, false, stream_of);
+    }
+
+    /// `bytes` arrive; with `end`, the client's stream ends behind them (before the driver
+    /// polls: as one receive that carried both).
+    fn input_ending(&mut self, bytes: &[u8], end: bool, stream_of: &BTreeMap<String, u8>) {
         let now = self.now;
         self.conn.handle_input(bytes, now);
+        if end {
+            self.conn.handle_end_of_stream(now);
+        }
         while let Some(request) = self.conn.poll(now, SystemTime::now()) {
             match request {
                 Request::FanOut => {
@@ -886,7 +898,7 @@ fn run_push(ops: &[PushOp], hw: usize, websocket: bool) -> Result<(), TestCaseEr
     };
     for op in ops {
         match op {
-            PushOp::Input(cmds) => {
+            PushOp::Input(cmds, ends) => {
                 let mut input = String::new();
                 let mut published = false;
                 let mut sent = 0;
@@ -972,7 +984,12 @@ fn run_push(ops: &[PushOp], hw: usize, websocket: bool) -> Result<(), TestCaseEr
                 if input.is_empty() {
                     continue;
                 }
-                d.input(&client_input(&input, websocket), &stream_of);
+                // The end of the stream ends the last line as its newline would.
+                let ends = *ends && !websocket;
+                if ends {
+                    input.pop();
+                }
+                d.input_ending(&client_input(&input, websocket), ends, &stream_of);
             }
             PushOp::Elsewhere(t, msgs) => {
                 for msg in msgs {
