@@ -655,10 +655,12 @@ impl AuthError {
     }
 }
 
+/// A malformed token; `reason` may quote the token (a parser's error), so it is cut to what
+/// an error echoes of client text ([`codes::MAX_ECHO_BYTES`]).
 fn malformed(part: TokenPart, reason: impl Into<String>) -> AuthError {
     AuthError::Malformed {
         part,
-        reason: reason.into(),
+        reason: codes::echo(&reason.into()),
     }
 }
 
@@ -1106,9 +1108,11 @@ impl JwtVerifier {
         let permissions = match claims.get(&self.permissions_claim) {
             None => Permissions::none(),
             Some(v) => {
+                // The reasons quote the claim (a parser's error, a pattern): cut as an error
+                // echoes client text.
                 let invalid = |reason: String| AuthError::InvalidPermissions {
                     claim: self.permissions_claim.clone(),
-                    reason,
+                    reason: codes::echo(&reason),
                 };
                 let config = PermissionsConfig::deserialize(v)
                     .map_err(|e| invalid(format!("not a permission set ({e})")))?;
@@ -1120,7 +1124,7 @@ impl JwtVerifier {
             None => UserRates::default(),
             Some(v) => UserRates::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
                 claim: RATES_CLAIM.to_owned(),
-                reason: format!("not a set of rates ({e})"),
+                reason: codes::echo(&format!("not a set of rates ({e})")),
             })?,
         };
         // And its own connection and subscription limits, as a static token's `limits`.
@@ -1128,7 +1132,7 @@ impl JwtVerifier {
             None => UserLimits::default(),
             Some(v) => UserLimits::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
                 claim: LIMITS_CLAIM.to_owned(),
-                reason: format!("not a set of limits ({e})"),
+                reason: codes::echo(&format!("not a set of limits ({e})")),
             })?,
         };
         Ok(Identity {
@@ -2004,6 +2008,18 @@ mod tests {
         // The default claim name is ignored when another is configured.
         let t = hs_token(&json!({"sub": "a", "permissions": "whatever"}));
         assert!(auth.verify(&t, at(T0)).is_ok());
+        // What an error quotes of the claim is cut as every echo of client text is.
+        let long = "A".repeat(3000);
+        for claims in [
+            json!({"sub": "a", "perms": long}),
+            json!({"sub": "a", "perms": {"publish": {"allow": [long]}}}),
+            json!({"sub": "a", "rates": long}),
+            json!({"sub": "a", "limits": {long.as_str(): 1}}),
+        ] {
+            let err = auth.verify(&hs_token(&claims), at(T0)).unwrap_err();
+            let text = err.to_string();
+            assert!(text.len() < 128 + 64, "{} bytes: {text}", text.len());
+        }
     }
 
     #[test]
