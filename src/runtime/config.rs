@@ -683,6 +683,23 @@ mod tests {
         assert!(msg.contains("line 5"), "{msg}");
     }
 
+    /// A token's permissions, rates and limits are tables: an array (read field by field in
+    /// order, where `[{allow = [">"]}]` would be a publish rule) is refused, naming the key.
+    #[test]
+    fn a_token_permission_limit_or_rate_given_as_an_array_is_refused() {
+        for (value, key) in [
+            (r#"permissions = [{ allow = [">"] }]"#, "permissions"),
+            (r#"permissions = { subscribe = [[">"]] }"#, "subscribe"),
+            ("limits = [1]", "limits"),
+            ("rates = [1]", "rates"),
+        ] {
+            let text = format!("[auth]\n[[auth.tokens]]\ntoken = \"t\"\nuser = \"u\"\n{value}\n");
+            let err = Config::from_toml(&text, None).unwrap_err().to_string();
+            assert!(err.contains("a table of named fields"), "{value}: {err}");
+            assert!(err.contains(key), "{value}: {err}");
+        }
+    }
+
     #[test]
     fn invalid_value_names_the_key() {
         let err = Config::from_toml("[limits]\nmax_connections = 0\n", None).unwrap_err();

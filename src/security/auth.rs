@@ -443,7 +443,7 @@ pub struct Identity {
 /// `None` takes the `[auth]` default (`max_connections_per_user`,
 /// `max_subscriptions_per_user`), `Some(0)` is no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct UserLimits {
     /// Most connections the user may hold authenticated at a time.
     #[serde(default)]
@@ -452,6 +452,9 @@ pub struct UserLimits {
     #[serde(default)]
     pub max_subscriptions: Option<usize>,
 }
+
+super::deserialize_from_map_only!(UserLimits);
+super::deserialize_from_map_only!(UserRates);
 
 impl UserLimits {
     /// These limits, each falling back to the default given (connections, subscriptions).
@@ -476,7 +479,7 @@ impl UserLimits {
 /// (`publish_messages_per_second_per_user`, `publish_bytes_per_second_per_user`), `Some(0)` is
 /// no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct UserRates {
     /// Messages per second, summed over the user's connections.
     #[serde(default)]
@@ -1114,7 +1117,7 @@ impl JwtVerifier {
                     claim: self.permissions_claim.clone(),
                     reason: codes::echo(&reason),
                 };
-                let config = PermissionsConfig::deserialize(v)
+                let config = <PermissionsConfig as Deserialize>::deserialize(v)
                     .map_err(|e| invalid(format!("not a permission set ({e})")))?;
                 Permissions::compile(&config).map_err(|e| invalid(e.to_string()))?
             }
@@ -1122,17 +1125,21 @@ impl JwtVerifier {
         // The user's own publish rates, as a static token's `rates`.
         let publish_rates = match claims.get(RATES_CLAIM) {
             None => UserRates::default(),
-            Some(v) => UserRates::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
-                claim: RATES_CLAIM.to_owned(),
-                reason: codes::echo(&format!("not a set of rates ({e})")),
+            Some(v) => <UserRates as Deserialize>::deserialize(v).map_err(|e| {
+                AuthError::InvalidPermissions {
+                    claim: RATES_CLAIM.to_owned(),
+                    reason: codes::echo(&format!("not a set of rates ({e})")),
+                }
             })?,
         };
         // And its own connection and subscription limits, as a static token's `limits`.
         let limits = match claims.get(LIMITS_CLAIM) {
             None => UserLimits::default(),
-            Some(v) => UserLimits::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
-                claim: LIMITS_CLAIM.to_owned(),
-                reason: codes::echo(&format!("not a set of limits ({e})")),
+            Some(v) => <UserLimits as Deserialize>::deserialize(v).map_err(|e| {
+                AuthError::InvalidPermissions {
+                    claim: LIMITS_CLAIM.to_owned(),
+                    reason: codes::echo(&format!("not a set of limits ({e})")),
+                }
             })?,
         };
         Ok(Identity {
@@ -1996,6 +2003,9 @@ mod tests {
             json!("everything"),
             json!({"read": {}}),
             json!({"publish": {"allow": ["x*"]}}),
+            // Fields by position: not a shape of the claim.
+            json!([{"allow": [">"]}]),
+            json!({"subscribe": [[">"], []]}),
         ] {
             let t = hs_token(&json!({"sub": "a", "perms": perms}));
             let err = auth.verify(&t, at(T0)).unwrap_err();
@@ -2008,6 +2018,18 @@ mod tests {
         // The default claim name is ignored when another is configured.
         let t = hs_token(&json!({"sub": "a", "permissions": "whatever"}));
         assert!(auth.verify(&t, at(T0)).is_ok());
+        // Rates and limits are objects too, never read field by field from an array.
+        for claims in [
+            json!({"sub": "a", "rates": [1]}),
+            json!({"sub": "a", "limits": [1]}),
+        ] {
+            let err = auth.verify(&hs_token(&claims), at(T0)).unwrap_err();
+            assert!(
+                matches!(err, AuthError::InvalidPermissions { .. }),
+                "{err:?}"
+            );
+            assert!(err.to_string().contains("a table of named fields"), "{err}");
+        }
         // What an error quotes of the claim is cut as every echo of client text is.
         let long = "A".repeat(3000);
         for claims in [

@@ -17,3 +17,33 @@
 pub mod auth;
 pub mod permissions;
 pub mod tls;
+
+/// Implements `Deserialize` for a struct whose derive is `#[serde(remote = "Self")]`, from a map
+/// (a TOML table, a JSON object) only. Serde's derive also reads a struct from a sequence, field
+/// by field in order, so a token's `"permissions":[{"allow":[">"]}]` would read as a publish
+/// rule and `"limits":[1]` as `max_connections`; such a shape is refused, naming what was
+/// expected.
+macro_rules! deserialize_from_map_only {
+    ($t:ty) => {
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct MapOnly;
+                impl<'de> serde::de::Visitor<'de> for MapOnly {
+                    type Value = $t;
+                    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                        f.write_str("a table of named fields (a JSON object)")
+                    }
+                    fn visit_map<A: serde::de::MapAccess<'de>>(
+                        self,
+                        map: A,
+                    ) -> Result<$t, A::Error> {
+                        // The derived reader (`remote = "Self"`: an inherent function).
+                        <$t>::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    }
+                }
+                d.deserialize_map(MapOnly)
+            }
+        }
+    };
+}
+pub(crate) use deserialize_from_map_only;

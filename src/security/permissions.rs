@@ -194,7 +194,7 @@ pub enum PatternError {
 
 /// One list of the configuration: patterns that allow, patterns that deny.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct RulesConfig {
     /// Subjects permitted (default: none).
     #[serde(default)]
@@ -208,7 +208,7 @@ pub struct RulesConfig {
 /// [...] }, subscribe = { ... } }` under an `[[auth.tokens]]` entry) or in a JWT's permissions
 /// claim (the same shape as a JSON object). Absent lists are empty: nothing is permitted.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(remote = "Self", deny_unknown_fields)]
 pub struct PermissionsConfig {
     /// What the user may publish to.
     #[serde(default)]
@@ -217,6 +217,9 @@ pub struct PermissionsConfig {
     #[serde(default)]
     pub subscribe: RulesConfig,
 }
+
+super::deserialize_from_map_only!(RulesConfig);
+super::deserialize_from_map_only!(PermissionsConfig);
 
 /// One segment of a compiled pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]
