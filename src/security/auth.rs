@@ -351,6 +351,15 @@ pub enum AuthConfigError {
         /// `token` or `user`.
         key: &'static str,
     },
+    /// A static token is longer than any token a client may present ([`MAX_TOKEN_BYTES`]), so
+    /// it could never authenticate.
+    #[error("auth.tokens[{index}].token is {len} bytes, over the {MAX_TOKEN_BYTES} bytes a presented token may have")]
+    TokenTooLong {
+        /// The entry's position in `[[auth.tokens]]`, from 0.
+        index: usize,
+        /// The token's length in bytes.
+        len: usize,
+    },
     /// The same token is configured twice.
     #[error("auth.tokens[{index}].token repeats auth.tokens[{first}].token")]
     DuplicateToken {
@@ -789,6 +798,12 @@ impl Authenticator {
             if t.user.is_empty() {
                 return Err(AuthConfigError::Empty { index, key: "user" });
             }
+            if t.token.len() > MAX_TOKEN_BYTES {
+                return Err(AuthConfigError::TokenTooLong {
+                    index,
+                    len: t.token.len(),
+                });
+            }
             let d = digest(t.token.as_bytes());
             if let Some(first) = tokens.iter().position(|e| e.digest == d) {
                 return Err(AuthConfigError::DuplicateToken { index, first });
@@ -1080,6 +1095,12 @@ impl JwtVerifier {
             .unwrap_or(0);
         let exp = numeric_date(&claims, "exp")?;
         let nbf = numeric_date(&claims, "nbf")?;
+        // Registered claims the server does not act on are still of their type (RFC 7519,
+        // section 4.1): `iat` a NumericDate, `jti` a string.
+        numeric_date(&claims, "iat")?;
+        if claims.get("jti").is_some_and(|j| !j.is_string()) {
+            return Err(malformed(TokenPart::Payload, "`jti` is not a string"));
+        }
         if let Some(exp) = exp {
             if now_secs >= exp.saturating_add(self.leeway_secs) {
                 return Err(AuthError::Expired { exp });
@@ -1441,6 +1462,16 @@ mod tests {
         c.tokens[0].user = String::new();
         let err = Authenticator::from_config(&c).unwrap_err();
         assert_eq!(err.to_string(), "auth.tokens[0].user must not be empty");
+        // A token no client could present (longer than a presented token may be).
+        let mut c = static_config();
+        c.tokens[1].token = "t".repeat(MAX_TOKEN_BYTES + 1);
+        let err = Authenticator::from_config(&c).unwrap_err();
+        assert!(
+            matches!(err, AuthConfigError::TokenTooLong { index: 1, .. }),
+            "{err}"
+        );
+        c.tokens[1].token = "t".repeat(MAX_TOKEN_BYTES);
+        assert!(Authenticator::from_config(&c).is_ok());
         let mut c = static_config();
         c.tokens[1].permissions.subscribe.deny = vec!["a/>/b".into()];
         let err = Authenticator::from_config(&c).unwrap_err();
@@ -1930,6 +1961,10 @@ mod tests {
             json!({"sub": "a", "nbf": -1}),
             json!({"sub": 42}),
             json!({"sub": "a", "iss": ["x"]}),
+            json!({"sub": "a", "iat": "x"}),
+            json!({"sub": "a", "iat": {}}),
+            json!({"sub": "a", "jti": 5}),
+            json!({"sub": "a", "jti": [1]}),
         ] {
             assert_eq!(part(&hs_token(&claims)), TokenPart::Payload, "{claims}");
         }
