@@ -298,8 +298,10 @@ impl WebSocket {
                 return Err(Fault::violation("fragmented control frame"));
             }
             if usize::from(len7) > MAX_CONTROL_PAYLOAD {
+                // 126 and 127 announce an extended length, whatever it then says.
                 return Err(Fault::violation(
-                    "control frame payload longer than 125 bytes",
+                    "control frame with an extended payload length (a control frame's \
+                     payload is at most 125 bytes, in the 7-bit length)",
                 ));
             }
         } else {

@@ -1,5 +1,6 @@
 //! The server side of the opening handshake (RFC 6455 section 4.2) and the page response.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use base64::Engine as _;
@@ -171,6 +172,32 @@ fn reject(
     )))
 }
 
+/// The subprotocol the endpoint speaks (the push protocol), chosen when a client offers it in
+/// `Sec-WebSocket-Protocol`; other offers are not chosen (RFC 6455 §4.2.2).
+pub const SUBPROTOCOL: &str = "powerhub";
+
+/// The request target in origin form (`/path?query`): an absolute-form target
+/// (`http://host:port/path`, which RFC 9112 §3.2.2 says a server must accept) loses its scheme
+/// and authority, and an empty path is `/`.
+fn origin_form(target: &str) -> Cow<'_, str> {
+    let scheme = ["http://", "https://", "ws://", "wss://"]
+        .into_iter()
+        .find(|s| {
+            target
+                .get(..s.len())
+                .is_some_and(|t| t.eq_ignore_ascii_case(s))
+        });
+    let Some(scheme) = scheme else {
+        return Cow::Borrowed(target);
+    };
+    let rest = &target[scheme.len()..];
+    match rest.find(['/', '?']) {
+        Some(at) if rest[at..].starts_with('/') => Cow::Borrowed(&rest[at..]),
+        Some(at) => Cow::Owned(format!("/{}", &rest[at..])),
+        None => Cow::Borrowed("/"),
+    }
+}
+
 /// Every value of header `name`, in order.
 fn values<'a>(req: &'a httparse::Request<'_, '_>, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
     req.headers
@@ -193,7 +220,20 @@ fn respond(
     urgent: &mut BytesMut,
 ) -> Outcome {
     let method = req.method.unwrap_or_default();
-    let target = req.path.unwrap_or_default();
+    // RFC 9112 §3.2: an HTTP/1.1 request has exactly one `Host` (an upgrade needs it, below).
+    let hosts = values(req, "host").count();
+    if hosts > 1
+        || (hosts == 0 && req.version == Some(1) && !has_token(req, "upgrade", "websocket"))
+    {
+        let reason = if hosts > 1 {
+            "the Host header is given more than once"
+        } else {
+            "the Host header is missing"
+        };
+        return reject(400, "Bad Request", reason, "", urgent);
+    }
+    let target = origin_form(req.path.unwrap_or_default());
+    let target = target.as_ref();
     let path = target.split_once('?').map_or(target, |(path, _query)| path);
     if path != config.path {
         let reason = format!(
@@ -306,6 +346,12 @@ fn respond(
     urgent.put_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n");
     urgent.put_slice(b"Connection: Upgrade\r\nSec-WebSocket-Accept: ");
     urgent.put_slice(accept_key(key).as_bytes());
+    if has_token(req, "sec-websocket-protocol", SUBPROTOCOL) {
+        // A browser fails a connection whose offered protocols the server does not choose
+        // from: a page that names protocols names this one.
+        urgent.put_slice(b"\r\nSec-WebSocket-Protocol: ");
+        urgent.put_slice(SUBPROTOCOL.as_bytes());
+    }
     urgent.put_slice(b"\r\n\r\n");
     Outcome::Upgraded {
         consumed,

@@ -61,7 +61,7 @@ mod handshake;
 pub use codec::WebSocket;
 pub use config::{ConfigError, WebSocketConfig};
 pub use frame::{close_code, is_valid_close_code, ServerFrameHeader};
-pub use handshake::accept_key;
+pub use handshake::{accept_key, SUBPROTOCOL};
 
 #[cfg(doc)]
 use powerhub_plugin::{Inbound, ProtocolOutput};

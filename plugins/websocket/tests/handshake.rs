@@ -481,3 +481,67 @@ fn same_host_origins_and_null_are_decided_explicitly() {
     );
     assert_eq!(status_of(&step.urgent), 101, "null, listed");
 }
+
+/// RFC 9112 §3.2: an HTTP/1.1 request carries exactly one `Host`; two, or none on a request for
+/// the page, get 400.
+#[test]
+fn a_request_with_two_hosts_or_a_page_request_without_one_gets_400() {
+    let step = reject(
+        WebSocketConfig::default(),
+        &request("/", "Host: other:8080\r\n"),
+    );
+    assert_eq!(status_of(&step.urgent), 400);
+    assert!(body_of(&step.urgent).contains("more than once"));
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(conn.as_mut(), b"GET / HTTP/1.1\r\n\r\n");
+    assert_eq!(status_of(&step.urgent), 400);
+    assert!(body_of(&step.urgent).contains("Host header is missing"));
+    // HTTP/1.0 needs none (the page is off by default: 426, not 400).
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(conn.as_mut(), b"GET / HTTP/1.0\r\n\r\n");
+    assert_eq!(status_of(&step.urgent), 426);
+}
+
+/// RFC 9112 §3.2.2: a server accepts a request target in absolute form.
+#[test]
+fn an_absolute_form_target_is_the_path_it_names() {
+    for (target, ok) in [
+        ("http://localhost:8080/", true),
+        ("HTTP://localhost:8080/?token=t", true),
+        ("ws://localhost:8080", true),
+        ("http://localhost:8080?token=t", true),
+        ("http://localhost:8080/other", false),
+    ] {
+        let mut conn = connection(WebSocketConfig::default());
+        let step = feed(conn.as_mut(), request(target, "").as_bytes());
+        let status = status_of(&step.urgent);
+        assert_eq!(status, if ok { 101 } else { 404 }, "{target}");
+    }
+    let mut conn = connection(WebSocketConfig::default());
+    let step = feed(
+        conn.as_mut(),
+        request("http://localhost:8080/?token=abc", "").as_bytes(),
+    );
+    assert_eq!(step.events, vec![Inbound::Credential("abc".into())]);
+}
+
+/// A client that offers subprotocols gets `powerhub` chosen when it is among them (a browser
+/// fails a connection whose offered protocols the server does not choose from), and none
+/// otherwise (RFC 6455 §4.2.2).
+#[test]
+fn the_powerhub_subprotocol_is_chosen_when_offered() {
+    let offered = |protocols: &str| {
+        let mut conn = connection(WebSocketConfig::default());
+        let extra = format!("Sec-WebSocket-Protocol: {protocols}\r\n");
+        let step = feed(conn.as_mut(), request("/", &extra).as_bytes());
+        assert_eq!(status_of(&step.urgent), 101);
+        String::from_utf8(step.urgent).unwrap()
+    };
+    let chosen = format!(
+        "Sec-WebSocket-Protocol: {}\r\n",
+        powerhub_websocket::SUBPROTOCOL
+    );
+    assert!(offered("chat, powerhub").contains(&chosen));
+    assert!(offered("powerhub").contains(&chosen));
+    assert!(!offered("chat, v2.json").contains("Sec-WebSocket-Protocol"));
+}
