@@ -73,6 +73,25 @@ struct ServeArgs {
     print_default_config: bool,
 }
 
+/// Prints the listeners, the backend and `ready` on stdout, for a supervisor or a script to
+/// read. A reader that has gone (a closed pipe) does not stop the server: the lines are its
+/// only use of stdout, and the log says the same on stderr.
+fn announce(engine: &Engine) {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let mut said = Ok(());
+    for l in engine.listeners() {
+        said = said.and_then(|()| writeln!(out, "listening {} {}", l.protocol, l.addr));
+    }
+    said = said
+        .and_then(|()| writeln!(out, "backend {}", engine.backend()))
+        .and_then(|()| writeln!(out, "ready"))
+        .and_then(|()| out.flush());
+    if let Err(e) = said {
+        tracing::warn!(error = %e, "cannot write the ready lines to stdout; serving on");
+    }
+}
+
 fn split_pair<'a>(flag: &str, value: &'a str) -> Result<(&'a str, &'a str), String> {
     value
         .split_once('=')
@@ -175,11 +194,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    for l in engine.listeners() {
-        println!("listening {} {}", l.protocol, l.addr);
-    }
-    println!("backend {}", engine.backend());
-    println!("ready");
+    announce(&engine);
     let sig = loop {
         match wait_signal(&signals) {
             libc::SIGHUP => reload(&engine, args.config.as_deref()),

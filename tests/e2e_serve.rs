@@ -191,6 +191,40 @@ fn serve_reports_a_taken_port_naming_the_address() {
     );
 }
 
+/// A supervisor that stops reading stdout (its pipe closed before `ready`) does not stop the
+/// server: it serves, and exits 0 on SIGTERM.
+#[test]
+fn serve_runs_on_when_its_stdout_reader_has_gone() {
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = free.local_addr().unwrap();
+    drop(free);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_powerhub"))
+        .args(["serve", "--listen", &format!("ndjson={addr}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let deadline = Instant::now() + WAIT;
+    let mut conn = loop {
+        if let Ok(c) = std::net::TcpStream::connect(addr) {
+            break c;
+        }
+        assert!(child.try_wait().unwrap().is_none(), "the server exited");
+        assert!(Instant::now() < deadline, "the server never listened");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    use std::io::Write as _;
+    conn.write_all(b"{\"type\":\"ping\"}\n").unwrap();
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line).unwrap();
+    assert!(line.contains("pong"), "{line}");
+    // SAFETY: the child's pid, which this test owns until it is waited for.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}
+
 #[test]
 fn serve_prints_the_default_config() {
     let out = Command::new(env!("CARGO_BIN_EXE_powerhub"))

@@ -491,6 +491,7 @@ fn bind(
         ListenAddr::Tcp(a) => {
             let l = std::net::TcpListener::bind(a).map_err(err)?;
             l.set_nonblocking(true).map_err(err)?;
+            deepen_backlog(&l).map_err(err)?;
             let local = ListenAddr::Tcp(l.local_addr().map_err(err)?);
             Ok((OwnedFd::from(l), local))
         }
@@ -514,9 +515,22 @@ fn bind(
             }
             let l = std::os::unix::net::UnixListener::bind(path).map_err(err)?;
             l.set_nonblocking(true).map_err(err)?;
+            deepen_backlog(&l).map_err(err)?;
             Ok((OwnedFd::from(l), addr.clone()))
         }
     }
+}
+
+/// Connections the kernel queues on a listener before a shard accepts them (capped by the
+/// kernel's `net.core.somaxconn`). The standard library listens with 128, which a burst of
+/// connections overflows while every shard is busy: the clients past it wait a second for a
+/// SYN retransmit.
+const LISTEN_BACKLOG: libc::c_int = 4096;
+
+/// Listens on `listener` again with [`LISTEN_BACKLOG`] (a second `listen` only resizes the queue).
+fn deepen_backlog(listener: &impl std::os::fd::AsRawFd) -> io::Result<()> {
+    // SAFETY: the descriptor is a bound socket the caller owns for the call.
+    sys::syscall!(listen(listener.as_raw_fd(), LISTEN_BACKLOG)).map(drop)
 }
 
 /// The sink of the engine's own hub: push subscriptions are not hub subscribers, so this one
