@@ -11,6 +11,9 @@ use crate::security::auth::AuthConfig;
 /// The embedded default configuration file (`powerhub serve --print-default-config`).
 pub const DEFAULT_CONFIG: &str = include_str!("default.toml");
 
+/// The smallest `limits.max_outbox_bytes` the server accepts.
+const MIN_OUTBOX_BYTES: usize = 64 << 10;
+
 /// Why a configuration was refused. Every variant names the key or value at fault.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -558,6 +561,16 @@ impl Config {
                 "must be at least 1",
             ));
         }
+        // Under it no connection could hold its first reply and the queue around it (a ping's
+        // answer takes over 200 bytes with its queue's first block): every connection would be
+        // closed at its first answer.
+        if l.max_outbox_bytes < MIN_OUTBOX_BYTES {
+            return Err(invalid(
+                "limits.max_outbox_bytes",
+                l.max_outbox_bytes,
+                "must be at least 65536 (one write's worth of output and its queue)",
+            ));
+        }
         // Only `disconnect` reads `backpressure_bytes`: there it must come before the limit
         // that closes a connection for its memory.
         if self.subscriptions.slow_consumer == SlowConsumerChoice::Disconnect
@@ -698,6 +711,20 @@ mod tests {
             assert!(err.contains("a table of named fields"), "{value}: {err}");
             assert!(err.contains(key), "{value}: {err}");
         }
+    }
+
+    #[test]
+    fn a_max_outbox_bytes_no_connection_could_live_under_is_refused() {
+        for v in [0, 100, 65_535] {
+            let err = Config::from_toml(&format!("[limits]\nmax_outbox_bytes = {v}\n"), None)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("limits.max_outbox_bytes") && err.contains("65536"),
+                "{err}"
+            );
+        }
+        assert!(Config::from_toml("[limits]\nmax_outbox_bytes = 65536\n", None).is_ok());
     }
 
     #[test]
