@@ -404,7 +404,14 @@ pub(crate) struct Shard<B: Backend> {
     /// Scratch: what was taken from the inbox, and one topic's run of it.
     taken: Vec<Tapped>,
     run: Vec<Arc<Entry>>,
+    /// Failed accepts: when one was last logged, and how many failed since without a line (out
+    /// of descriptors, a listener fails again at every wait: one line a second says it).
+    accept_warned: Option<Instant>,
+    accept_failures: u64,
 }
+
+/// At most one `accept failed` line per shard in this long.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(1);
 
 impl<B: Backend> Shard<B> {
     pub(crate) fn new(
@@ -435,6 +442,8 @@ impl<B: Backend> Shard<B> {
             fanout,
             taken: Vec::new(),
             run: Vec::new(),
+            accept_warned: None,
+            accept_failures: 0,
         }
     }
 
@@ -704,7 +713,16 @@ impl<B: Backend> Shard<B> {
             // SAFETY: the backend hands over a socket the kernel just created for us.
             Ok(fd) => unsafe { OwnedFd::from_raw_fd(fd) },
             Err(e) => {
-                tracing::warn!(error = %e, listener, "accept failed");
+                self.accept_failures += 1;
+                let now = Instant::now();
+                if self
+                    .accept_warned
+                    .is_none_or(|t| now.duration_since(t) >= ACCEPT_WARN_EVERY)
+                {
+                    let failures = std::mem::take(&mut self.accept_failures);
+                    tracing::warn!(error = %e, listener, failures, "accept failed");
+                    self.accept_warned = Some(now);
+                }
                 return;
             }
         };
