@@ -138,3 +138,31 @@ fn a_close_the_server_decides_is_logged_at_info_even_when_it_cannot_be_said() {
         drop(c);
     });
 }
+
+/// The close line's `bytes_out` counts everything the connection was sent: a connection whose
+/// only output is the final error of a line over `max_message_bytes` logs that error's bytes.
+#[test]
+fn a_close_line_counts_the_final_error_in_bytes_out() {
+    let (log, _one_at_a_time) = captured_log();
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_message_bytes = 1024;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        log.take();
+        c.send_raw(&[b'x'; 4096]);
+        let error = c.line().expect("the final error");
+        assert!(c.line().is_none(), "closed after the error");
+        eventually("the connection is closed", || {
+            server.engine.stats().open_connections == 0
+        });
+        server.engine.shutdown().unwrap();
+        let text = log.take();
+        let line = text
+            .lines()
+            .find(|l| l.contains("connection closed"))
+            .unwrap_or_else(|| panic!("a close line:\n{text}"));
+        let said = format!("bytes_out={}", error.len() + 1);
+        assert!(line.contains(&said), "{said} in {line}");
+    });
+}

@@ -397,6 +397,9 @@ impl Transmit {
 pub struct PushCounts {
     /// Bytes received.
     pub bytes_in: u64,
+    /// Bytes written: everything the connection said, its protocol's own replies (a handshake
+    /// response, a refusal, a close frame) and final errors included.
+    pub bytes_out: u64,
     /// Messages received (commands, binary messages).
     pub messages_in: u32,
     /// Batches delivered to its subscriptions.
@@ -1370,6 +1373,7 @@ impl PushConnection {
     /// See the [module docs](self) for an example.
     pub fn on_written(&mut self, transmit: Transmit, n: usize, now: Instant) {
         self.transmitting = false;
+        self.counts.bytes_out += n as u64;
         let (urgent, outbox) = transmit.split(n);
         self.urgent.advance(urgent);
         if transmit.outbox > 0 {

@@ -1623,7 +1623,7 @@ impl<B: Backend> Shard<B> {
                     reason,
                     detail,
                     bytes_in = counts.bytes_in,
-                    bytes_out = c.push.stats().bytes_written,
+                    bytes_out = counts.bytes_out,
                     messages_in = counts.messages_in,
                     deliveries = counts.deliveries,
                     subscriptions,
