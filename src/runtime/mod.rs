@@ -86,14 +86,18 @@ pub enum BackendKind {
     IoUring,
     /// epoll.
     Epoll,
+    /// Some shards io_uring, the others epoll: io_uring was asked for, and some shards could
+    /// not set it up (a memory-lock limit, say; the log names each such shard).
+    Mixed,
 }
 
 impl BackendKind {
-    /// `io_uring` or `epoll`.
+    /// `io_uring`, `epoll`, or `io_uring+epoll` for [`BackendKind::Mixed`].
     pub fn as_str(self) -> &'static str {
         match self {
             BackendKind::IoUring => "io_uring",
             BackendKind::Epoll => "epoll",
+            BackendKind::Mixed => "io_uring+epoll",
         }
     }
 }
@@ -796,19 +800,23 @@ impl Engine {
             stats_thread: None,
             stopped: false,
         };
+        let mut kinds = Vec::with_capacity(n);
         for _ in 0..n {
             match rx.recv() {
-                Ok(Ok(kind)) => {
-                    if kind != backend {
-                        actual = kind;
-                    }
-                }
+                Ok(Ok(kind)) => kinds.push(kind),
                 Ok(Err((index, source))) => {
                     engine.stop_now();
                     return Err(EngineError::Shard { index, source });
                 }
                 Err(_) => break,
             }
+        }
+        if let Some(&first) = kinds.first() {
+            actual = if kinds.iter().all(|&k| k == first) {
+                first
+            } else {
+                BackendKind::Mixed
+            };
         }
         engine.backend = actual;
         engine.start_stats_publisher();
