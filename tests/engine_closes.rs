@@ -712,3 +712,20 @@ fn a_websocket_frame_or_handshake_cut_short_by_the_end_of_stream_is_said() {
         );
     });
 }
+
+/// A TLS handshake on a plaintext WebSocket listener is the client's mistake: `400 Bad Request`
+/// naming it (not 503, which says the server is unavailable and invites a retry).
+#[test]
+fn a_tls_handshake_on_a_plaintext_websocket_listener_gets_http_400() {
+    on_both_backends(|backend| {
+        let server = serve(config(backend));
+        let mut s = connect(server.websocket);
+        s.write_all(&[0x16, 0x03, 0x01, 0x00, 0x05, 1, 0, 0, 1, 0])
+            .unwrap();
+        let mut response = Vec::new();
+        let _ = s.read_to_end(&mut response);
+        let response = String::from_utf8_lossy(&response);
+        assert!(response.starts_with("HTTP/1.1 400 "), "{response}");
+        assert!(response.contains("does not speak TLS"), "{response}");
+    });
+}

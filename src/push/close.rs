@@ -8,7 +8,7 @@
 //! | a deadline (`first_message_timeout_ms`, `idle_timeout_ms`, `liveness_timeout_ms`) | `limit_exceeded` (the key) | 1008 | HTTP 408 |
 //! | a subscription fell behind under `slow_consumer = "disconnect"` | `slow_consumer` | 1008 | HTTP 503 |
 //! | a refused first token, or the connection's token expired | the auth code (`bad_signature`, `token_expired`, ...) | 1008 | HTTP 503 |
-//! | a TLS handshake on a listener without TLS | `tls_not_enabled` | 1008 | HTTP 503 |
+//! | a TLS handshake on a listener without TLS | `tls_not_enabled` | 1008 | HTTP 400 |
 //! | the hub closed the connection's subscriptions | `hub_closed` | 1001 | HTTP 503 |
 //! | the server shuts down | `shutdown` | 1001 | HTTP 503 |
 //!
@@ -227,6 +227,8 @@ impl Ending {
         Some(match self.kind? {
             Kind::Timeout => 408,
             Kind::Internal => 500,
+            // The client's mistake, not the server's state: no retry will fare better.
+            Kind::Refused if self.reason == codes::TLS_NOT_ENABLED => 400,
             _ => 503,
         })
     }
