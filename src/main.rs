@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use powerhub::runtime::{
-    BackendChoice, Config, Engine, ListenerConfig, ProtocolRegistry, DEFAULT_CONFIG,
+    BackendChoice, Config, Engine, EngineError, ListenerConfig, ProtocolRegistry, DEFAULT_CONFIG,
 };
 use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
 
@@ -97,7 +97,12 @@ fn split_pair<'a>(flag: &str, value: &'a str) -> Result<(&'a str, &'a str), Stri
         .split_once('=')
         .filter(|(p, a)| !p.is_empty() && !a.is_empty())
         .ok_or_else(|| {
-            format!("--{flag} {value:?}: expected PROTOCOL=ADDRESS, e.g. ndjson=127.0.0.1:7400")
+            let expected = if flag == "unix" {
+                "PROTOCOL=PATH, e.g. ndjson=/run/powerhub.sock"
+            } else {
+                "PROTOCOL=ADDRESS, e.g. ndjson=127.0.0.1:7400"
+            };
+            format!("--{flag} {value:?}: expected {expected}")
         })
 }
 
@@ -191,7 +196,12 @@ fn serve(args: ServeArgs) -> ExitCode {
         Ok(e) => e,
         Err(e) => {
             eprintln!("powerhub: {e}");
-            return ExitCode::from(1);
+            // 2: the configuration is refused, as a file's error is; 1: it could not run.
+            let code = match e {
+                EngineError::Bind { .. } | EngineError::Shard { .. } => 1,
+                _ => 2,
+            };
+            return ExitCode::from(code);
         }
     };
     announce(&engine);

@@ -160,12 +160,29 @@ fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
         .arg(&path)
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "a refused configuration exits 2"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("max_conections") && err.contains("line 5"),
         "{err}"
     );
+    // A listener's unknown protocol is the configuration's fault too.
+    std::fs::write(
+        &path,
+        "[[listener]]\nprotocol = \"nope\"\naddress = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_powerhub"))
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown protocol `nope`"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -183,7 +200,11 @@ fn serve_reports_a_taken_port_naming_the_address() {
         ])
         .output()
         .unwrap();
-    assert!(!out.status.success());
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "a configuration that cannot run exits 1"
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains(&addr.to_string()) && err.contains("in use"),
