@@ -620,7 +620,7 @@ impl PushConnection {
     /// The peer ended its stream (a TCP end of stream): a message it cut short is read as the
     /// protocol's last message (an NDJSON line without its newline) or refused with an error
     /// that names it, said in the protocol (see
-    /// [`StreamProtocol::decode_end`](powerhub_plugin::StreamProtocol::decode_end)). Then call
+    /// [`StreamProtocol::decode_end`]). Then call
     /// [`poll`](Self::poll) until it returns `None`, and close the connection as the peer did,
     /// after what is queued.
     ///
