@@ -216,22 +216,37 @@ fn serve_reports_a_taken_port_naming_the_address() {
 /// server: it serves, and exits 0 on SIGTERM.
 #[test]
 fn serve_runs_on_when_its_stdout_reader_has_gone() {
+    use std::os::fd::{FromRawFd, OwnedFd};
     let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = free.local_addr().unwrap();
     drop(free);
-    let mut child = Command::new(env!("CARGO_BIN_EXE_powerhub"))
+    // A pipe whose reading end is closed before the server starts: its first line fails.
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors `pipe` writes.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    let child = Command::new(env!("CARGO_BIN_EXE_powerhub"))
         .args(["serve", "--listen", &format!("ndjson={addr}")])
-        .stdout(Stdio::piped())
+        .stdout(Stdio::from(write))
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    drop(child.stdout.take());
+    let mut server = Server {
+        child,
+        listeners: Vec::new(),
+        backend: String::new(),
+    };
     let deadline = Instant::now() + WAIT;
     let mut conn = loop {
         if let Ok(c) = std::net::TcpStream::connect(addr) {
             break c;
         }
-        assert!(child.try_wait().unwrap().is_none(), "the server exited");
+        assert!(
+            server.child.try_wait().unwrap().is_none(),
+            "the server exited"
+        );
         assert!(Instant::now() < deadline, "the server never listened");
         std::thread::sleep(Duration::from_millis(20));
     };
@@ -240,9 +255,9 @@ fn serve_runs_on_when_its_stdout_reader_has_gone() {
     let mut line = String::new();
     BufReader::new(&conn).read_line(&mut line).unwrap();
     assert!(line.contains("pong"), "{line}");
-    // SAFETY: the child's pid, which this test owns until it is waited for.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
+    // SAFETY: the child's pid, which `server` owns until it is waited for.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let status = server.child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
 

@@ -614,8 +614,9 @@ proptest! {
 // of this connection) is delivered before that command's reply; a subscription gets nothing
 // published before its `subscribe`; an unsubscribe delivers what was published before it; over
 // NDJSON an input whose last line lacks its newline, followed by the client's end of stream, is
-// handled as the whole input. Over NDJSON, and over WebSocket (after the upgrade, every command a masked text frame; the
-// model's stream is then server frames: a text frame per message, a ping frame per keepalive).
+// handled as the whole input. Over NDJSON, and over WebSocket (after the upgrade, every command
+// a masked text frame; the model's stream is then server frames: a text frame per message, a
+// ping frame per keepalive).
 
 use powerhub::plugin::ProtocolFactory;
 use powerhub::protocol::{reply, RequestId, Session, SessionConfig};

@@ -312,3 +312,24 @@ fn the_answer_to_a_peers_close_is_written_when_an_earlier_command_of_the_same_re
     assert_eq!(u16::from_be_bytes([last[0], last[1]]), 1000);
     assert!(conn.is_written());
 }
+
+/// A decode error ends the input: an end of stream handled before the error was polled reads
+/// nothing more (the bytes after a line over the limit are no command, and its final error is
+/// said once).
+#[test]
+fn the_end_of_stream_after_a_decode_error_reads_nothing_more() {
+    let now = Instant::now();
+    let mut conn = connection(false, 16, SessionConfig::default(), now);
+    conn.handle_input(b"0123456789012345678901234567890123456789", now);
+    conn.handle_input(br#"{"type":"ping","id":9}"#, now);
+    conn.handle_end_of_stream(now);
+    assert_eq!(conn.poll(now, SystemTime::now()), None);
+    let mut wire = Vec::new();
+    for _ in 0..4 {
+        write(&mut conn, &mut wire, usize::MAX, now);
+    }
+    let text = String::from_utf8(wire).unwrap();
+    assert_eq!(text.lines().count(), 1, "one final error: {text}");
+    assert!(text.contains("max_message_bytes"), "{text}");
+    assert!(!text.contains("pong"), "{text}");
+}

@@ -233,8 +233,14 @@ enum Item {
         meta: MessageMeta,
         body: Body,
     },
-    /// An unclassified chunk of NDJSON lines (only while healthy).
-    Shared { sub: Arc<str>, lines: Bytes },
+    /// An unclassified chunk of NDJSON lines (only while healthy). `batch` is the length of
+    /// the shared batch the lines were cut from (more than theirs once a write took its
+    /// start): what any slice of them keeps in memory.
+    Shared {
+        sub: Arc<str>,
+        lines: Bytes,
+        batch: usize,
+    },
     /// A frame removed by coalescing or unsubscribe (keeps sequence numbers stable).
     Removed,
 }
@@ -365,6 +371,7 @@ impl Outbox {
         self.observe_send();
         let item = Item::Shared {
             sub: self.intern(sub),
+            batch: lines.len(),
             lines,
         };
         if self.paused {
@@ -823,10 +830,10 @@ impl Outbox {
         match item {
             // A chunk none of whose messages the rules treat apart from lossless FIFO stays
             // whole: queued as its messages one by one would be, with no classification.
-            Item::Shared { sub, lines } if self.config.all_lossless(&lines) => {
-                self.push_back(Item::Shared { sub, lines });
+            Item::Shared { sub, lines, batch } if self.config.all_lossless(&lines) => {
+                self.push_back(Item::Shared { sub, lines, batch });
             }
-            Item::Shared { sub, lines } => {
+            Item::Shared { sub, lines, batch } => {
                 let first = self.head_seq + self.queue.len() as u64;
                 let mut replaced = Vec::new();
                 for line in split_lines(&lines) {
@@ -834,7 +841,7 @@ impl Outbox {
                     let kept = self.admit_message(Arc::clone(&sub), meta, Body::Json(line));
                     replaced.extend(kept.filter(|&seq| seq < first));
                 }
-                self.unpin(&lines, first, &replaced);
+                self.unpin(&lines, batch, first, &replaced);
             }
             Item::Message { sub, meta, body } => {
                 self.admit_message(sub, meta, body);
@@ -880,16 +887,17 @@ impl Outbox {
         Some(seq)
     }
 
-    /// After the messages of shared chunk `chunk` were admitted one by one (appended from
+    /// After the messages of shared chunk `chunk` (cut from a batch of `batch` bytes, all of
+    /// which a slice of it keeps in memory) were admitted one by one (appended from
     /// `first` on, or put in place of the slots' frames at `replaced`): the messages kept
     /// are slices of the chunk, and any one of them holds all of it in memory, the bytes of
     /// the messages the rules removed (a coalesced screenshot, a dropped one) included, which
-    /// the outbox does not count. So a kept message is copied out when the chunk would hold
+    /// the outbox does not count. So a kept message is copied out when the batch would hold
     /// more than twice as much for it: a coalesced frame (replaced later, one by one) alone
-    /// against the chunk, the lossless messages (kept until written) together. What a
+    /// against the batch, the lossless messages (kept until written) together. What a
     /// connection holds then stays within twice what it counts, however many frames its
     /// slots replace behind a lossless backlog; a chunk mostly kept is not copied.
-    fn unpin(&mut self, chunk: &Bytes, first: u64, replaced: &[u64]) {
+    fn unpin(&mut self, chunk: &Bytes, batch: usize, first: u64, replaced: &[u64]) {
         let start = chunk.as_ptr() as usize;
         let within = |b: &Bytes| (start..start + chunk.len()).contains(&(b.as_ptr() as usize));
         let config = Arc::clone(&self.config);
@@ -909,7 +917,7 @@ impl Outbox {
                 }
             }
         }
-        let copy_lossless = 2 * lossless < chunk.len();
+        let copy_lossless = 2 * lossless < batch;
         for seq in kept() {
             if let Some(Item::Message {
                 meta,
@@ -918,7 +926,7 @@ impl Outbox {
             }) = self.item_mut(seq)
             {
                 let copy = if coalesced(meta) {
-                    2 * b.len() < chunk.len()
+                    2 * b.len() < batch
                 } else {
                     copy_lossless
                 };
@@ -991,13 +999,18 @@ impl Outbox {
                     };
                     self.encode_json(framer, json);
                 }
-                Item::Shared { sub, lines } => {
+                Item::Shared { sub, lines, batch } => {
                     // A shared chunk holds a whole batch: only its lines up to the budget (and
                     // the one that crosses it) go now; the rest stays first in the queue, where
                     // a pause applies the rules to it.
                     let lines = match split_at_budget(lines, ENCODE_AHEAD - self.wire_len) {
                         (now_lines, Some(rest)) => {
-                            self.push_front(Item::Shared { sub, lines: rest });
+                            let rest = Item::Shared {
+                                sub,
+                                lines: rest,
+                                batch,
+                            };
+                            self.push_front(rest);
                             // The rest is what the chunk was: admitted, or queued as it came.
                             self.admitted += u32::from(was_admitted);
                             now_lines

@@ -398,7 +398,8 @@ pub struct PushCounts {
     /// Bytes received.
     pub bytes_in: u64,
     /// Bytes written: everything the connection said, its protocol's own replies (a handshake
-    /// response, a refusal, a close frame) and final errors included.
+    /// response, a refusal, a close frame) and final errors included. Over TLS, the plaintext
+    /// handed to TLS (its records' overhead and TLS's own messages are not counted).
     pub bytes_out: u64,
     /// Messages received (commands, binary messages).
     pub messages_in: u32,
@@ -658,7 +659,8 @@ impl PushConnection {
             self.last_inbound_ms = self.millis(now);
         }
         let input = self.input.get_or_insert_with(Box::default);
-        if self.state != PushState::Open {
+        if self.state != PushState::Open || input.error.is_some() {
+            // Closed, or closing on a decode error not polled yet: nothing more is read.
             input.buf.clear();
             return;
         }

@@ -263,8 +263,10 @@ pub(crate) struct Conn {
     tls: Option<Box<TlsLayer>>,
     /// The connection's slot and generation.
     pub(crate) key: ConnKey,
-    /// The backlog last added to the engine's `unsent` counter (see `sync_backlog`).
-    reported_backlog: usize,
+    /// The backlog last added to the engine's `unsent` counter (see `sync_backlog`); a
+    /// connection's share of the counter stops at 4 GiB (a `u32` keeps [`Conn`] in its
+    /// allocator size class).
+    reported_backlog: u32,
     /// The send in flight (`Some` exactly while one is).
     send: Option<Box<SendState>>,
     /// A send started since the last [`TICK`]: the connection is not idle.
@@ -306,14 +308,19 @@ impl Conn {
     }
 
     fn sync_backlog(&mut self, counters: &Counters) -> usize {
-        let now = self.backlog();
+        let backlog = self.backlog();
+        let now = u32::try_from(backlog).unwrap_or(u32::MAX);
         let before = std::mem::replace(&mut self.reported_backlog, now);
         if now >= before {
-            counters.unsent.fetch_add(now - before, Ordering::Relaxed);
+            counters
+                .unsent
+                .fetch_add((now - before) as usize, Ordering::Relaxed);
         } else {
-            counters.unsent.fetch_sub(before - now, Ordering::Relaxed);
+            counters
+                .unsent
+                .fetch_sub((before - now) as usize, Ordering::Relaxed);
         }
-        now
+        backlog
     }
 }
 
@@ -1597,7 +1604,7 @@ impl<B: Backend> Shard<B> {
         let counters = self.shared.counters_of(self.handle.index);
         counters
             .unsent
-            .fetch_sub(c.reported_backlog, Ordering::Relaxed);
+            .fetch_sub(c.reported_backlog as usize, Ordering::Relaxed);
         counters.closed.fetch_add(1, Ordering::Relaxed);
         if c.counted {
             self.shared.open.fetch_sub(1, Ordering::Relaxed);

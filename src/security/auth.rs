@@ -451,19 +451,36 @@ pub struct Identity {
 /// `[[auth.certificates]]` entry (`limits = { ... }`) or a JWT's [`LIMITS_CLAIM`] sets them;
 /// `None` takes the `[auth]` default (`max_connections_per_user`,
 /// `max_subscriptions_per_user`), `Some(0)` is no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(remote = "Self", deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UserLimits {
     /// Most connections the user may hold authenticated at a time.
-    #[serde(default)]
     pub max_connections: Option<usize>,
     /// Most subscriptions the user may hold across its connections.
-    #[serde(default)]
     pub max_subscriptions: Option<usize>,
 }
 
-super::deserialize_from_map_only!(UserLimits);
-super::deserialize_from_map_only!(UserRates);
+/// The reader of [`UserLimits`] (see [`super::deserialize_from_map_only`]).
+#[derive(Deserialize)]
+#[serde(remote = "UserLimits", deny_unknown_fields)]
+struct UserLimitsDef {
+    #[serde(default)]
+    max_connections: Option<usize>,
+    #[serde(default)]
+    max_subscriptions: Option<usize>,
+}
+
+/// The reader of [`UserRates`] (see [`super::deserialize_from_map_only`]).
+#[derive(Deserialize)]
+#[serde(remote = "UserRates", deny_unknown_fields)]
+struct UserRatesDef {
+    #[serde(default)]
+    publish_messages_per_second: Option<u64>,
+    #[serde(default)]
+    publish_bytes_per_second: Option<u64>,
+}
+
+super::deserialize_from_map_only!(UserLimits, UserLimitsDef);
+super::deserialize_from_map_only!(UserRates, UserRatesDef);
 
 impl UserLimits {
     /// These limits, each falling back to the default given (connections, subscriptions).
@@ -487,14 +504,11 @@ impl UserLimits {
 /// `[[auth.certificates]]` entry sets them; `None` takes the `[auth]` default
 /// (`publish_messages_per_second_per_user`, `publish_bytes_per_second_per_user`), `Some(0)` is
 /// no limit.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(remote = "Self", deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct UserRates {
     /// Messages per second, summed over the user's connections.
-    #[serde(default)]
     pub publish_messages_per_second: Option<u64>,
     /// Bytes of messages per second, summed over the user's connections.
-    #[serde(default)]
     pub publish_bytes_per_second: Option<u64>,
 }
 
@@ -1096,8 +1110,10 @@ impl JwtVerifier {
         let exp = numeric_date(&claims, "exp")?;
         let nbf = numeric_date(&claims, "nbf")?;
         // Registered claims the server does not act on are still of their type (RFC 7519,
-        // section 4.1): `iat` a NumericDate, `jti` a string.
-        numeric_date(&claims, "iat")?;
+        // section 4.1): `iat` a number (any NumericDate, before the epoch too), `jti` a string.
+        if claims.get("iat").is_some_and(|i| !i.is_number()) {
+            return Err(malformed(TokenPart::Payload, "`iat` is not a NumericDate"));
+        }
         if claims.get("jti").is_some_and(|j| !j.is_string()) {
             return Err(malformed(TokenPart::Payload, "`jti` is not a string"));
         }
@@ -1138,7 +1154,7 @@ impl JwtVerifier {
                     claim: self.permissions_claim.clone(),
                     reason: codes::echo(&reason),
                 };
-                let config = <PermissionsConfig as Deserialize>::deserialize(v)
+                let config = PermissionsConfig::deserialize(v)
                     .map_err(|e| invalid(format!("not a permission set ({e})")))?;
                 Permissions::compile(&config).map_err(|e| invalid(e.to_string()))?
             }
@@ -1146,21 +1162,17 @@ impl JwtVerifier {
         // The user's own publish rates, as a static token's `rates`.
         let publish_rates = match claims.get(RATES_CLAIM) {
             None => UserRates::default(),
-            Some(v) => <UserRates as Deserialize>::deserialize(v).map_err(|e| {
-                AuthError::InvalidPermissions {
-                    claim: RATES_CLAIM.to_owned(),
-                    reason: codes::echo(&format!("not a set of rates ({e})")),
-                }
+            Some(v) => UserRates::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
+                claim: RATES_CLAIM.to_owned(),
+                reason: codes::echo(&format!("not a set of rates ({e})")),
             })?,
         };
         // And its own connection and subscription limits, as a static token's `limits`.
         let limits = match claims.get(LIMITS_CLAIM) {
             None => UserLimits::default(),
-            Some(v) => <UserLimits as Deserialize>::deserialize(v).map_err(|e| {
-                AuthError::InvalidPermissions {
-                    claim: LIMITS_CLAIM.to_owned(),
-                    reason: codes::echo(&format!("not a set of limits ({e})")),
-                }
+            Some(v) => UserLimits::deserialize(v).map_err(|e| AuthError::InvalidPermissions {
+                claim: LIMITS_CLAIM.to_owned(),
+                reason: codes::echo(&format!("not a set of limits ({e})")),
             })?,
         };
         Ok(Identity {

@@ -18,13 +18,14 @@ pub mod auth;
 pub mod permissions;
 pub mod tls;
 
-/// Implements `Deserialize` for a struct whose derive is `#[serde(remote = "Self")]`, from a map
-/// (a TOML table, a JSON object) only. Serde's derive also reads a struct from a sequence, field
-/// by field in order, so a token's `"permissions":[{"allow":[">"]}]` would read as a publish
-/// rule and `"limits":[1]` as `max_connections`; such a shape is refused, naming what was
-/// expected.
+/// Implements `Deserialize` for the public struct `$t` from a map (a TOML table, a JSON object)
+/// only, through `$def`, a private mirror of it that derives `Deserialize` with
+/// `#[serde(remote = "$t")]`. Serde's derive also reads a struct from a sequence, field by
+/// field in order, so a token's `"permissions":[{"allow":[">"]}]` would read as a publish rule
+/// and `"limits":[1]` as `max_connections`; such a shape is refused, naming what was expected.
+/// (The mirror is private, so no public reader of the struct accepts a sequence.)
 macro_rules! deserialize_from_map_only {
-    ($t:ty) => {
+    ($t:ty, $def:ty) => {
         impl<'de> serde::Deserialize<'de> for $t {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 struct MapOnly;
@@ -37,8 +38,7 @@ macro_rules! deserialize_from_map_only {
                         self,
                         map: A,
                     ) -> Result<$t, A::Error> {
-                        // The derived reader (`remote = "Self"`: an inherent function).
-                        <$t>::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                        <$def>::deserialize(serde::de::value::MapAccessDeserializer::new(map))
                     }
                 }
                 d.deserialize_map(MapOnly)

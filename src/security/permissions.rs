@@ -193,33 +193,47 @@ pub enum PatternError {
 }
 
 /// One list of the configuration: patterns that allow, patterns that deny.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(remote = "Self", deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RulesConfig {
     /// Subjects permitted (default: none).
-    #[serde(default)]
     pub allow: Vec<String>,
     /// Subjects refused even when an allow pattern matches them.
-    #[serde(default)]
     pub deny: Vec<String>,
 }
 
 /// A user's permissions as written in the configuration (`permissions = { publish = { allow =
 /// [...] }, subscribe = { ... } }` under an `[[auth.tokens]]` entry) or in a JWT's permissions
 /// claim (the same shape as a JSON object). Absent lists are empty: nothing is permitted.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(remote = "Self", deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PermissionsConfig {
     /// What the user may publish to.
-    #[serde(default)]
     pub publish: RulesConfig,
     /// What the user may subscribe to.
-    #[serde(default)]
     pub subscribe: RulesConfig,
 }
 
-super::deserialize_from_map_only!(RulesConfig);
-super::deserialize_from_map_only!(PermissionsConfig);
+/// The reader of [`RulesConfig`] (see [`super::deserialize_from_map_only`]).
+#[derive(Deserialize)]
+#[serde(remote = "RulesConfig", deny_unknown_fields)]
+struct RulesConfigDef {
+    #[serde(default)]
+    allow: Vec<String>,
+    #[serde(default)]
+    deny: Vec<String>,
+}
+
+/// The reader of [`PermissionsConfig`] (see [`super::deserialize_from_map_only`]).
+#[derive(Deserialize)]
+#[serde(remote = "PermissionsConfig", deny_unknown_fields)]
+struct PermissionsConfigDef {
+    #[serde(default)]
+    publish: RulesConfig,
+    #[serde(default)]
+    subscribe: RulesConfig,
+}
+
+super::deserialize_from_map_only!(RulesConfig, RulesConfigDef);
+super::deserialize_from_map_only!(PermissionsConfig, PermissionsConfigDef);
 
 /// One segment of a compiled pattern.
 #[derive(Debug, Clone, PartialEq, Eq)]

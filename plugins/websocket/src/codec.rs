@@ -594,10 +594,11 @@ impl StreamProtocol for WebSocket {
                 Err(error)
             }
             State::Open | State::CloseSent => {
+                // (A payload's bytes are consumed as they arrive: nothing is held then.)
                 let what = if let FrameState::Payload(payload) = self.frame {
                     format!(
                         "a frame ({} of its payload's bytes missing)",
-                        payload.remaining.saturating_sub(held)
+                        payload.remaining
                     )
                 } else if held > 0 {
                     format!("a frame header ({held} of its bytes arrived)")

@@ -180,22 +180,33 @@ pub const SUBPROTOCOL: &str = "powerhub";
 /// (`http://host:port/path`, which RFC 9112 §3.2.2 says a server must accept) loses its scheme
 /// and authority, and an empty path is `/`.
 fn origin_form(target: &str) -> Cow<'_, str> {
-    let scheme = ["http://", "https://", "ws://", "wss://"]
-        .into_iter()
-        .find(|s| {
-            target
-                .get(..s.len())
-                .is_some_and(|t| t.eq_ignore_ascii_case(s))
-        });
-    let Some(scheme) = scheme else {
+    let Some(rest) = after_scheme(target) else {
         return Cow::Borrowed(target);
     };
-    let rest = &target[scheme.len()..];
     match rest.find(['/', '?']) {
         Some(at) if rest[at..].starts_with('/') => Cow::Borrowed(&rest[at..]),
         Some(at) => Cow::Owned(format!("/{}", &rest[at..])),
         None => Cow::Borrowed("/"),
     }
+}
+
+/// An absolute-form target without its scheme (`host:port/path?query`); `None` for a target in
+/// origin form.
+fn after_scheme(target: &str) -> Option<&str> {
+    ["http://", "https://", "ws://", "wss://"]
+        .into_iter()
+        .find(|s| {
+            target
+                .get(..s.len())
+                .is_some_and(|t| t.eq_ignore_ascii_case(s))
+        })
+        .map(|scheme| &target[scheme.len()..])
+}
+
+/// The authority (`host:port`) of an absolute-form target.
+fn target_authority(target: &str) -> Option<&str> {
+    let rest = after_scheme(target)?;
+    Some(rest.find(['/', '?']).map_or(rest, |end| &rest[..end]))
 }
 
 /// Every value of header `name`, in order.
@@ -346,7 +357,12 @@ fn respond(
     urgent.put_slice(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n");
     urgent.put_slice(b"Connection: Upgrade\r\nSec-WebSocket-Accept: ");
     urgent.put_slice(accept_key(key).as_bytes());
-    if has_token(req, "sec-websocket-protocol", SUBPROTOCOL) {
+    // Subprotocol names are compared as written (RFC 6455 §4.1: the client checks the answer
+    // is one of its own values).
+    let offered = values(req, "sec-websocket-protocol")
+        .flat_map(|v| v.split(|&b| b == b','))
+        .any(|t| t.trim_ascii() == SUBPROTOCOL.as_bytes());
+    if offered {
         // A browser fails a connection whose offered protocols the server does not choose
         // from: a page that names protocols names this one.
         urgent.put_slice(b"\r\nSec-WebSocket-Protocol: ");
@@ -426,6 +442,11 @@ fn is_same_host(req: &httparse::Request<'_, '_>, origin: &[u8]) -> bool {
     else {
         return false;
     };
+    // A target in absolute form names the host itself, and `Host` is ignored (RFC 9112
+    // §3.2.2).
+    if let Some(target) = target_authority(req.path.unwrap_or_default()) {
+        return target.as_bytes().eq_ignore_ascii_case(authority);
+    }
     let mut hosts = values(req, "host");
     match (hosts.next(), hosts.next()) {
         (Some(host), None) => host.trim_ascii().eq_ignore_ascii_case(authority),

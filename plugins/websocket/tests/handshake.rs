@@ -523,6 +523,18 @@ fn an_absolute_form_target_is_the_path_it_names() {
         request("http://localhost:8080/?token=abc", "").as_bytes(),
     );
     assert_eq!(step.events, vec![Inbound::Credential("abc".into())]);
+    // The target's authority is the host a same-host origin is compared with (`Host` is
+    // ignored then).
+    let same_host = WebSocketConfig::default().with_same_host_origin(true);
+    for (target, ok) in [("http://app.example:7402/", true), ("/", false)] {
+        let extra = "Origin: http://app.example:7402\r\n";
+        let step = feed(
+            connection(same_host.clone()).as_mut(),
+            request(target, extra).as_bytes(),
+        );
+        let want = if ok { 101 } else { 403 };
+        assert_eq!(status_of(&step.urgent), want, "{target}");
+    }
 }
 
 /// A client that offers subprotocols gets `powerhub` chosen when it is among them (a browser
@@ -544,4 +556,6 @@ fn the_powerhub_subprotocol_is_chosen_when_offered() {
     assert!(offered("chat, powerhub").contains(&chosen));
     assert!(offered("powerhub").contains(&chosen));
     assert!(!offered("chat, v2.json").contains("Sec-WebSocket-Protocol"));
+    // Another spelling is another protocol: the answer must be one of the client's values.
+    assert!(!offered("PowerHub").contains("Sec-WebSocket-Protocol"));
 }
