@@ -725,7 +725,10 @@ fn a_tls_handshake_on_a_plaintext_websocket_listener_gets_http_400() {
         let mut response = Vec::new();
         let _ = s.read_to_end(&mut response);
         let response = String::from_utf8_lossy(&response);
-        assert!(response.starts_with("HTTP/1.1 400 "), "{response}");
+        assert!(
+            response.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+            "{response}"
+        );
         assert!(response.contains("does not speak TLS"), "{response}");
     });
 }

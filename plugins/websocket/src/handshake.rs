@@ -463,6 +463,7 @@ fn is_valid_key(key: &[u8]) -> bool {
 /// The reason phrase of a status the runtime refuses a connection with.
 pub(crate) fn refusal_text(status: u16) -> &'static str {
     match status {
+        400 => "Bad Request",
         408 => "Request Timeout",
         500 => "Internal Server Error",
         503 => "Service Unavailable",
