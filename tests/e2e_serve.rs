@@ -145,6 +145,15 @@ fn serve_process_with_a_python_client_on_epoll() {
     run("epoll");
 }
 
+/// What `powerhub serve --config PATH` did, run to its exit.
+fn serve_config(path: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_powerhub"))
+        .args(["serve", "--config"])
+        .arg(path)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
     let dir = std::env::temp_dir().join(format!("powerhub-e2e-cfg-{}", std::process::id()));
@@ -155,11 +164,7 @@ fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
         "[engine]\nshards = 1\n\n[limits]\nmax_conections = 5\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_powerhub"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = serve_config(&path);
     assert_eq!(
         out.status.code(),
         Some(2),
@@ -176,11 +181,7 @@ fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
         "[[listener]]\nprotocol = \"nope\"\naddress = \"127.0.0.1:0\"\n",
     )
     .unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_powerhub"))
-        .args(["serve", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = serve_config(&path);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown protocol `nope`"));
     let _ = std::fs::remove_dir_all(&dir);

@@ -49,6 +49,13 @@ fn captured_log() -> (Captured, std::sync::MutexGuard<'static, ()>) {
     (log.clone(), guard)
 }
 
+/// The first `connection closed` line of the log `text`.
+fn close_line(text: &str) -> &str {
+    text.lines()
+        .find(|l| l.contains("connection closed"))
+        .unwrap_or_else(|| panic!("a close line:\n{text}"))
+}
+
 #[test]
 fn a_connection_close_is_one_log_line_with_its_reason_and_counts() {
     let (log, _one_at_a_time) = captured_log();
@@ -129,10 +136,7 @@ fn a_close_the_server_decides_is_logged_at_info_even_when_it_cannot_be_said() {
         });
         server.engine.shutdown().unwrap();
         let text = log.take();
-        let line = text
-            .lines()
-            .find(|l| l.contains("connection closed"))
-            .unwrap_or_else(|| panic!("a close line:\n{text}"));
+        let line = close_line(&text);
         assert!(line.contains("liveness_timeout_ms"), "{line}");
         assert!(line.contains("INFO"), "logged at info: {line}");
         drop(c);
@@ -158,10 +162,7 @@ fn a_close_line_counts_the_final_error_in_bytes_out() {
         });
         server.engine.shutdown().unwrap();
         let text = log.take();
-        let line = text
-            .lines()
-            .find(|l| l.contains("connection closed"))
-            .unwrap_or_else(|| panic!("a close line:\n{text}"));
+        let line = close_line(&text);
         let said = format!("bytes_out={}", error.len() + 1);
         assert!(line.contains(&said), "{said} in {line}");
     });

@@ -43,8 +43,12 @@ enum Kind {
     Timeout,
     /// A subscription fell behind under `disconnect`.
     SlowConsumer,
-    /// A refusal whose code is the ending's reason (an auth error code, `tls_not_enabled`).
+    /// A refusal whose code is the ending's reason (an auth error code).
     Refused,
+    /// The client speaks another protocol than the listener's (`tls_not_enabled`): as
+    /// [`Kind::Refused`], but HTTP 400 before a handshake, the client's mistake rather than
+    /// the server's state.
+    WrongProtocol,
     /// The hub closed the subscriptions.
     HubClosed,
     /// The server shuts down.
@@ -132,6 +136,12 @@ impl Ending {
         Ending::new(code, Some(Kind::Refused), message)
     }
 
+    /// The client speaks another protocol than the listener's: an error with `code`, HTTP 400
+    /// before a handshake.
+    pub(crate) fn wrong_protocol(code: &'static str, message: String) -> Ending {
+        Ending::new(code, Some(Kind::WrongProtocol), message)
+    }
+
     /// The hub closed the connection's subscriptions.
     pub(crate) fn hub_closed(message: String) -> Ending {
         Ending::new("hub_closed", Some(Kind::HubClosed), message)
@@ -200,7 +210,7 @@ impl Ending {
                 ))
             }
             Kind::SlowConsumer => codes::SLOW_CONSUMER,
-            Kind::Refused => self.reason,
+            Kind::Refused | Kind::WrongProtocol => self.reason,
             Kind::HubClosed => codes::HUB_CLOSED,
             Kind::Shutdown => codes::SHUTDOWN,
             Kind::Internal => codes::INTERNAL_ERROR,
@@ -216,7 +226,11 @@ impl Ending {
     /// The WebSocket close code that follows the error.
     pub(crate) fn websocket_code(&self) -> Option<u16> {
         Some(match self.kind? {
-            Kind::Limit | Kind::Timeout | Kind::SlowConsumer | Kind::Refused => POLICY,
+            Kind::Limit
+            | Kind::Timeout
+            | Kind::SlowConsumer
+            | Kind::Refused
+            | Kind::WrongProtocol => POLICY,
             Kind::HubClosed | Kind::Shutdown => GOING_AWAY,
             Kind::Internal => INTERNAL,
         })
@@ -227,8 +241,7 @@ impl Ending {
         Some(match self.kind? {
             Kind::Timeout => 408,
             Kind::Internal => 500,
-            // The client's mistake, not the server's state: no retry will fare better.
-            Kind::Refused if self.reason == codes::TLS_NOT_ENABLED => 400,
+            Kind::WrongProtocol => 400,
             _ => 503,
         })
     }

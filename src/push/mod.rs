@@ -588,7 +588,7 @@ impl PushConnection {
     /// ```
     pub fn handle_input(&mut self, data: &[u8], now: Instant) {
         self.receive(data);
-        self.decode_received(now);
+        self.decode_input(now, false);
     }
 
     /// Appends received plaintext to the input buffer (counted), without decoding it.
@@ -648,13 +648,9 @@ impl PushConnection {
         self.decode_input(now, true);
     }
 
-    /// Decodes what the input buffer holds (see [`handle_input`](Self::handle_input)).
-    pub(crate) fn decode_received(&mut self, now: Instant) {
-        self.decode_input(now, false);
-    }
-
-    /// Decodes the input buffer; at the peer's `end` of stream, all of it.
-    fn decode_input(&mut self, now: Instant, end: bool) {
+    /// Decodes what the input buffer holds (see [`handle_input`](Self::handle_input)); at the
+    /// peer's `end` of stream, all of it (see [`handle_end_of_stream`](Self::handle_end_of_stream)).
+    pub(crate) fn decode_input(&mut self, now: Instant, end: bool) {
         if !end {
             self.last_inbound_ms = self.millis(now);
         }

@@ -788,7 +788,6 @@ impl Engine {
             threads.push(thread);
         }
         drop(tx);
-        let mut actual = backend;
         let mut engine = Engine {
             shared,
             threads,
@@ -800,10 +799,16 @@ impl Engine {
             stats_thread: None,
             stopped: false,
         };
-        let mut kinds = Vec::with_capacity(n);
+        // One kind for all the shards, or `Mixed`.
+        let mut actual = None;
         for _ in 0..n {
             match rx.recv() {
-                Ok(Ok(kind)) => kinds.push(kind),
+                Ok(Ok(kind)) => {
+                    actual = Some(match actual {
+                        Some(seen) if seen != kind => BackendKind::Mixed,
+                        _ => kind,
+                    });
+                }
                 Ok(Err((index, source))) => {
                     engine.stop_now();
                     return Err(EngineError::Shard { index, source });
@@ -811,13 +816,7 @@ impl Engine {
                 Err(_) => break,
             }
         }
-        if let Some(&first) = kinds.first() {
-            actual = if kinds.iter().all(|&k| k == first) {
-                first
-            } else {
-                BackendKind::Mixed
-            };
-        }
+        let actual = actual.unwrap_or(backend);
         engine.backend = actual;
         engine.start_stats_publisher();
         tracing::info!(backend = actual.as_str(), shards = n, "engine started");

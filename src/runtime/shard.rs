@@ -857,7 +857,7 @@ impl<B: Backend> Shard<B> {
                                connect without TLS, or to a listener with tls_cert";
                     self.close_with(
                         token,
-                        Ending::refused(codes::TLS_NOT_ENABLED, msg.to_owned()),
+                        Ending::wrong_protocol(codes::TLS_NOT_ENABLED, msg.to_owned()),
                     );
                     return;
                 } else {
@@ -964,11 +964,7 @@ impl<B: Backend> Shard<B> {
             c.push.inbuf_mut().clear();
             return;
         }
-        if end {
-            c.push.handle_end_of_stream(now);
-        } else {
-            c.push.decode_received(now);
-        }
+        c.push.decode_input(now, end);
         loop {
             let Some(c) = slot_mut(&mut self.slots, token) else {
                 return;

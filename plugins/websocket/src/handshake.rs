@@ -180,33 +180,26 @@ pub const SUBPROTOCOL: &str = "powerhub";
 /// (`http://host:port/path`, which RFC 9112 §3.2.2 says a server must accept) loses its scheme
 /// and authority, and an empty path is `/`.
 fn origin_form(target: &str) -> Cow<'_, str> {
-    let Some(rest) = after_scheme(target) else {
-        return Cow::Borrowed(target);
-    };
-    match rest.find(['/', '?']) {
-        Some(at) if rest[at..].starts_with('/') => Cow::Borrowed(&rest[at..]),
-        Some(at) => Cow::Owned(format!("/{}", &rest[at..])),
-        None => Cow::Borrowed("/"),
+    match absolute_form(target) {
+        None => Cow::Borrowed(target),
+        Some((_, "")) => Cow::Borrowed("/"),
+        Some((_, rest)) if rest.starts_with('/') => Cow::Borrowed(rest),
+        Some((_, query)) => Cow::Owned(format!("/{query}")),
     }
 }
 
-/// An absolute-form target without its scheme (`host:port/path?query`); `None` for a target in
-/// origin form.
-fn after_scheme(target: &str) -> Option<&str> {
-    ["http://", "https://", "ws://", "wss://"]
+/// An absolute-form target (`http://host:port/path?query`) as its authority (`host:port`) and
+/// what follows it (`/path?query`, `?query` or nothing); `None` for a target in origin form.
+fn absolute_form(target: &str) -> Option<(&str, &str)> {
+    let scheme = ["http://", "https://", "ws://", "wss://"]
         .into_iter()
         .find(|s| {
             target
                 .get(..s.len())
                 .is_some_and(|t| t.eq_ignore_ascii_case(s))
-        })
-        .map(|scheme| &target[scheme.len()..])
-}
-
-/// The authority (`host:port`) of an absolute-form target.
-fn target_authority(target: &str) -> Option<&str> {
-    let rest = after_scheme(target)?;
-    Some(rest.find(['/', '?']).map_or(rest, |end| &rest[..end]))
+        })?;
+    let rest = &target[scheme.len()..];
+    Some(rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len())))
 }
 
 /// Every value of header `name`, in order.
@@ -217,11 +210,16 @@ fn values<'a>(req: &'a httparse::Request<'_, '_>, name: &'a str) -> impl Iterato
         .map(|h| h.value)
 }
 
-/// Whether the comma-separated token lists of header `name` contain `token` (any case).
-fn has_token(req: &httparse::Request<'_, '_>, name: &str, token: &str) -> bool {
+/// The tokens of the comma-separated lists of header `name`, trimmed, in order.
+fn tokens<'a>(req: &'a httparse::Request<'_, '_>, name: &'a str) -> impl Iterator<Item = &'a [u8]> {
     values(req, name)
         .flat_map(|v| v.split(|&b| b == b','))
-        .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+        .map(<[u8]>::trim_ascii)
+}
+
+/// Whether the comma-separated token lists of header `name` contain `token` (any case).
+fn has_token(req: &httparse::Request<'_, '_>, name: &str, token: &str) -> bool {
+    tokens(req, name).any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
 }
 
 fn respond(
@@ -359,10 +357,7 @@ fn respond(
     urgent.put_slice(accept_key(key).as_bytes());
     // Subprotocol names are compared as written (RFC 6455 §4.1: the client checks the answer
     // is one of its own values).
-    let offered = values(req, "sec-websocket-protocol")
-        .flat_map(|v| v.split(|&b| b == b','))
-        .any(|t| t.trim_ascii() == SUBPROTOCOL.as_bytes());
-    if offered {
+    if tokens(req, "sec-websocket-protocol").any(|t| t == SUBPROTOCOL.as_bytes()) {
         // A browser fails a connection whose offered protocols the server does not choose
         // from: a page that names protocols names this one.
         urgent.put_slice(b"\r\nSec-WebSocket-Protocol: ");
@@ -444,7 +439,7 @@ fn is_same_host(req: &httparse::Request<'_, '_>, origin: &[u8]) -> bool {
     };
     // A target in absolute form names the host itself, and `Host` is ignored (RFC 9112
     // §3.2.2).
-    if let Some(target) = target_authority(req.path.unwrap_or_default()) {
+    if let Some((target, _)) = absolute_form(req.path.unwrap_or_default()) {
         return target.as_bytes().eq_ignore_ascii_case(authority);
     }
     let mut hosts = values(req, "host");
