@@ -503,6 +503,10 @@ fn a_name_longer_than_256_bytes_is_refused_by_name() {
             "stream",
         ),
         (
+            format!(r#"{{"type":"unsubscribe","subscriptionId":"{long}"}}"#),
+            "subscriptionId",
+        ),
+        (
             format!(
                 r#"{{"type":"publish","message":{{"type":"t","stream":"s","deviceId":"{long}"}}}}"#
             ),
@@ -515,11 +519,49 @@ fn a_name_longer_than_256_bytes_is_refused_by_name() {
             "{field}: {e}"
         );
     }
+    let e = err(r#"{"type":"unsubscribe","subscriptionId":""}"#);
+    assert!(
+        matches!(&e.kind, ErrorKind::InvalidValue { field: "subscriptionId", reason } if reason.contains("empty")),
+        "{e}"
+    );
+    assert_eq!(
+        err(r#"{"type":"unsubscribe"}"#).kind,
+        ErrorKind::MissingField("subscriptionId")
+    );
     let ok = "d".repeat(256);
     assert!(parse(&format!(
         r#"{{"type":"subscribe","stream":"s","deviceId":"{ok}","subscriptionId":"{ok}"}}"#
     ))
     .is_ok());
+    assert!(parse(&format!(
+        r#"{{"type":"unsubscribe","subscriptionId":"{ok}"}}"#
+    ))
+    .is_ok());
+}
+
+/// A subscription id the server makes up (`stream-N`) keeps to the bound a client's is held to,
+/// so it can be given back in `unsubscribe`: a stream name near the bound is cut to make room.
+#[test]
+fn a_generated_subscription_id_is_at_most_256_bytes() {
+    use powerhub::protocol::{Action, Session, SessionConfig};
+    let mut session = Session::new(1, SessionConfig::default());
+    for stream in ["s".repeat(256), "é".repeat(128), "s".repeat(250)] {
+        let mut line = format!(r#"{{"type":"subscribe","stream":"{stream}"}}"#).into_bytes();
+        let Action::Subscribe {
+            subscription_id, ..
+        } = session.handle_line(&mut line)
+        else {
+            panic!("not subscribed: {stream}");
+        };
+        assert!(subscription_id.len() <= 256, "{}", subscription_id.len());
+        assert!(stream.starts_with(subscription_id.rsplit_once('-').unwrap().0));
+        let mut line = format!(r#"{{"type":"unsubscribe","subscriptionId":"{subscription_id}"}}"#)
+            .into_bytes();
+        assert!(
+            matches!(session.handle_line(&mut line), Action::Unsubscribe { .. }),
+            "{subscription_id}"
+        );
+    }
 }
 
 /// An error echoes only an id the client sent: one the reader stopped inside (`01`) is not
@@ -564,10 +606,19 @@ fn an_error_echoes_only_an_id_that_was_read_whole() {
         assert_eq!(e.request_id, Some(id), "{line}: {e}");
         assert!(matches!(e.kind, ErrorKind::InvalidJson(_)), "{line}");
     }
-    let e = err(r#"{"type":"ping","id":1,"requestId":2}"#);
-    assert_eq!(e.kind, ErrorKind::DuplicateField("id"));
-    let e = err(r#"{"type":"publish","id":1,"requestId":2,"message":{"type":"t","stream":"s"}}"#);
-    assert_eq!(e.kind, ErrorKind::DuplicateField("id"));
+    // `id` and its alias `requestId` both given, even one of them `null`: the alias is named.
+    for line in [
+        r#"{"type":"ping","id":1,"requestId":2}"#,
+        r#"{"type":"ping","id":null,"requestId":3}"#,
+        r#"{"type":"ping","requestId":null,"id":3}"#,
+        r#"{"type":"publish","id":1,"requestId":2,"message":{"type":"t","stream":"s"}}"#,
+    ] {
+        assert_eq!(
+            err(line).kind,
+            ErrorKind::DuplicateField("requestId"),
+            "{line}"
+        );
+    }
     // A repeated field leaves the line JSON: an id after the repeat is read and echoed.
     let e = err(r#"{"type":"subscribe","stream":"s","stream":"t","id":"late"}"#);
     assert_eq!(e.kind, ErrorKind::DuplicateField("stream"));

@@ -333,3 +333,55 @@ fn the_end_of_stream_after_a_decode_error_reads_nothing_more() {
     assert!(text.contains("max_message_bytes"), "{text}");
     assert!(!text.contains("pong"), "{text}");
 }
+
+/// Under `disconnect`, a reader already behind (its socket refused part of a write) that one
+/// burst takes past both `backpressure_bytes` and `max_outbox_bytes` at once is closed as a slow
+/// consumer, the bound the policy names, not by the outbox's limit; a reader whose socket took
+/// everything is cut by the outbox's limit alone.
+#[test]
+fn a_burst_past_both_bounds_closes_a_reader_behind_as_a_slow_consumer() {
+    let now = Instant::now();
+    for behind in [true, false] {
+        let limits = PushLimits::default()
+            .with_max_outbox_bytes(65536)
+            .with_disconnect_backlog_bytes(Some(1024));
+        let config = PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory))
+            .expect("a valid config");
+        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&ProtocolLimits::default());
+        let mut conn = PushConnection::new(
+            proto,
+            Session::new(1, SessionConfig::default()),
+            &Arc::new(config),
+            now,
+        )
+        .expect("a valid config");
+        let sub = feed(
+            &mut conn,
+            b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n",
+            now,
+        )
+        .expect("a subscribe request");
+        let mut wire = Vec::new();
+        write(&mut conn, &mut wire, usize::MAX, now);
+        conn.deliver_lines(&sub, line(0), now);
+        write(
+            &mut conn,
+            &mut wire,
+            if behind { 3 } else { usize::MAX },
+            now,
+        );
+        let burst: String = (1..4000)
+            .map(|n| format!("{{\"type\":\"tick\",\"stream\":\"s\",\"n\":{n}}}\n"))
+            .collect();
+        assert!(burst.len() > 65536);
+        conn.deliver_lines(&sub, Bytes::from(burst), now);
+        let slow = conn.check_limits(now);
+        let expected = if behind {
+            "slow_consumer"
+        } else {
+            "max_outbox_bytes"
+        };
+        assert_eq!(slow, behind);
+        assert_eq!(conn.close_reason(), Some(expected), "behind: {behind}");
+    }
+}

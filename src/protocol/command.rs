@@ -532,8 +532,12 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
     }
     let id = id?;
     if doc.top[1].is_some() && doc.top[2].is_some() {
-        // `requestId` is another name for `id`: both given is one field given twice.
-        return Err(CommandError::new(id, ErrorKind::DuplicateField("id")));
+        // `requestId` is another name for `id`: both given (even one `null`) is one field given
+        // twice, named by the alias, the one a reader would take out.
+        return Err(CommandError::new(
+            id,
+            ErrorKind::DuplicateField("requestId"),
+        ));
     }
     let top = |k: usize| value(line, doc.top[k]);
     let fail = |kind| Err(CommandError::new(id.clone(), kind));
@@ -566,11 +570,16 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
                 subscription_id,
             })
         }
-        "unsubscribe" => match required_str(top(5), "subscriptionId") {
-            Ok(subscription_id) => Ok(Command::Unsubscribe {
+        "unsubscribe" => match optional_str(top(5), "subscriptionId") {
+            Ok(Some(subscription_id)) => Ok(Command::Unsubscribe {
                 id,
                 subscription_id,
             }),
+            Ok(None) => fail(
+                required_str(top(5), "subscriptionId")
+                    .err()
+                    .unwrap_or(ErrorKind::MissingField("subscriptionId")),
+            ),
             Err(k) => fail(k),
         },
         "publish" => {

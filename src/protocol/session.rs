@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 
 use super::command::{
-    echo, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId,
+    echo, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId, MAX_NAME_BYTES,
 };
 use super::rate::{PublishLimiter, UserRate};
 use super::reply;
@@ -869,9 +869,19 @@ impl Session {
         }
     }
 
+    /// `stream-N`, unique on the connection and at most [`MAX_NAME_BYTES`] long like an id a
+    /// client gives: a stream name near that length is cut (at a character boundary) to make
+    /// room for the number.
     fn generate_id(&mut self, stream: &str) -> Arc<str> {
         loop {
-            let candidate = format!("{stream}-{}", self.next_id);
+            let suffix = format!("-{}", self.next_id);
+            let mut head = MAX_NAME_BYTES
+                .saturating_sub(suffix.len())
+                .min(stream.len());
+            while !stream.is_char_boundary(head) {
+                head -= 1;
+            }
+            let candidate = format!("{}{suffix}", &stream[..head]);
             self.next_id += 1;
             if !self.subscriptions.contains_key(candidate.as_str()) {
                 return candidate.into();

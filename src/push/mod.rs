@@ -1276,22 +1276,27 @@ impl PushConnection {
         if self.state != PushState::Open {
             return false;
         }
-        if let Some(ending) = self.over_outbox() {
-            self.close(ending, now);
-            return false;
-        }
-        let Some(limit) = self.config.limits.disconnect_backlog_bytes else {
+        // Under `disconnect`, a connection past both bounds at once (a burst fanned out in one
+        // turn to a reader already behind) is closed as what it is, a slow consumer: the
+        // smaller bound is the one the policy names.
+        let slow = self
+            .config
+            .limits
+            .disconnect_backlog_bytes
+            .filter(|&limit| {
+                // A healthy reader, whose socket takes every write, is never behind however much
+                // one fan-out queued for it.
+                (self.outbox.wants_writable() || stalled)
+                    && self.is_subscribed()
+                    && self.backlog() + extra > limit
+            });
+        let Some(limit) = slow else {
+            if let Some(ending) = self.over_outbox() {
+                self.close(ending, now);
+            }
             return false;
         };
-        // A healthy reader, whose socket takes every write, is never behind however much one
-        // fan-out queued for it.
-        if !(self.outbox.wants_writable() || stalled) || !self.is_subscribed() {
-            return false;
-        }
         let backlog = self.backlog() + extra;
-        if backlog <= limit {
-            return false;
-        }
         let msg = format!(
             "{backlog} bytes wait for a connection whose socket is full, more than backpressure_bytes = {limit} under subscriptions.slow_consumer = \"disconnect\""
         );

@@ -292,48 +292,115 @@ pub const STATS_STREAM: &str = "$stats";
 /// Most subscribers listed in one stats message.
 const STATS_LIST_MAX: usize = 100;
 
-/// The stats message: the hub's counters (and its first subscribers) and the engine's.
+/// The stats message: the hub's counters (and its first subscribers) and the engine's, each
+/// object's members in the order docs/websocket.md shows them.
 fn stats_json(shared: &Shared, backend: BackendKind) -> String {
+    use serde::Serialize;
+
+    #[derive(Serialize)]
+    struct StatsMessage<'a> {
+        r#type: &'static str,
+        stream: &'static str,
+        stats: HubPart<'a>,
+    }
+    #[derive(Serialize)]
+    struct HubPart<'a> {
+        subscribers: usize,
+        topics: usize,
+        published: u64,
+        delivered: u64,
+        dropped: u64,
+        disconnected: u64,
+        encoded: u64,
+        bytes_out: u64,
+        list: Vec<Row<'a>>,
+        engine: EnginePart,
+    }
+    #[derive(Serialize)]
+    struct Row<'a> {
+        id: &'a str,
+        topic: &'a str,
+        queued: usize,
+        dropped: u64,
+        bytes_sent: u64,
+    }
+    #[derive(Serialize)]
+    struct EnginePart {
+        backend: &'static str,
+        open_connections: usize,
+        accepted: u64,
+        closed: u64,
+        rejected: u64,
+        limit_errors: u64,
+        subscriptions: usize,
+        bytes_in: u64,
+        bytes_out: u64,
+        sends: u64,
+        unsent_bytes: usize,
+        shards: Vec<ShardPart>,
+    }
+    #[derive(Serialize)]
+    struct ShardPart {
+        subscriptions: usize,
+        bytes_out: u64,
+        frames_out: u64,
+        sends: u64,
+        unsent_bytes: usize,
+    }
+
     let h = shared.hub.stats();
     let e = shared.engine_stats();
-    let list: Vec<serde_json::Value> = h
-        .list
-        .iter()
-        .take(STATS_LIST_MAX)
-        .map(|s| {
-            serde_json::json!({
-                "id": s.id, "topic": s.topic, "queued": s.queued, "dropped": s.dropped,
-                "bytes_sent": s.bytes_sent,
-            })
-        })
-        .collect();
-    let shards: Vec<serde_json::Value> = e
-        .shards
-        .iter()
-        .map(|s| {
-            serde_json::json!({
-                "subscriptions": s.subscriptions, "bytes_out": s.bytes_out,
-                "frames_out": s.frames_out, "sends": s.sends, "unsent_bytes": s.unsent_bytes,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "type": "stats",
-        "stream": STATS_STREAM,
-        "stats": {
-            "subscribers": h.subscribers, "topics": h.topics, "published": h.published,
-            "delivered": h.delivered, "dropped": h.dropped, "disconnected": h.disconnected,
-            "encoded": h.encoded, "bytes_out": h.bytes_out, "list": list,
-            "engine": {
-                "backend": backend.as_str(), "open_connections": e.open_connections,
-                "accepted": e.accepted, "closed": e.closed, "rejected": e.rejected,
-                "limit_errors": e.limit_errors, "subscriptions": e.subscriptions,
-                "bytes_in": e.bytes_in, "bytes_out": e.bytes_out, "sends": e.sends,
-                "unsent_bytes": e.unsent_bytes, "shards": shards,
+    let message = StatsMessage {
+        r#type: "stats",
+        stream: STATS_STREAM,
+        stats: HubPart {
+            subscribers: h.subscribers,
+            topics: h.topics,
+            published: h.published,
+            delivered: h.delivered,
+            dropped: h.dropped,
+            disconnected: h.disconnected,
+            encoded: h.encoded,
+            bytes_out: h.bytes_out,
+            list: h
+                .list
+                .iter()
+                .take(STATS_LIST_MAX)
+                .map(|s| Row {
+                    id: &s.id,
+                    topic: &s.topic,
+                    queued: s.queued,
+                    dropped: s.dropped,
+                    bytes_sent: s.bytes_sent,
+                })
+                .collect(),
+            engine: EnginePart {
+                backend: backend.as_str(),
+                open_connections: e.open_connections,
+                accepted: e.accepted,
+                closed: e.closed,
+                rejected: e.rejected,
+                limit_errors: e.limit_errors,
+                subscriptions: e.subscriptions,
+                bytes_in: e.bytes_in,
+                bytes_out: e.bytes_out,
+                sends: e.sends,
+                unsent_bytes: e.unsent_bytes,
+                shards: e
+                    .shards
+                    .iter()
+                    .map(|s| ShardPart {
+                        subscriptions: s.subscriptions,
+                        bytes_out: s.bytes_out,
+                        frames_out: s.frames_out,
+                        sends: s.sends,
+                        unsent_bytes: s.unsent_bytes,
+                    })
+                    .collect(),
             },
         },
-    })
-    .to_string()
+    };
+    serde_json::to_string(&message).expect("plain counters serialize")
 }
 
 /// What every shard shares (read-only after start, plus atomic counters).
