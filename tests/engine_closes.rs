@@ -489,11 +489,11 @@ fn pongs_alone_do_not_meet_the_first_message_deadline() {
     });
 }
 
-/// One frame of many commands cannot queue replies past max_outbox_bytes before the limit is
-/// checked: the connection is closed once its output reaches the limit, not after every reply
-/// of the frame was queued.
+/// One frame of many commands cannot queue replies past max_outbox_bytes: once its output
+/// passes half the limit the rest of the frame waits for the output to drain, so a client that
+/// reads its replies gets every one of them, in order, and no limit error.
 #[test]
-fn one_frame_of_many_commands_is_stopped_at_max_outbox_bytes() {
+fn one_frame_of_many_commands_is_answered_in_full_within_max_outbox_bytes() {
     on_both_backends(|backend| {
         let mut c = config(backend);
         c.limits.backpressure_bytes = 256 << 10;
@@ -501,25 +501,16 @@ fn one_frame_of_many_commands_is_stopped_at_max_outbox_bytes() {
         c.outbox.high_water_bytes = 256 << 10;
         let server = serve(c);
         let mut fr = connect(server.frame);
-        // 200 000 commands that are not JSON objects, each answered by an error.
+        // 200 000 commands that are not JSON objects, each answered by an error: about 20 MB
+        // of replies, 20 times the limit.
         let elements = vec![&b"0"[..]; 200_000];
         fr.write_all(&frame::encode_json_batch(elements).unwrap())
             .unwrap();
-        // The limit error is the final message: what was queued behind it is dropped.
-        let (mut replies, mut last) = (0, None);
-        while let Some(m) = frame_msg(&mut fr) {
-            if m["code"] == "invalid_json" {
-                assert!(last.is_none(), "a reply after the final error: {m}");
-                replies += 1;
-            } else {
-                last = Some(m);
-            }
+        for n in 0..200_000 {
+            let m = frame_msg(&mut fr).expect("a reply");
+            assert_eq!(m["code"], "invalid_json", "reply {n}: {m}");
         }
-        assert_limit_error(&last.expect("the limit error"), "max_outbox_bytes");
-        assert!(
-            replies < 50_000,
-            "{replies} replies were queued before the limit was checked"
-        );
+        assert_eq!(server.engine.stats().limit_errors, 0);
     });
 }
 
@@ -730,5 +721,43 @@ fn a_tls_handshake_on_a_plaintext_websocket_listener_gets_http_400() {
             "{response}"
         );
         assert!(response.contains("does not speak TLS"), "{response}");
+    });
+}
+
+/// A client that pipelines commands faster than it reads their replies is held back by TCP,
+/// not cut at `max_outbox_bytes`: once its output passes half the limit the server reads no
+/// more of its input until the output drains. Every command is answered in order, then the
+/// client's end of stream closes the connection after the last reply.
+#[test]
+fn a_client_pipelining_faster_than_it_reads_its_replies_is_held_back_not_closed() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_outbox_bytes = 65536;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        // Each bad line is 2 bytes and gets an error reply of about 100: 40 000 of them are
+        // about 60 times the limit.
+        const LINES: usize = 40_000;
+        let mut writer = c.writer.try_clone().unwrap();
+        let sender = std::thread::spawn(move || {
+            let mut input = b"x\n".repeat(LINES);
+            input.extend_from_slice(b"{\"type\":\"ping\",\"id\":\"end\"}\n");
+            writer.write_all(&input).unwrap();
+            writer.shutdown(std::net::Shutdown::Write).unwrap();
+        });
+        for n in 0..LINES {
+            let v = c.json();
+            assert_eq!(v["type"], "error", "line {n}: {v}");
+            assert_eq!(v["code"], "invalid_json", "line {n}: {v}");
+        }
+        let v = c.msg();
+        assert_eq!(
+            (&v["type"], &v["requestId"]),
+            (&"pong".into(), &"end".into()),
+            "{v}"
+        );
+        assert_eq!(c.line(), None, "the end of stream follows the last reply");
+        sender.join().unwrap();
+        assert_eq!(server.engine.stats().limit_errors, 0);
     });
 }

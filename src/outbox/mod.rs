@@ -690,6 +690,15 @@ impl Outbox {
             + self.scratch.capacity()
     }
 
+    /// [`memory_bytes`](Self::memory_bytes) with the queues' entries counted as they are used,
+    /// not as allocated: what writes take back down (a queue keeps its capacity once drained).
+    pub(crate) fn live_bytes(&self) -> usize {
+        self.stats.queued_bytes
+            + self.wire_len
+            + self.queue.len() * std::mem::size_of::<Item>()
+            + self.wire.len() * std::mem::size_of::<Bytes>()
+    }
+
     /// Whether the liveness timeout reaped the connection.
     pub fn is_reaped(&self) -> bool {
         self.reaped

@@ -712,6 +712,57 @@ impl PushConnection {
         self.session.subscriptions().next().is_some()
     }
 
+    /// Whether the output (unsent bytes with the queue entries in use) is over half of
+    /// `max_outbox_bytes`: [`poll`](Self::poll) then handles no more input. (The queues'
+    /// capacity, which `max_outbox_bytes` counts, is at most about twice what is in use.)
+    fn over_input_mark(&self) -> bool {
+        self.outbox.live_bytes() + self.urgent.unsent() > self.config.limits.max_outbox_bytes / 2
+    }
+
+    /// Whether received input waits, not yet handled, because the output is over half of
+    /// `max_outbox_bytes`: the driver reads nothing more from the peer, and once writes have
+    /// taken the output back under that mark ([`input_held`](Self::input_held) false), calls
+    /// [`poll`](Self::poll) again to handle the rest. So a client that pipelines commands
+    /// faster than it reads their replies is slowed by TCP's flow control, as its reading
+    /// allows, instead of being closed at the limit.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Instant, SystemTime};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    /// let limits = PushLimits::default().with_max_outbox_bytes(65536);
+    /// let config = Arc::new(PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap());
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let now = Instant::now();
+    /// let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &config, now).unwrap();
+    /// // 2000 bad lines: an error reply each, far more than the outbox may hold.
+    /// conn.handle_input(&b"x\n".repeat(2000), now);
+    /// assert_eq!(conn.poll(now, SystemTime::now()), None);
+    /// assert!(conn.input_waiting() && conn.input_held());
+    /// let mut out = Vec::new();
+    /// let t = conn.poll_transmit(&mut out, 1024, now).unwrap();
+    /// let n = t.len();
+    /// conn.on_written(t, n, now); // the client read it all
+    /// assert!(!conn.input_held());
+    /// assert_eq!(conn.poll(now, SystemTime::now()), None); // handles more of the rest
+    /// ```
+    pub fn input_waiting(&self) -> bool {
+        self.state == PushState::Open
+            && self
+                .input
+                .as_deref()
+                .is_some_and(|i| i.next_event < i.output.events.len())
+    }
+
+    /// Whether waiting input is still held back by the output (see
+    /// [`input_waiting`](Self::input_waiting)).
+    pub fn input_held(&self) -> bool {
+        self.input_waiting() && self.over_input_mark()
+    }
+
     /// Handles the received input up to the next thing the driver must do, and returns it;
     /// `None` once the input is handled. `now` and `wall` are the input's time (one clock read
     /// per input: its commands arrived together).
@@ -770,6 +821,16 @@ impl PushConnection {
                 // delivery published before it. (A connection that does not subscribe, as most
                 // publishers, keeps its batches whole.)
                 return Some(Request::FanOut);
+            }
+            if self.over_input_mark() {
+                // The rest of the input waits for the output to drain (see `input_waiting`):
+                // a client that pipelines commands faster than it reads their replies is held
+                // back by TCP, not cut at `max_outbox_bytes`. What it handled meets the
+                // first-message deadline already.
+                if started && self.greeting && !self.session.awaiting_auth() {
+                    self.greeted = true;
+                }
+                return None;
             }
             let Some(event) = self.input.as_deref_mut().and_then(Input::take_event) else {
                 continue;

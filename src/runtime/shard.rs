@@ -710,7 +710,10 @@ impl<B: Backend> Shard<B> {
                     self.backend.release_buf(buf);
                 }
             }
-            Event::Send { token, result } => self.on_send(token, result),
+            Event::Send { token, result } => {
+                self.on_send(token, result);
+                self.resume_input(token);
+            }
             Event::Writable { token } => self.on_writable(token),
         }
     }
@@ -893,10 +896,11 @@ impl<B: Backend> Shard<B> {
                     // longer than a shutdown's quiet period.
                     c.push.touch_input(Instant::now());
                 }
-                if self.slots[token as usize]
-                    .as_ref()
-                    .is_some_and(|c| matches!(c.state, State::Open | State::Closing(_)))
-                {
+                // Input left waiting for the output to drain: nothing more is read until it
+                // is handled (`resume_input`), so TCP holds the client back.
+                if self.slots[token as usize].as_ref().is_some_and(|c| {
+                    matches!(c.state, State::Open | State::Closing(_)) && !c.push.input_waiting()
+                }) {
                     self.arm_recv(token);
                 }
             }
@@ -922,8 +926,50 @@ impl<B: Backend> Shard<B> {
                 return;
             }
         }
-        if slot_mut(&mut self.slots, token).is_some_and(|c| c.state == State::Open) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        if c.push.input_waiting() {
+            // The peer's last commands wait for the output to drain: the close follows them
+            // (`resume_input`).
+            c.peer_eof = true;
+            return;
+        }
+        if c.state == State::Open {
             self.close_with(token, Ending::unsaid("peer_closed", String::new()));
+        }
+    }
+
+    /// After a write: input left waiting for the output to drain (see
+    /// [`PushConnection::input_waiting`]) is handled once the output is back under its mark;
+    /// then the connection reads again, or, when the peer had ended its stream, closes as the
+    /// peer did.
+    fn resume_input(&mut self, token: Token) {
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        if c.state != State::Open || !c.push.input_waiting() || c.push.input_held() {
+            return;
+        }
+        let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run_input(token, Instant::now(), SystemTime::now());
+        }));
+        if let Err(panic) = handled {
+            self.fail(token, &*panic, Stage::Input);
+            return;
+        }
+        let Some(c) = slot_mut(&mut self.slots, token) else {
+            return;
+        };
+        c.push.touch_input(Instant::now());
+        if c.state != State::Open || c.push.input_waiting() {
+            return;
+        }
+        if c.peer_eof {
+            self.fan_out_listed(Instant::now());
+            self.close_with(token, Ending::unsaid("peer_closed", String::new()));
+        } else {
+            self.arm_recv(token);
         }
     }
 
@@ -965,6 +1011,13 @@ impl<B: Backend> Shard<B> {
             return;
         }
         c.push.decode_input(now, end);
+        self.run_input(token, now, wall);
+    }
+
+    /// Runs the push connection on its decoded input: what it asks for (fan-out,
+    /// subscriptions, publishes) is done here, in the order it asks, until the input is handled
+    /// or waits for the output to drain.
+    fn run_input(&mut self, token: Token, now: Instant, wall: SystemTime) {
         loop {
             let Some(c) = slot_mut(&mut self.slots, token) else {
                 return;
