@@ -27,6 +27,8 @@
 //! in flight (the backend contract's buffer rule), and its slot's generation changes, so a
 //! subscription left in a topic's list never reaches the slot's next tenant.
 
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -381,7 +383,10 @@ pub(crate) struct Shard<B: Backend> {
     backend: B,
     slots: Vec<Option<Box<Conn>>>,
     generations: Vec<u32>,
-    free: Vec<u32>,
+    /// Free tokens, the lowest taken first: tokens stay compact, so that on io_uring a new
+    /// connection gets a slot of the ring's table of direct descriptors (which covers the low
+    /// tokens) whenever one is free, also after a burst took tokens past the table.
+    free: BinaryHeap<Reverse<u32>>,
     /// Connections with bytes to send.
     dirty: Vec<Token>,
     /// This shard's descriptors of the listening sockets (every shard accepts on each), by
@@ -434,7 +439,7 @@ impl<B: Backend> Shard<B> {
             backend,
             slots: Vec::new(),
             generations: Vec::new(),
-            free: Vec::new(),
+            free: BinaryHeap::new(),
             dirty: Vec::new(),
             listeners,
             drain_deadline: None,
@@ -632,7 +637,7 @@ impl<B: Backend> Shard<B> {
             },
         };
         let index = match self.free.pop() {
-            Some(i) => i,
+            Some(Reverse(i)) => i,
             None => {
                 self.slots.push(None);
                 self.generations.push(0);
@@ -646,7 +651,7 @@ impl<B: Backend> Shard<B> {
         };
         if let Err(e) = self.backend.add_conn(index, fd) {
             tracing::warn!(error = %e, "cannot register a connection");
-            self.free.push(index);
+            self.free.push(Reverse(index));
             self.release_count(over_limit);
             return;
         }
@@ -1648,7 +1653,7 @@ impl<B: Backend> Shard<B> {
         self.freed_output += c.push.output_memory() + c.push.input_memory();
         self.backend.remove_conn(token); // closes the socket
         self.generations[idx] = self.generations[idx].wrapping_add(1);
-        self.free.push(token);
+        self.free.push(Reverse(token));
         self.handle.conns.fetch_sub(1, Ordering::Relaxed);
         let counters = self.shared.counters_of(self.handle.index);
         counters
