@@ -9,6 +9,8 @@ use super::error::MessageError;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
     Json,
+    /// JSON known to hold no raw line break (`\n`, `\r`): an NDJSON line as it is.
+    JsonLine,
     Binary,
 }
 
@@ -26,11 +28,21 @@ enum Kind {
 /// let b = Message::binary(vec![0u8, 1, 2]);
 /// assert_eq!(b.bytes().len(), 3);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Message {
     body: Bytes,
     kind: Kind,
 }
+
+/// Two messages are equal when their bytes are and both are JSON or both binary (whether a
+/// JSON message is known to be one line is how it was made, not what it is).
+impl PartialEq for Message {
+    fn eq(&self, other: &Message) -> bool {
+        self.body == other.body && self.is_json() == other.is_json()
+    }
+}
+
+impl Eq for Message {}
 
 impl Message {
     /// A JSON message, validated.
@@ -44,12 +56,14 @@ impl Message {
         })
     }
 
-    /// A JSON message whose text the caller already validated as JSON (the push protocol's
-    /// parser does, for the message of a `publish` command), so a publish parses it once.
+    /// A JSON message whose text the caller already validated as JSON and made one line (the
+    /// push protocol's parser does, for the message of a `publish` command), so a publish
+    /// parses it once and its NDJSON encoding copies it as it is.
     pub(crate) fn json_validated(text: Bytes) -> Message {
+        debug_assert!(memchr::memchr2(b'\n', b'\r', &text).is_none());
         Message {
             body: text,
-            kind: Kind::Json,
+            kind: Kind::JsonLine,
         }
     }
 
@@ -77,7 +91,12 @@ impl Message {
 
     /// Whether the message is JSON.
     pub fn is_json(&self) -> bool {
-        self.kind == Kind::Json
+        matches!(self.kind, Kind::Json | Kind::JsonLine)
+    }
+
+    /// Whether the message is JSON known to hold no raw line break.
+    pub(crate) fn is_json_line(&self) -> bool {
+        self.kind == Kind::JsonLine
     }
 }
 

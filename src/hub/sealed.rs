@@ -41,7 +41,7 @@ use std::ops::Deref;
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use powerhub_plugin::frame::{self, FrameError};
 
 use super::Entry;
@@ -224,7 +224,18 @@ impl SealedBatch {
         let mut fresh = false;
         let lines = self.lines.get_or_init(|| {
             fresh = true;
-            frame::encode_ndjson_batch(json_texts(batch))
+            if batch.iter().all(|e| e.message.is_json_line()) {
+                // Lines already (what the push protocol publishes): copied as they are.
+                let len = batch.iter().map(|e| e.message.bytes().len() + 1).sum();
+                let mut out = BytesMut::with_capacity(len);
+                for e in batch {
+                    out.extend_from_slice(e.message.bytes());
+                    out.extend_from_slice(b"\n");
+                }
+                out.freeze()
+            } else {
+                frame::encode_ndjson_batch(json_texts(batch))
+            }
         });
         (lines.clone(), fresh)
     }
@@ -294,6 +305,26 @@ mod tests {
         assert!(!encoded_b, "the second shard encoded the batch again");
         assert_eq!(lines_a.as_ptr(), lines_b.as_ptr(), "not the same bytes");
         assert_eq!(&lines_a[..], b"{\"n\":1}\n{\"n\":2}\n{\"n\":3}\n");
+    }
+
+    /// Messages the push parser made one line are copied as they are; a batch holding any
+    /// other JSON message goes through the encoder, which flattens raw line breaks. Both give
+    /// the same lines for the same text.
+    #[test]
+    fn one_line_messages_are_copied_as_lines_and_others_flattened() {
+        let entry = |seq: u64, m: Message| Arc::new(Entry::new(seq, 0, 0, m, 1));
+        let lines = |run: &[Arc<Entry>]| SealedBatch::cut(run, 64).lines(run).0;
+        let validated = |t: &'static str| Message::json_validated(Bytes::from_static(t.as_bytes()));
+        let one_line = vec![
+            entry(1, validated(r#"{"n":1}"#)),
+            entry(2, validated(r#"{"n": 2}"#)),
+        ];
+        assert_eq!(&lines(&one_line)[..], b"{\"n\":1}\n{\"n\": 2}\n");
+        let mixed = vec![
+            entry(3, validated(r#"{"n":1}"#)),
+            entry(4, Message::json("{\"n\":\n2}").unwrap()),
+        ];
+        assert_eq!(&lines(&mixed)[..], b"{\"n\":1}\n{\"n\": 2}\n");
     }
 
     #[test]
