@@ -253,6 +253,7 @@ impl Block {
 
     /// The masks of the block of `line` that starts at `start` (past the line's end, no bit is
     /// set).
+    #[inline(never)]
     fn read(line: &[u8], start: usize) -> Block {
         let (special, high) = if let Some(bytes) = line.get(start..start + 64) {
             masks(bytes.try_into().expect("64 bytes"))
