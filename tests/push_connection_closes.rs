@@ -385,3 +385,61 @@ fn a_burst_past_both_bounds_closes_a_reader_behind_as_a_slow_consumer() {
         assert_eq!(conn.close_reason(), Some(expected), "behind: {behind}");
     }
 }
+
+/// Input waits while the output is over half of `max_outbox_bytes` and the peer reads some of
+/// it; a peer that reads none of it for `INPUT_WAIT` has its input handled again, and is closed
+/// at the limit (virtual time: `now` is passed in).
+#[test]
+fn held_input_waits_for_a_reader_and_a_peer_that_reads_nothing_is_closed_at_the_limit() {
+    use powerhub::push::INPUT_WAIT;
+    use std::time::Duration;
+    let start = Instant::now();
+    let limits = PushLimits::default().with_max_outbox_bytes(65536);
+    let config = PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory))
+        .expect("a valid config");
+    let proto = powerhub_ndjson::NdjsonFactory.new_connection(&ProtocolLimits::default());
+    let mut conn = PushConnection::new(
+        proto,
+        Session::new(1, SessionConfig::default()),
+        &Arc::new(config),
+        start,
+    )
+    .expect("a valid config");
+    // 4000 bad lines: an error reply each, far past the limit if all were answered at once.
+    conn.handle_input(&b"x\n".repeat(4000), start);
+    assert_eq!(conn.poll(start, SystemTime::now()), None);
+    assert!(conn.input_held(start), "the output passed the mark");
+    // A reader: each write taken in part keeps the input held, then handled as it drains.
+    let mut wire = Vec::new();
+    let mut t = start;
+    while conn.input_waiting() {
+        t += Duration::from_millis(10);
+        write(&mut conn, &mut wire, 8192, t);
+        if !conn.input_held(t) {
+            assert_eq!(conn.poll(t, SystemTime::now()), None);
+        }
+    }
+    assert_eq!(
+        conn.state(),
+        PushState::Open,
+        "a reader is not closed: {:?}",
+        conn.close_reason()
+    );
+    drain(&mut conn, &mut wire, t);
+    let replies = wire
+        .split(|&b| b == b'\n')
+        .filter(|l| !l.is_empty())
+        .count();
+    assert_eq!(replies, 4000, "every line answered");
+    // A peer that reads nothing: held until INPUT_WAIT has passed without progress.
+    conn.handle_input(&b"x\n".repeat(4000), t);
+    assert_eq!(conn.poll(t, SystemTime::now()), None);
+    assert!(conn.input_held(t));
+    let later = t + INPUT_WAIT - Duration::from_millis(1);
+    assert!(conn.input_held(later));
+    assert!(conn.poll_timeout().is_some_and(|at| at <= t + INPUT_WAIT));
+    let after = t + INPUT_WAIT;
+    assert!(!conn.input_held(after));
+    assert_eq!(conn.poll(after, SystemTime::now()), None);
+    assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+}

@@ -552,6 +552,12 @@ impl Outbox {
         self.last_alive = now;
     }
 
+    /// When the peer last showed it is alive: its last pong, or the last write the socket took
+    /// part of (drain progress).
+    pub(crate) fn last_alive(&self) -> Instant {
+        self.last_alive
+    }
+
     /// When [`handle_timeout`](Self::handle_timeout) must next be called; `None` once reaped.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.reaped {

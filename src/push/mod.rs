@@ -105,6 +105,11 @@ pub(crate) use close::Ending;
 use writeq::WriteQueue;
 pub(crate) use writeq::MAX_IOV;
 
+/// How long a connection's input waits for its output to drain (see
+/// [`PushConnection::input_waiting`]) while its peer reads none of it and sends no pong: past
+/// this its input is handled again, so a peer that never reads is closed at `max_outbox_bytes`.
+pub const INPUT_WAIT: Duration = Duration::from_secs(1);
+
 /// A decoded-event list larger than this is not kept between inputs.
 const KEEP_EVENTS: usize = 1024;
 /// A partial message kept between inputs is copied into a buffer of its own size when the
@@ -476,6 +481,9 @@ struct Input {
     /// What the protocol said when its decode failed or it answered the peer's close (its
     /// final error, close frame): held for the close, which writes it last.
     last_words: Vec<Bytes>,
+    /// Since when the input waits for the output to drain (see
+    /// [`PushConnection::input_waiting`]); `None` while it does not.
+    held_since: Option<Instant>,
 }
 
 impl Input {
@@ -712,19 +720,44 @@ impl PushConnection {
         self.session.subscriptions().next().is_some()
     }
 
-    /// Whether the output (unsent bytes with the queue entries in use) is over half of
-    /// `max_outbox_bytes`: [`poll`](Self::poll) then handles no more input. (The queues'
-    /// capacity, which `max_outbox_bytes` counts, is at most about twice what is in use.)
+    /// Whether the output (unsent bytes with the queue entries in use) is over a quarter of
+    /// `max_outbox_bytes`: what `max_outbox_bytes` counts (the queues' capacity, which grows by
+    /// doubling, and their scratch) stays under the limit while the input waits.
     fn over_input_mark(&self) -> bool {
-        self.outbox.live_bytes() + self.urgent.unsent() > self.config.limits.max_outbox_bytes / 2
+        self.outbox.live_bytes() + self.urgent.unsent() > self.config.limits.max_outbox_bytes / 4
     }
 
-    /// Whether received input waits, not yet handled, because the output is over half of
+    /// Until when input over the input mark waits: [`INPUT_WAIT`] past the later of the hold's
+    /// start and the peer's last sign of life (a write it took part of, a pong). A peer that
+    /// reads nothing for that long has its input handled again, so its output reaches
+    /// `max_outbox_bytes` and it is closed as the limit says.
+    fn hold_deadline(&self, since: Instant) -> Instant {
+        since.max(self.outbox.last_alive()) + INPUT_WAIT
+    }
+
+    /// Whether [`poll`](Self::poll) handles no more input at `now` (see
+    /// [`hold_deadline`](Self::hold_deadline)); starts the hold, or ends it under the mark.
+    fn hold_input(&mut self, now: Instant) -> bool {
+        let over = self.over_input_mark();
+        let Some(input) = self.input.as_deref_mut() else {
+            return false;
+        };
+        if !over {
+            input.held_since = None;
+            return false;
+        }
+        let since = *input.held_since.get_or_insert(now);
+        now < self.hold_deadline(since)
+    }
+
+    /// Whether received input waits, not yet handled, because the output is over a quarter of
     /// `max_outbox_bytes`: the driver reads nothing more from the peer, and once writes have
-    /// taken the output back under that mark ([`input_held`](Self::input_held) false), calls
-    /// [`poll`](Self::poll) again to handle the rest. So a client that pipelines commands
+    /// taken the output back under that mark ([`input_held`](Self::input_held) false), or at
+    /// [`poll_timeout`](Self::poll_timeout) when the peer read none of it for [`INPUT_WAIT`],
+    /// calls [`poll`](Self::poll) again to handle the rest. So a client that pipelines commands
     /// faster than it reads their replies is slowed by TCP's flow control, as its reading
-    /// allows, instead of being closed at the limit.
+    /// allows, instead of being closed at the limit; one that reads nothing is closed at the
+    /// limit.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -741,12 +774,12 @@ impl PushConnection {
     /// // 2000 bad lines: an error reply each, far more than the outbox may hold.
     /// conn.handle_input(&b"x\n".repeat(2000), now);
     /// assert_eq!(conn.poll(now, SystemTime::now()), None);
-    /// assert!(conn.input_waiting() && conn.input_held());
+    /// assert!(conn.input_waiting() && conn.input_held(now));
     /// let mut out = Vec::new();
     /// let t = conn.poll_transmit(&mut out, 1024, now).unwrap();
     /// let n = t.len();
     /// conn.on_written(t, n, now); // the client read it all
-    /// assert!(!conn.input_held());
+    /// assert!(!conn.input_held(now));
     /// assert_eq!(conn.poll(now, SystemTime::now()), None); // handles more of the rest
     /// ```
     pub fn input_waiting(&self) -> bool {
@@ -757,10 +790,16 @@ impl PushConnection {
                 .is_some_and(|i| i.next_event < i.output.events.len())
     }
 
-    /// Whether waiting input is still held back by the output (see
+    /// Whether waiting input is still held back by the output at `now` (see
     /// [`input_waiting`](Self::input_waiting)).
-    pub fn input_held(&self) -> bool {
-        self.input_waiting() && self.over_input_mark()
+    pub fn input_held(&self, now: Instant) -> bool {
+        self.input_waiting()
+            && self.over_input_mark()
+            && self
+                .input
+                .as_deref()
+                .and_then(|i| i.held_since)
+                .is_none_or(|since| now < self.hold_deadline(since))
     }
 
     /// Handles the received input up to the next thing the driver must do, and returns it;
@@ -822,7 +861,7 @@ impl PushConnection {
                 // publishers, keeps its batches whole.)
                 return Some(Request::FanOut);
             }
-            if self.over_input_mark() {
+            if self.hold_input(now) {
                 // The rest of the input waits for the output to drain (see `input_waiting`):
                 // a client that pipelines commands faster than it reads their replies is held
                 // back by TCP, not cut at `max_outbox_bytes`. What it handled meets the
@@ -903,6 +942,7 @@ impl PushConnection {
         if let Some(input) = self.input.as_deref_mut() {
             input.output.events.clear();
             input.next_event = 0;
+            input.held_since = None;
             if input.output.events.capacity() > KEEP_EVENTS {
                 input.output.events = Vec::new();
             }
@@ -1504,7 +1544,14 @@ impl PushConnection {
         let idle = (limits.idle_timeout_ms > 0).then(|| {
             self.started + Duration::from_millis(self.last_inbound_ms + limits.idle_timeout_ms)
         });
-        [first, idle, self.outbox.poll_timeout()]
+        // Held input is handled again once the peer has read nothing for `INPUT_WAIT`.
+        let input = self
+            .input
+            .as_deref()
+            .and_then(|i| i.held_since)
+            .filter(|_| self.input_waiting() && self.over_input_mark())
+            .map(|since| self.hold_deadline(since));
+        [first, idle, input, self.outbox.poll_timeout()]
             .into_iter()
             .flatten()
             .min()

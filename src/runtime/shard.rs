@@ -953,7 +953,7 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        if c.state != State::Open || !c.push.input_waiting() || c.push.input_held() {
+        if c.state != State::Open || !c.push.input_waiting() || c.push.input_held(Instant::now()) {
             return;
         }
         let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1751,9 +1751,11 @@ impl<B: Backend> Shard<B> {
             }
         }
         for t in due {
-            // A keepalive ping to write, or a close to begin.
+            // A keepalive ping to write, or a close to begin; or input held for a peer that
+            // reads nothing, handled again (see `PushConnection::input_waiting`).
             self.mark_dirty(t);
             self.settle(t);
+            self.resume_input(t);
         }
         for (t, ending) in to_abort {
             self.abort_with(t, ending);
