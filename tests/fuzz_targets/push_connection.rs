@@ -159,6 +159,19 @@ impl Conn {
     /// `after_input`).
     fn receive(&mut self, hub: &Hub, bytes: &[u8], now: Instant) {
         self.push.handle_input(bytes, now);
+        self.run(hub, now);
+    }
+
+    /// Input left waiting for the output to drain is handled once it is no longer held (the
+    /// shard's `resume_input`, after a write or at the connection's timer).
+    fn resume(&mut self, hub: &Hub, now: Instant) {
+        if self.push.input_waiting() && !self.push.input_held(now) {
+            self.run(hub, now);
+        }
+    }
+
+    /// Does what the connection asks for its decoded input (the shard's `run_input`).
+    fn run(&mut self, hub: &Hub, now: Instant) {
         while let Some(request) = self.push.poll(now, SystemTime::now()) {
             match request {
                 Request::FanOut => self.deliver(hub, now),
@@ -426,6 +439,7 @@ pub(crate) fn check(data: &[u8]) {
             1 => cut % (offered + 1),
             _ => offered,
         });
+        conn.resume(&hub, now);
         if conn.push.outbox().wants_writable() && rng.below(4) != 0 {
             conn.push.on_writable(now);
         }
@@ -435,6 +449,7 @@ pub(crate) fn check(data: &[u8]) {
             _ => Duration::from_millis(1),
         };
         conn.tick(now);
+        conn.resume(&hub, now);
     }
 
     // The end: no more input; the hub's queues are delivered and everything written, at one
@@ -446,7 +461,10 @@ pub(crate) fn check(data: &[u8]) {
         conn.push.on_writable(now);
         let before = conn.wire.len();
         conn.write(now, |offered| offered);
-        let idle = hub.poll_timeout().is_none() && conn.wire.len() == before;
+        conn.resume(&hub, now);
+        let idle = hub.poll_timeout().is_none()
+            && conn.wire.len() == before
+            && !(conn.push.input_waiting() && !conn.push.input_held(now));
         if idle {
             break;
         }
