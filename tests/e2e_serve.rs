@@ -391,27 +391,35 @@ fn serve_raises_its_soft_descriptor_limit_to_the_hard_limit() {
     let _ = child.wait();
 }
 
-/// io_uring keeps connections as direct descriptors, one table per shard as large as the
-/// descriptor limit, so a server with two shards under `ulimit -n 64` holds 160 subscribed
-/// connections (64 direct per shard, the rest ordinary descriptors) and delivers to each.
-#[test]
-fn io_uring_holds_more_connections_than_the_process_may_open_descriptors() {
-    use std::io::{BufRead, BufReader, Write};
+/// `powerhub serve` on io_uring with two shards under `ulimit -n 64`, and its address; `None`
+/// (the test skipped) where epoll is forced or io_uring is not available.
+fn spawn_io_uring_under_64_descriptors() -> Option<(Child, String)> {
     if std::env::var("POWERHUB_BACKEND").is_ok_and(|v| v == "epoll") {
-        return;
+        return None;
     }
-    const LIMIT: u32 = 64;
-    const SUBSCRIBERS: usize = 160;
     let (mut child, addr, backend) = spawn_limited(
-        &format!("-n {LIMIT}"),
+        "-n 64",
         "--shards 2 --backend io_uring --max-connections 1000 --listen ndjson=127.0.0.1:0",
     );
     if backend != "io_uring" {
         eprintln!("notice: io_uring is not available here; test skipped");
         let _ = child.kill();
         let _ = child.wait();
-        return;
+        return None;
     }
+    Some((child, addr))
+}
+
+/// io_uring keeps connections as direct descriptors, one table per shard as large as the
+/// descriptor limit, so a server with two shards under `ulimit -n 64` holds 160 subscribed
+/// connections (64 direct per shard, the rest ordinary descriptors) and delivers to each.
+#[test]
+fn io_uring_holds_more_connections_than_the_process_may_open_descriptors() {
+    use std::io::{BufRead, BufReader, Write};
+    const SUBSCRIBERS: usize = 160;
+    let Some((mut child, addr)) = spawn_io_uring_under_64_descriptors() else {
+        return;
+    };
     let mut subs = Vec::with_capacity(SUBSCRIBERS);
     for i in 0..SUBSCRIBERS {
         let mut s = std::net::TcpStream::connect(&addr).unwrap();
@@ -454,19 +462,9 @@ fn io_uring_holds_more_connections_than_the_process_may_open_descriptors() {
 #[test]
 fn io_uring_serves_as_many_connections_after_running_out_of_descriptors_as_before() {
     use std::io::{BufRead, BufReader, Write};
-    if std::env::var("POWERHUB_BACKEND").is_ok_and(|v| v == "epoll") {
+    let Some((mut child, addr)) = spawn_io_uring_under_64_descriptors() else {
         return;
-    }
-    let (mut child, addr, backend) = spawn_limited(
-        "-n 64",
-        "--shards 2 --backend io_uring --max-connections 1000 --listen ndjson=127.0.0.1:0",
-    );
-    if backend != "io_uring" {
-        eprintln!("notice: io_uring is not available here; test skipped");
-        let _ = child.kill();
-        let _ = child.wait();
-        return;
-    }
+    };
     let ping_all = |clients: &mut Vec<std::net::TcpStream>| {
         for c in clients.iter_mut() {
             c.set_read_timeout(Some(WAIT)).unwrap();

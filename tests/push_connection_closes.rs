@@ -334,6 +334,20 @@ fn the_end_of_stream_after_a_decode_error_reads_nothing_more() {
     assert!(!text.contains("pong"), "{text}");
 }
 
+/// An NDJSON push connection under `limits`.
+fn ndjson_with(limits: PushLimits, now: Instant) -> PushConnection {
+    let config = PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory))
+        .expect("a valid config");
+    let proto = powerhub_ndjson::NdjsonFactory.new_connection(&ProtocolLimits::default());
+    PushConnection::new(
+        proto,
+        Session::new(1, SessionConfig::default()),
+        &Arc::new(config),
+        now,
+    )
+    .expect("a valid config")
+}
+
 /// Under `disconnect`, a reader already behind (its socket refused part of a write) that one
 /// burst takes past both `backpressure_bytes` and `max_outbox_bytes` at once is closed as a slow
 /// consumer, the bound the policy names, not by the outbox's limit; a reader whose socket took
@@ -345,16 +359,7 @@ fn a_burst_past_both_bounds_closes_a_reader_behind_as_a_slow_consumer() {
         let limits = PushLimits::default()
             .with_max_outbox_bytes(65536)
             .with_disconnect_backlog_bytes(Some(1024));
-        let config = PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory))
-            .expect("a valid config");
-        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&ProtocolLimits::default());
-        let mut conn = PushConnection::new(
-            proto,
-            Session::new(1, SessionConfig::default()),
-            &Arc::new(config),
-            now,
-        )
-        .expect("a valid config");
+        let mut conn = ndjson_with(limits, now);
         let sub = feed(
             &mut conn,
             b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n",
@@ -394,17 +399,7 @@ fn held_input_waits_for_a_reader_and_a_peer_that_reads_nothing_is_closed_at_the_
     use powerhub::push::INPUT_WAIT;
     use std::time::Duration;
     let start = Instant::now();
-    let limits = PushLimits::default().with_max_outbox_bytes(65536);
-    let config = PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory))
-        .expect("a valid config");
-    let proto = powerhub_ndjson::NdjsonFactory.new_connection(&ProtocolLimits::default());
-    let mut conn = PushConnection::new(
-        proto,
-        Session::new(1, SessionConfig::default()),
-        &Arc::new(config),
-        start,
-    )
-    .expect("a valid config");
+    let mut conn = ndjson_with(PushLimits::default().with_max_outbox_bytes(65536), start);
     // 4000 bad lines: an error reply each, far past the limit if all were answered at once.
     conn.handle_input(&b"x\n".repeat(4000), start);
     assert_eq!(conn.poll(start, SystemTime::now()), None);
