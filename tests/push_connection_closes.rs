@@ -351,9 +351,10 @@ fn ndjson_with(limits: PushLimits, now: Instant) -> PushConnection {
 /// Under `disconnect`, a reader already behind (its socket refused part of a write) that one
 /// burst takes past both `backpressure_bytes` and `max_outbox_bytes` at once is closed as a slow
 /// consumer, the bound the policy names, not by the outbox's limit; a reader whose socket took
-/// everything is cut by the outbox's limit alone.
+/// everything so far is written to first, and closed as a slow consumer once its socket refuses
+/// part of the burst.
 #[test]
-fn a_burst_past_both_bounds_closes_a_reader_behind_as_a_slow_consumer() {
+fn a_burst_past_both_bounds_closes_a_subscriber_as_a_slow_consumer() {
     let now = Instant::now();
     for behind in [true, false] {
         let limits = PushLimits::default()
@@ -380,14 +381,18 @@ fn a_burst_past_both_bounds_closes_a_reader_behind_as_a_slow_consumer() {
             .collect();
         assert!(burst.len() > 65536);
         conn.deliver_lines(&sub, Bytes::from(burst), now);
-        let slow = conn.check_limits(now);
-        let expected = if behind {
-            "slow_consumer"
-        } else {
-            "max_outbox_bytes"
-        };
-        assert_eq!(slow, behind);
-        assert_eq!(conn.close_reason(), Some(expected), "behind: {behind}");
+        if !behind {
+            // Its socket refused nothing yet: written to first, then judged.
+            assert!(!conn.check_limits(now));
+            assert_eq!(conn.close_reason(), None);
+            write(&mut conn, &mut wire, 4096, now);
+        }
+        assert!(conn.check_limits(now), "behind: {behind}");
+        assert_eq!(
+            conn.close_reason(),
+            Some("slow_consumer"),
+            "behind: {behind}"
+        );
     }
 }
 
@@ -436,5 +441,27 @@ fn held_input_waits_for_a_reader_and_a_peer_that_reads_nothing_is_closed_at_the_
     let after = t + INPUT_WAIT;
     assert!(!conn.input_held(after));
     assert_eq!(conn.poll(after, SystemTime::now()), None);
+    assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+}
+
+/// A peer that reads nothing waits `INPUT_WAIT` once, not once per receive: the hold starts when
+/// the output first passes the mark and lasts until it is found under it again, so input that
+/// arrives after the wait is handled at once and the limit is reached.
+#[test]
+fn a_peer_that_reads_nothing_waits_once_not_once_per_receive() {
+    use powerhub::push::INPUT_WAIT;
+    let start = Instant::now();
+    let mut conn = ndjson_with(PushLimits::default().with_max_outbox_bytes(1 << 20), start);
+    // Enough to pass the mark (a quarter of the limit), not the limit.
+    conn.handle_input(&b"x\n".repeat(2500), start);
+    assert_eq!(conn.poll(start, SystemTime::now()), None);
+    assert!(conn.input_held(start));
+    let t = start + INPUT_WAIT;
+    assert_eq!(conn.poll(t, SystemTime::now()), None);
+    assert!(!conn.input_waiting(), "handled after the wait");
+    assert_eq!(conn.state(), PushState::Open, "{:?}", conn.close_reason());
+    // The next receive, still unread output over the mark: handled at once, to the limit.
+    conn.handle_input(&b"x\n".repeat(20000), t);
+    assert_eq!(conn.poll(t, SystemTime::now()), None);
     assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
 }

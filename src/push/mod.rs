@@ -481,8 +481,10 @@ struct Input {
     /// What the protocol said when its decode failed or it answered the peer's close (its
     /// final error, close frame): held for the close, which writes it last.
     last_words: Vec<Bytes>,
-    /// Since when the input waits for the output to drain (see
-    /// [`PushConnection::input_waiting`]); `None` while it does not.
+    /// Since when the output has been over the input mark with input to handle (see
+    /// [`PushConnection::input_waiting`]): kept across inputs until the output is found under
+    /// the mark, so that a peer that reads nothing waits [`INPUT_WAIT`] once, not once per
+    /// receive.
     held_since: Option<Instant>,
 }
 
@@ -942,7 +944,6 @@ impl PushConnection {
         if let Some(input) = self.input.as_deref_mut() {
             input.output.events.clear();
             input.next_event = 0;
-            input.held_since = None;
             if input.output.events.capacity() > KEEP_EVENTS {
                 input.output.events = Vec::new();
             }
@@ -1348,7 +1349,8 @@ impl PushConnection {
     /// past `max_outbox_bytes` it closes with an error naming the limit; under
     /// [`disconnect_backlog_bytes`](PushLimits::disconnect_backlog_bytes), a subscribed
     /// connection whose socket refused part of a write and that holds more closes with a
-    /// `slow_consumer` error. Returns whether it closed as a slow consumer.
+    /// `slow_consumer` error (and one whose socket refused nothing yet is written to before
+    /// `max_outbox_bytes` is judged). Returns whether it closed as a slow consumer.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -1392,8 +1394,17 @@ impl PushConnection {
                     && self.backlog() + extra > limit
             });
         let Some(limit) = slow else {
-            if let Some(ending) = self.over_outbox() {
-                self.close(ending, now);
+            // Under `disconnect`, a subscription's burst past `max_outbox_bytes` before the
+            // socket refused anything is written first: the write shows whether the reader
+            // keeps up or is a slow consumer, the bound the policy names (checked again at
+            // the next delivery).
+            let unproven = self.config.limits.disconnect_backlog_bytes.is_some()
+                && !(self.outbox.wants_writable() || stalled)
+                && self.is_subscribed();
+            if !unproven {
+                if let Some(ending) = self.over_outbox() {
+                    self.close(ending, now);
+                }
             }
             return false;
         };
