@@ -165,9 +165,14 @@ impl Conn {
     /// Input left waiting for the output to drain is handled once it is no longer held (the
     /// shard's `resume_input`, after a write or at the connection's timer).
     fn resume(&mut self, hub: &Hub, now: Instant) {
-        if self.push.input_waiting() && !self.push.input_held(now) {
+        if self.resumable(now) {
             self.run(hub, now);
         }
+    }
+
+    /// Whether input waits that is no longer held.
+    fn resumable(&self, now: Instant) -> bool {
+        self.push.input_waiting() && !self.push.input_held(now)
     }
 
     /// Does what the connection asks for its decoded input (the shard's `run_input`).
@@ -462,9 +467,8 @@ pub(crate) fn check(data: &[u8]) {
         let before = conn.wire.len();
         conn.write(now, |offered| offered);
         conn.resume(&hub, now);
-        let idle = hub.poll_timeout().is_none()
-            && conn.wire.len() == before
-            && !(conn.push.input_waiting() && !conn.push.input_held(now));
+        let idle =
+            hub.poll_timeout().is_none() && conn.wire.len() == before && !conn.resumable(now);
         if idle {
             break;
         }
