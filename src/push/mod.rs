@@ -724,9 +724,13 @@ impl PushConnection {
 
     /// Whether the output (unsent bytes with the queue entries in use) is over a quarter of
     /// `max_outbox_bytes`: what `max_outbox_bytes` counts (the queues' capacity, which grows by
-    /// doubling, and their scratch) stays under the limit while the input waits.
+    /// doubling, and their scratch) stays under the limit while the input waits. A protocol
+    /// that takes no more of the outbox's bytes (a WebSocket that read the peer's close) is
+    /// never over it: its output will not drain, and what waits may be that close.
     fn over_input_mark(&self) -> bool {
-        self.outbox.live_bytes() + self.urgent.unsent() > self.config.limits.max_outbox_bytes / 4
+        self.proto.is_ready()
+            && self.outbox.live_bytes() + self.urgent.unsent()
+                > self.config.limits.max_outbox_bytes / 4
     }
 
     /// Until when input over the input mark waits: [`INPUT_WAIT`] past the later of the hold's
