@@ -802,10 +802,16 @@ impl PushConnection {
         self.input_waiting()
             && self.over_input_mark()
             && self
-                .input
-                .as_deref()
-                .and_then(|i| i.held_since)
+                .hold_start()
                 .is_none_or(|since| now < self.hold_deadline(since))
+    }
+
+    /// When the current hold began, if input waits over the mark and one has begun.
+    fn hold_start(&self) -> Option<Instant> {
+        self.input
+            .as_deref()
+            .and_then(|i| i.held_since)
+            .filter(|_| self.input_waiting() && self.over_input_mark())
     }
 
     /// Handles the received input up to the next thing the driver must do, and returns it;
@@ -1383,34 +1389,25 @@ impl PushConnection {
         if self.state != PushState::Open {
             return false;
         }
-        // Under `disconnect`, a connection past both bounds at once (a burst fanned out in one
-        // turn to a reader already behind) is closed as what it is, a slow consumer: the
-        // smaller bound is the one the policy names.
-        let slow = self
-            .config
-            .limits
-            .disconnect_backlog_bytes
-            .filter(|&limit| {
-                // A healthy reader, whose socket takes every write, is never behind however much
-                // one fan-out queued for it.
-                (self.outbox.wants_writable() || stalled)
-                    && self.is_subscribed()
-                    && self.backlog() + extra > limit
-            });
-        let Some(limit) = slow else {
-            // Under `disconnect`, a subscription's burst past `max_outbox_bytes` before the
-            // socket refused anything is written first: the write shows whether the reader
-            // keeps up or is a slow consumer, the bound the policy names (checked again at
-            // the next delivery).
-            let unproven = self.config.limits.disconnect_backlog_bytes.is_some()
-                && !(self.outbox.wants_writable() || stalled)
-                && self.is_subscribed();
-            if !unproven {
+        // A healthy reader, whose socket takes every write, is never behind however much one
+        // fan-out queued for it.
+        let behind = self.outbox.wants_writable() || stalled;
+        let subscribed = self.is_subscribed();
+        let limit = match self.config.limits.disconnect_backlog_bytes {
+            // Under `disconnect`, a connection past both bounds at once (a burst fanned out in
+            // one turn to a reader already behind) is closed as what it is, a slow consumer:
+            // the smaller bound is the one the policy names.
+            Some(limit) if behind && subscribed && self.backlog() + extra > limit => limit,
+            // A subscription's burst past `max_outbox_bytes` before the socket refused anything
+            // is written first: the write shows whether the reader keeps up or is a slow
+            // consumer (checked again at the next delivery).
+            Some(_) if !behind && subscribed => return false,
+            _ => {
                 if let Some(ending) = self.over_outbox() {
                     self.close(ending, now);
                 }
+                return false;
             }
-            return false;
         };
         let backlog = self.backlog() + extra;
         let msg = format!(
@@ -1560,12 +1557,7 @@ impl PushConnection {
             self.started + Duration::from_millis(self.last_inbound_ms + limits.idle_timeout_ms)
         });
         // Held input is handled again once the peer has read nothing for `INPUT_WAIT`.
-        let input = self
-            .input
-            .as_deref()
-            .and_then(|i| i.held_since)
-            .filter(|_| self.input_waiting() && self.over_input_mark())
-            .map(|since| self.hold_deadline(since));
+        let input = self.hold_start().map(|since| self.hold_deadline(since));
         [first, idle, input, self.outbox.poll_timeout()]
             .into_iter()
             .flatten()
