@@ -818,8 +818,10 @@ impl PushDriver {
                     self.topics.subs.entry(t).or_default().retain(|s| *s != sub);
                     self.conn.unsubscribe_done(now);
                 }
-                Request::Publish { topics, message } => {
+                Request::Publish { message } => {
                     let mut delivered = 0;
+                    let topics: Vec<String> =
+                        self.conn.publish_topics().map(String::from).collect();
                     for topic in &topics {
                         if let Some(&t) = stream_of.get(topic) {
                             delivered += self.topics.subs.get(&t).map_or(0, Vec::len);

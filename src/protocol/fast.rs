@@ -29,6 +29,90 @@ const MAX_DEPTH: usize = 64;
 /// A `publish` command read in one pass, or `None` to use the full parser. `max_depth` is the
 /// configured nesting limit: a line that nests deeper goes to the full parser, which refuses it.
 pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
+    publish_ref(line, max_depth).map(|p| p.into_command())
+}
+
+/// A `publish` the fast path read, borrowed from its line: what the session checks and the
+/// shard publishes, read with no allocation (a string request id aside). [`publish`] makes the
+/// owned [`Command`] of it; the push connection uses it as it is.
+#[derive(Debug)]
+pub(crate) struct Publish<'a> {
+    /// The command's correlation id.
+    pub(crate) id: Option<RequestId>,
+    /// The message's text, as written.
+    message: &'a [u8],
+    /// A raw line break was read as whitespace in the line: the message's copy flattens them.
+    breaks: bool,
+    /// `message.stream`.
+    pub(crate) stream: &'a str,
+    /// `message.type`.
+    pub(crate) kind: &'a str,
+    /// `message.deviceId`.
+    device_id: FieldRef<'a>,
+    /// `message.deviceSessionUuid`.
+    session: FieldRef<'a>,
+}
+
+/// An optional string field, borrowed: absent, `null` or a string without escapes.
+#[derive(Debug, Clone, Copy)]
+enum FieldRef<'a> {
+    Absent,
+    Null,
+    Str(&'a str),
+}
+
+impl FieldRef<'_> {
+    fn to_field(self) -> Field {
+        match self {
+            FieldRef::Absent => Field::Absent,
+            FieldRef::Null => Field::Null,
+            FieldRef::Str(s) => Field::str(s),
+        }
+    }
+}
+
+impl Publish<'_> {
+    /// `message.deviceId` when it is a string.
+    pub(crate) fn device_id(&self) -> Option<&str> {
+        match self.device_id {
+            FieldRef::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The message's length in bytes (what rate limits count).
+    pub(crate) fn message_len(&self) -> usize {
+        self.message.len()
+    }
+
+    /// A copy of the message, one line whatever framing it arrived in (see [`one_line`]).
+    pub(crate) fn message_bytes(&self) -> Bytes {
+        // A string holds no raw line break: without one read as whitespace, a copy will do.
+        if self.breaks {
+            one_line(self.message)
+        } else {
+            Bytes::copy_from_slice(self.message)
+        }
+    }
+
+    /// The owned command.
+    pub(crate) fn into_command(self) -> Command {
+        let message = self.message_bytes();
+        Command::Publish {
+            id: self.id,
+            message,
+            meta: PublishMeta {
+                stream: self.stream.to_owned(),
+                kind: self.kind.to_owned(),
+                device_id: self.device_id.to_field(),
+                device_session_uuid: self.session.to_field(),
+            },
+        }
+    }
+}
+
+/// [`publish`], borrowed from the line.
+pub(crate) fn publish_ref(line: &[u8], max_depth: usize) -> Option<Publish<'_>> {
     // Offsets are kept in 32 bits (a smaller envelope to clear and move): a longer line, which
     // no limit lets through by default, is the full parser's.
     if u32::try_from(line.len()).is_err() {
@@ -83,47 +167,34 @@ pub(crate) fn publish(line: &[u8], max_depth: usize) -> Option<Command> {
         None => request_id(line, env.request_id)?,
     };
     let message = env.message?;
-    let meta = meta(line, &env.head)?;
-    Some(Command::Publish {
-        id,
-        // A string holds no raw line break: without one read as whitespace, a copy will do.
-        message: if p.breaks {
-            one_line(message.of(line))
-        } else {
-            Bytes::copy_from_slice(message.of(line))
-        },
-        meta,
-    })
-}
-
-/// What the server reads of the message, from the head the parser took.
-fn meta(line: &[u8], head: &Head) -> Option<PublishMeta> {
+    let head = &env.head;
     let stream = head.stream?.plain_str(line)?;
     if stream.is_empty() || stream.len() > super::command::MAX_NAME_BYTES || stream.contains('/') {
         return None;
     }
-    let kind = head.kind?.plain_str(line)?;
     let device_id = field(line, head.device_id)?;
-    if device_id
-        .as_str()
-        .is_some_and(|d| d.is_empty() || d.len() > super::command::MAX_NAME_BYTES)
-    {
-        return None;
+    if let FieldRef::Str(d) = device_id {
+        if d.is_empty() || d.len() > super::command::MAX_NAME_BYTES {
+            return None;
+        }
     }
-    Some(PublishMeta {
-        stream: stream.to_owned(),
-        kind: kind.to_owned(),
+    Some(Publish {
+        id,
+        message: message.of(line),
+        breaks: p.breaks,
+        stream,
+        kind: head.kind?.plain_str(line)?,
         device_id,
-        device_session_uuid: field(line, head.session)?,
+        session: field(line, head.session)?,
     })
 }
 
 /// An optional string field: absent, `null` or a string without escapes.
-fn field(json: &[u8], token: Option<Token>) -> Option<Field> {
+fn field(json: &[u8], token: Option<Token>) -> Option<FieldRef<'_>> {
     match token {
-        None => Some(Field::Absent),
-        Some(t) if t.kind == Kind::Null => Some(Field::Null),
-        Some(t) => t.plain_str(json).map(Field::str),
+        None => Some(FieldRef::Absent),
+        Some(t) if t.kind == Kind::Null => Some(FieldRef::Null),
+        Some(t) => t.plain_str(json).map(FieldRef::Str),
     }
 }
 

@@ -14,7 +14,7 @@
 //! and every subscriber reads the same bytes. See the protocol reference (`docs/protocol.md`).
 
 mod command;
-mod fast;
+pub(crate) mod fast;
 #[doc(hidden)]
 pub mod fuzzing;
 mod json;

@@ -8,6 +8,7 @@ use bytes::Bytes;
 use super::command::{
     echo, Command, CommandError, CommandParser, ErrorKind, PublishMeta, RequestId, MAX_NAME_BYTES,
 };
+use super::fast;
 use super::rate::{PublishLimiter, UserRate};
 use super::reply;
 use crate::hub::Message;
@@ -379,6 +380,26 @@ pub fn device_topic(stream: &str, device_id: &str) -> String {
     format!("{stream}/{device_id}")
 }
 
+/// What the publish checks read of a message: borrowed from a command's [`PublishMeta`] or
+/// from the line itself (the fast path).
+#[derive(Clone, Copy)]
+struct PublishedBy<'a> {
+    stream: &'a str,
+    kind: &'a str,
+    /// `message.deviceId` when it is a string.
+    device_id: Option<&'a str>,
+}
+
+impl<'a> PublishedBy<'a> {
+    fn meta(meta: &'a PublishMeta) -> Self {
+        PublishedBy {
+            stream: &meta.stream,
+            kind: &meta.kind,
+            device_id: meta.device_id.as_str(),
+        }
+    }
+}
+
 /// The topics a message is published to: its stream's topic, and its device's topic when
 /// `deviceId` is a string.
 pub fn publish_topics(meta: &PublishMeta) -> Vec<String> {
@@ -603,6 +624,35 @@ impl Session {
         }
     }
 
+    /// Reads `line` as a usual `publish` (the parser's fast path), borrowed from it: `None` for
+    /// any other line, which goes to [`Session::parse`].
+    pub(crate) fn read_publish<'l>(&self, line: &'l [u8]) -> Option<fast::Publish<'l>> {
+        fast::publish_ref(line, self.config.max_json_depth)
+    }
+
+    /// Checks a publish [`Session::read_publish`] read as [`Command::Publish`] is checked
+    /// (permissions, `$` streams, reserved types, rate limits), without making its command:
+    /// `None` to publish it to its topics, or the action that answers it instead (the error
+    /// reply, or the close after repeated rate-limit refusals).
+    pub(crate) fn check_read_publish(
+        &mut self,
+        publish: &fast::Publish<'_>,
+        now: SystemTime,
+    ) -> Option<Action> {
+        let by = PublishedBy {
+            stream: publish.stream,
+            kind: publish.kind,
+            device_id: publish.device_id(),
+        };
+        let checked = self
+            .check_publish(&publish.id, by)
+            .and_then(|()| self.rate_limit(&publish.id, publish.message_len(), now));
+        match checked {
+            Ok(action) => action,
+            Err(e) => Some(Action::Reply(e.to_reply())),
+        }
+    }
+
     /// Verifies `token` and makes it the connection's identity.
     fn auth_command(
         &mut self,
@@ -648,7 +698,7 @@ impl Session {
     fn check_publish(
         &mut self,
         id: &Option<RequestId>,
-        meta: &PublishMeta,
+        meta: PublishedBy<'_>,
     ) -> Result<(), CommandError> {
         let system_stream = || {
             // `$stats` and any other `$` stream: what a reader sees there is the server's.
@@ -667,17 +717,17 @@ impl Session {
         let Some(identity) = &auth.identity else {
             return Err(CommandError::new(id.clone(), ErrorKind::AuthRequired));
         };
-        let device = meta.device_id.as_str();
+        let device = meta.device_id;
         match auth
             .cache
-            .decide(&identity.permissions, &meta.stream, device)
+            .decide(&identity.permissions, meta.stream, device)
         {
             Decision::Allowed => {}
             Decision::SystemStream => return Err(system_stream()),
             decision => {
                 let denied = PermissionDenied {
                     action: permissions::Action::Publish,
-                    stream: echo(&meta.stream),
+                    stream: echo(meta.stream),
                     device: device.map(echo),
                     decision,
                 };
@@ -793,7 +843,7 @@ impl Session {
                 })
             }
             Command::Publish { id, message, meta } => {
-                self.check_publish(&id, &meta)?;
+                self.check_publish(&id, PublishedBy::meta(&meta))?;
                 if let Some(action) = self.rate_limit(&id, message.len(), now)? {
                     return Ok(action);
                 }

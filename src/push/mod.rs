@@ -97,7 +97,7 @@ use crate::hub::{Message, PublishError, SubscribeError};
 use crate::outbox::{
     Framing, MessageFactory, Outbox, OutboxConfig, OutboxConfigError, OutboxStats, TimeoutAction,
 };
-use crate::protocol::{reply, Action, Command, RequestId, Session, SubscriptionInfo};
+use crate::protocol::{fast, reply, Action, Command, RequestId, Session, SubscriptionInfo};
 use crate::runtime::{Config, SlowConsumerChoice};
 use crate::security::tls::PeerSubject;
 
@@ -312,11 +312,10 @@ pub enum Request {
         /// The topic.
         topic: String,
     },
-    /// Publish `message` to every topic of `topics`, and answer with
+    /// Publish `message` to every topic of [`PushConnection::publish_topics`] (the stream
+    /// topic, then the device topic when the message names a device), and answer with
     /// [`PushConnection::publish_done`] (the subscriber count, summed).
     Publish {
-        /// The stream topic, then the device topic when the message names a device.
-        topics: Vec<String>,
         /// The message, byte for byte as the client wrote it.
         message: Message,
     },
@@ -481,6 +480,8 @@ struct Input {
     /// What the protocol said when its decode failed or it answered the peer's close (its
     /// final error, close frame): held for the close, which writes it last.
     last_words: Vec<Bytes>,
+    /// The topics of the publish asked for last ([`PushConnection::publish_topics`]).
+    topics: TopicList,
     /// Since when the output has been over the input mark with input to handle (see
     /// [`PushConnection::input_waiting`]): kept across inputs until the output is found under
     /// the mark, so that a peer that reads nothing waits [`INPUT_WAIT`] once, not once per
@@ -494,6 +495,53 @@ impl Input {
         let event = self.output.events.get_mut(self.next_event)?;
         self.next_event += 1;
         Some(std::mem::replace(event, Inbound::Pong))
+    }
+}
+
+/// The topics of one publish, one after another in one string that keeps its capacity from
+/// publish to publish (no allocation per publish).
+#[derive(Debug, Default)]
+struct TopicList {
+    text: String,
+    /// Where each topic ends in `text`.
+    ends: Vec<usize>,
+}
+
+impl TopicList {
+    /// Makes the list the topics of a message of `stream` and `device` ([`publish_topics`]'s
+    /// rule: the stream's topic, and the device's when the message names one).
+    ///
+    /// [`publish_topics`]: crate::protocol::publish_topics
+    fn set_message(&mut self, stream: &str, device: Option<&str>) {
+        self.text.clear();
+        self.ends.clear();
+        self.text.push_str(stream);
+        self.ends.push(self.text.len());
+        if let Some(device) = device {
+            self.text.push_str(stream);
+            self.text.push('/');
+            self.text.push_str(device);
+            self.ends.push(self.text.len());
+        }
+    }
+
+    /// Makes the list `topics`.
+    fn set(&mut self, topics: &[String]) {
+        self.text.clear();
+        self.ends.clear();
+        for topic in topics {
+            self.text.push_str(topic);
+            self.ends.push(self.text.len());
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &str> + '_ {
+        let mut start = 0;
+        self.ends.iter().map(move |&end| {
+            let topic = &self.text[start..end];
+            start = end;
+            topic
+        })
     }
 }
 
@@ -890,8 +938,14 @@ impl PushConnection {
                 Inbound::Text(line) => {
                     self.counts.messages_in = self.counts.messages_in.saturating_add(1);
                     // A usual publish is read where it lies (the line may share one receive
-                    // with others); any other line is parsed in place, copied first only if
-                    // its bytes are shared.
+                    // with others), and handled without making its command; any other line is
+                    // parsed in place, copied first only if its bytes are shared.
+                    if let Some(publish) = self.session.read_publish(&line) {
+                        match self.publish_read(publish, now, wall) {
+                            Some(request) => return Some(request),
+                            None => continue,
+                        }
+                    }
                     let cmd = match self.session.parse(line) {
                         Ok(cmd) => cmd,
                         Err(e) => {
@@ -1007,11 +1061,8 @@ impl PushConnection {
                 message,
                 ..
             } => {
-                self.published = true;
-                // No id, no acknowledgement: the publisher cannot correlate one
-                // (docs/protocol.md); a failure is still said.
-                *self.pending_slot() = Some(Pending::Publish { request_id });
-                return Some(Request::Publish { topics, message });
+                self.input_mut().topics.set(&topics);
+                return Some(self.ask_publish(request_id, message));
             }
             Action::Reply(bytes) => self.outbox.push_control(bytes, now),
             Action::Pong => self.outbox.on_pong(now),
@@ -1041,8 +1092,48 @@ impl PushConnection {
         None
     }
 
+    /// Asks the driver to publish `message` to the topics listed in the input.
+    fn ask_publish(&mut self, request_id: Option<RequestId>, message: Message) -> Request {
+        self.published = true;
+        // No id, no acknowledgement: the publisher cannot correlate one (docs/protocol.md); a
+        // failure is still said.
+        *self.pending_slot() = Some(Pending::Publish { request_id });
+        Request::Publish { message }
+    }
+
+    /// A publish the session read where it lies ([`Session::read_publish`]): checked, then
+    /// asked of the driver; or answered (an error, a close) when a check refuses it.
+    fn publish_read(
+        &mut self,
+        publish: fast::Publish<'_>,
+        now: Instant,
+        wall: SystemTime,
+    ) -> Option<Request> {
+        if let Some(action) = self.session.check_read_publish(&publish, wall) {
+            return self.perform(action, publish.id, now);
+        }
+        let message = Message::json_validated(publish.message_bytes());
+        self.input_mut()
+            .topics
+            .set_message(publish.stream, publish.device_id());
+        Some(self.ask_publish(publish.id, message))
+    }
+
+    /// The topics of the last [`Request::Publish`]: the stream's topic, then the device's when
+    /// the message names a device.
+    pub fn publish_topics(&self) -> impl Iterator<Item = &str> + '_ {
+        self.input
+            .as_deref()
+            .into_iter()
+            .flat_map(|i| i.topics.iter())
+    }
+
+    fn input_mut(&mut self) -> &mut Input {
+        self.input.get_or_insert_with(Box::default)
+    }
+
     fn pending_slot(&mut self) -> &mut Option<Pending> {
-        &mut self.input.get_or_insert_with(Box::default).pending
+        &mut self.input_mut().pending
     }
 
     /// The request waiting for its answer, taken if `is` says it is the one answered.

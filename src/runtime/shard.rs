@@ -45,7 +45,7 @@ use super::parker::Parker;
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::tls::TlsLayer;
 use super::Shared;
-use crate::hub::{Entry, Message, PublishError, SealedBatch};
+use crate::hub::{Entry, Hub, Message, PublishError, PublishOptions, SealedBatch};
 use crate::protocol::Session;
 use crate::push::{Ending, PushConnection, PushState, Request, Transmit, MAX_IOV};
 
@@ -351,6 +351,36 @@ fn millis(epoch: Instant, t: Instant) -> u64 {
 fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
     let c = slots.get_mut(key.index as usize)?.as_deref_mut()?;
     (c.key.generation == key.generation).then_some(c)
+}
+
+/// Publishes a connection's message to each of its topics; the subscribers it reached, or the
+/// last error. The last topic takes the message itself: a clone turns bytes made from a vector
+/// into shared ones (an allocation), for a message most often published to one topic.
+fn publish<'t>(
+    hub: &Hub,
+    topics: impl Iterator<Item = &'t str>,
+    message: Message,
+) -> Result<usize, PublishError> {
+    let add = |total: Result<usize, PublishError>, r| match r {
+        Ok(n) => total.map(|t| t + n),
+        Err(e) => Err(e),
+    };
+    let mut topics = topics.peekable();
+    // Every topic is published to, even after an error (not `try_fold`).
+    let mut total = Ok(0);
+    while let Some(topic) = topics.next() {
+        if topics.peek().is_none() {
+            return add(
+                total,
+                hub.publish(topic, message, PublishOptions::default()),
+            );
+        }
+        total = add(
+            total,
+            hub.publish(topic, message.clone(), PublishOptions::default()),
+        );
+    }
+    total
 }
 
 /// The connection in slot `token`, if the slot is occupied.
@@ -1041,40 +1071,14 @@ impl<B: Backend> Shard<B> {
                     subscription_id,
                     topic,
                 } => self.unsubscribe(token, subscription_id, &topic, now),
-                Request::Publish { topics, message } => {
-                    let result = self.publish(&topics, message);
-                    if let Some(c) = slot_mut(&mut self.slots, token) {
-                        c.push.publish_done(result, now);
-                    }
+                Request::Publish { message } => {
+                    let result = publish(&self.shared.hub, c.push.publish_topics(), message);
+                    c.push.publish_done(result, now);
                 }
             }
         }
         self.mark_dirty(token);
         self.settle(token);
-    }
-
-    /// Publishes a connection's message to each of its topics; the subscribers it reached, or
-    /// the last error. The last topic takes the message itself: a clone turns bytes made from a
-    /// vector into shared ones (an allocation), for a message most often published to one topic.
-    fn publish(&self, topics: &[String], message: Message) -> Result<usize, PublishError> {
-        let publish = |topic: &str, m| {
-            self.shared
-                .hub
-                .publish(topic, m, crate::hub::PublishOptions::default())
-        };
-        let add = |total: Result<usize, PublishError>, r| match r {
-            Ok(n) => total.map(|t| t + n),
-            Err(e) => Err(e),
-        };
-        let Some((last, others)) = topics.split_last() else {
-            return Ok(0);
-        };
-        // Every topic is published to, even after an error (not `try_fold`).
-        let mut total = Ok(0);
-        for topic in others {
-            total = add(total, publish(topic, message.clone()));
-        }
-        add(total, publish(last, message))
     }
 
     /// Adds a push subscription of connection `token` to the shard's fan-out of `topic` (after

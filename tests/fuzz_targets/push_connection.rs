@@ -218,7 +218,9 @@ impl Conn {
                     }
                     self.push.unsubscribe_done(now);
                 }
-                Request::Publish { topics, message } => {
+                Request::Publish { message } => {
+                    let topics: Vec<String> =
+                        self.push.publish_topics().map(String::from).collect();
                     assert!(
                         is_json_object(message.bytes()),
                         "a published message is not JSON"
