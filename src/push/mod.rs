@@ -535,15 +535,39 @@ impl TopicList {
         }
     }
 
-    fn iter(&self) -> impl Iterator<Item = &str> + '_ {
-        let mut start = 0;
-        self.ends.iter().map(move |&end| {
-            let topic = &self.text[start..end];
-            start = end;
-            topic
-        })
+    fn iter(&self) -> PublishTopics<'_> {
+        PublishTopics {
+            text: &self.text,
+            ends: self.ends.iter(),
+            start: 0,
+        }
     }
 }
+
+/// The topics of a [`Request::Publish`], from [`PushConnection::publish_topics`].
+#[derive(Debug, Clone)]
+pub struct PublishTopics<'a> {
+    text: &'a str,
+    ends: std::slice::Iter<'a, usize>,
+    start: usize,
+}
+
+impl<'a> Iterator for PublishTopics<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        let &end = self.ends.next()?;
+        let topic = &self.text[self.start..end];
+        self.start = end;
+        Some(topic)
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.ends.size_hint()
+    }
+}
+
+impl ExactSizeIterator for PublishTopics<'_> {}
 
 /// Whether `proto` frames a JSON message as the NDJSON line (the message and `\n`).
 fn frames_as_ndjson(proto: &mut dyn StreamProtocol) -> bool {
@@ -1121,11 +1145,15 @@ impl PushConnection {
 
     /// The topics of the last [`Request::Publish`]: the stream's topic, then the device's when
     /// the message names a device.
-    pub fn publish_topics(&self) -> impl Iterator<Item = &str> + '_ {
-        self.input
-            .as_deref()
-            .into_iter()
-            .flat_map(|i| i.topics.iter())
+    pub fn publish_topics(&self) -> PublishTopics<'_> {
+        match self.input.as_deref() {
+            Some(input) => input.topics.iter(),
+            None => PublishTopics {
+                text: "",
+                ends: [].iter(),
+                start: 0,
+            },
+        }
     }
 
     fn input_mut(&mut self) -> &mut Input {
