@@ -517,48 +517,52 @@ impl<'a> Parser<'a> {
         Some(())
     }
 
-    /// Consumes one value at nesting `depth` (1: a member of the top-level object).
+    /// Consumes one value at nesting `depth` (1: a member of the top-level object). Inlined
+    /// where it is read: a scalar (nearly every value) is read without a call; an object or an
+    /// array goes to [`Self::container`].
+    #[inline]
     fn value(&mut self, depth: usize) -> Option<Kind> {
         match *self.b.get(self.i)? {
             b'"' => self.string(),
-            b'{' => {
-                if depth >= self.max_depth {
-                    return None;
-                }
-                // A nested key may hold simple escapes; a `\u` falls back in `string`.
-                self.object(false, |p, _| p.value(depth + 1).map(drop))?;
-                Some(Kind::Object)
-            }
-            b'[' => {
-                if depth >= self.max_depth {
-                    return None;
-                }
-                self.i += 1;
-                self.ws();
-                if self.eat_if(b']') {
-                    return Some(Kind::Array);
-                }
-                loop {
-                    self.value(depth + 1)?;
-                    self.ws();
-                    match self.b.get(self.i)? {
-                        b',' => {
-                            self.i += 1;
-                            self.ws();
-                        }
-                        b']' => {
-                            self.i += 1;
-                            return Some(Kind::Array);
-                        }
-                        _ => return None,
-                    }
-                }
-            }
+            b'-' | b'0'..=b'9' => self.number(),
+            b'{' | b'[' => self.container(depth),
             b't' => self.literal(b"true", Kind::Bool),
             b'f' => self.literal(b"false", Kind::Bool),
             b'n' => self.literal(b"null", Kind::Null),
-            b'-' | b'0'..=b'9' => self.number(),
             _ => None,
+        }
+    }
+
+    /// The object or array at the cursor, at nesting `depth`.
+    #[inline(never)]
+    fn container(&mut self, depth: usize) -> Option<Kind> {
+        if depth >= self.max_depth {
+            return None;
+        }
+        if self.b[self.i] == b'{' {
+            // A nested key may hold simple escapes; a `\u` falls back in `string`.
+            self.object(false, |p, _| p.value(depth + 1).map(drop))?;
+            return Some(Kind::Object);
+        }
+        self.i += 1;
+        self.ws();
+        if self.eat_if(b']') {
+            return Some(Kind::Array);
+        }
+        loop {
+            self.value(depth + 1)?;
+            self.ws();
+            match self.b.get(self.i)? {
+                b',' => {
+                    self.i += 1;
+                    self.ws();
+                }
+                b']' => {
+                    self.i += 1;
+                    return Some(Kind::Array);
+                }
+                _ => return None,
+            }
         }
     }
 
