@@ -28,6 +28,7 @@ pub use command::{
     RequestId, DEFAULT_MAX_JSON_DEPTH, ERROR_CODES, LIMIT_EXCEEDED, MAX_ECHO_BYTES, MAX_NAME_BYTES,
 };
 pub use rate::{PublishLimiter, RateLimited, UserRate};
+pub(crate) use session::topic_parts;
 pub use session::{
     device_topic, publish_topics, stream_topic, Action, AuthPolicy, Session, SessionConfig,
     SubscriptionInfo, UserCounts, RESERVED_MESSAGE_TYPES,

@@ -372,12 +372,22 @@ pub enum Action {
 
 /// The hub topic of every device of `stream`: the stream name itself.
 pub fn stream_topic(stream: &str) -> String {
-    stream.to_owned()
+    topic_parts(stream, None).concat()
 }
 
 /// The hub topic of one device of `stream`: `stream/deviceId` (stream names contain no `/`).
 pub fn device_topic(stream: &str, device_id: &str) -> String {
-    format!("{stream}/{device_id}")
+    topic_parts(stream, Some(device_id)).concat()
+}
+
+/// The parts whose concatenation is the topic of `device` of `stream`, or of every device of
+/// `stream` when `device` is `None`: the one statement of the topic names, for those who write
+/// them into a buffer of their own (the push connection's topic list).
+pub(crate) fn topic_parts<'a>(stream: &'a str, device: Option<&'a str>) -> [&'a str; 3] {
+    match device {
+        Some(device) => [stream, "/", device],
+        None => [stream, "", ""],
+    }
 }
 
 /// What the publish checks read of a message: borrowed from a command's [`PublishMeta`] or

@@ -63,6 +63,8 @@
 //!     match request {
 //!         Request::Subscribe { .. } => conn.subscribe_done(Ok(()), now),
 //!         Request::Publish { message, .. } => {
+//!             // The stream's topic (and the device's, when the message names one).
+//!             assert_eq!(conn.publish_topics().collect::<Vec<_>>(), ["s"]);
 //!             published.push(message);
 //!             conn.publish_done(Ok(1), now);
 //!         }
@@ -97,7 +99,9 @@ use crate::hub::{Message, PublishError, SubscribeError};
 use crate::outbox::{
     Framing, MessageFactory, Outbox, OutboxConfig, OutboxConfigError, OutboxStats, TimeoutAction,
 };
-use crate::protocol::{fast, reply, Action, Command, RequestId, Session, SubscriptionInfo};
+use crate::protocol::{
+    fast, reply, topic_parts, Action, Command, RequestId, Session, SubscriptionInfo,
+};
 use crate::runtime::{Config, SlowConsumerChoice};
 use crate::security::tls::PeerSubject;
 
@@ -515,12 +519,9 @@ impl TopicList {
     fn set_message(&mut self, stream: &str, device: Option<&str>) {
         self.text.clear();
         self.ends.clear();
-        self.text.push_str(stream);
-        self.ends.push(self.text.len());
-        if let Some(device) = device {
-            self.text.push_str(stream);
-            self.text.push('/');
-            self.text.push_str(device);
+        let devices = std::iter::once(None).chain(device.map(Some));
+        for parts in devices.map(|d| topic_parts(stream, d)) {
+            parts.iter().for_each(|p| self.text.push_str(p));
             self.ends.push(self.text.len());
         }
     }
