@@ -41,7 +41,7 @@ use std::ops::Deref;
 use std::ptr;
 use std::sync::{Arc, OnceLock};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use powerhub_plugin::frame::{self, FrameError};
 
 use super::Entry;
@@ -226,13 +226,7 @@ impl SealedBatch {
             fresh = true;
             if batch.iter().all(|e| e.message.is_json_line()) {
                 // Lines already (what the push protocol publishes): copied as they are.
-                let len = batch.iter().map(|e| e.message.bytes().len() + 1).sum();
-                let mut out = BytesMut::with_capacity(len);
-                for e in batch {
-                    out.extend_from_slice(e.message.bytes());
-                    out.extend_from_slice(b"\n");
-                }
-                out.freeze()
+                frame::encode_ndjson_lines(batch.iter().map(|e| &e.message.bytes()[..]))
             } else {
                 frame::encode_ndjson_batch(json_texts(batch))
             }

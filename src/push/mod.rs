@@ -519,11 +519,19 @@ impl TopicList {
     fn set_message(&mut self, stream: &str, device: Option<&str>) {
         self.text.clear();
         self.ends.clear();
-        let devices = std::iter::once(None).chain(device.map(Some));
-        for parts in devices.map(|d| topic_parts(stream, d)) {
-            parts.iter().for_each(|p| self.text.push_str(p));
-            self.ends.push(self.text.len());
+        self.push(topic_parts(stream, None));
+        if device.is_some() {
+            self.push(topic_parts(stream, device));
         }
+    }
+
+    /// Adds the topic written as `parts`.
+    fn push(&mut self, parts: [&str; 3]) {
+        // An empty part is not copied (a stream's topic is one part).
+        for part in parts.into_iter().filter(|p| !p.is_empty()) {
+            self.text.push_str(part);
+        }
+        self.ends.push(self.text.len());
     }
 
     /// Makes the list `topics`.
@@ -531,8 +539,7 @@ impl TopicList {
         self.text.clear();
         self.ends.clear();
         for topic in topics {
-            self.text.push_str(topic);
-            self.ends.push(self.text.len());
+            self.push([topic, "", ""]);
         }
     }
 

@@ -467,14 +467,41 @@ where
     I: IntoIterator<Item = &'m [u8]>,
     I::IntoIter: Clone,
 {
+    encode_ndjson(messages, true)
+}
+
+/// [`encode_ndjson_batch`] for messages known to be one line each (no raw line break, as the
+/// push server's publish path leaves them): copied as they are, without the search for line
+/// breaks. A message that does hold one breaks the stream's framing: use
+/// [`encode_ndjson_batch`] for messages of unknown form.
+///
+/// ```
+/// let out = powerhub_plugin::frame::encode_ndjson_lines([&b"{\"a\":1}"[..], b"2"]);
+/// assert_eq!(&out[..], b"{\"a\":1}\n2\n");
+/// ```
+pub fn encode_ndjson_lines<'m, I>(messages: I) -> Bytes
+where
+    I: IntoIterator<Item = &'m [u8]>,
+    I::IntoIter: Clone,
+{
+    encode_ndjson(messages, false)
+}
+
+fn encode_ndjson<'m, I>(messages: I, flatten: bool) -> Bytes
+where
+    I: IntoIterator<Item = &'m [u8]>,
+    I::IntoIter: Clone,
+{
     let iter = messages.into_iter();
     let length: usize = iter.clone().map(|m| m.len() + 1).sum();
     let mut out = BytesMut::with_capacity(length);
     for m in iter {
         let start = out.len();
-        out.put_slice(m);
-        flatten_line_breaks(&mut out[start..]);
-        out.put_u8(b'\n');
+        out.extend_from_slice(m);
+        if flatten {
+            flatten_line_breaks(&mut out[start..]);
+        }
+        out.extend_from_slice(b"\n");
     }
     out.freeze()
 }
