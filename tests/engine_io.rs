@@ -56,6 +56,49 @@ fn line_over_max_message_bytes_gets_an_error_naming_the_limit_then_close() {
     });
 }
 
+/// The commands before a line over `max_message_bytes` in the same write are answered before
+/// its error, as they would be had the line come in a later write: a publisher learns which of
+/// its publishes happened.
+#[test]
+fn commands_before_a_line_over_max_message_bytes_in_one_write_are_answered_before_its_error() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_message_bytes = 256;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        let mut write = String::new();
+        for n in 0..3 {
+            write.push_str(&format!(
+                "{{\"type\":\"publish\",\"id\":{n},\"message\":{{\"type\":\"t\",\"stream\":\"s\"}}}}\n"
+            ));
+        }
+        write.push_str("{\"type\":\"ping\",\"id\":\"p\"}\n");
+        write.push_str(&format!(
+            "{{\"type\":\"ping\",\"pad\":\"{}\"}}\n",
+            "x".repeat(400)
+        ));
+        c.send_raw(write.as_bytes());
+        for n in 0..3 {
+            let r = c.json();
+            assert_eq!(
+                (r["type"].as_str(), r["requestId"].as_i64()),
+                (Some("published"), Some(n)),
+                "{r}"
+            );
+        }
+        let pong = c.json();
+        assert_eq!(
+            (pong["type"].as_str(), pong["requestId"].as_str()),
+            (Some("pong"), Some("p")),
+            "{pong}"
+        );
+        let e = c.json();
+        assert_eq!(e["code"], "limit_exceeded", "{e}");
+        assert_eq!(e["limit"], "max_message_bytes", "{e}");
+        assert!(c.line().is_none(), "closed after the error");
+    });
+}
+
 #[test]
 fn max_connections_refuses_the_next_client_with_an_error_naming_the_limit() {
     on_both_backends(|backend| {

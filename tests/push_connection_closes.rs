@@ -224,8 +224,12 @@ fn ndjson_subscribed(now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
     (conn, sub.expect("a subscribe request"), wire)
 }
 
+/// The final error of a line too long to frame goes after everything queued before it (the
+/// deliveries, the replies to the commands read before the line): a lossless message is never
+/// dropped silently, and the peer gets what it would have had if the line came in a later
+/// receive. Nothing follows the error.
 #[test]
-fn a_line_too_long_to_frame_gets_the_final_error_after_what_was_encoded_and_nothing_after_it() {
+fn a_line_too_long_to_frame_gets_the_final_error_after_everything_queued_and_nothing_after_it() {
     let now = Instant::now();
     let (mut conn, sub, mut wire) = ndjson_subscribed(now);
     conn.deliver_lines(&sub, line(1), now);
@@ -235,20 +239,26 @@ fn a_line_too_long_to_frame_gets_the_final_error_after_what_was_encoded_and_noth
         "the socket took none"
     );
     conn.deliver_lines(&sub, line(2), now);
-    let mut long = br#"{"type":"ping","pad":""#.to_vec();
-    long.extend(std::iter::repeat_n(b'x', 400));
-    long.extend_from_slice(b"\"}\n");
-    conn.handle_input(&long, now);
+    // A command, then the long line, in one receive.
+    let mut input = br#"{"type":"ping","id":"p"}"#.to_vec();
+    input.push(b'\n');
+    input.extend_from_slice(br#"{"type":"ping","pad":""#);
+    input.extend(std::iter::repeat_n(b'x', 400));
+    input.extend_from_slice(b"\"}\n");
+    conn.handle_input(&input, now);
     while conn.poll(now, SystemTime::now()).is_some() {}
     assert_eq!(conn.state(), PushState::Closing);
+    conn.deliver_lines(&sub, line(3), now);
     drain(&mut conn, &mut wire, now);
     let text = String::from_utf8(wire).expect("UTF-8");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 3, "{text}");
+    assert_eq!(lines.len(), 5, "{text}");
     assert!(lines[0].contains(r#""type":"subscribed""#), "{text}");
     assert!(lines[1].contains(r#""n":1"#), "{text}");
+    assert!(lines[2].contains(r#""n":2"#), "{text}");
+    assert!(lines[3].contains(r#""type":"pong""#), "{text}");
     assert!(
-        lines[2].contains(r#""code":"limit_exceeded""#) && lines[2].contains("max_message_bytes"),
+        lines[4].contains(r#""code":"limit_exceeded""#) && lines[4].contains("max_message_bytes"),
         "the final error is last: {text}"
     );
     assert!(conn.is_written());

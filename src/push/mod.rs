@@ -1028,7 +1028,14 @@ impl PushConnection {
             }
             _ => "protocol_error",
         };
-        Some(Ending::unsaid(reason, e.to_string()).said_by_protocol())
+        // After everything queued: the replies to the commands read before the input that
+        // cannot be read past, and what was delivered before them, as a peer that sent them in
+        // another receive would have had them.
+        Some(
+            Ending::unsaid(reason, e.to_string())
+                .said_by_protocol()
+                .in_order(),
+        )
     }
 
     /// The input is handled: the first-message deadline is met if it held a message; the event
@@ -1430,11 +1437,11 @@ impl PushConnection {
         if let Some(input) = self.input.as_deref_mut() {
             ending.last_words.append(&mut input.last_words);
         }
-        if ending.said_by_protocol || !self.proto.is_ready() {
-            // The protocol said its last words (a decode error's final error or close frame),
-            // or carries no more data (it answered the peer's close, or never finished its
-            // handshake): nothing queued may follow. What the outbox encoded is still written,
-            // ahead of those words.
+        if (ending.said_by_protocol && !ending.is_in_order()) || !self.proto.is_ready() {
+            // The protocol said its last words out of turn, or carries no more data (it
+            // answered the peer's close, or never finished its handshake): nothing queued may
+            // follow. What the outbox encoded is still written, ahead of those words. (A
+            // decode error's last words wait in order, behind everything queued.)
             self.discard_queued();
         }
         self.ending = Some(Box::new(ending));
