@@ -418,6 +418,18 @@ fn a_field_the_server_reads_given_twice_is_refused_at_every_level() {
         assert_eq!(e.kind, ErrorKind::DuplicateField(field), "{line}");
         assert_eq!(e.kind.code(), "duplicate_field");
     }
+    // A `message` is read by `publish` alone: on another command it is an unknown field, and
+    // unknown fields are ignored, repeats inside them too.
+    for line in [
+        r#"{"type":"ping","id":2,"message":{"stream":"a","stream":"b"}}"#,
+        r#"{"type":"ping","message":{"type":"t","type":"u"}}"#,
+    ] {
+        assert!(matches!(parse(line), Ok(Command::Ping { .. })), "{line}");
+    }
+    assert!(matches!(
+        parse(r#"{"type":"subscribe","stream":"s","message":{"id":1,"id":2}}"#),
+        Ok(Command::Subscribe { .. })
+    ));
     // An escaped key that decodes to a field is that field.
     let Command::Subscribe { stream, .. } =
         parse(r#"{"type":"subscribe","str\u0065am":"s"}"#).unwrap()

@@ -594,6 +594,9 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
                 }
                 Some(t) => t,
             };
+            if let Some(field) = doc.head_repeated {
+                return fail(ErrorKind::DuplicateField(field));
+            }
             let meta = match publish_meta(line, &doc) {
                 Ok(meta) => meta,
                 Err(k) => return fail(k),

@@ -119,6 +119,9 @@ pub(crate) struct Doc {
     pub(crate) top: [Option<Token>; 8],
     /// The members of `message`, when it is an object, in [`HEAD`]'s order.
     pub(crate) head: [Option<Token>; 6],
+    /// The first member of `message` of interest given twice (its name): an error of a
+    /// `publish` only, the one command that reads them.
+    pub(crate) head_repeated: Option<&'static str>,
 }
 
 /// Why a line is not a command the reader accepts.
@@ -333,7 +336,9 @@ impl Reader<'_> {
                 return Ok(None);
             };
             if std::mem::replace(&mut self.seen_head[k], true) {
-                return Ok(self.repeated(HEAD_FIELDS[k]));
+                // Read as a member of no interest (its first value stays); the parser judges it.
+                self.doc.head_repeated.get_or_insert(HEAD_FIELDS[k]);
+                return Ok(None);
             }
             Ok(Some(Slot::Head(k)))
         }
@@ -575,12 +580,9 @@ mod tests {
             err(r#"{"stream":"a","str\u0065am":"b"}"#),
             JsonError::Duplicate { field: "stream" }
         );
-        assert_eq!(
-            err(r#"{"message":{"stream":"a","deviceId":"x","stream":"b"}}"#),
-            JsonError::Duplicate {
-                field: "message.stream"
-            }
-        );
+        // A repeat in the message is noted for the command to judge (only `publish` reads it).
+        let doc = ok(r#"{"message":{"stream":"a","deviceId":"x","stream":"b"}}"#);
+        assert_eq!(doc.head_repeated, Some("message.stream"));
         // Repeats the server does not read, or at levels it does not read, are JSON.
         ok(r#"{"x":1,"x":2,"message":{"y":[{"stream":1,"stream":2}],"y":0}}"#);
     }
@@ -596,12 +598,8 @@ mod tests {
         assert_eq!(doc.top[3].unwrap().string(line.as_bytes()).unwrap(), "a");
         let line = r#"{"message":{"stream":"a","stream":"b","type":"t"},"type":"publish"}"#;
         let (doc, result) = read(line.as_bytes(), 128);
-        assert_eq!(
-            result,
-            Err(JsonError::Duplicate {
-                field: "message.stream"
-            })
-        );
+        assert_eq!(result, Ok(()));
+        assert_eq!(doc.head_repeated, Some("message.stream"));
         assert!(doc.top[0].is_some() && doc.head.iter().flatten().count() == 2);
         assert!(matches!(
             err(r#"{"stream":"a","stream":"b","id":}"#),
