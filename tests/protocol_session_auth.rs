@@ -170,3 +170,45 @@ fn the_auth_command_is_parsed_strictly() {
     .unwrap();
     assert!(!format!("{cmd:?}").contains("sekrit"), "{cmd:?}");
 }
+
+/// Before the token, a command that needs one is answered `auth_required` whatever its fields
+/// hold, as when they are right; a line that is no command, and `auth`, `ping` and `pong`, get
+/// their own errors.
+#[test]
+fn before_authentication_a_command_that_needs_it_is_refused_whatever_its_fields() {
+    let mut s = session(false);
+    for line in [
+        r#"{"type":"publish","id":1,"message":{"type":"t","stream":"a/b"}}"#,
+        r#"{"type":"publish","id":1,"message":{"type":"t","stream":""}}"#,
+        r#"{"type":"publish","id":1,"message":{"type":"t"}}"#,
+        r#"{"type":"publish","id":1,"message":{"type":"t","stream":"s","deviceId":""}}"#,
+        r#"{"type":"publish","id":1,"message":{"type":"t","stream":"$stats"}}"#,
+        r#"{"type":"subscribe","id":1,"stream":"a/b"}"#,
+        r#"{"type":"subscribe","id":1}"#,
+        r#"{"type":"unsubscribe","id":1}"#,
+    ] {
+        let r = reply(run(&mut s, line, at(0)));
+        assert_eq!(
+            (&r["code"], &r["requestId"]),
+            (&json!("auth_required"), &json!(1)),
+            "{line}: {r}"
+        );
+    }
+    for (line, code) in [
+        ("{not json", "invalid_json"),
+        (r#"{"type":"nope","id":1}"#, "unknown_command"),
+        (r#"{"type":"auth","id":1}"#, "missing_field"),
+        (r#"{"type":"ping","id":1,"id":2}"#, "duplicate_field"),
+    ] {
+        let r = reply(run(&mut s, line, at(0)));
+        assert_eq!(r["code"], code, "{line}: {r}");
+    }
+    // Once authenticated, the fields are judged.
+    reply(run(&mut s, &auth_line("static-token"), at(0)));
+    let r = reply(run(
+        &mut s,
+        r#"{"type":"subscribe","id":1,"stream":"a/b"}"#,
+        at(0),
+    ));
+    assert_eq!(r["code"], "invalid_value", "{r}");
+}

@@ -634,6 +634,19 @@ pub(super) fn one_line(message: &[u8]) -> Bytes {
     copy.into()
 }
 
+/// The `type` of a line that is a JSON object whose `type` is a string, else `None` (for the
+/// session's answer to a command before authentication; the line's other faults aside).
+pub(super) fn command_type(line: &[u8], max_depth: usize) -> Option<String> {
+    let (doc, read) = json::read(line, max_depth);
+    if matches!(read, Err(ref e) if !matches!(e, json::JsonError::Duplicate { .. })) {
+        return None;
+    }
+    match value(line, doc.top[0]) {
+        Value::Str(s) => Some(s.into_owned()),
+        _ => None,
+    }
+}
+
 fn publish_meta(line: &[u8], doc: &json::Doc) -> Result<PublishMeta, ErrorKind> {
     let head = |k: usize| value(line, doc.head[k]);
     let stream = required_str(head(1), "message.stream")?;

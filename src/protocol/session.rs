@@ -605,16 +605,38 @@ impl Session {
             };
             return Action::Reply(CommandError::new(id, kind).to_reply());
         }
-        match self.parser().parse(line) {
+        let parsed = self.parser().parse(line);
+        match parsed {
             Ok(cmd) => self.handle_command_at(cmd, now),
-            Err(e) => Action::Reply(e.to_reply()),
+            Err(e) => Action::Reply(self.before_auth(line, e).to_reply()),
         }
     }
 
     /// Parses one line under the session's limits, reading it where it lies: see
-    /// [`CommandParser::parse_shared`]. No length check (the framing enforced it).
+    /// [`CommandParser::parse_shared`]. No length check (the framing enforced it). Before the
+    /// connection authenticated (where the server requires it), a `subscribe`, `unsubscribe`
+    /// or `publish` is refused with `auth_required` whatever its fields hold.
     pub fn parse(&mut self, line: Bytes) -> Result<Command, CommandError> {
-        self.parser().parse_shared(line)
+        self.parser()
+            .parse_shared(line.clone())
+            .map_err(|e| self.before_auth(&line, e))
+    }
+
+    /// The error for a line that does not parse: before the connection authenticated, a
+    /// command that needs authentication gets `auth_required` rather than what is wrong with
+    /// its fields (as it does when they are right); a line that is no command (not JSON, no
+    /// known `type`), or an `auth`, `ping` or `pong`, gets its own error.
+    fn before_auth(&self, line: &[u8], e: CommandError) -> CommandError {
+        if !self.awaiting_auth() || e.kind == ErrorKind::AuthRequired {
+            return e;
+        }
+        let kind = super::command::command_type(line, self.config.max_json_depth);
+        match kind.as_deref() {
+            Some("subscribe" | "unsubscribe" | "publish") => {
+                CommandError::new(e.request_id, ErrorKind::AuthRequired)
+            }
+            _ => e,
+        }
     }
 
     fn parser(&self) -> CommandParser {
