@@ -676,10 +676,12 @@ impl Session {
             kind: publish.kind,
             device_id: publish.device_id(),
         };
-        let checked = self
-            .check_publish(&publish.id, by)
-            .and_then(|()| self.rate_limit(&publish.id, publish.message_len(), now));
-        match checked {
+        if let Err(e) = self.check_publish(&publish.id, by) {
+            return Some(Action::Reply(e.to_reply()));
+        }
+        // No rate limit to take from (nothing configured): the usual case, decided here.
+        self.extra.as_ref()?;
+        match self.rate_limit(&publish.id, publish.message_len(), now) {
             Ok(action) => action,
             Err(e) => Some(Action::Reply(e.to_reply())),
         }
