@@ -426,7 +426,7 @@ impl CommandParser {
         self.parse_bytes(&line)
     }
 
-    fn parse_bytes(&self, line: &[u8]) -> Result<Command, CommandError> {
+    pub(super) fn parse_bytes(&self, line: &[u8]) -> Result<Command, CommandError> {
         // Nearly every publish: one pass that checks the UTF-8 too (see `fast`); anything else,
         // and every error, the full parser.
         if let Some(cmd) = super::fast::publish(line, self.max_depth) {

@@ -517,9 +517,9 @@ impl<'a> Parser<'a> {
         Some(())
     }
 
-    /// Consumes one value at nesting `depth` (1: a member of the top-level object). Inlined
-    /// where it is read: a scalar (nearly every value) is read without a call; an object or an
-    /// array goes to [`Self::container`].
+    /// Consumes one value at nesting `depth` (1: a member of the top-level object). A scalar
+    /// (nearly every value) is read here; an object or an array goes out of line to
+    /// [`Self::container`], which keeps this function small.
     #[inline]
     fn value(&mut self, depth: usize) -> Option<Kind> {
         match *self.b.get(self.i)? {

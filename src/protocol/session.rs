@@ -605,8 +605,7 @@ impl Session {
             };
             return Action::Reply(CommandError::new(id, kind).to_reply());
         }
-        let parsed = self.parser().parse(line);
-        match parsed {
+        match self.parser().parse(line) {
             Ok(cmd) => self.handle_command_at(cmd, now),
             Err(e) => Action::Reply(self.before_auth(line, e).to_reply()),
         }
@@ -618,7 +617,7 @@ impl Session {
     /// or `publish` is refused with `auth_required` whatever its fields hold.
     pub fn parse(&mut self, line: Bytes) -> Result<Command, CommandError> {
         self.parser()
-            .parse_shared(line.clone())
+            .parse_bytes(&line)
             .map_err(|e| self.before_auth(&line, e))
     }
 
@@ -627,7 +626,7 @@ impl Session {
     /// its fields (as it does when they are right); a line that is no command (not JSON, no
     /// known `type`), or an `auth`, `ping` or `pong`, gets its own error.
     fn before_auth(&self, line: &[u8], e: CommandError) -> CommandError {
-        if !self.awaiting_auth() || e.kind == ErrorKind::AuthRequired {
+        if !self.awaiting_auth() {
             return e;
         }
         let kind = super::command::command_type(line, self.config.max_json_depth);
@@ -676,12 +675,26 @@ impl Session {
             kind: publish.kind,
             device_id: publish.device_id(),
         };
-        if let Err(e) = self.check_publish(&publish.id, by) {
+        self.refuse_publish(&publish.id, by, publish.message_len(), now)
+    }
+
+    /// The checks of a publish of a `len`-byte message, in order: permissions, `$` streams and
+    /// reserved types ([`Session::check_publish`]), then the rate limits. `None` to publish it,
+    /// or the action that answers it instead (the error reply, or the close after repeated
+    /// rate-limit refusals).
+    fn refuse_publish(
+        &mut self,
+        id: &Option<RequestId>,
+        by: PublishedBy<'_>,
+        len: usize,
+        now: SystemTime,
+    ) -> Option<Action> {
+        if let Err(e) = self.check_publish(id, by) {
             return Some(Action::Reply(e.to_reply()));
         }
         // No rate limit to take from (nothing configured): the usual case, decided here.
         self.extra.as_ref()?;
-        match self.rate_limit(&publish.id, publish.message_len(), now) {
+        match self.rate_limit(id, len, now) {
             Ok(action) => action,
             Err(e) => Some(Action::Reply(e.to_reply())),
         }
@@ -877,8 +890,8 @@ impl Session {
                 })
             }
             Command::Publish { id, message, meta } => {
-                self.check_publish(&id, PublishedBy::meta(&meta))?;
-                if let Some(action) = self.rate_limit(&id, message.len(), now)? {
+                let by = PublishedBy::meta(&meta);
+                if let Some(action) = self.refuse_publish(&id, by, message.len(), now) {
                     return Ok(action);
                 }
                 Ok(Action::Publish {

@@ -534,15 +534,6 @@ impl TopicList {
         self.ends.push(self.text.len());
     }
 
-    /// Makes the list `topics`.
-    fn set(&mut self, topics: &[String]) {
-        self.text.clear();
-        self.ends.clear();
-        for topic in topics {
-            self.push([topic, "", ""]);
-        }
-    }
-
     fn iter(&self) -> PublishTopics<'_> {
         PublishTopics {
             text: &self.text,
@@ -832,8 +823,17 @@ impl PushConnection {
             input.held_since = None;
             return false;
         }
-        let since = *input.held_since.get_or_insert(now);
-        now < self.hold_deadline(since)
+        input.held_since.get_or_insert(now);
+        self.within_hold(now)
+    }
+
+    /// Whether `now` is before the deadline of the hold begun (true when none has begun: it
+    /// begins at the next [`poll`](Self::poll)).
+    fn within_hold(&self, now: Instant) -> bool {
+        self.input
+            .as_deref()
+            .and_then(|i| i.held_since)
+            .is_none_or(|since| now < self.hold_deadline(since))
     }
 
     /// Whether received input waits, not yet handled, because the output is over a quarter of
@@ -879,11 +879,7 @@ impl PushConnection {
     /// Whether waiting input is still held back by the output at `now` (see
     /// [`input_waiting`](Self::input_waiting)).
     pub fn input_held(&self, now: Instant) -> bool {
-        self.input_waiting()
-            && self.over_input_mark()
-            && self
-                .hold_start()
-                .is_none_or(|since| now < self.hold_deadline(since))
+        self.input_waiting() && self.over_input_mark() && self.within_hold(now)
     }
 
     /// When the current hold began, if input waits over the mark and one has begun.
@@ -1096,11 +1092,14 @@ impl PushConnection {
             }
             Action::Publish {
                 request_id,
-                topics,
                 message,
+                meta,
                 ..
             } => {
-                self.input_mut().topics.set(&topics);
+                // The action's `topics`, written into the kept list by the same rule.
+                self.input_mut()
+                    .topics
+                    .set_message(&meta.stream, meta.device_id.as_str());
                 return Some(self.ask_publish(request_id, message));
             }
             Action::Reply(bytes) => self.outbox.push_control(bytes, now),
@@ -1161,14 +1160,11 @@ impl PushConnection {
     /// The topics of the last [`Request::Publish`]: the stream's topic, then the device's when
     /// the message names a device.
     pub fn publish_topics(&self) -> PublishTopics<'_> {
-        match self.input.as_deref() {
-            Some(input) => input.topics.iter(),
-            None => PublishTopics {
-                text: "",
-                ends: [].iter(),
-                start: 0,
-            },
-        }
+        static NONE: TopicList = TopicList {
+            text: String::new(),
+            ends: Vec::new(),
+        };
+        self.input.as_deref().map_or(&NONE, |i| &i.topics).iter()
     }
 
     fn input_mut(&mut self) -> &mut Input {
@@ -1527,11 +1523,12 @@ impl PushConnection {
         // fan-out queued for it.
         let behind = self.outbox.wants_writable() || stalled;
         let subscribed = self.is_subscribed();
+        let backlog = self.backlog() + extra;
         let limit = match self.config.limits.disconnect_backlog_bytes {
             // Under `disconnect`, a connection past both bounds at once (a burst fanned out in
             // one turn to a reader already behind) is closed as what it is, a slow consumer:
             // the smaller bound is the one the policy names.
-            Some(limit) if behind && subscribed && self.backlog() + extra > limit => limit,
+            Some(limit) if behind && subscribed && backlog > limit => limit,
             // A subscription's burst past `max_outbox_bytes` before the socket refused anything
             // is written first: the write shows whether the reader keeps up or is a slow
             // consumer (checked again at the next delivery).
@@ -1543,7 +1540,6 @@ impl PushConnection {
                 return false;
             }
         };
-        let backlog = self.backlog() + extra;
         let msg = format!(
             "{backlog} bytes wait for a connection whose socket is full, more than backpressure_bytes = {limit} under subscriptions.slow_consumer = \"disconnect\""
         );

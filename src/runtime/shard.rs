@@ -358,14 +358,13 @@ fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
 /// into shared ones (an allocation), for a message most often published to one topic.
 fn publish<'t>(
     hub: &Hub,
-    topics: impl ExactSizeIterator<Item = &'t str>,
+    mut topics: impl ExactSizeIterator<Item = &'t str>,
     message: Message,
 ) -> Result<usize, PublishError> {
     let add = |total: Result<usize, PublishError>, r| match r {
         Ok(n) => total.map(|t| t + n),
         Err(e) => Err(e),
     };
-    let mut topics = topics.into_iter();
     // Every topic is published to, even after an error (not `try_fold`).
     let mut total = Ok(0);
     while let Some(topic) = topics.next() {
