@@ -169,7 +169,10 @@ pub(crate) fn publish_ref(line: &[u8], max_depth: usize) -> Option<Publish<'_>> 
     let message = env.message?;
     let head = &env.head;
     let stream = head.stream?.plain_str(line)?;
-    if stream.is_empty() || stream.len() > super::command::MAX_NAME_BYTES || stream.contains('/') {
+    if stream.is_empty()
+        || stream.len() > super::command::MAX_NAME_BYTES
+        || stream.as_bytes().contains(&b'/')
+    {
         return None;
     }
     let device_id = field(line, head.device_id)?;

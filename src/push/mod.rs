@@ -477,6 +477,9 @@ struct Input {
     /// urgent scratch.
     output: ProtocolOutput,
     next_event: usize,
+    /// Where the next line of the event at `next_event` starts, when that is an
+    /// [`Inbound::Lines`] run.
+    line_at: usize,
     /// The input's decode failed: handled after its events.
     error: Option<ProtocolError>,
     /// A request of the input waiting for its answer.
@@ -493,12 +496,63 @@ struct Input {
     held_since: Option<Instant>,
 }
 
+/// What [`Input::take_event`] hands out.
+enum Taken {
+    /// A decoded event (never an [`Inbound::Lines`]).
+    Event(Inbound),
+    /// One message of a run of lines: `run[start..end]`. The run is lent: unless this was its
+    /// `last` message, it goes back with [`Input::give_back`].
+    Line {
+        run: Bytes,
+        start: usize,
+        end: usize,
+        last: bool,
+    },
+}
+
 impl Input {
-    /// The next decoded event, taken (its slot keeps a placeholder until the list is cleared).
-    fn take_event(&mut self) -> Option<Inbound> {
-        let event = self.output.events.get_mut(self.next_event)?;
-        self.next_event += 1;
-        Some(std::mem::replace(event, Inbound::Pong))
+    /// The next decoded event or message of a run, taken (an event's slot keeps a placeholder
+    /// until the list is cleared). The lines of a run are read where they lie: no `Bytes` and
+    /// no event per line.
+    fn take_event(&mut self) -> Option<Taken> {
+        loop {
+            let event = self.output.events.get_mut(self.next_event)?;
+            let Inbound::Lines(run) = event else {
+                self.next_event += 1;
+                return Some(Taken::Event(std::mem::replace(event, Inbound::Pong)));
+            };
+            let start = self.line_at;
+            // A run ends with a newline (the protocol's contract); a run cut short ends at
+            // its end all the same.
+            let newline = memchr::memchr(b'\n', &run[start..]).map_or(run.len(), |n| start + n);
+            let last = newline + 1 >= run.len();
+            if last {
+                self.next_event += 1;
+                self.line_at = 0;
+            } else {
+                self.line_at = newline + 1;
+            }
+            // As a line of its own: without a `\r` before the newline, and a blank one is none.
+            let end = newline - usize::from(newline > start && run[newline - 1] == b'\r');
+            if run[start..end].iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            return Some(Taken::Line {
+                run: std::mem::take(run),
+                start,
+                end,
+                last,
+            });
+        }
+    }
+
+    /// Puts back the run a [`Taken::Line`] lent, if its event is still the one being read.
+    fn give_back(&mut self, run: Bytes) {
+        if let Some(Inbound::Lines(slot)) = self.output.events.get_mut(self.next_event) {
+            if slot.is_empty() {
+                *slot = run;
+            }
+        }
     }
 }
 
@@ -517,6 +571,10 @@ impl TopicList {
     ///
     /// [`publish_topics`]: crate::protocol::publish_topics
     fn set_message(&mut self, stream: &str, device: Option<&str>) {
+        // A publisher most often publishes to the same stream again: the list it has is kept.
+        if device.is_none() && self.ends.len() == 1 && self.text == stream {
+            return;
+        }
         self.text.clear();
         self.ends.clear();
         self.push(topic_parts(stream, None));
@@ -745,13 +803,14 @@ impl PushConnection {
         if input.next_event >= input.output.events.len() {
             input.output.events.clear();
             input.next_event = 0;
+            input.line_at = 0;
             self.published = false;
         }
         input.output.urgent.clear();
         let result = if end {
             self.proto.decode_end(&mut input.buf, &mut input.output)
         } else {
-            self.proto.decode(&mut input.buf, &mut input.output)
+            self.proto.decode_runs(&mut input.buf, &mut input.output)
         };
         if input.buf.is_empty() {
             // Nothing partial: hold no buffer while waiting for input.
@@ -779,7 +838,7 @@ impl PushConnection {
         self.greeting |= input.output.events[input.next_event..].iter().any(|e| {
             matches!(
                 e,
-                Inbound::Text(_) | Inbound::Binary(_) | Inbound::Close { .. }
+                Inbound::Text(_) | Inbound::Lines(_) | Inbound::Binary(_) | Inbound::Close { .. }
             )
         });
         if let Err(e) = result {
@@ -934,7 +993,7 @@ impl PushConnection {
                 .input
                 .as_deref()
                 .filter(|i| i.next_event < i.output.events.len())
-                .map(|i| i.next_event > 0)
+                .map(|i| i.next_event > 0 || i.line_at > 0)
             else {
                 self.end_input();
                 if let Some(ending) = self.count_decode_error() {
@@ -959,8 +1018,33 @@ impl PushConnection {
                 }
                 return None;
             }
-            let Some(event) = self.input.as_deref_mut().and_then(Input::take_event) else {
+            let Some(taken) = self.input.as_deref_mut().and_then(Input::take_event) else {
                 continue;
+            };
+            let event = match taken {
+                Taken::Event(event) => event,
+                Taken::Line {
+                    run,
+                    start,
+                    end,
+                    last,
+                } => {
+                    self.counts.messages_in = self.counts.messages_in.saturating_add(1);
+                    // A usual publish is read where it lies; any other line is sliced off the
+                    // run and parsed as a text event's.
+                    let line = &run[start..end];
+                    let request = match self.session.read_publish(line) {
+                        Some(publish) => self.publish_read(publish, now, wall),
+                        None => self.command_line(run.slice(start..end), now, wall),
+                    };
+                    if !last {
+                        self.input_mut().give_back(run);
+                    }
+                    match request {
+                        Some(request) => return Some(request),
+                        None => continue,
+                    }
+                }
             };
             match event {
                 Inbound::Text(line) => {
@@ -968,23 +1052,12 @@ impl PushConnection {
                     // A usual publish is read where it lies (the line may share one receive
                     // with others), and handled without making its command; any other line is
                     // parsed in place, copied first only if its bytes are shared.
-                    if let Some(publish) = self.session.read_publish(&line) {
-                        match self.publish_read(publish, now, wall) {
-                            Some(request) => return Some(request),
-                            None => continue,
-                        }
-                    }
-                    let cmd = match self.session.parse(line) {
-                        Ok(cmd) => cmd,
-                        Err(e) => {
-                            self.outbox.push_control(e.to_reply(), now);
-                            continue;
-                        }
+                    let request = match self.session.read_publish(&line) {
+                        Some(publish) => self.publish_read(publish, now, wall),
+                        None => self.command_line(line, now, wall),
                     };
-                    let request_id = cmd.request_id().cloned();
-                    let action = self.session.handle_command_at(cmd, wall);
-                    if let Some(request) = self.perform(action, request_id, now) {
-                        return Some(request);
+                    if request.is_some() {
+                        return request;
                     }
                 }
                 Inbound::Binary(_) => {
@@ -1043,6 +1116,7 @@ impl PushConnection {
         if let Some(input) = self.input.as_deref_mut() {
             input.output.events.clear();
             input.next_event = 0;
+            input.line_at = 0;
             if input.output.events.capacity() > KEEP_EVENTS {
                 input.output.events = Vec::new();
             }
@@ -1165,6 +1239,21 @@ impl PushConnection {
             ends: Vec::new(),
         };
         self.input.as_deref().map_or(&NONE, |i| &i.topics).iter()
+    }
+
+    /// Parses and handles one line that is not a usual publish; a request for the driver, if
+    /// it needs one.
+    fn command_line(&mut self, line: Bytes, now: Instant, wall: SystemTime) -> Option<Request> {
+        let cmd = match self.session.parse(line) {
+            Ok(cmd) => cmd,
+            Err(e) => {
+                self.outbox.push_control(e.to_reply(), now);
+                return None;
+            }
+        };
+        let request_id = cmd.request_id().cloned();
+        let action = self.session.handle_command_at(cmd, wall);
+        self.perform(action, request_id, now)
     }
 
     fn input_mut(&mut self) -> &mut Input {

@@ -305,6 +305,12 @@ pub enum Inbound {
     Text(Bytes),
     /// One complete binary message (a hub frame).
     Binary(Bytes),
+    /// A run of complete text messages, each ended by `\n`, from
+    /// [`StreamProtocol::decode_runs`] only: each line, without a `\r` before its newline, is
+    /// one message as an [`Inbound::Text`] would carry it, and a blank line is none. The
+    /// protocol checked every line against its limits; the run holds at least one message. A
+    /// receive of many newline-delimited messages is one event, not one per message.
+    Lines(Bytes),
     /// A transport-level pong: refreshes liveness like the push protocol's `pong` command.
     Pong,
     /// A credential the client presented in the protocol's own handshake (WebSocket: an
@@ -379,6 +385,39 @@ pub trait StreamProtocol: Send + fmt::Debug {
         input: &mut BytesMut,
         out: &mut ProtocolOutput,
     ) -> Result<(), ProtocolError>;
+
+    /// As [`decode`](StreamProtocol::decode), for a caller that also takes [`Inbound::Lines`]:
+    /// a protocol whose messages are newline-delimited may hand a run of them as one event.
+    /// The runtime calls this one. The default decodes message by message.
+    ///
+    /// ```
+    /// use powerhub_plugin::{BytesMut, Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
+    ///
+    /// /// Every byte is a message of its own.
+    /// #[derive(Debug)]
+    /// struct Bytewise;
+    /// impl StreamProtocol for Bytewise {
+    ///     fn decode(&mut self, input: &mut BytesMut, out: &mut ProtocolOutput) -> Result<(), ProtocolError> {
+    ///         while !input.is_empty() {
+    ///             out.events.push(Inbound::Text(input.split_to(1).freeze()));
+    ///         }
+    ///         Ok(())
+    ///     }
+    ///     fn encode_text(&mut self, _: &[u8], _: &mut BytesMut) {}
+    ///     fn name(&self) -> &str { "bytewise" }
+    /// }
+    ///
+    /// let mut out = ProtocolOutput::default();
+    /// Bytewise.decode_runs(&mut BytesMut::from(&b"ab"[..]), &mut out).unwrap();
+    /// assert_eq!(out.events, vec![Inbound::Text("a".into()), Inbound::Text("b".into())]);
+    /// ```
+    fn decode_runs(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        self.decode(input, out)
+    }
 
     /// The peer ended its stream (a TCP end of stream) with `input` holding what
     /// [`decode`](StreamProtocol::decode) left: a message cut short. Decodes a last message

@@ -83,6 +83,49 @@ impl NdjsonProtocol {
         Ok(())
     }
 
+    /// [`StreamProtocol::decode`], and with `runs` [`StreamProtocol::decode_runs`].
+    fn decode_lines(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+        runs: bool,
+    ) -> Result<(), ProtocolError> {
+        // A caller that handed a shorter buffer than last time restarts the scan.
+        self.scanned = self.scanned.min(input.len());
+        let last = memchr::memrchr(b'\n', &input[self.scanned..]).map(|p| p + self.scanned);
+        if let Some(last) = last {
+            self.scanned = 0;
+            let lines = input.split_to(last + 1).freeze();
+            // One byte of slack for a `\r` before a newline: no line of a run this short is
+            // over the limit, so the run is one event, read line by line by the caller.
+            if runs && lines.len() <= self.max_line + 1 {
+                if !lines.iter().all(u8::is_ascii_whitespace) {
+                    out.events.push(Inbound::Lines(lines));
+                }
+            } else {
+                // Every complete line at once: split off the input once and sliced (a
+                // reference count each, not a split each), their events reserved at once (the
+                // list is not grown step by step for a receive of a thousand lines): as many
+                // as lines of the first one's length would make, and no more than one per 16
+                // bytes.
+                let first = memchr::memchr(b'\n', &lines).map_or(lines.len(), |p| p + 1);
+                out.events
+                    .reserve((lines.len() / first).min(lines.len() / 16));
+                let mut start = 0;
+                for end in memchr::memchr_iter(b'\n', &lines) {
+                    self.push_line(lines.slice(start..end), out)?;
+                    start = end + 1;
+                }
+            }
+        }
+        // What is left is a partial line.
+        self.scanned = input.len();
+        if input.len() > self.max_line + 1 {
+            return Err(self.too_large(input.len(), out));
+        }
+        Ok(())
+    }
+
     /// A line of at least `size` bytes is over the limit: the error, its final line queued.
     fn too_large(&self, size: usize, out: &mut ProtocolOutput) -> ProtocolError {
         let err = ProtocolError::TooLarge {
@@ -102,32 +145,16 @@ impl StreamProtocol for NdjsonProtocol {
         input: &mut BytesMut,
         out: &mut ProtocolOutput,
     ) -> Result<(), ProtocolError> {
-        // A caller that handed a shorter buffer than last time restarts the scan.
-        self.scanned = self.scanned.min(input.len());
-        let last = memchr::memrchr(b'\n', &input[self.scanned..]).map(|p| p + self.scanned);
-        if let Some(last) = last {
-            // Every complete line at once: split off the input once and sliced (a reference
-            // count each, not a split each), their events reserved at once (the list is not
-            // grown step by step for a receive of a thousand lines): as many as lines of the
-            // first one's length would make, and no more than one per 16 bytes.
-            self.scanned = 0;
-            let lines = input.split_to(last + 1).freeze();
-            let first = memchr::memchr(b'\n', &lines).map_or(lines.len(), |p| p + 1);
-            out.events
-                .reserve((lines.len() / first).min(lines.len() / 16));
-            let mut start = 0;
-            for end in memchr::memchr_iter(b'\n', &lines) {
-                self.push_line(lines.slice(start..end), out)?;
-                start = end + 1;
-            }
-        }
-        // What is left is a partial line.
-        self.scanned = input.len();
-        // One byte of slack for a `\r` before the newline.
-        if input.len() > self.max_line + 1 {
-            return Err(self.too_large(input.len(), out));
-        }
-        Ok(())
+        self.decode_lines(input, out, false)
+    }
+
+    /// Every complete line as one [`Inbound::Lines`] when no line in it can be over the limit.
+    fn decode_runs(
+        &mut self,
+        input: &mut BytesMut,
+        out: &mut ProtocolOutput,
+    ) -> Result<(), ProtocolError> {
+        self.decode_lines(input, out, true)
     }
 
     /// A last line without its newline is a line: a client that writes its last command and
@@ -243,6 +270,32 @@ mod tests {
         let mut p = NdjsonProtocol::new(4);
         let (_, r) = decode_all(&mut p, &[b"123456\n"]);
         assert!(r.is_err());
+    }
+
+    /// For the runtime, the complete lines of a receive are one run when none of them can be
+    /// over the limit; a run of only blank lines is nothing; past the limit each line is an
+    /// event of its own, and the long one the error after the lines before it.
+    #[test]
+    fn complete_lines_within_the_limit_are_one_run_and_a_long_one_its_error_after_those_before() {
+        let mut p = NdjsonProtocol::new(12);
+        let mut out = ProtocolOutput::default();
+        let mut input = BytesMut::from(&b"{\"a\":1}\r\n\n{\"b\""[..]);
+        p.decode_runs(&mut input, &mut out).unwrap();
+        assert_eq!(out.events, vec![Inbound::Lines("{\"a\":1}\r\n\n".into())]);
+        assert_eq!(&input[..], b"{\"b\"");
+
+        out.events.clear();
+        p.decode_runs(&mut BytesMut::from(&b" \r\n\n"[..]), &mut out)
+            .unwrap();
+        assert!(out.events.is_empty(), "{:?}", out.events);
+
+        let mut input = BytesMut::from(&b"{\"a\":1}\n0123456789abcdef\n{\"c\":3}\n"[..]);
+        let err = p.decode_runs(&mut input, &mut out).unwrap_err();
+        assert!(
+            matches!(err, ProtocolError::TooLarge { limit: 12, .. }),
+            "{err}"
+        );
+        assert_eq!(out.events, vec![Inbound::Text("{\"a\":1}".into())]);
     }
 
     #[test]
