@@ -267,6 +267,41 @@ fn screenshots_of_one_slot_to_a_stalled_reader_cost_bounded_memory() {
     });
 }
 
+/// Under a `limits.max_outbox_bytes` far below `outbox.high_water_bytes`, a burst of one slot's
+/// screenshots (one write of 20 000, 1 KiB each) to a reader that reads nothing yet keeps one
+/// frame for the slot: the coalescing rules take over before the limit (at a quarter of it), so
+/// the reader is not closed, and gets the newest frame after what its socket held.
+#[test]
+fn one_slots_frames_keep_one_frame_under_a_max_outbox_bytes_below_the_high_water_mark() {
+    on_both_backends(|backend| {
+        let mut config = config(backend);
+        config.limits.max_outbox_bytes = 256 << 10;
+        let server = start(config);
+        let mut c = stalled_client(&server, "flood");
+        let mut publisher = Client::connect(server.addr);
+        let mut burst = String::new();
+        for n in 0..20_000 {
+            burst.push_str(r#"{"type":"publish","message":"#);
+            burst.push_str(&screenshot("flood", n, 1000));
+            burst.push_str("}\n");
+        }
+        burst.push_str(r#"{"type":"publish","message":"#);
+        burst.push_str(&telemetry("flood", 0));
+        burst.push_str("}\n");
+        publisher.send_raw(burst.as_bytes());
+        let got = read_until(&mut c, |v| v["type"] == "telemetry" || v["type"] == "error");
+        assert_eq!(
+            got.last().map(|v| &v["type"]),
+            Some(&serde_json::json!("telemetry")),
+            "the reader was closed: {:?}",
+            got.last()
+        );
+        let shots = numbers(&got, "screenshot_update", "captureSequence");
+        assert_eq!(shots.last(), Some(&19_999), "the newest frame is delivered");
+        assert!(shots.len() < 10_000, "{} frames were delivered", shots.len());
+    });
+}
+
 /// One publisher's single write of 20 000 messages: readers that keep reading get every one, in
 /// order (there is no count-bounded queue between the publish and their outboxes).
 #[test]
