@@ -298,7 +298,11 @@ fn one_slots_frames_keep_one_frame_under_a_max_outbox_bytes_below_the_high_water
         );
         let shots = numbers(&got, "screenshot_update", "captureSequence");
         assert_eq!(shots.last(), Some(&19_999), "the newest frame is delivered");
-        assert!(shots.len() < 10_000, "{} frames were delivered", shots.len());
+        assert!(
+            shots.len() < 10_000,
+            "{} frames were delivered",
+            shots.len()
+        );
     });
 }
 

@@ -189,11 +189,15 @@ impl Ending {
     }
 
     /// Whether the close is worth a log line at `info`: the server decided it for this
-    /// connection (a limit, a deadline, a slow consumer, a protocol error), not for all of them
+    /// connection (a limit, a deadline, a slow consumer, a protocol error, a refused TLS
+    /// handshake), not for all of them
     /// at shutdown, unless the shutdown's deadline cut it (what it had queued is lost).
     pub(crate) fn is_notable(&self) -> bool {
         matches!(self.kind, Some(k) if k != Kind::Shutdown)
             || self.reason == "protocol_error"
+            // A refused TLS handshake (a client certificate refused or missing, a client that
+            // speaks no TLS): the operator sees why a client could not connect.
+            || self.reason.starts_with("tls_")
             || self.reason.starts_with("max_")
             // Cut by the shutdown's deadline: what it still had queued is lost.
             || self.reason == "shutdown_timeout_ms"
@@ -278,5 +282,24 @@ mod tests {
             Some(408)
         );
         assert_eq!(Ending::unsaid("peer_closed", String::new()).error(), None);
+    }
+
+    /// Every close the server decides is logged at `info`; a peer's own close is not.
+    #[test]
+    fn a_close_the_server_decides_is_notable_and_a_peers_is_not() {
+        for reason in [
+            "tls_certificate",
+            "tls_handshake",
+            "tls_protocol",
+            "protocol_error",
+        ] {
+            assert!(
+                Ending::unsaid(reason, String::new()).is_notable(),
+                "{reason}"
+            );
+        }
+        assert!(Ending::limit("max_outbox_bytes", String::new()).is_notable());
+        assert!(!Ending::unsaid("peer_closed", String::new()).is_notable());
+        assert!(!Ending::shutdown().is_notable());
     }
 }

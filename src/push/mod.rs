@@ -675,8 +675,7 @@ impl PushConnection {
         } else {
             &config.outbox_protocol
         };
-        let mut outbox =
-            Outbox::new(Arc::clone(outbox_config), Arc::clone(&config.factory), now)?;
+        let mut outbox = Outbox::new(Arc::clone(outbox_config), Arc::clone(&config.factory), now)?;
         // The coalescing rules take over before `max_outbox_bytes` closes the connection,
         // however low it is set (a quarter: what it counts, the queue's capacity, grows by
         // doubling).

@@ -467,6 +467,23 @@ impl Config {
             source_name: source_name.map(str::to_owned),
             message: e.to_string(),
         })?;
+        // `listener = []` reads as no `[[listener]]` table, which keeps the default listeners:
+        // said instead of taken for the default (the table is small: read twice).
+        if config.listeners.is_empty() {
+            let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
+                source_name: source_name.map(str::to_owned),
+                message: e.to_string(),
+            })?;
+            if table.contains_key("listener") {
+                return Err(ConfigError::Invalid {
+                    key: "listener".into(),
+                    value: "[]".into(),
+                    reason: "an empty list would listen nowhere; leave the key out for the \
+                             default listeners, or add [[listener]] tables"
+                        .into(),
+                });
+            }
+        }
         config.validate()?;
         Ok(config)
     }
@@ -650,6 +667,16 @@ impl Config {
                     "name a registered protocol",
                 ));
             }
+            // Read by some as "no page may connect", by others as "any may": neither is taken
+            // for granted.
+            if listener.allowed_origins.as_ref().is_some_and(Vec::is_empty) {
+                return Err(invalid(
+                    &format!("listener[{i}].allowed_origins"),
+                    "[]",
+                    "an empty list; list the origins to allow, [\"*\"] for any, or leave the key \
+                     out for the default (the listener's own host once [auth] is on)",
+                ));
+            }
         }
         Ok(())
     }
@@ -667,6 +694,23 @@ impl Config {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An explicit empty list is refused with the key named, not read as the default.
+    #[test]
+    fn an_empty_listener_list_or_origin_list_is_refused_naming_its_key() {
+        let err = Config::from_toml("listener = []\n", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listener") && err.contains("empty"), "{err}");
+        let err = Config::from_toml(
+            "[[listener]]\nprotocol = \"websocket\"\naddress = \"127.0.0.1:0\"\nallowed_origins = []\n",
+            None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("listener[0].allowed_origins"), "{err}");
+        assert!(Config::from_toml("[limits]\nmax_connections = 10\n", None).is_ok());
+    }
 
     #[test]
     fn embedded_default_config_parses() {

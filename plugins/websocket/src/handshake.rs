@@ -322,6 +322,11 @@ fn respond(
         }
     };
     if config.restricts_origins() {
+        // RFC 6454 §7.3: at most one `Origin`; which of two to judge is no one's guess.
+        if values(req, "origin").nth(1).is_some() {
+            let reason = "the Origin header is given more than once";
+            return reject(400, "Bad Request", reason, "", urgent);
+        }
         let mut origins = values(req, "origin");
         let allowed = match (origins.next(), origins.next()) {
             (Some(origin), None) => {
@@ -543,6 +548,25 @@ mod tests {
                 "{prefix:?}: {outcome:?}"
             );
         }
+    }
+
+    /// A request with two `Origin` headers is refused as malformed, naming the header, not
+    /// judged by the first of them.
+    #[test]
+    fn an_origin_header_given_twice_is_a_bad_request() {
+        let config = WebSocketConfig::default().with_allowed_origins(["https://app.example"]);
+        let request = "GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+                       Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+                       Origin: https://app.example\r\nOrigin: https://evil.example\r\n\r\n";
+        let mut scanned = 0;
+        let mut urgent = BytesMut::new();
+        process(request.as_bytes(), &mut scanned, &config, 4096, &mut urgent);
+        let answer = String::from_utf8_lossy(&urgent);
+        assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+        assert!(
+            answer.contains("Origin header is given more than once"),
+            "{answer}"
+        );
     }
 
     #[test]
