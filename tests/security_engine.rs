@@ -765,6 +765,32 @@ fn connections_and_subscriptions_per_user_are_bounded() {
     });
 }
 
+/// A connection the server closes (here: a line over `max_message_bytes`) gives its user's
+/// counts back when the close begins, not when its peer finally closes too: the user's next
+/// connection, made while the closed one's client still holds its socket open, is accepted.
+#[test]
+fn a_connection_the_server_closes_frees_its_users_counts_at_once() {
+    on_both_backends(|backend| {
+        let mut config = auth_config(
+            backend,
+            "max_connections_per_user = 1\nmax_subscriptions_per_user = 1",
+        );
+        config.limits.max_message_bytes = 1024;
+        let server = start(config);
+        let mut first = authed(server.addr, "reader-token");
+        first.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+        assert_eq!(first.msg()["type"], "subscribed");
+        first.send(&"x".repeat(2048));
+        let v = first.msg();
+        assert_eq!(v["limit"], "max_message_bytes", "{v}");
+        // `first`'s socket stays open on this side.
+        let mut next = authed(server.addr, "reader-token");
+        next.send(r#"{"type":"subscribe","id":2,"stream":"obs"}"#);
+        assert_eq!(next.msg()["type"], "subscribed");
+        drop(first);
+    });
+}
+
 #[test]
 fn a_token_may_give_its_user_connection_and_subscription_limits_of_its_own() {
     on_both_backends(|backend| {

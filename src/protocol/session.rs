@@ -94,15 +94,23 @@ struct AuthState {
 
 impl Drop for AuthState {
     fn drop(&mut self) {
+        self.release();
+    }
+}
+
+impl AuthState {
+    /// Gives back the connection's place in its user's counts (the connection and its
+    /// subscriptions), once.
+    fn release(&mut self) {
         if let (true, Some(identity)) = (self.counted, &self.identity) {
             self.policy
                 .users
                 .release(&identity.user, self.subscriptions);
         }
+        self.counted = false;
+        self.subscriptions = 0;
     }
-}
 
-impl AuthState {
     /// Makes `identity` the connection's (a first one counts the connection in its user's;
     /// a later one must be the same user's), answering request `id` with `authenticated`.
     fn accept(
@@ -1025,7 +1033,14 @@ impl Session {
     }
 
     /// Forgets every subscription and returns them, for teardown (unsubscribe each `hub_id`).
+    /// The connection's place in its user's counts (`max_connections_per_user`,
+    /// `max_subscriptions_per_user`) is given back now, not when the session is dropped: a
+    /// connection the server closes may wait for its peer a while, and the user's next one
+    /// must not be refused meanwhile.
     pub fn close(&mut self) -> Vec<(Arc<str>, SubscriptionInfo)> {
+        if let Some(auth) = self.auth_mut() {
+            auth.release();
+        }
         std::mem::take(&mut self.subscriptions.0)
     }
 
