@@ -159,3 +159,90 @@ fn keepalive_pings_flow_and_a_client_that_never_answers_is_reaped() {
         });
     });
 }
+
+/// A blocking client whose receive buffer is `rcvbuf` bytes, set before it connects (set after,
+/// the window already offered would be cut, and the kernel drop what it cannot hold).
+fn client_with_rcvbuf(addr: std::net::SocketAddr, rcvbuf: usize) -> Client {
+    use std::os::fd::FromRawFd;
+    let std::net::SocketAddr::V4(v4) = addr else {
+        panic!("an IPv4 listener: {addr}");
+    };
+    // SAFETY: plain socket calls on a descriptor this function owns until `from_raw_fd` takes
+    // it; the option value and the address are live for the calls that read them.
+    let stream = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        assert!(fd >= 0, "socket");
+        let size = rcvbuf as libc::c_int;
+        let set = libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&size as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        assert_eq!(set, 0, "SO_RCVBUF");
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: v4.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*v4.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        let connected = libc::connect(
+            fd,
+            (&sin as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        );
+        assert_eq!(connected, 0, "connect");
+        std::net::TcpStream::from_raw_fd(fd)
+    };
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    Client {
+        reader: std::io::BufReader::new(stream.try_clone().unwrap()),
+        writer: stream,
+    }
+}
+
+/// A reader that keeps reading a deep backlog, however slowly, is draining: it is not reaped at
+/// the liveness timeout while its backlog goes out, though it sees no ping to answer (the pings
+/// wait behind its backlog). The kernel holds little of a connection's unsent output, so each
+/// read that frees some is seen as drain progress, not only the one that frees a third of a
+/// send buffer of megabytes.
+#[test]
+fn a_reader_that_keeps_reading_a_deep_backlog_slowly_is_not_reaped() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.outbox.keepalive_interval_ms = 100;
+        config.outbox.liveness_timeout_ms = 600;
+        let server = start(config);
+        let mut c = client_with_rcvbuf(server.addr, 8 << 10);
+        c.send(r#"{"type":"subscribe","id":1,"stream":"slow"}"#);
+        assert_eq!(c.msg()["type"], "subscribed");
+        const MESSAGES: u64 = 6 << 10;
+        for seq in 0..MESSAGES {
+            publish(&server.engine, "slow", seq, 1 << 10);
+        }
+        // About 1.6 MB/s: 8 KiB, then a 5 ms pause.
+        let (mut next, mut read) = (0, 0);
+        while next < MESSAGES {
+            let line = c
+                .line()
+                .unwrap_or_else(|| panic!("closed after {next} messages"));
+            read += line.len() + 1;
+            if read >= 8 << 10 {
+                read = 0;
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            match v["type"].as_str() {
+                Some("ping") => continue,
+                Some("tick") => assert_eq!(v["seq"], next, "in order"),
+                _ => panic!("closed after {next} messages: {line}"),
+            }
+            next += 1;
+        }
+    });
+}

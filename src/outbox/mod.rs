@@ -201,9 +201,6 @@ pub struct Outbox {
     /// Subscription ids seen, so a push does not allocate its id (a connection has few).
     names: Vec<Arc<str>>,
     paused: bool,
-    /// The backlog past which a healthy outbox pauses: `high_water_bytes`, or less
-    /// ([`Outbox::pause_backlog_at`]).
-    pause_backlog: usize,
     /// Paused and waiting for `on_writable` before offering the unsent bytes again.
     awaiting_writable: bool,
     reaped: bool,
@@ -306,7 +303,6 @@ impl Outbox {
         config.validate()?;
         Ok(Outbox {
             next_ping: now + config.keepalive_interval,
-            pause_backlog: config.high_water_bytes,
             config,
             factory,
             queue: Blocks::new(),
@@ -610,9 +606,9 @@ impl Outbox {
         self.wire_len
     }
 
-    /// Pauses a healthy outbox once its backlog (unsent plus queued bytes) passes `bytes`,
-    /// where that is under [`OutboxConfig::high_water_bytes`] (at least 1). An owner that closes
-    /// the connection past a memory limit sets a fraction of that limit here, so that the
+    /// Pauses a healthy outbox whose backlog (unsent plus queued bytes) is over `bytes`, as a
+    /// push past [`OutboxConfig::high_water_bytes`] does. An owner that closes the connection
+    /// past a memory limit calls it after its pushes with a fraction of that limit, so that the
     /// coalescing rules take over before the limit does: a stream of one slot's frames pushed
     /// faster than the socket takes them keeps one frame, however low the limit.
     ///
@@ -624,24 +620,26 @@ impl Outbox {
     ///
     /// let now = Instant::now();
     /// let mut outbox = Outbox::new(OutboxConfig::default(), Arc::new(PayloadFactory), now).unwrap();
-    /// outbox.pause_backlog_at(1024);
     /// let frame = |n: u32| Bytes::from(format!(
     ///     "{{\"type\":\"screenshot_update\",\"stream\":\"s\",\"deviceId\":\"d\",\"n\":{n},\"p\":\"{}\"}}\n",
     ///     "x".repeat(600),
     /// ));
     /// outbox.push_shared("sub-1", frame(1), now);
+    /// outbox.pause_past(1024);
     /// assert!(!outbox.is_paused());
     /// outbox.push_shared("sub-1", frame(2), now);
+    /// outbox.pause_past(1024);
     /// assert!(outbox.is_paused(), "past 1024 bytes of backlog, far under the high-water mark");
     /// ```
-    pub fn pause_backlog_at(&mut self, bytes: usize) {
-        self.pause_backlog = bytes.clamp(1, self.config.high_water_bytes);
+    pub fn pause_past(&mut self, bytes: usize) {
+        if !self.paused && self.wire_len + self.stats.queued_bytes > bytes {
+            self.pause();
+        }
     }
 
     /// Whether the paused rules apply: a partial write paused the connection, or its backlog
-    /// passed [`OutboxConfig::high_water_bytes`] (or the mark set with
-    /// [`pause_backlog_at`](Self::pause_backlog_at)), and the socket has not taken every unsent
-    /// byte since.
+    /// passed [`OutboxConfig::high_water_bytes`] (or the mark of
+    /// [`pause_past`](Self::pause_past)), and the socket has not taken every unsent byte since.
     pub fn is_paused(&self) -> bool {
         self.paused
     }
@@ -808,7 +806,7 @@ impl Outbox {
     /// fast it is pushed), until the socket has taken every unsent byte.
     fn enqueue(&mut self, item: Item) {
         self.push_back(item);
-        if !self.paused && self.wire_len + self.stats.queued_bytes > self.pause_backlog {
+        if !self.paused && self.wire_len + self.stats.queued_bytes > self.config.high_water_bytes {
             self.pause();
         }
     }

@@ -675,11 +675,7 @@ impl PushConnection {
         } else {
             &config.outbox_protocol
         };
-        let mut outbox = Outbox::new(Arc::clone(outbox_config), Arc::clone(&config.factory), now)?;
-        // The coalescing rules take over before `max_outbox_bytes` closes the connection,
-        // however low it is set (a quarter: what it counts, the queue's capacity, grows by
-        // doubling).
-        outbox.pause_backlog_at(config.limits.max_outbox_bytes / 4);
+        let outbox = Outbox::new(Arc::clone(outbox_config), Arc::clone(&config.factory), now)?;
         Ok(PushConnection {
             proto,
             hub_frames,
@@ -1398,8 +1394,17 @@ impl PushConnection {
             return false;
         }
         self.outbox.push_shared(subscription_id, lines, now);
+        self.pause_before_limit();
         self.counts.deliveries = self.counts.deliveries.saturating_add(1);
         true
+    }
+
+    /// The coalescing rules take over before `max_outbox_bytes` closes the connection, however
+    /// low it is set: at a quarter of it, where that is under `outbox.high_water_bytes` (a
+    /// quarter, as what the limit counts, the queue's capacity, grows by doubling).
+    fn pause_before_limit(&mut self) {
+        self.outbox
+            .pause_past(self.config.limits.max_outbox_bytes / 4);
     }
 
     /// Delivers one hub JSON-batch frame, lossless and in order with the replies, written as it
@@ -1429,6 +1434,7 @@ impl PushConnection {
             return false;
         }
         self.outbox.push_wire(frame, now);
+        self.pause_before_limit();
         self.counts.deliveries = self.counts.deliveries.saturating_add(1);
         true
     }

@@ -55,6 +55,9 @@ pub(crate) const TICK: Duration = Duration::from_millis(50);
 /// Output memory freed by closed connections past which a tick returns free memory to the
 /// system.
 const RELEASE_AFTER_FREED: usize = 1 << 20;
+/// `TCP_NOTSENT_LOWAT` of every TCP connection: the unsent bytes the kernel holds at most (see
+/// `Shard::on_accept`).
+const SEND_LOWAT: usize = 256 << 10;
 /// How long a closing connection waits for the peer to finish before the socket is closed.
 const LINGER: Duration = Duration::from_secs(2);
 /// How long a closing connection may take to write what it holds before it is closed anyway.
@@ -803,6 +806,21 @@ impl<B: Backend> Shard<B> {
                 libc::IPPROTO_TCP,
                 libc::TCP_NODELAY,
                 (&one as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t
+            ));
+            // The kernel keeps at most this much of a connection's output not yet sent, and
+            // says the socket is writable once half of it went out. A reader that reads, however
+            // slowly, is seen to drain (liveness) each time it took that much, not only once a
+            // send buffer of megabytes has a third free; and what waits for a slow reader waits
+            // in the outbox, under the push-stream rules, rather than in the kernel. A reader
+            // that keeps up never has this much unsent.
+            let lowat = SEND_LOWAT as libc::c_int;
+            // SAFETY: `lowat` is live for the call; setsockopt copies it.
+            let _ = syscall!(setsockopt(
+                fd.as_raw_fd(),
+                libc::IPPROTO_TCP,
+                libc::TCP_NOTSENT_LOWAT,
+                (&lowat as *const libc::c_int).cast(),
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t
             ));
         }
