@@ -410,6 +410,12 @@ pub enum AuthConfigError {
         /// The error.
         source: io::Error,
     },
+    /// A claim name is empty: no token could carry it.
+    #[error("auth.jwt.{key} must not be empty (a claim's name)")]
+    EmptyClaim {
+        /// The key at fault.
+        key: &'static str,
+    },
     /// `leeway_secs` is more than [`MAX_LEEWAY_SECS`].
     #[error("auth.jwt.leeway_secs = {value} is more than {MAX_LEEWAY_SECS} (one day)")]
     LeewayTooLarge {
@@ -738,6 +744,13 @@ fn certificate_users(
         if e.subject.is_empty() {
             return Err(refuse("subject must not be empty".into()));
         }
+        if let Some(part) = not_a_dn_part(&e.subject) {
+            return Err(refuse(format!(
+                "subject `{}` is not an RFC 4514 distinguished name (as `CN=alice,O=Example`): \
+                 `{part}` is no `attribute=value`, so no certificate could match it",
+                e.subject
+            )));
+        }
         if let Some(first) = out.iter().position(|(s, _)| *s == e.subject) {
             return Err(refuse(format!(
                 "subject `{}` repeats auth.certificates[{first}].subject",
@@ -761,6 +774,40 @@ fn certificate_users(
         out.push((e.subject.clone(), identity));
     }
     Ok(out)
+}
+
+/// The first part of `subject` (split at its unescaped `,` and `+`) that is not an RFC 4514
+/// `attribute=value`: an attribute that is a keyword (`CN`, `O`, `emailAddress`) or a dotted
+/// OID, and a value (empty or not). `None` when every part is one.
+fn not_a_dn_part(subject: &str) -> Option<&str> {
+    let mut start = 0;
+    let mut escaped = false;
+    let mut parts = Vec::new();
+    for (i, c) in subject.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            ',' | '+' => {
+                parts.push(&subject[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&subject[start..]);
+    parts.into_iter().find(|part| {
+        let Some((attr, _value)) = part.split_once('=') else {
+            return true;
+        };
+        let attr = attr.trim();
+        let keyword = attr.starts_with(|c: char| c.is_ascii_alphabetic())
+            && attr.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+        let oid = !attr.is_empty()
+            && attr
+                .split('.')
+                .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        !(keyword || oid)
+    })
 }
 
 /// The first `CN=` value of an RFC 4514 subject string, as [`PeerSubject::user`] takes it from
@@ -1013,6 +1060,11 @@ impl JwtVerifier {
                 })?
             }
         };
+        if config.permissions_claim.is_empty() {
+            return Err(AuthConfigError::EmptyClaim {
+                key: "permissions_claim",
+            });
+        }
         if config.leeway_secs > MAX_LEEWAY_SECS {
             return Err(AuthConfigError::LeewayTooLarge {
                 value: config.leeway_secs,
@@ -1531,6 +1583,43 @@ mod tests {
             distinguished_name: dn.to_owned(),
             common_name: cn.map(str::to_owned),
         }
+    }
+
+    /// A subject no certificate could have, or a claim no token could carry, is refused at
+    /// start with the entry or key named.
+    #[test]
+    fn a_certificate_subject_that_is_no_dn_and_an_empty_claim_name_are_refused() {
+        for bad in ["not a dn", "CN=a,not a dn", "CN=a,=b", "C N=a"] {
+            let config: AuthConfig =
+                toml::from_str(&format!("[[certificates]]\nsubject = {bad:?}\n")).unwrap();
+            let err = Authenticator::from_config(&config).unwrap_err().to_string();
+            assert!(
+                err.contains("auth.certificates[0]") && err.contains("RFC 4514"),
+                "{bad}: {err}"
+            );
+        }
+        for good in [
+            "CN=a",
+            "CN=a\\,b,O=Example",
+            "CN=a+UID=7,O=Ex",
+            "2.5.4.3=a",
+            "emailAddress=x@y,CN=",
+        ] {
+            let config: AuthConfig =
+                toml::from_str(&format!("[[certificates]]\nsubject = {good:?}\n")).unwrap();
+            assert!(Authenticator::from_config(&config).is_ok(), "{good}");
+        }
+        let config = AuthConfig {
+            jwt: Some(JwtConfig {
+                permissions_claim: String::new(),
+                ..hs_config()
+            }),
+            ..AuthConfig::default()
+        };
+        let err = Authenticator::from_config_with(&config, |p| read_from(&[], p))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("auth.jwt.permissions_claim"), "{err}");
     }
 
     #[test]
