@@ -99,6 +99,40 @@ fn commands_before_a_line_over_max_message_bytes_in_one_write_are_answered_befor
     });
 }
 
+/// A subscriber that publishes to its own stream, then sends a line over `max_message_bytes`
+/// in the same write, gets its delivery (and, with an id, the reply counting it) before the
+/// final error: the fan-out of its last publish goes before the close, with or without an id.
+#[test]
+fn a_subscribers_own_publish_before_a_line_over_max_message_bytes_is_delivered_before_its_error() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_message_bytes = 256;
+        let server = start(config);
+        for id in ["", r#","id":"own""#] {
+            let mut c = Client::connect(server.addr);
+            c.subscribe("s");
+            let write = format!(
+                "{{\"type\":\"publish\"{id},\"message\":{{\"type\":\"t\",\"stream\":\"s\",\"n\":1}}}}\n{}\n",
+                "x".repeat(400)
+            );
+            c.send_raw(write.as_bytes());
+            let mut got = Vec::new();
+            while let Some(line) = c.line() {
+                let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+                if v["type"] != "ping" {
+                    got.push(v["type"].as_str().unwrap_or_default().to_owned());
+                }
+            }
+            let mut expected = vec!["t"];
+            if !id.is_empty() {
+                expected.insert(0, "published");
+            }
+            expected.push("error");
+            assert_eq!(got, expected, "id {id:?}");
+        }
+    });
+}
+
 #[test]
 fn max_connections_refuses_the_next_client_with_an_error_naming_the_limit() {
     on_both_backends(|backend| {

@@ -406,3 +406,71 @@ fn a_library_subscriber_that_blocks_holds_up_no_shard() {
         release_tx.send(()).unwrap();
     });
 }
+
+/// One write of many publishes, to one topic and another, one to a device's topic (the stream's
+/// and the device's), one with an id among them: every subscriber, on either shard, gets them in
+/// the order they were written, a subscriber of two topics too, and the publish with an id is
+/// answered with the subscribers it reached after the ones before it were published.
+#[test]
+fn one_write_of_publishes_to_several_topics_reaches_every_subscriber_in_the_order_written() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        // Connections alternate between the two shards.
+        let mut both: Vec<Client> = (0..2).map(|_| Client::connect(server.addr)).collect();
+        for c in &mut both {
+            c.subscribe("a");
+            c.subscribe("b");
+        }
+        let mut only_a: Vec<Client> = (0..2).map(|_| Client::connect(server.addr)).collect();
+        for c in &mut only_a {
+            c.subscribe("a");
+        }
+        let mut device = Client::connect(server.addr);
+        device.send(r#"{"type":"subscribe","id":1,"stream":"a","deviceId":"d"}"#);
+        assert_eq!(device.msg()["type"], "subscribed");
+        let mut publisher = Client::connect(server.addr);
+        // (stream, n) in the order written; the device's publish goes to "a" and to "a/d".
+        let mut written: Vec<(String, u64)> = Vec::new();
+        let mut burst = String::new();
+        let mut add = |stream: &str, n: u64, id: &str, device: &str| {
+            burst.push_str(&format!(
+                r#"{{"type":"publish"{id},"message":{{"type":"tick","stream":"{stream}"{device},"n":{n}}}}}"#
+            ));
+            burst.push('\n');
+            written.push((stream.to_owned(), n));
+        };
+        for n in 0..100 {
+            add("a", n, "", "");
+        }
+        add("a", 100, "", r#","deviceId":"d""#);
+        for n in 101..200 {
+            add("b", n, "", "");
+        }
+        add("a", 200, r#","id":"counted""#, "");
+        for n in 201..300 {
+            add("a", n, "", "");
+        }
+        publisher.send_raw(burst.as_bytes());
+        let reply = publisher.msg();
+        assert_eq!(reply["type"], "published", "{reply}");
+        assert_eq!(reply["requestId"], "counted");
+        assert_eq!(reply["delivered"], 4, "{reply}");
+        let read = |c: &mut Client, count: usize| -> Vec<(String, u64)> {
+            (0..count)
+                .map(|_| {
+                    let v = c.msg();
+                    let stream = v["stream"].as_str().expect("a delivery").to_owned();
+                    (stream, v["n"].as_u64().expect("n"))
+                })
+                .collect()
+        };
+        for c in &mut both {
+            assert_eq!(read(c, written.len()), written);
+        }
+        let to_a: Vec<_> = written.iter().filter(|(s, _)| s == "a").cloned().collect();
+        for c in &mut only_a {
+            assert_eq!(read(c, to_a.len()), to_a);
+        }
+        assert_eq!(read(&mut device, 1), vec![("a".to_owned(), 100)]);
+    });
+}

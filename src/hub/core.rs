@@ -61,6 +61,13 @@ pub(crate) trait Tap: Send + Sync {
     /// A publication to the topic, in the publisher's order (the last consumer of a
     /// publication is handed the hub's own reference).
     fn offer(&self, entry: Arc<Entry>);
+    /// A run of publications to the topic, in the publisher's order, as that many
+    /// [`offer`](Tap::offer)s one after another.
+    fn offer_run(&self, entries: Vec<Arc<Entry>>) {
+        for entry in entries {
+            self.offer(entry);
+        }
+    }
     /// How many subscriptions the tap serves (what a publish counts as delivered to).
     fn subscribers(&self) -> usize;
     /// The tap's subscriptions, for [`Stats::list`] and [`Presence`]: their hub ids and
@@ -965,15 +972,13 @@ impl Inner {
             if let Some((key, t)) = topics.get_key_value(topic) {
                 let (mut order, entry) = numbered(t, &self.seq, priority, message, opts.retain);
                 let tail = order.as_deref_mut().map(|o| &mut o.tail);
-                self.fan_out(
-                    t,
-                    entry,
-                    opts.retain,
-                    tail,
-                    &mut queued,
-                    &mut tapped,
-                    &mut disconnect,
-                );
+                let fanned = FannedOut {
+                    queued: &mut queued,
+                    tapped: &mut tapped,
+                    disconnect: &mut disconnect,
+                    run: None,
+                };
+                self.fan_out(t, entry, opts.retain, tail, fanned);
                 drop(order);
                 // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
                 // the topics write lock, which excludes this read-locked section.
@@ -989,15 +994,13 @@ impl Inner {
                 let t = topics.entry(Arc::from(topic)).or_default();
                 let (mut order, entry) = numbered(t, &self.seq, priority, message, true);
                 let tail = order.as_deref_mut().map(|o| &mut o.tail);
-                self.fan_out(
-                    t,
-                    entry,
-                    true,
-                    tail,
-                    &mut queued,
-                    &mut tapped,
-                    &mut disconnect,
-                );
+                let fanned = FannedOut {
+                    queued: &mut queued,
+                    tapped: &mut tapped,
+                    disconnect: &mut disconnect,
+                    run: None,
+                };
+                self.fan_out(t, entry, true, tail, fanned);
                 drop(order);
             } else {
                 // Nobody to number it for: counted as published all the same.
@@ -1011,6 +1014,77 @@ impl Inner {
             self.wake();
         }
         Ok(queued + tapped)
+    }
+
+    /// Publishes `messages` to `topic` in order with default options, as that many
+    /// [`publish`](Self::publish) calls one after another would (nothing of another publisher
+    /// between them), under one lookup of the topic and one hold of its order; each shard's
+    /// tap takes the run as one offer. What a connection's receive of many publishes to one
+    /// topic costs the hub, once. Empties `messages`; returns what each message reached.
+    pub(crate) fn publish_run(&self, topic: &str, messages: &mut Vec<Message>) -> usize {
+        let n = messages.len();
+        if n <= 1 {
+            return messages.pop().map_or(0, |m| {
+                self.publish(topic, m, PublishOptions::default())
+                    .unwrap_or(0)
+            });
+        }
+        if self.is_closed() {
+            messages.clear();
+            return 0;
+        }
+        let (mut queued, mut tapped) = (0, 0);
+        let mut disconnect = Vec::new();
+        {
+            let topics = self.topics.read();
+            let Some((key, t)) = topics.get_key_value(topic) else {
+                // Nobody to number them for: counted as published all the same.
+                self.seq.fetch_add(n as u64, Ordering::Relaxed);
+                messages.clear();
+                return 0;
+            };
+            // As `numbered`, for the run: one hold of the topic's order, numbers in a block.
+            let numbers = !t.subs.is_empty() || !t.cursors.is_empty() || t.direct.is_some();
+            let mut order = numbers.then(|| t.order.lock());
+            let first = self.seq.fetch_add(n as u64, Ordering::Relaxed);
+            let taps = u32::try_from(t.taps.len()).unwrap_or(u32::MAX);
+            let mut run = Vec::with_capacity(if t.taps.is_empty() { 0 } else { n });
+            for (k, message) in messages.drain(..).enumerate() {
+                let topic_seq = order.as_deref().map_or(0, |o| o.next);
+                if let Some(o) = order.as_deref_mut() {
+                    o.next += 1;
+                }
+                let entry = Entry::new(first + k as u64, topic_seq, 0, message, taps);
+                let tail = order.as_deref_mut().map(|o| &mut o.tail);
+                let fanned = FannedOut {
+                    queued: &mut queued,
+                    tapped: &mut tapped,
+                    disconnect: &mut disconnect,
+                    run: Some(&mut run),
+                };
+                self.fan_out(t, entry, false, tail, fanned);
+            }
+            // The taps take the run under the same hold of the order as one publish's entry.
+            if let Some((last, others)) = t.taps.split_last() {
+                for tap in others {
+                    tap.offer_run(run.clone());
+                    tapped += tap.subscribers() * n;
+                }
+                tapped += last.subscribers() * n;
+                last.offer_run(run);
+            }
+            drop(order);
+            if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
+                self.ready.lock().topics.push(Arc::clone(key));
+            }
+        }
+        for s in disconnect {
+            self.remove(&s, CloseReason::SlowConsumer);
+        }
+        if queued > 0 {
+            self.wake();
+        }
+        (queued + tapped) / n
     }
 
     // ---- publishers' handles ------------------------------------------------------------------
@@ -1152,18 +1226,22 @@ impl Inner {
     /// append for all the cursors, an offer to each subscriber with a queue of its own. The
     /// receivers' log, last, takes the entry itself at `tail` (no reference count taken and
     /// given back per publication); when the receivers are its only consumers, inline (no
-    /// allocation). `tail` is `None` only when [`numbered`] took no lock: no receivers.
-    #[allow(clippy::too_many_arguments)]
+    /// allocation). `tail` is `None` only when [`numbered`] took no lock: no receivers. With
+    /// `fanned.run`, the taps are not offered the entry: it joins the run they take after it.
     fn fan_out(
         &self,
         t: &Topic,
         entry: Entry,
         retain: bool,
         tail: Option<&mut Tail>,
-        queued: &mut usize,
-        tap_counted: &mut usize,
-        disconnect: &mut Vec<Arc<Sub>>,
+        fanned: FannedOut<'_>,
     ) {
+        let FannedOut {
+            queued,
+            tapped: tap_counted,
+            disconnect,
+            run,
+        } = fanned;
         let direct = t.direct.as_ref().zip(tail);
         if !retain && t.only_receivers() {
             if let Some((log, tail)) = direct {
@@ -1188,6 +1266,12 @@ impl Inner {
             // Read by the receivers themselves: nothing for the drain.
             direct.append(tail, Slot::Shared(Arc::clone(&entry)));
             *tap_counted += t.direct_count;
+        }
+        if let Some(run) = run {
+            if !t.taps.is_empty() {
+                run.push(entry);
+            }
+            return;
         }
         // One offer per tap counted in `Entry::taps` (the same list, under the same lock): the
         // seals' count depends on it (`hub/sealed.rs`). The last tap takes the hub's reference.
@@ -2217,6 +2301,18 @@ impl Drop for Taking<'_> {
 ///
 /// A topic whose only consumers are taps (the engine's push fan-out, which reads neither number)
 /// and that retains nothing is not numbered in the topic: its publishers take no lock.
+/// Where [`Inner::fan_out`] counts what a publication reached and keeps what it must do after.
+struct FannedOut<'a> {
+    /// Queued for subscribers with queues of their own and cursor subscribers.
+    queued: &'a mut usize,
+    /// Subscriptions behind the taps, and direct receivers.
+    tapped: &'a mut usize,
+    /// Subscribers to close as slow consumers, after the topics lock.
+    disconnect: &'a mut Vec<Arc<Sub>>,
+    /// A run's publications for the taps, which take them at once after the run.
+    run: Option<&'a mut Vec<Arc<Entry>>>,
+}
+
 fn numbered<'t>(
     t: &'t Topic,
     counter: &AtomicU64,

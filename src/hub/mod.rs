@@ -318,6 +318,13 @@ impl Hub {
         self.inner().publish(topic, message, options)
     }
 
+    /// Publishes `messages` to `topic` in order with default options, as that many
+    /// [`publish`](Hub::publish) calls one after another would, at one lookup of the topic
+    /// (see `Inner::publish_run`). Empties `messages`; returns what each message reached.
+    pub(crate) fn publish_run(&self, topic: &str, messages: &mut Vec<Message>) -> usize {
+        self.inner().publish_run(topic, messages)
+    }
+
     /// A handle that publishes to `topic` ([`Publisher::publish`]), as
     /// [`publish`](Hub::publish) does, with the topic looked up once: what a service that
     /// publishes to a few topics over and over keeps, as a channel's sender (making one and

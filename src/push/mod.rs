@@ -995,6 +995,13 @@ impl PushConnection {
                 .filter(|i| i.next_event < i.output.events.len())
                 .map(|i| i.next_event > 0 || i.line_at > 0)
             else {
+                let failed = self.input.as_deref().is_some_and(|i| i.error.is_some());
+                if failed && std::mem::take(&mut self.published) && self.is_subscribed() {
+                    // The input ends in what cannot be read past, and its last command
+                    // published to a connection subscribed itself: that fan-out goes before
+                    // the final error, as for any command after a publish.
+                    return Some(Request::FanOut);
+                }
                 self.end_input();
                 if let Some(ending) = self.count_decode_error() {
                     self.close(ending, now);
@@ -1229,6 +1236,17 @@ impl PushConnection {
             .topics
             .set_message(publish.stream, publish.device_id());
         Some(self.ask_publish(publish.id, message))
+    }
+
+    /// Whether the publish asked last waits for what it reached (a publish with an id, whose
+    /// `published` reply carries the count); one without an id is answered with nothing.
+    pub(crate) fn publish_wants_reach(&self) -> bool {
+        matches!(
+            self.input.as_deref().and_then(|i| i.pending.as_ref()),
+            Some(Pending::Publish {
+                request_id: Some(_)
+            })
+        )
     }
 
     /// The topics of the last [`Request::Publish`]: the stream's topic, then the device's when

@@ -84,13 +84,36 @@ impl DirtyFlag {
     }
 }
 
-/// One publication for a shard's topic, as it waits in the shard's inbox: the topic's slot in
-/// the shard's [`Fanout`] table and that slot's tenant, and the entry (`None`: the hub closed).
+/// Publications for a shard's topic, as they wait in the shard's inbox: the topic's slot in
+/// the shard's [`Fanout`] table and that slot's tenant, and what was published.
 #[derive(Debug)]
 pub(crate) struct Tapped {
     pub(crate) slot: u32,
     pub(crate) generation: u32,
-    pub(crate) entry: Option<Arc<Entry>>,
+    pub(crate) publications: Publications,
+}
+
+/// What one record of a shard's inbox carries.
+#[derive(Debug)]
+pub(crate) enum Publications {
+    /// One publication.
+    One(Arc<Entry>),
+    /// A run of one publisher's publications, in order (one record, not one per publication).
+    Run(Vec<Arc<Entry>>),
+    /// The hub closed: no publication follows.
+    Closed,
+}
+
+impl Publications {
+    /// Moves the publications (none for [`Publications::Closed`]) to the end of `out`, leaving
+    /// `Closed` in their place.
+    pub(crate) fn take_into(&mut self, out: &mut Vec<Arc<Entry>>) {
+        match std::mem::replace(self, Publications::Closed) {
+            Publications::One(entry) => out.push(entry),
+            Publications::Run(entries) => out.extend(entries),
+            Publications::Closed => {}
+        }
+    }
 }
 
 /// A shard's interest in one hub topic, shared between the hub's publishers and the shard.
@@ -107,18 +130,22 @@ pub(crate) struct TopicTap {
 }
 
 impl TopicTap {
-    fn hand(&self, entry: Option<Arc<Entry>>) {
+    fn hand(&self, publications: Publications) {
         self.shard.tap(Tapped {
             slot: self.slot,
             generation: self.generation,
-            entry,
+            publications,
         });
     }
 }
 
 impl Tap for TopicTap {
     fn offer(&self, entry: Arc<Entry>) {
-        self.hand(Some(entry));
+        self.hand(Publications::One(entry));
+    }
+
+    fn offer_run(&self, entries: Vec<Arc<Entry>>) {
+        self.hand(Publications::Run(entries));
     }
 
     fn subscribers(&self) -> usize {
@@ -130,7 +157,7 @@ impl Tap for TopicTap {
     }
 
     fn hub_closed(&self) {
-        self.hand(None);
+        self.hand(Publications::Closed);
     }
 }
 

@@ -40,7 +40,7 @@ use crossbeam_queue::SegQueue;
 use powerhub_plugin::codes;
 
 use super::config::SMALL_SEND_BYTES;
-use super::fanout::{DirtyFlag, Fanout, LocalSub, Tapped};
+use super::fanout::{DirtyFlag, Fanout, LocalSub, Publications, Tapped};
 use super::parker::Parker;
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::tls::TlsLayer;
@@ -385,6 +385,35 @@ fn publish<'t>(
     total
 }
 
+/// A connection's publishes without an id to one topic, read one after another, waiting to go
+/// to the hub as one run ([`Hub::publish_run`]: one lookup, one inbox record per interested
+/// shard): flushed before the connection's next other request and at the end of its input,
+/// so that they reach the hub in the order they were read, before anything after them.
+#[derive(Default)]
+struct PublishRun {
+    topic: String,
+    messages: Vec<Message>,
+}
+
+impl PublishRun {
+    /// Adds a publish of `message` to `topic`, flushing the run of another topic first.
+    fn add(&mut self, hub: &Hub, topic: &str, message: Message) {
+        if self.topic != topic {
+            self.flush(hub);
+            self.topic.clear();
+            self.topic.push_str(topic);
+        }
+        self.messages.push(message);
+    }
+
+    /// Publishes the run, if there is one.
+    fn flush(&mut self, hub: &Hub) {
+        if !self.messages.is_empty() {
+            hub.publish_run(&self.topic, &mut self.messages);
+        }
+    }
+}
+
 /// The connection in slot `token`, if the slot is occupied.
 fn slot_mut(slots: &mut [Option<Box<Conn>>], token: Token) -> Option<&mut Conn> {
     slots.get_mut(token as usize)?.as_deref_mut()
@@ -448,6 +477,8 @@ pub(crate) struct Shard<B: Backend> {
     /// Scratch: what was taken from the inbox, and one topic's run of it.
     taken: Vec<Tapped>,
     run: Vec<Arc<Entry>>,
+    /// The publishes of the connection whose input runs, waiting to go to the hub as one.
+    publish_run: PublishRun,
     /// Failed accepts: when one was last logged, and how many failed since without a line (out
     /// of descriptors, a listener fails again at every wait: one line a second says it).
     accept_warned: Option<Instant>,
@@ -486,6 +517,7 @@ impl<B: Backend> Shard<B> {
             fanout,
             taken: Vec::new(),
             run: Vec::new(),
+            publish_run: PublishRun::default(),
             accept_warned: None,
             accept_failures: 0,
         }
@@ -1072,28 +1104,55 @@ impl<B: Backend> Shard<B> {
     fn run_input(&mut self, token: Token, now: Instant, wall: SystemTime) {
         loop {
             let Some(c) = slot_mut(&mut self.slots, token) else {
+                self.publish_run.flush(&self.shared.hub);
                 return;
             };
             let Some(request) = c.push.poll(now, wall) else {
                 break;
             };
+            // Before any other request, what the connection published goes to the hub.
             match request {
-                Request::FanOut => self.fan_out_listed(now),
+                Request::Publish { message } => {
+                    let mut topics = c.push.publish_topics();
+                    match topics.next() {
+                        // Without an id nothing is said of what it reached: it waits, with the
+                        // connection's publishes to the same one topic that follow it, for one
+                        // publish of the run. (A publish to two topics, a device's, goes at
+                        // once: a run would change the order a subscriber of both sees.)
+                        Some(topic) if topics.len() == 0 && !c.push.publish_wants_reach() => {
+                            self.publish_run.add(&self.shared.hub, topic, message);
+                            c.push.publish_done(Ok(0), now);
+                        }
+                        _ => {
+                            self.publish_run.flush(&self.shared.hub);
+                            let result =
+                                publish(&self.shared.hub, c.push.publish_topics(), message);
+                            c.push.publish_done(result, now);
+                        }
+                    }
+                }
+                Request::FanOut => {
+                    self.publish_run.flush(&self.shared.hub);
+                    self.fan_out_listed(now);
+                }
                 Request::Subscribe {
                     subscription_id,
                     hub_id,
                     topic,
-                } => self.subscribe(token, subscription_id, hub_id, &topic, now),
+                } => {
+                    self.publish_run.flush(&self.shared.hub);
+                    self.subscribe(token, subscription_id, hub_id, &topic, now);
+                }
                 Request::Unsubscribe {
                     subscription_id,
                     topic,
-                } => self.unsubscribe(token, subscription_id, &topic, now),
-                Request::Publish { message } => {
-                    let result = publish(&self.shared.hub, c.push.publish_topics(), message);
-                    c.push.publish_done(result, now);
+                } => {
+                    self.publish_run.flush(&self.shared.hub);
+                    self.unsubscribe(token, subscription_id, &topic, now);
                 }
             }
         }
+        self.publish_run.flush(&self.shared.hub);
         self.mark_dirty(token);
         self.settle(token);
     }
@@ -1183,21 +1242,22 @@ impl<B: Backend> Shard<B> {
             }
         }
         let mut run = std::mem::take(&mut self.run);
-        // Runs of one topic's publications; a hub close (`entry: None`) is a group of its own.
+        // Runs of one topic's publications; a hub close (`Publications::Closed`) is a group of its own.
+        let open = |t: &Tapped| !matches!(t.publications, Publications::Closed);
         let same_run = |a: &Tapped, b: &Tapped| {
-            (a.slot, a.generation) == (b.slot, b.generation)
-                && a.entry.is_some()
-                && b.entry.is_some()
+            (a.slot, a.generation) == (b.slot, b.generation) && open(a) && open(b)
         };
         for group in taken.chunk_by_mut(same_run) {
             let (slot, generation) = (group[0].slot, group[0].generation);
-            if group[0].entry.is_none() {
+            if !open(&group[0]) {
                 // After what came before, the topic ends.
                 self.end_topic(slot, generation, now);
                 continue;
             }
             // The entries move out of the inbox's records: no reference count changes.
-            run.extend(group.iter_mut().filter_map(|t| t.entry.take()));
+            for t in group.iter_mut() {
+                t.publications.take_into(&mut run);
+            }
             self.fan_out_run(slot, generation, &run, now);
             run.clear();
         }
