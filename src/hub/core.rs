@@ -1049,7 +1049,11 @@ impl Inner {
             let first = self.seq.fetch_add(n as u64, Ordering::Relaxed);
             let taps = u32::try_from(t.taps.len()).unwrap_or(u32::MAX);
             let mut run = Vec::with_capacity(if t.taps.is_empty() { 0 } else { n });
-            for (k, message) in messages.drain(..).enumerate() {
+            for (k, mut message) in messages.drain(..).enumerate() {
+                // Kept past the fan-out by one of those: a slice of a receive becomes its own.
+                if numbers {
+                    message.own();
+                }
                 let topic_seq = order.as_deref().map_or(0, |o| o.next);
                 if let Some(o) = order.as_deref_mut() {
                     o.next += 1;
@@ -2321,6 +2325,11 @@ fn numbered<'t>(
     retain: bool,
 ) -> (Option<parking_lot::MutexGuard<'t, Order>>, Entry) {
     let numbers = retain || !t.subs.is_empty() || !t.cursors.is_empty() || t.direct.is_some();
+    // Kept past the fan-out by one of those: a slice of a receive becomes its own.
+    let mut message = message;
+    if numbers {
+        message.own();
+    }
     let mut order = numbers.then(|| t.order.lock());
     let seq = counter.fetch_add(1, Ordering::Relaxed);
     let topic_seq = order.as_deref().map_or(0, |o| o.next);

@@ -11,6 +11,10 @@ enum Kind {
     Json,
     /// JSON known to hold no raw line break (`\n`, `\r`): an NDJSON line as it is.
     JsonLine,
+    /// A [`Kind::JsonLine`] whose bytes are a slice of a connection's receive (no copy): made
+    /// its own ([`Message::own`]) before anything keeps it past the fan-out, so that it never
+    /// holds the rest of the receive.
+    JsonLineOfReceive,
     Binary,
 }
 
@@ -67,6 +71,28 @@ impl Message {
         }
     }
 
+    /// [`json_validated`](Self::json_validated) for text that is a slice of a connection's
+    /// receive, taken as it lies (no allocation, no copy). The hub copies it
+    /// ([`own`](Self::own)) where it keeps the message beyond handing it to the shards' fan-out
+    /// (a retained log, a queue of the hub's own subscribers, direct receivers), so that a small
+    /// message never pins a large receive.
+    pub(crate) fn json_line_of_receive(text: Bytes) -> Message {
+        debug_assert!(memchr::memchr2(b'\n', b'\r', &text).is_none());
+        Message {
+            body: text,
+            kind: Kind::JsonLineOfReceive,
+        }
+    }
+
+    /// Makes a message that is a slice of a connection's receive its own copy; any other is
+    /// left as it is.
+    pub(crate) fn own(&mut self) {
+        if self.kind == Kind::JsonLineOfReceive {
+            self.body = Bytes::copy_from_slice(&self.body);
+            self.kind = Kind::JsonLine;
+        }
+    }
+
     /// A JSON message serialized from `value`.
     pub fn to_json<T: Serialize + ?Sized>(value: &T) -> Result<Message, MessageError> {
         let body = serde_json::to_vec(value).map_err(|e| MessageError::Serialize(e.to_string()))?;
@@ -91,12 +117,15 @@ impl Message {
 
     /// Whether the message is JSON.
     pub fn is_json(&self) -> bool {
-        matches!(self.kind, Kind::Json | Kind::JsonLine)
+        matches!(
+            self.kind,
+            Kind::Json | Kind::JsonLine | Kind::JsonLineOfReceive
+        )
     }
 
     /// Whether the message is JSON known to hold no raw line break.
     pub(crate) fn is_json_line(&self) -> bool {
-        self.kind == Kind::JsonLine
+        matches!(self.kind, Kind::JsonLine | Kind::JsonLineOfReceive)
     }
 }
 
@@ -149,5 +178,51 @@ impl<'a> Delivery<'a> {
     /// The priority the message was published with (0 when none).
     pub fn priority(&self) -> i32 {
         self.entry.priority
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Message;
+    use crate::hub::{Hub, HubOptions, PublishOptions, SubscribeOptions};
+    use crate::transport::SpySink;
+    use bytes::Bytes;
+
+    /// A message that is a slice of a receive is copied where the hub keeps it (here a
+    /// receiver's queue, and the retained log): what is kept never holds the receive's other
+    /// bytes alive.
+    #[test]
+    fn a_message_sliced_from_a_receive_is_copied_where_the_hub_keeps_it() {
+        let receive = Bytes::from(format!(
+            "{}{{\"n\":1}}{}",
+            "x".repeat(4096),
+            "y".repeat(4096)
+        ));
+        let slice = receive.slice(4096..4103);
+        let inside = |m: &Message| receive.as_ptr_range().contains(&m.bytes().as_ptr());
+        let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+        let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+        let message = Message::json_line_of_receive(slice.clone());
+        assert!(inside(&message), "taken as it lies");
+        hub.publish("t", message, PublishOptions::default())
+            .unwrap();
+        let mut run = vec![Message::json_line_of_receive(slice.clone())];
+        hub.publish_run("t", &mut run);
+        for _ in 0..2 {
+            let got = rx.try_recv().unwrap();
+            assert_eq!(&got.message().bytes()[..], br#"{"n":1}"#);
+            assert!(!inside(got.message()), "a copy of its own in the queue");
+        }
+        // Retained: a later subscriber is replayed the retained log first.
+        let message = Message::json_line_of_receive(slice);
+        hub.publish("r", message, PublishOptions::default().retain(true))
+            .unwrap();
+        let mut later = hub.receiver("r", SubscribeOptions::default()).unwrap();
+        let got = later.try_recv().unwrap();
+        assert_eq!(&got.message().bytes()[..], br#"{"n":1}"#);
+        assert!(
+            !inside(got.message()),
+            "a copy of its own in the retained log"
+        );
     }
 }

@@ -86,6 +86,21 @@ impl Publish<'_> {
     }
 
     /// A copy of the message, one line whatever framing it arrived in (see [`one_line`]).
+    /// The message, as [`message_bytes`](Self::message_bytes), sliced from `owner` (the
+    /// `Bytes` the line lies in) where no copy is needed: a [`Message`] made of the slice, not a
+    /// copy of it.
+    ///
+    /// [`Message`]: crate::hub::Message
+    pub(crate) fn message_in(&self, owner: &Bytes) -> crate::hub::Message {
+        let within = owner.as_ptr_range();
+        let here = self.message.as_ptr_range();
+        if self.breaks || here.start < within.start || here.end > within.end {
+            crate::hub::Message::json_validated(self.message_bytes())
+        } else {
+            crate::hub::Message::json_line_of_receive(owner.slice_ref(self.message))
+        }
+    }
+
     pub(crate) fn message_bytes(&self) -> Bytes {
         // A string holds no raw line break: without one read as whitespace, a copy will do.
         if self.breaks {

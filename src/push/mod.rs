@@ -1041,7 +1041,7 @@ impl PushConnection {
                     // run and parsed as a text event's.
                     let line = &run[start..end];
                     let request = match self.session.read_publish(line) {
-                        Some(publish) => self.publish_read(publish, now, wall),
+                        Some(publish) => self.publish_read(publish, &run, now, wall),
                         None => self.command_line(run.slice(start..end), now, wall),
                     };
                     if !last {
@@ -1060,7 +1060,7 @@ impl PushConnection {
                     // with others), and handled without making its command; any other line is
                     // parsed in place, copied first only if its bytes are shared.
                     let request = match self.session.read_publish(&line) {
-                        Some(publish) => self.publish_read(publish, now, wall),
+                        Some(publish) => self.publish_read(publish, &line, now, wall),
                         None => self.command_line(line, now, wall),
                     };
                     if request.is_some() {
@@ -1225,13 +1225,15 @@ impl PushConnection {
     fn publish_read(
         &mut self,
         publish: fast::Publish<'_>,
+        owner: &Bytes,
         now: Instant,
         wall: SystemTime,
     ) -> Option<Request> {
         if let Some(action) = self.session.check_read_publish(&publish, wall) {
             return self.perform(action, publish.id, now);
         }
-        let message = Message::json_validated(publish.message_bytes());
+        // A slice of the receive, not a copy (the hub copies it where it keeps it).
+        let message = publish.message_in(owner);
         self.input_mut()
             .topics
             .set_message(publish.stream, publish.device_id());
