@@ -55,6 +55,8 @@ pub(crate) const TICK: Duration = Duration::from_millis(50);
 /// Output memory freed by closed connections past which a tick returns free memory to the
 /// system.
 const RELEASE_AFTER_FREED: usize = 1 << 20;
+/// The messages a [`PublishRun`] keeps room for between inputs.
+const KEEP_RUN: usize = 1024;
 /// `TCP_NOTSENT_LOWAT` of every TCP connection: the unsent bytes the kernel holds at most (see
 /// `Shard::on_accept`).
 const SEND_LOWAT: usize = 256 << 10;
@@ -385,6 +387,19 @@ fn publish<'t>(
     total
 }
 
+/// Sets the `IPPROTO_TCP` option `option` of socket `fd` to `value`; a failure leaves the
+/// kernel's default (the options tune, they are not needed).
+fn set_tcp_option(fd: &OwnedFd, option: libc::c_int, value: libc::c_int) {
+    // SAFETY: `value` is live for the call; setsockopt copies it.
+    let _ = syscall!(setsockopt(
+        fd.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        option,
+        (&value as *const libc::c_int).cast(),
+        std::mem::size_of::<libc::c_int>() as libc::socklen_t
+    ));
+}
+
 /// A connection's publishes without an id to one topic, read one after another, waiting to go
 /// to the hub as one run ([`Hub::publish_run`]: one lookup, one inbox record per interested
 /// shard): flushed before the connection's next other request and at the end of its input,
@@ -410,6 +425,10 @@ impl PublishRun {
     fn flush(&mut self, hub: &Hub) {
         if !self.messages.is_empty() {
             hub.publish_run(&self.topic, &mut self.messages);
+            // A burst's run is not kept for every input after it.
+            if self.messages.capacity() > KEEP_RUN {
+                self.messages = Vec::new();
+            }
         }
     }
 }
@@ -831,30 +850,14 @@ impl<B: Backend> Shard<B> {
             self.shared.listeners[listener].addr,
             super::config::ListenAddr::Tcp(_)
         ) {
-            let one: libc::c_int = 1;
-            // SAFETY: `one` is live for the call; setsockopt copies it.
-            let _ = syscall!(setsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_NODELAY,
-                (&one as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t
-            ));
+            set_tcp_option(&fd, libc::TCP_NODELAY, 1);
             // The kernel keeps at most this much of a connection's output not yet sent, and
             // says the socket is writable once half of it went out. A reader that reads, however
             // slowly, is seen to drain (liveness) each time it took that much, not only once a
             // send buffer of megabytes has a third free; and what waits for a slow reader waits
             // in the outbox, under the push-stream rules, rather than in the kernel. A reader
             // that keeps up never has this much unsent.
-            let lowat = SEND_LOWAT as libc::c_int;
-            // SAFETY: `lowat` is live for the call; setsockopt copies it.
-            let _ = syscall!(setsockopt(
-                fd.as_raw_fd(),
-                libc::IPPROTO_TCP,
-                libc::TCP_NOTSENT_LOWAT,
-                (&lowat as *const libc::c_int).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t
-            ));
+            set_tcp_option(&fd, libc::TCP_NOTSENT_LOWAT, SEND_LOWAT as libc::c_int);
         }
         let shards = self.shared.shards();
         // Round-robin over every shard, whichever accepted (see `Shared::next_owner`).
