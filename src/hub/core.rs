@@ -980,11 +980,7 @@ impl Inner {
                 };
                 self.fan_out(t, entry, opts.retain, tail, fanned);
                 drop(order);
-                // AcqRel: one publisher lists the topic per pass; the pass clears the flag under
-                // the topics write lock, which excludes this read-locked section.
-                if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
-                    self.ready.lock().topics.push(Arc::clone(key));
-                }
+                self.list_ready(key, t, queued);
             } else if opts.retain {
                 drop(topics);
                 let mut topics = self.topics.write();
@@ -1007,12 +1003,7 @@ impl Inner {
                 self.seq.fetch_add(1, Ordering::Relaxed);
             }
         }
-        for s in disconnect {
-            self.remove(&s, CloseReason::SlowConsumer);
-        }
-        if queued > 0 {
-            self.wake();
-        }
+        self.after_publish(disconnect, queued);
         Ok(queued + tapped)
     }
 
@@ -1078,17 +1069,30 @@ impl Inner {
                 last.offer_run(run);
             }
             drop(order);
-            if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
-                self.ready.lock().topics.push(Arc::clone(key));
-            }
+            self.list_ready(key, t, queued);
         }
+        self.after_publish(disconnect, queued);
+        (queued + tapped) / n
+    }
+
+    /// Lists topic `t` (named `key`) for the drain when a publish queued something for its
+    /// subscribers. AcqRel: one publisher lists the topic per pass; the pass clears the flag
+    /// under the topics write lock, which excludes the caller's read-locked section.
+    fn list_ready(&self, key: &Arc<str>, t: &Topic, queued: usize) {
+        if queued > 0 && !t.dirty.swap(true, Ordering::AcqRel) {
+            self.ready.lock().topics.push(Arc::clone(key));
+        }
+    }
+
+    /// After a publish, outside the topics lock: closes the slow consumers it found and wakes
+    /// the drain if it queued anything.
+    fn after_publish(&self, disconnect: Vec<Arc<Sub>>, queued: usize) {
         for s in disconnect {
             self.remove(&s, CloseReason::SlowConsumer);
         }
         if queued > 0 {
             self.wake();
         }
-        (queued + tapped) / n
     }
 
     // ---- publishers' handles ------------------------------------------------------------------

@@ -806,9 +806,7 @@ impl Outbox {
     /// fast it is pushed), until the socket has taken every unsent byte.
     fn enqueue(&mut self, item: Item) {
         self.push_back(item);
-        if !self.paused && self.wire_len + self.stats.queued_bytes > self.config.high_water_bytes {
-            self.pause();
-        }
+        self.pause_past(self.config.high_water_bytes);
     }
 
     /// A push observes the unsent bytes: at or below the threshold re-arms notifications.
