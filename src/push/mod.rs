@@ -496,6 +496,26 @@ struct Input {
     held_since: Option<Instant>,
 }
 
+/// Appends received bytes to an input buffer. Into an empty one, an allocation of just what
+/// arrived: the lines decoded from it share it, and it is freed with the last of them. Behind a
+/// partial message that its buffer has no room for, a new buffer for both, at least twice the
+/// partial's length (a long message arriving in pieces is copied a bounded number of times per
+/// byte): growing the old buffer would copy the whole receive it was split from, not only the
+/// partial message.
+pub(crate) fn append_input(buf: &mut BytesMut, data: &[u8]) {
+    let partial = buf.len();
+    if partial == 0 {
+        *buf = BytesMut::from(data);
+    } else if buf.capacity() - partial < data.len() {
+        let mut grown = BytesMut::with_capacity((partial + data.len()).max(2 * partial));
+        grown.extend_from_slice(buf);
+        grown.extend_from_slice(data);
+        *buf = grown;
+    } else {
+        buf.extend_from_slice(data);
+    }
+}
+
 /// What [`Input::take_event`] hands out.
 enum Taken {
     /// A decoded event (never an [`Inbound::Lines`]).
@@ -737,13 +757,7 @@ impl PushConnection {
             return;
         }
         let input = self.input.get_or_insert_with(Box::default);
-        if input.buf.is_empty() {
-            // An allocation of just what arrived: the lines decoded from it share it, and it
-            // is freed with the last of them.
-            input.buf = BytesMut::from(data);
-        } else {
-            input.buf.extend_from_slice(data);
-        }
+        append_input(&mut input.buf, data);
     }
 
     /// Counts `n` bytes received (a TLS record's, decrypted into [`inbuf_mut`](Self::inbuf_mut)).

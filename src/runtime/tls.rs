@@ -73,7 +73,7 @@ impl TlsLayer {
         self.scratch.clear();
         let received = self.session.receive(data, &mut self.scratch);
         if !self.scratch.is_empty() {
-            input.extend_from_slice(&self.scratch);
+            crate::push::append_input(input, &self.scratch);
         }
         self.shrink_scratch();
         received.map(|r| r.peer_closed)
