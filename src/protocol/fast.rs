@@ -14,8 +14,10 @@
 //! a string holding a byte above ASCII as UTF-8, so a line it accepts is UTF-8 (and one that is
 //! not goes to the full parser, which names the offset). A short string ends at the next special
 //! byte of the 64-byte block it starts in, found in the block's masks (16 bytes compared at a
-//! time, once per block); a longer one is skipped a word at a time, then with `memchr`, the
-//! skipped bytes checked for control characters in one vectorisable pass.
+//! time, once per block); a longer one is skipped a word at a time, then 32 bytes a step in one
+//! pass where the CPU has AVX2 (a quote, backslash or control character stops it; a byte above
+//! ASCII is noted), its last bytes with `memchr`, the skipped bytes checked for control
+//! characters in one vectorisable pass.
 
 use bytes::Bytes;
 
@@ -307,6 +309,7 @@ enum Kind {
     Null,
 }
 
+#[derive(Clone, Copy)]
 struct Parser<'a> {
     b: &'a [u8],
     i: usize,
@@ -331,6 +334,8 @@ struct Block {
     special: u64,
     /// Bytes above ASCII.
     high: u64,
+    /// Quotes.
+    quote: u64,
 }
 
 impl Block {
@@ -338,50 +343,55 @@ impl Block {
         start: usize::MAX,
         special: 0,
         high: 0,
+        quote: 0,
     };
 
     /// The masks of the block of `line` that starts at `start` (past the line's end, no bit is
     /// set).
     #[inline(never)]
     fn read(line: &[u8], start: usize) -> Block {
-        let (special, high) = if let Some(bytes) = line.get(start..start + 64) {
+        let mut block = if let Some(bytes) = line.get(start..start + 64) {
             masks(bytes.try_into().expect("64 bytes"))
         } else if let Some(from) = line.len().checked_sub(64) {
             // The line's last 64 bytes, moved down to the block's start (`from < start`).
-            let (special, high) = masks(line[from..].try_into().expect("64 bytes"));
+            let b = masks(line[from..].try_into().expect("64 bytes"));
             let shift = (start - from) as u32;
-            (
-                special.checked_shr(shift).unwrap_or(0),
-                high.checked_shr(shift).unwrap_or(0),
-            )
+            let down = |m: u64| m.checked_shr(shift).unwrap_or(0);
+            Block {
+                start: 0,
+                special: down(b.special),
+                high: down(b.high),
+                quote: down(b.quote),
+            }
         } else {
             // A line shorter than a block: copied into one, padded with spaces.
             let mut padded = [b' '; 64];
             padded[..line.len()].copy_from_slice(line);
             masks(&padded)
         };
-        Block {
-            start,
-            special,
-            high,
-        }
+        block.start = start;
+        block
     }
 }
 
-/// The special and above-ASCII bytes of a block, a bit each: 16 bytes compared at a time.
+/// The masks of a block (its `start` left 0): 16 bytes compared at a time.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn masks(block: &[u8; 64]) -> (u64, u64) {
+fn masks(block: &[u8; 64]) -> Block {
     use std::arch::x86_64::{
         _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8,
     };
-    let mut special = 0u64;
-    let mut high = 0u64;
+    let mut out = Block {
+        start: 0,
+        special: 0,
+        high: 0,
+        quote: 0,
+    };
     for (k, chunk) in block.chunks_exact(16).enumerate() {
         // SAFETY: SSE2 is part of every x86_64 target, and `chunk` is 16 readable bytes (the
         // load has no alignment requirement).
-        let (any, x) = unsafe {
+        let (any, x, q) = unsafe {
             let x = _mm_loadu_si128(chunk.as_ptr().cast());
             let quote = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'"' as i8));
             let backslash = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'\\' as i8));
@@ -391,66 +401,52 @@ fn masks(block: &[u8; 64]) -> (u64, u64) {
             (
                 _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, backslash), control)),
                 _mm_movemask_epi8(x),
+                _mm_movemask_epi8(quote),
             )
         };
         // The sign bits of the 16 lanes: each mask fits 16 bits.
-        special |= u64::from(any as u16) << (16 * k);
-        high |= u64::from(x as u16) << (16 * k);
+        out.special |= u64::from(any as u16) << (16 * k);
+        out.high |= u64::from(x as u16) << (16 * k);
+        out.quote |= u64::from(q as u16) << (16 * k);
     }
-    (special, high)
+    out
 }
 
-/// The special and above-ASCII bytes of a block, a bit each.
+/// The masks of a block (its `start` left 0).
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
-fn masks(block: &[u8; 64]) -> (u64, u64) {
-    let mut special = 0u64;
-    let mut high = 0u64;
+fn masks(block: &[u8; 64]) -> Block {
+    let mut out = Block {
+        start: 0,
+        special: 0,
+        high: 0,
+        quote: 0,
+    };
     for (k, &c) in block.iter().enumerate() {
-        special |= u64::from(c == b'"' || c == b'\\' || c < 0x20) << k;
-        high |= u64::from(c >= 0x80) << k;
+        out.special |= u64::from(c == b'"' || c == b'\\' || c < 0x20) << k;
+        out.high |= u64::from(c >= 0x80) << k;
+        out.quote |= u64::from(c == b'"') << k;
     }
-    (special, high)
+    out
 }
 
 impl<'a> Parser<'a> {
-    /// Skips whitespace: nearly always none (one comparison), else [`Self::ws_run`].
+    /// Skips whitespace: nearly always none (one comparison), else [`ws_run`].
     #[inline]
     fn ws(&mut self) {
         if self.b.get(self.i).is_some_and(|&c| c <= b' ') {
-            self.ws_run();
+            let (i, breaks) = ws_run(self.b, self.i);
+            self.i = i;
+            self.breaks |= breaks;
         }
     }
 
-    /// Skips a run of whitespace: spaces eight at a time (numbers padded to a width, indented
-    /// JSON), the rest a byte at a time.
-    #[inline(never)]
-    fn ws_run(&mut self) {
-        const SPACES: u64 = 0x2020_2020_2020_2020;
-        loop {
-            if let Some(word) = self.b.get(self.i..self.i + 8) {
-                let x = u64::from_le_bytes(word.try_into().expect("8 bytes")) ^ SPACES;
-                // The spaces before the first other byte (all eight when `x` is zero).
-                self.i += x.trailing_zeros() as usize / 8;
-                if x == 0 {
-                    continue;
-                }
-            }
-            match self.b.get(self.i) {
-                Some(b' ' | b'\t') => self.i += 1,
-                Some(b'\n' | b'\r') => {
-                    self.breaks = true;
-                    self.i += 1;
-                }
-                _ => return,
-            }
-        }
-    }
-
+    #[inline(always)]
     fn eat(&mut self, byte: u8) -> Option<()> {
         self.eat_if(byte).then_some(())
     }
 
+    #[inline(always)]
     fn eat_if(&mut self, byte: u8) -> bool {
         let hit = self.b.get(self.i) == Some(&byte);
         self.i += usize::from(hit);
@@ -460,6 +456,7 @@ impl<'a> Parser<'a> {
     /// Reads the object at the cursor: `each(self, key)` for every member, with the cursor at
     /// the member's value, which `each` must consume. With `plain_keys`, a key holding an escape
     /// gives `None` (the caller compares keys); otherwise simple escapes are allowed in keys.
+    #[inline(always)]
     fn object(
         &mut self,
         plain_keys: bool,
@@ -497,6 +494,7 @@ impl<'a> Parser<'a> {
 
     /// The message object (depth 2), validated, with the members the server reads. `None` if it
     /// is not an object, repeats one of those members, or is not valid.
+    #[inline(always)]
     fn head(&mut self, head: &mut Head) -> Option<()> {
         self.object(true, |p, key| {
             let slot = match key {
@@ -516,6 +514,7 @@ impl<'a> Parser<'a> {
 
     /// Records the member value at the cursor in `slot`, read by `read`; a member already
     /// recorded (a repeated key) gives `None`.
+    #[inline(always)]
     fn record(
         &mut self,
         slot: &mut Option<Token>,
@@ -538,12 +537,16 @@ impl<'a> Parser<'a> {
     /// Consumes one value at nesting `depth` (1: a member of the top-level object). A scalar
     /// (nearly every value) is read here; an object or an array goes out of line to
     /// [`Self::container`], which keeps this function small.
-    #[inline]
+    #[inline(always)]
     fn value(&mut self, depth: usize) -> Option<Kind> {
         match *self.b.get(self.i)? {
             b'"' => self.string(),
             b'-' | b'0'..=b'9' => self.number(),
-            b'{' | b'[' => self.container(depth),
+            b'{' | b'[' => {
+                let (kind, p) = Parser::container(*self, depth);
+                *self = p;
+                kind
+            }
             b't' => self.literal(b"true", Kind::Bool),
             b'f' => self.literal(b"false", Kind::Bool),
             b'n' => self.literal(b"null", Kind::Null),
@@ -552,8 +555,15 @@ impl<'a> Parser<'a> {
     }
 
     /// The object or array at the cursor, at nesting `depth`.
+    ///
+    /// Takes and gives back the parser by value, so that its callers' parsers stay in registers.
     #[inline(never)]
-    fn container(&mut self, depth: usize) -> Option<Kind> {
+    fn container(mut self, depth: usize) -> (Option<Kind>, Self) {
+        let kind = self.container_in(depth);
+        (kind, self)
+    }
+
+    fn container_in(&mut self, depth: usize) -> Option<Kind> {
         if depth >= self.max_depth {
             return None;
         }
@@ -584,6 +594,7 @@ impl<'a> Parser<'a> {
         }
     }
 
+    #[inline(always)]
     fn literal(&mut self, word: &[u8], kind: Kind) -> Option<Kind> {
         if self.b.get(self.i..self.i + word.len())? != word {
             return None;
@@ -596,13 +607,13 @@ impl<'a> Parser<'a> {
     ///
     /// A plain ASCII string that ends in the 64-byte block it starts in (nearly every key and
     /// every field the server reads) ends at the block's next special byte ([`Block`]: the
-    /// block's bytes compared once for all its strings). Otherwise [`Self::string_rest`] reads
+    /// block's bytes compared once for all its strings). Otherwise [`string_rest`] reads
     /// it: plain bytes eight at a time (a word tested for a quote, a backslash or a control
-    /// character at once); past 32 bytes the rest is found with `memchr` and the skipped bytes
-    /// checked for control characters in one vectorisable pass (a base64 image is one long
-    /// string). A string holding a byte above ASCII is checked as UTF-8 once it ends: outside
+    /// character at once); past 32 bytes, 32 bytes a step where the CPU has AVX2
+    /// ([`skip_plain`]), and the last bytes found with `memchr`, the skipped bytes checked for
+    /// control characters in one vectorisable pass (a base64 image is one long string). A string holding a byte above ASCII is checked as UTF-8 once it ends: outside
     /// strings the parser takes only ASCII, so a line whose strings are all UTF-8 is UTF-8.
-    #[inline]
+    #[inline(always)]
     fn string(&mut self) -> Option<Kind> {
         let b = self.b;
         if b.get(self.i) != Some(&b'"') {
@@ -616,48 +627,56 @@ impl<'a> Parser<'a> {
             self.block = Block::read(b, start);
         }
         let shift = first - start;
-        let special = self.block.special >> shift;
-        if special != 0 {
-            let n = special.trailing_zeros() as usize;
-            let high = (self.block.high >> shift) & ((1u64 << n) - 1);
-            if b[first + n] == b'"' && high == 0 {
-                self.i = first + n + 1;
-                return Some(Kind::PlainString);
-            }
+        // The first special or above-ASCII byte: a quote ends a plain ASCII string.
+        let stop = (self.block.special | self.block.high) >> shift;
+        if (self.block.quote >> shift) & stop & stop.wrapping_neg() != 0 {
+            self.i = first + stop.trailing_zeros() as usize + 1;
+            return Some(Kind::PlainString);
         }
-        self.string_rest()
+        let (end, kind) = string_rest(b, self.i)?;
+        self.i = end;
+        Some(kind)
     }
+}
 
-    /// [`Self::string`] for a string that does not end, plain, in the block it starts in (the
-    /// cursor still on the opening quote).
-    #[inline(never)]
-    fn string_rest(&mut self) -> Option<Kind> {
-        let b = self.b;
-        let first = self.i + 1;
-        let mut j = first;
-        let mut kind = Kind::PlainString;
-        // The bytes seen, or-ed together: bit 7 set when one was above ASCII.
-        let mut seen = 0u64;
-        loop {
-            if j - first < 32 {
-                while let Some(word) = b.get(j..j + 8) {
-                    let x = u64::from_le_bytes(word.try_into().ok()?);
-                    let (n, plain) = first_special(x);
-                    if n < 8 {
-                        seen |= plain;
-                        j += n;
-                        break;
-                    }
-                    seen |= x;
-                    j += 8;
-                    if j - first >= 32 {
-                        break;
-                    }
+/// [`Parser::string`] for a string that does not end, plain, in the block it starts in: the
+/// string whose opening quote is at `open`, its end (past the closing quote) and kind.
+#[inline(never)]
+fn string_rest(b: &[u8], open: usize) -> Option<(usize, Kind)> {
+    let first = open + 1;
+    let mut j = first;
+    let mut kind = Kind::PlainString;
+    // The bytes seen, or-ed together: bit 7 set when one was above ASCII.
+    let mut seen = 0u64;
+    loop {
+        if j - first < 32 {
+            while let Some(word) = b.get(j..j + 8) {
+                let x = u64::from_le_bytes(word.try_into().ok()?);
+                let (n, plain) = first_special(x);
+                if n < 8 {
+                    seen |= plain;
+                    j += n;
+                    break;
                 }
-            } else {
+                seen |= x;
+                j += 8;
+                if j - first >= 32 {
+                    break;
+                }
+            }
+        } else {
+            // A long string (a base64 image is one): 32 bytes a step in one pass where the CPU
+            // has AVX2, up to its next special byte or the line's last 32 bytes.
+            let skipped = skip_plain(b, j);
+            if let Some((to, high)) = skipped {
+                seen |= u64::from(high) << 7;
+                j = to;
+            }
+            if skipped.is_none() || b.len() - j < 32 {
+                // The rest found with `memchr`, and the bytes skipped checked in two folds the
+                // compiler vectorises: the least byte and every bit seen.
                 let rest = b.get(j..)?;
                 let k = memchr::memchr2(b'"', b'\\', rest)?;
-                // Two folds the compiler vectorises: the least byte and every bit seen.
                 let skipped = &rest[..k];
                 if skipped.iter().fold(u8::MAX, |m, &x| m.min(x)) < 0x20 {
                     return None;
@@ -665,32 +684,34 @@ impl<'a> Parser<'a> {
                 seen |= u64::from(skipped.iter().fold(0u8, |h, &x| h | x));
                 j += k;
             }
-            match *b.get(j)? {
-                b'"' => {
-                    if seen & HIGH != 0 {
-                        std::str::from_utf8(&b[first..j]).ok()?;
-                    }
-                    self.i = j + 1;
-                    return Some(kind);
+        }
+        match *b.get(j)? {
+            b'"' => {
+                if seen & HIGH != 0 {
+                    std::str::from_utf8(&b[first..j]).ok()?;
                 }
-                b'\\' => match b.get(j + 1)? {
-                    b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
-                        kind = Kind::String;
-                        j += 2;
-                    }
-                    _ => return None,
-                },
-                0..=0x1f => return None,
-                x => {
-                    seen |= u64::from(x);
-                    j += 1;
+                return Some((j + 1, kind));
+            }
+            b'\\' => match b.get(j + 1)? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => {
+                    kind = Kind::String;
+                    j += 2;
                 }
+                _ => return None,
+            },
+            0..=0x1f => return None,
+            x => {
+                seen |= u64::from(x);
+                j += 1;
             }
         }
     }
+}
 
+impl Parser<'_> {
     /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, with at most 18 mantissa and 2
     /// exponent digits (so that every parser reads the same value).
+    #[inline(always)]
     fn number(&mut self) -> Option<Kind> {
         let b = self.b;
         let mut i = self.i;
@@ -739,6 +760,85 @@ impl<'a> Parser<'a> {
         self.i = i;
         Some(kind)
     }
+}
+
+/// Skips the run of whitespace of `b` at `i`: spaces eight at a time (numbers padded to a width,
+/// indented JSON), the rest a byte at a time. Returns where the run ends and whether it held a
+/// raw line break. (The out-of-line steps of the parser take and return values: a parser whose
+/// address no call takes stays in registers.)
+#[inline(never)]
+fn ws_run(b: &[u8], mut i: usize) -> (usize, bool) {
+    const SPACES: u64 = 0x2020_2020_2020_2020;
+    let mut breaks = false;
+    loop {
+        if let Some(word) = b.get(i..i + 8) {
+            let x = u64::from_le_bytes(word.try_into().expect("8 bytes")) ^ SPACES;
+            // The spaces before the first other byte (all eight when `x` is zero).
+            i += x.trailing_zeros() as usize / 8;
+            if x == 0 {
+                continue;
+            }
+        }
+        match b.get(i) {
+            Some(b' ' | b'\t') => i += 1,
+            Some(b'\n' | b'\r') => {
+                breaks = true;
+                i += 1;
+            }
+            _ => return (i, breaks),
+        }
+    }
+}
+
+/// From `j`, the first quote, backslash or control character of `b` while at least 32 bytes
+/// remain (else where 32 remain), and whether a byte above ASCII came before it; `None` where
+/// the CPU lacks AVX2.
+#[inline]
+fn skip_plain(b: &[u8], j: usize) -> Option<(usize, bool)> {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return Some(unsafe { skip_plain_avx2(b, j) });
+    }
+    let _ = (b, j);
+    None
+}
+
+/// [`skip_plain`] on AVX2: 32 bytes compared at a time.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn skip_plain_avx2(b: &[u8], mut j: usize) -> (usize, bool) {
+    use std::arch::x86_64::{
+        _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_max_epu8, _mm256_movemask_epi8,
+        _mm256_or_si256, _mm256_set1_epi8, _mm256_setzero_si256,
+    };
+    let quote = _mm256_set1_epi8(b'"' as i8);
+    let backslash = _mm256_set1_epi8(b'\\' as i8);
+    let low = _mm256_set1_epi8(0x1f);
+    let mut high = _mm256_setzero_si256();
+    while let Some(chunk) = b.get(j..j + 32) {
+        // SAFETY: `chunk` is 32 readable bytes (the load has no alignment requirement).
+        let x = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
+        // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
+        let special = _mm256_or_si256(
+            _mm256_or_si256(_mm256_cmpeq_epi8(x, quote), _mm256_cmpeq_epi8(x, backslash)),
+            _mm256_cmpeq_epi8(_mm256_max_epu8(x, low), low),
+        );
+        let stop = _mm256_movemask_epi8(special) as u32;
+        if stop != 0 {
+            // The bytes above ASCII before the stop (a high bit set in lanes past it too would
+            // only ask for a UTF-8 check that passes).
+            let n = stop.trailing_zeros();
+            let before = (_mm256_movemask_epi8(x) as u32) & ((1u32 << n) - 1);
+            return (
+                j + n as usize,
+                before != 0 || _mm256_movemask_epi8(high) != 0,
+            );
+        }
+        high = _mm256_or_si256(high, x);
+        j += 32;
+    }
+    (j, _mm256_movemask_epi8(high) != 0)
 }
 
 /// Bit 7 of every byte of a word.
@@ -865,6 +965,36 @@ mod tests {
                 "{{{filler}\"type\":\"publish\",\"message\":{{\"type\":\"t\",\"stream\":\"s\",\"x\":\"a\u{1f}\"}}}}"
             );
             assert!(publish(ctrl.as_bytes(), 128).is_none(), "{ctrl:?}");
+        }
+    }
+
+    #[test]
+    fn a_long_string_reads_alike_whatever_byte_stops_it_and_wherever() {
+        // Strings long enough for the 32-byte steps, with an escape, a byte above ASCII, a
+        // control character or a byte that is no UTF-8 at every offset, and lines that end
+        // right after them (the steps stop 32 bytes before the line's end).
+        for len in [31, 32, 33, 63, 64, 65, 100, 200] {
+            for at in 0..len {
+                for (special, valid) in [
+                    (&br#"\""#[..], true),
+                    (br"\n", true),
+                    ("é".as_bytes(), true),
+                    ("€".as_bytes(), true),
+                    (b"\x01", false),
+                    (b"\x1f", false),
+                    (b"\xff", false),
+                ] {
+                    let mut x = vec![b'y'; at];
+                    x.extend_from_slice(special);
+                    x.resize(len + special.len() - 1, b'z');
+                    let mut line =
+                        br#"{"type":"publish","message":{"type":"t","stream":"s","x":""#.to_vec();
+                    line.extend_from_slice(&x);
+                    line.extend_from_slice(br#""}}"#);
+                    let text = String::from_utf8_lossy(&line).into_owned();
+                    assert_eq!(both_bytes(&line).is_some(), valid, "{text}");
+                }
+            }
         }
     }
 
