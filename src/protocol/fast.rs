@@ -346,10 +346,9 @@ struct Parser<'a> {
 struct Block {
     /// The block's first offset in the line (`usize::MAX`: none read yet).
     start: usize,
-    /// Quotes, backslashes and control characters.
-    special: u64,
-    /// Bytes above ASCII.
-    high: u64,
+    /// Quotes, backslashes, control characters and bytes above ASCII: where a plain ASCII
+    /// string stops.
+    stop: u64,
     /// Quotes.
     quote: u64,
 }
@@ -357,8 +356,7 @@ struct Block {
 impl Block {
     const NONE: Block = Block {
         start: usize::MAX,
-        special: 0,
-        high: 0,
+        stop: 0,
         quote: 0,
     };
 
@@ -375,8 +373,7 @@ impl Block {
             let down = |m: u64| m.checked_shr(shift).unwrap_or(0);
             Block {
                 start: 0,
-                special: down(b.special),
-                high: down(b.high),
+                stop: down(b.stop),
                 quote: down(b.quote),
             }
         } else {
@@ -400,29 +397,28 @@ fn masks(block: &[u8; 64]) -> Block {
     };
     let mut out = Block {
         start: 0,
-        special: 0,
-        high: 0,
+        stop: 0,
         quote: 0,
     };
     for (k, chunk) in block.chunks_exact(16).enumerate() {
         // SAFETY: SSE2 is part of every x86_64 target, and `chunk` is 16 readable bytes (the
         // load has no alignment requirement).
-        let (any, x, q) = unsafe {
+        let (stop, q) = unsafe {
             let x = _mm_loadu_si128(chunk.as_ptr().cast());
             let quote = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'"' as i8));
             let backslash = _mm_cmpeq_epi8(x, _mm_set1_epi8(b'\\' as i8));
             // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
             let low = _mm_set1_epi8(0x1f);
             let control = _mm_cmpeq_epi8(_mm_max_epu8(x, low), low);
+            // A byte above ASCII has its sign bit set: it stops a plain string too.
+            let special = _mm_or_si128(_mm_or_si128(quote, backslash), control);
             (
-                _mm_movemask_epi8(_mm_or_si128(_mm_or_si128(quote, backslash), control)),
-                _mm_movemask_epi8(x),
+                _mm_movemask_epi8(_mm_or_si128(special, x)),
                 _mm_movemask_epi8(quote),
             )
         };
         // The sign bits of the 16 lanes: each mask fits 16 bits.
-        out.special |= u64::from(any as u16) << (16 * k);
-        out.high |= u64::from(x as u16) << (16 * k);
+        out.stop |= u64::from(stop as u16) << (16 * k);
         out.quote |= u64::from(q as u16) << (16 * k);
     }
     out
@@ -434,13 +430,11 @@ fn masks(block: &[u8; 64]) -> Block {
 fn masks(block: &[u8; 64]) -> Block {
     let mut out = Block {
         start: 0,
-        special: 0,
-        high: 0,
+        stop: 0,
         quote: 0,
     };
     for (k, &c) in block.iter().enumerate() {
-        out.special |= u64::from(c == b'"' || c == b'\\' || c < 0x20) << k;
-        out.high |= u64::from(c >= 0x80) << k;
+        out.stop |= u64::from(c == b'"' || c == b'\\' || c < 0x20 || c >= 0x80) << k;
         out.quote |= u64::from(c == b'"') << k;
     }
     out
@@ -663,7 +657,7 @@ impl<'a> Parser<'a> {
         }
         let shift = first - start;
         // The first special or above-ASCII byte: a quote ends a plain ASCII string.
-        let stop = (self.block.special | self.block.high) >> shift;
+        let stop = self.block.stop >> shift;
         if (self.block.quote >> shift) & stop & stop.wrapping_neg() != 0 {
             self.i = first + stop.trailing_zeros() as usize + 1;
             return Some(Kind::PlainString);
