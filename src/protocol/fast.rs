@@ -844,16 +844,33 @@ fn skip_plain_avx2(b: &[u8], mut j: usize) -> (usize, bool) {
     let quote = _mm256_set1_epi8(b'"' as i8);
     let backslash = _mm256_set1_epi8(b'\\' as i8);
     let low = _mm256_set1_epi8(0x1f);
+    // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
+    let special = |x| {
+        _mm256_or_si256(
+            _mm256_or_si256(_mm256_cmpeq_epi8(x, quote), _mm256_cmpeq_epi8(x, backslash)),
+            _mm256_cmpeq_epi8(_mm256_max_epu8(x, low), low),
+        )
+    };
     let mut high = _mm256_setzero_si256();
+    // 64 bytes a step while none stops the string; the 32-byte steps find where one does.
+    while let Some(chunk) = b.get(j..j + 64) {
+        // SAFETY: `chunk` is 64 readable bytes (the loads have no alignment requirement).
+        let (x, y) = unsafe {
+            (
+                _mm256_loadu_si256(chunk.as_ptr().cast()),
+                _mm256_loadu_si256(chunk[32..].as_ptr().cast()),
+            )
+        };
+        if _mm256_movemask_epi8(_mm256_or_si256(special(x), special(y))) != 0 {
+            break;
+        }
+        high = _mm256_or_si256(high, _mm256_or_si256(x, y));
+        j += 64;
+    }
     while let Some(chunk) = b.get(j..j + 32) {
         // SAFETY: `chunk` is 32 readable bytes (the load has no alignment requirement).
         let x = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
-        // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
-        let special = _mm256_or_si256(
-            _mm256_or_si256(_mm256_cmpeq_epi8(x, quote), _mm256_cmpeq_epi8(x, backslash)),
-            _mm256_cmpeq_epi8(_mm256_max_epu8(x, low), low),
-        );
-        let stop = _mm256_movemask_epi8(special) as u32;
+        let stop = _mm256_movemask_epi8(special(x)) as u32;
         if stop != 0 {
             // The bytes above ASCII before the stop (a high bit set in lanes past it too would
             // only ask for a UTF-8 check that passes).
