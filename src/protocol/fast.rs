@@ -833,58 +833,96 @@ fn skip_plain(b: &[u8], j: usize) -> Option<(usize, bool)> {
     None
 }
 
-/// [`skip_plain`] on AVX2: 32 bytes compared at a time.
+/// [`skip_plain`] on AVX2: 64 bytes a step while nothing stops the string, then 32.
+///
+/// # Safety
+///
+/// The CPU must have AVX2.
+// An `unsafe fn` with the intrinsics in `unsafe` blocks: they are `unsafe` to call before Rust
+// 1.87 (the workspace's `rust-version` is older), safe since under the enabled feature, where
+// the blocks are unused.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn skip_plain_avx2(b: &[u8], mut j: usize) -> (usize, bool) {
+#[allow(unused_unsafe)]
+unsafe fn skip_plain_avx2(b: &[u8], mut j: usize) -> (usize, bool) {
     use std::arch::x86_64::{
-        _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_max_epu8, _mm256_movemask_epi8,
-        _mm256_or_si256, _mm256_set1_epi8, _mm256_setzero_si256,
+        _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256, _mm256_setzero_si256,
     };
-    let quote = _mm256_set1_epi8(b'"' as i8);
-    let backslash = _mm256_set1_epi8(b'\\' as i8);
-    let low = _mm256_set1_epi8(0x1f);
-    // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
-    let special = |x| {
-        _mm256_or_si256(
-            _mm256_or_si256(_mm256_cmpeq_epi8(x, quote), _mm256_cmpeq_epi8(x, backslash)),
-            _mm256_cmpeq_epi8(_mm256_max_epu8(x, low), low),
-        )
-    };
-    let mut high = _mm256_setzero_si256();
+    // The blocks below: AVX2 is enabled here and the CPU has it (this function's contract);
+    // each load reads 32 bytes of a slice that holds them (no alignment needed).
+    // SAFETY: as said above.
+    let mut high = unsafe { _mm256_setzero_si256() };
     // 64 bytes a step while none stops the string; the 32-byte steps find where one does.
     while let Some(chunk) = b.get(j..j + 64) {
-        // SAFETY: `chunk` is 64 readable bytes (the loads have no alignment requirement).
+        // SAFETY: as said above the first block.
         let (x, y) = unsafe {
             (
                 _mm256_loadu_si256(chunk.as_ptr().cast()),
                 _mm256_loadu_si256(chunk[32..].as_ptr().cast()),
             )
         };
-        if _mm256_movemask_epi8(_mm256_or_si256(special(x), special(y))) != 0 {
+        // SAFETY: as said above the first block.
+        let stops = unsafe {
+            _mm256_movemask_epi8(_mm256_or_si256(plain_stops_avx2(x), plain_stops_avx2(y)))
+        };
+        if stops != 0 {
             break;
         }
-        high = _mm256_or_si256(high, _mm256_or_si256(x, y));
+        // SAFETY: as said above the first block.
+        high = unsafe { _mm256_or_si256(high, _mm256_or_si256(x, y)) };
         j += 64;
     }
     while let Some(chunk) = b.get(j..j + 32) {
-        // SAFETY: `chunk` is 32 readable bytes (the load has no alignment requirement).
-        let x = unsafe { _mm256_loadu_si256(chunk.as_ptr().cast()) };
-        let stop = _mm256_movemask_epi8(special(x)) as u32;
+        // SAFETY: as said above the first block.
+        let (x, stop, highs) = unsafe {
+            let x = _mm256_loadu_si256(chunk.as_ptr().cast());
+            (
+                x,
+                _mm256_movemask_epi8(plain_stops_avx2(x)) as u32,
+                _mm256_movemask_epi8(high) != 0,
+            )
+        };
         if stop != 0 {
             // The bytes above ASCII before the stop (a high bit set in lanes past it too would
             // only ask for a UTF-8 check that passes).
             let n = stop.trailing_zeros();
-            let before = (_mm256_movemask_epi8(x) as u32) & ((1u32 << n) - 1);
-            return (
-                j + n as usize,
-                before != 0 || _mm256_movemask_epi8(high) != 0,
-            );
+            // SAFETY: as said above the first block.
+            let before = unsafe { _mm256_movemask_epi8(x) } as u32 & ((1u32 << n) - 1);
+            return (j + n as usize, before != 0 || highs);
         }
-        high = _mm256_or_si256(high, x);
+        // SAFETY: as said above the first block.
+        high = unsafe { _mm256_or_si256(high, x) };
         j += 32;
     }
-    (j, _mm256_movemask_epi8(high) != 0)
+    // SAFETY: as said above the first block.
+    (j, unsafe { _mm256_movemask_epi8(high) } != 0)
+}
+
+/// The lanes of `x` that stop a plain string: a quote, a backslash or a control character.
+///
+/// # Safety
+///
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(unused_unsafe)]
+unsafe fn plain_stops_avx2(x: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::{
+        _mm256_cmpeq_epi8, _mm256_max_epu8, _mm256_or_si256, _mm256_set1_epi8,
+    };
+    // SAFETY: AVX2 is enabled here and the CPU has it (this function's contract).
+    unsafe {
+        let low = _mm256_set1_epi8(0x1f);
+        _mm256_or_si256(
+            _mm256_or_si256(
+                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'"' as i8)),
+                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'\\' as i8)),
+            ),
+            // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
+            _mm256_cmpeq_epi8(_mm256_max_epu8(x, low), low),
+        )
+    }
 }
 
 /// Bit 7 of every byte of a word.
