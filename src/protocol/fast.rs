@@ -4,11 +4,11 @@
 //! Anything else returns `None` and the full parser (simd-json plus the member scanner) takes
 //! the line: another command, an escape in a key or in a field the server reads, a `\u` escape
 //! anywhere, a repeated key the server reads, a number with more than 18 mantissa or 2 exponent
-//! digits, nesting deeper than [`MAX_DEPTH`] (or the configured limit), and every error. So errors and rare shapes have
-//! one implementation, and what this path accepts is a subset of what the full parser accepts,
-//! with the same result: this module's property tests check that against the full parser on
-//! generated and byte-mutated lines, and `tests/protocol_fuzz.rs` checks the whole parser
-//! against serde_json.
+//! digits, nesting deeper than [`MAX_DEPTH`] (or the configured limit), and every error. So
+//! errors and rare shapes have one implementation, and what this path accepts is a subset of
+//! what the full parser accepts, with the same result: this module's property tests check that
+//! against the full parser on generated and byte-mutated lines, and `tests/protocol_fuzz.rs`
+//! checks the whole parser against serde_json.
 //!
 //! The line need not be known to be UTF-8: the path takes only ASCII outside strings and checks
 //! a string holding a byte above ASCII as UTF-8, so a line it accepts is UTF-8 (and one that is
@@ -592,6 +592,7 @@ impl<'a> Parser<'a> {
         (kind, self)
     }
 
+    /// [`Self::container`]'s reading, on the parser it took.
     fn container_in(&mut self, depth: usize) -> Option<Kind> {
         if depth >= self.max_depth {
             return None;
@@ -640,7 +641,8 @@ impl<'a> Parser<'a> {
     /// it: plain bytes eight at a time (a word tested for a quote, a backslash or a control
     /// character at once); past 32 bytes, 32 bytes a step where the CPU has AVX2
     /// ([`skip_plain`]), and the last bytes found with `memchr`, the skipped bytes checked for
-    /// control characters in one vectorisable pass (a base64 image is one long string). A string holding a byte above ASCII is checked as UTF-8 once it ends: outside
+    /// control characters in one vectorisable pass (a base64 image is one long string). A
+    /// string holding a byte above ASCII is checked as UTF-8 once it ends: outside
     /// strings the parser takes only ASCII, so a line whose strings are all UTF-8 is UTF-8.
     #[inline(always)]
     fn string(&mut self) -> Option<Kind> {
