@@ -370,6 +370,13 @@ enum Route {
 }
 
 impl Topic {
+    /// Whether a consumer keeps the topic's entries past the shards' fan-out (a subscriber's
+    /// queue, a drop-oldest cursor on the log, direct receivers): their publications are
+    /// numbered in the topic's order, and a slice of a receive is made its own.
+    fn keeps_entries(&self) -> bool {
+        !self.subs.is_empty() || !self.cursors.is_empty() || self.direct.is_some()
+    }
+
     /// No consumer and no publisher's handle: the topic can go.
     fn is_empty(&self) -> bool {
         self.subs.is_empty()
@@ -1035,7 +1042,7 @@ impl Inner {
                 return 0;
             };
             // As `numbered`, for the run: one hold of the topic's order, numbers in a block.
-            let numbers = !t.subs.is_empty() || !t.cursors.is_empty() || t.direct.is_some();
+            let numbers = t.keeps_entries();
             let mut order = numbers.then(|| t.order.lock());
             let first = self.seq.fetch_add(n as u64, Ordering::Relaxed);
             let taps = u32::try_from(t.taps.len()).unwrap_or(u32::MAX);
@@ -2325,12 +2332,12 @@ fn numbered<'t>(
     t: &'t Topic,
     counter: &AtomicU64,
     priority: i32,
-    message: Message,
+    mut message: Message,
     retain: bool,
 ) -> (Option<parking_lot::MutexGuard<'t, Order>>, Entry) {
-    let numbers = retain || !t.subs.is_empty() || !t.cursors.is_empty() || t.direct.is_some();
-    // Kept past the fan-out by one of those: a slice of a receive becomes its own.
-    let mut message = message;
+    let numbers = retain || t.keeps_entries();
+    // Kept past the fan-out (retained, or by one of those): a slice of a receive becomes its
+    // own.
     if numbers {
         message.own();
     }
