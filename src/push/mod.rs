@@ -92,7 +92,7 @@ pub(crate) mod writeq;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use powerhub_plugin::{codes, Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
 
 use crate::hub::{Message, PublishError, SubscribeError};
@@ -473,6 +473,10 @@ struct Input {
     /// Received bytes not decoded yet (a partial message); empty, with no allocation, between
     /// messages.
     buf: BytesMut,
+    /// The rest of a receive taken whole behind a partial message
+    /// ([`PushConnection::receive_owned`]): decoded where it lies once `buf`, which ends that
+    /// message, is.
+    rest: Option<BytesMut>,
     /// Decoded events of the input being handled, from `next_event` on, and the protocol's
     /// urgent scratch.
     output: ProtocolOutput,
@@ -757,7 +761,44 @@ impl PushConnection {
             return;
         }
         let input = self.input.get_or_insert_with(Box::default);
-        append_input(&mut input.buf, data);
+        append_input(input.rest.as_mut().unwrap_or(&mut input.buf), data);
+    }
+
+    /// Received plaintext in a buffer of its own (a backend's receive buffer, taken whole):
+    /// it becomes the input buffer where the input is empty, so the lines decoded from it share
+    /// it rather than a copy.
+    ///
+    /// Behind a partial message, only the bytes to the first newline (where an NDJSON message
+    /// ends) are copied to it; the rest is decoded where it lies once the partial message is.
+    /// A protocol whose message does not end there has the rest copied behind it then.
+    pub(crate) fn receive_owned(&mut self, mut data: BytesMut) {
+        self.count_received(data.len());
+        if self.state != PushState::Open {
+            return;
+        }
+        let input = self.input.get_or_insert_with(Box::default);
+        if let Some(rest) = input.rest.as_mut() {
+            append_input(rest, &data);
+        } else if input.buf.is_empty() {
+            input.buf = data;
+        } else {
+            match memchr::memchr(b'\n', &data) {
+                Some(end) if end + 1 < data.len() => {
+                    append_input(&mut input.buf, &data[..=end]);
+                    data.advance(end + 1);
+                    input.rest = Some(data);
+                }
+                _ => append_input(&mut input.buf, &data),
+            }
+        }
+    }
+
+    /// Drops received bytes not decoded yet (the connection is closing: nothing more is read).
+    pub(crate) fn discard_input(&mut self) {
+        if let Some(input) = self.input.as_deref_mut() {
+            input.buf.clear();
+            input.rest = None;
+        }
     }
 
     /// Counts `n` bytes received (a TLS record's, decrypted into [`inbuf_mut`](Self::inbuf_mut)).
@@ -811,6 +852,7 @@ impl PushConnection {
         if self.state != PushState::Open || input.error.is_some() {
             // Closed, or closing on a decode error not polled yet: nothing more is read.
             input.buf.clear();
+            input.rest = None;
             return;
         }
         // Events of an earlier input not polled yet stay first.
@@ -822,9 +864,23 @@ impl PushConnection {
         }
         input.output.urgent.clear();
         let result = if end {
+            if let Some(rest) = input.rest.take() {
+                append_input(&mut input.buf, &rest);
+            }
             self.proto.decode_end(&mut input.buf, &mut input.output)
         } else {
-            self.proto.decode_runs(&mut input.buf, &mut input.output)
+            let mut result = self.proto.decode_runs(&mut input.buf, &mut input.output);
+            // A receive's rest, behind the message that `buf` ended (after an error nothing
+            // more is read).
+            if let Some(rest) = input.rest.take().filter(|_| result.is_ok()) {
+                if input.buf.is_empty() {
+                    input.buf = rest;
+                } else {
+                    append_input(&mut input.buf, &rest);
+                }
+                result = self.proto.decode_runs(&mut input.buf, &mut input.output);
+            }
+            result
         };
         if input.buf.is_empty() {
             // Nothing partial: hold no buffer while waiting for input.
@@ -2094,5 +2150,118 @@ impl PushConnection {
     /// quiet period, and it is quiet from when it was handled.
     pub(crate) fn touch_input(&mut self, now: Instant) {
         self.last_inbound_ms = self.millis(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Instant, SystemTime};
+
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::outbox::{OutboxConfig, PayloadFactory};
+    use crate::plugin::ProtocolFactory;
+    use crate::protocol::{Session, SessionConfig};
+
+    const HANDSHAKE: &[u8] = b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+        Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+        Sec-WebSocket-Version: 13\r\n\r\n";
+
+    /// The client's bytes for `lines`: as they are, or each a masked WebSocket text frame
+    /// behind the handshake.
+    fn client_bytes(lines: &[String], websocket: bool) -> Vec<u8> {
+        if !websocket {
+            return lines.concat().into_bytes();
+        }
+        let key = [0x5a, 0x13, 0xc7, 0x01];
+        let mut out = HANDSHAKE.to_vec();
+        for line in lines {
+            let line = line.trim_end().as_bytes();
+            out.push(0x81);
+            if line.len() < 126 {
+                out.push(0x80 | line.len() as u8);
+            } else {
+                out.push(0x80 | 126);
+                out.extend_from_slice(&(line.len() as u16).to_be_bytes());
+            }
+            out.extend_from_slice(&key);
+            out.extend(line.iter().zip(key.iter().cycle()).map(|(b, k)| b ^ k));
+        }
+        out
+    }
+
+    /// The messages the connection publishes when `bytes` arrive in pieces cut at `cuts`, a
+    /// piece given as copied bytes or (where `owned` says) as a taken receive buffer.
+    fn published(bytes: &[u8], cuts: &[usize], owned: &[bool], websocket: bool) -> Vec<Vec<u8>> {
+        let config = Arc::new(
+            PushConfig::new(
+                PushLimits::default(),
+                OutboxConfig::default(),
+                Arc::new(PayloadFactory),
+            )
+            .unwrap(),
+        );
+        let now = Instant::now();
+        let proto = if websocket {
+            powerhub_websocket::WebSocketFactory::new(Default::default())
+                .unwrap()
+                .new_connection(&Default::default())
+        } else {
+            powerhub_ndjson::NdjsonFactory.new_connection(&Default::default())
+        };
+        let session = Session::new(1, SessionConfig::default());
+        let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+        let mut cuts: Vec<usize> = cuts.iter().map(|&c| c % (bytes.len() + 1)).collect();
+        cuts.extend([0, bytes.len()]);
+        cuts.sort_unstable();
+        let mut out = Vec::new();
+        for (i, piece) in cuts.windows(2).enumerate() {
+            let piece = &bytes[piece[0]..piece[1]];
+            if owned[i % owned.len()] {
+                conn.receive_owned(BytesMut::from(piece));
+            } else {
+                conn.receive(piece);
+            }
+            conn.decode_input(now, false);
+            while let Some(request) = conn.poll(now, SystemTime::now()) {
+                if let Request::Publish { message } = request {
+                    out.push(message.bytes().to_vec());
+                    conn.publish_done(Ok(0), now);
+                }
+            }
+        }
+        assert_eq!(
+            conn.state(),
+            PushState::Open,
+            "the input was read without error"
+        );
+        out
+    }
+
+    proptest! {
+        /// A receive taken whole (decoded where it lies, behind a partial message) reads the
+        /// same messages as copied bytes do, wherever the input is cut, on both protocols.
+        #[test]
+        fn a_receive_taken_whole_reads_what_copied_bytes_read_wherever_it_is_cut(
+            sizes in prop::collection::vec(0usize..400, 1..30),
+            cuts in prop::collection::vec(any::<usize>(), 0..12),
+            owned in prop::collection::vec(any::<bool>(), 1..6),
+            websocket in any::<bool>(),
+        ) {
+            let messages: Vec<String> = sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| format!(r#"{{"type":"t","stream":"s","i":{i},"p":"{}"}}"#, "x".repeat(n)))
+                .collect();
+            let lines: Vec<String> = messages
+                .iter()
+                .map(|m| format!("{{\"type\":\"publish\",\"message\":{m}}}\n"))
+                .collect();
+            let bytes = client_bytes(&lines, websocket);
+            let got = published(&bytes, &cuts, &owned, websocket);
+            let want: Vec<Vec<u8>> = messages.into_iter().map(String::into_bytes).collect();
+            prop_assert_eq!(got, want);
+        }
     }
 }

@@ -57,6 +57,11 @@ pub(crate) const TICK: Duration = Duration::from_millis(50);
 const RELEASE_AFTER_FREED: usize = 1 << 20;
 /// The messages a [`PublishRun`] keeps room for between inputs.
 const KEEP_RUN: usize = 1024;
+/// Bytes from which a receive's buffer becomes the connection's input as it is (no copy). A
+/// smaller receive is copied into a buffer of its own size: the messages decoded from a buffer
+/// keep all of it alive (a retained one too), so a small receive should not hold a whole
+/// receive buffer.
+const TAKE_RECV_MIN: usize = sys::RECV_BUF_LEN / 2;
 /// `TCP_NOTSENT_LOWAT` of every TCP connection: the unsent bytes the kernel holds at most (see
 /// `Shard::on_accept`).
 const SEND_LOWAT: usize = 256 << 10;
@@ -950,6 +955,11 @@ impl<B: Backend> Shard<B> {
                         Ending::wrong_protocol(codes::TLS_NOT_ENABLED, msg.to_owned()),
                     );
                     return;
+                } else if n >= TAKE_RECV_MIN {
+                    // A well-filled receive is decoded where it lies: the buffer becomes the
+                    // connection's input (the lines share it), and the pool gets a new one.
+                    let taken = buf.map(|buf| self.backend.take_buf(buf, n));
+                    c.push.receive_owned(taken.unwrap_or_default());
                 } else {
                     c.push.receive(data);
                 }
@@ -1094,7 +1104,7 @@ impl<B: Backend> Shard<B> {
             return;
         };
         if c.state != State::Open {
-            c.push.inbuf_mut().clear();
+            c.push.discard_input();
             return;
         }
         c.push.decode_input(now, end);

@@ -15,6 +15,8 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
+
 use super::{syscall, Backend, BufId, Event, RecvBufs, Token, RECV_BUFS, RECV_BUF_LEN};
 
 /// `epoll_event.u64` of the wake-up eventfd.
@@ -56,7 +58,7 @@ pub(crate) struct Epoll {
 }
 
 // SAFETY: the raw pointers in `Slot` point into buffers owned by the shard's connections, and
-// `bufs` into the backend's own allocation; the backend is created, used and dropped on the
+// `bufs` into the backend's own buffers; the backend is created, used and dropped on the
 // shard's thread only (it is moved there once, before any pointer is stored), so no pointer is
 // ever dereferenced on another thread.
 unsafe impl Send for Epoll {}
@@ -309,6 +311,12 @@ impl Backend for Epoll {
         // SAFETY: `buf` is lent to the shard (the contract of `Backend::release_buf`): it is not
         // in `free_bufs`, so no `recv` writes it until it is given back.
         unsafe { self.bufs.get(buf, len) }
+    }
+
+    fn take_buf(&mut self, buf: BufId, len: usize) -> BytesMut {
+        debug_assert!(!self.free_bufs.contains(&buf), "buffer {buf} is not lent");
+        // SAFETY: as in `recv_buf`: lent, and `len` is what its `recv` returned.
+        unsafe { self.bufs.take(buf, len) }
     }
 
     fn release_buf(&mut self, buf: BufId) {

@@ -21,7 +21,9 @@
 //!   socket is ready). A connection waiting for input holds no buffer. A receive that got bytes
 //!   lends its buffer to the shard with the [`Event::Recv`] (`buf`); the shard reads it with
 //!   [`Backend::recv_buf`], keeps what it needs (a partial message) and gives it back with
-//!   [`Backend::release_buf`] before it calls [`Backend::wait`] again. The backend never hands a
+//!   [`Backend::release_buf`] before it calls [`Backend::wait`] again; a buffer a receive
+//!   filled well it may take whole instead ([`Backend::take_buf`]), and a new one takes its place
+//!   in the pool, so a full receive is decoded where the kernel wrote it. The backend never hands a
 //!   lent buffer to the kernel, and frees the pool only after the kernel can no longer write to
 //!   it. When every buffer is lent, a receive waits (it is retried by the next `wait`).
 //! - A gather list (and the bytes it points to) handed to [`Backend::send`] stays valid and
@@ -38,6 +40,8 @@
 use std::io;
 use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
+
+use bytes::BytesMut;
 
 pub(crate) mod epoll;
 #[cfg(target_os = "linux")]
@@ -191,6 +195,12 @@ pub(crate) trait Backend {
     /// The first `len` bytes of lent buffer `buf` (what its [`Event::Recv`] reported).
     fn recv_buf(&self, buf: BufId, len: usize) -> &[u8];
 
+    /// Lent buffer `buf` with its first `len` bytes (what its [`Event::Recv`] reported), taken
+    /// out of the pool as an owned buffer: the bytes are kept where the receive wrote them, and
+    /// a new buffer takes the old one's place. Give `buf` back with
+    /// [`release_buf`](Backend::release_buf) all the same (it names the new buffer).
+    fn take_buf(&mut self, buf: BufId, len: usize) -> BytesMut;
+
     /// Gives lent buffer `buf` back to the pool. Call it for every buffer an [`Event::Recv`]
     /// lends, before the next [`wait`](Backend::wait).
     fn release_buf(&mut self, buf: BufId);
@@ -238,15 +248,21 @@ pub(crate) fn wake_eventfd(fd: RawFd) {
     let _ = syscall!(write(fd, (&one as *const u64).cast(), 8));
 }
 
-/// The memory of a backend's receive buffers: one anonymous private mapping of
-/// [`RECV_BUFS`] × [`RECV_BUF_LEN`] bytes (page-aligned, zero-filled by the kernel). Its pages
-/// become resident only when a receive writes them, so a shard whose connections send little
-/// costs little of it (a heap allocation of this size may be zeroed eagerly by the allocator).
+/// The memory of a backend's receive buffers: [`RECV_BUFS`] heap buffers of [`RECV_BUF_LEN`]
+/// bytes, not zeroed, so only the pages receives write become resident.
 ///
-/// The backend owns it and hands its buffers' addresses to the kernel (io_uring) or to `recv`
-/// (epoll); a buffer is read only while lent to the shard, when nothing writes it.
+/// The backend owns them and hands their addresses to the kernel (io_uring) or to `recv`
+/// (epoll); a buffer is read only while lent to the shard, when nothing writes it. A lent buffer
+/// that a receive filled well can be [taken](RecvBufs::take) whole: its bytes become the
+/// connection's input where they lie (the lines decoded from them share it, no copy), and a new
+/// buffer takes its place in the pool.
 pub(crate) struct RecvBufs {
-    base: std::ptr::NonNull<u8>,
+    /// The buffers: each with `RECV_BUF_LEN` bytes of capacity and a length of zero (what a
+    /// receive writes is in its spare capacity until it is taken).
+    bufs: Vec<BytesMut>,
+    /// Each buffer's address, from its spare capacity when it was made (`bufs` is not touched
+    /// while the kernel may write a buffer; these pointers are what writes it).
+    ptrs: Vec<std::ptr::NonNull<u8>>,
 }
 
 impl std::fmt::Debug for RecvBufs {
@@ -255,54 +271,54 @@ impl std::fmt::Debug for RecvBufs {
     }
 }
 
-impl RecvBufs {
-    const SIZE: usize = RECV_BUFS as usize * RECV_BUF_LEN;
+/// A new receive buffer and the address its receives write.
+fn fresh_buf() -> (BytesMut, std::ptr::NonNull<u8>) {
+    let mut buf = BytesMut::with_capacity(RECV_BUF_LEN);
+    let ptr = std::ptr::NonNull::from(buf.spare_capacity_mut()).cast::<u8>();
+    (buf, ptr)
+}
 
-    /// Maps the buffers.
+impl RecvBufs {
+    /// Allocates the buffers.
     pub(crate) fn new() -> io::Result<RecvBufs> {
-        // SAFETY: a fresh anonymous mapping: no address hint, no file.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                Self::SIZE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = std::ptr::NonNull::new(base.cast::<u8>()).ok_or(io::ErrorKind::OutOfMemory)?;
-        Ok(RecvBufs { base })
+        let (bufs, ptrs) = (0..RECV_BUFS).map(|_| fresh_buf()).unzip();
+        Ok(RecvBufs { bufs, ptrs })
     }
 
     /// The address of buffer `buf`.
     pub(crate) fn ptr(&self, buf: BufId) -> *mut u8 {
-        assert!(buf < RECV_BUFS, "receive buffer {buf} out of range");
-        // SAFETY: `buf < RECV_BUFS`: the offset stays inside the allocation.
-        unsafe { self.base.as_ptr().add(usize::from(buf) * RECV_BUF_LEN) }
+        self.ptrs[usize::from(buf)].as_ptr()
     }
 
     /// The first `len` bytes of buffer `buf`.
     ///
     /// # Safety
     /// Nothing may write buffer `buf` while the returned slice lives (the buffer is lent to the
-    /// shard: neither the kernel nor `recv` holds it).
+    /// shard: neither the kernel nor `recv` holds it), and its last receive wrote at least
+    /// `len` bytes.
     pub(crate) unsafe fn get(&self, buf: BufId, len: usize) -> &[u8] {
         let ptr = self.ptr(buf);
-        // SAFETY: the range is inside the mapping (`len` is clamped to a buffer), which the
-        // kernel zero-filled, so it is initialised; the caller guarantees no writer.
+        // SAFETY: the range is inside the buffer's capacity (`len` is clamped to a buffer), the
+        // caller guarantees that a receive wrote it (so it is initialised) and that nothing
+        // writes it now.
         unsafe { std::slice::from_raw_parts(ptr, len.min(RECV_BUF_LEN)) }
     }
-}
 
-impl Drop for RecvBufs {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `new` with the same size, unmapped once. The backend drops its
-        // buffers only when the kernel can no longer write them.
-        let _ = syscall!(munmap(self.base.as_ptr().cast(), Self::SIZE));
+    /// Buffer `buf` with its first `len` bytes, taken out of the pool: a new buffer takes its
+    /// place (give `buf` back as usual; it names the new one).
+    ///
+    /// # Safety
+    /// As for [`get`](Self::get): the buffer is lent, and its last receive wrote at least `len`
+    /// bytes.
+    pub(crate) unsafe fn take(&mut self, buf: BufId, len: usize) -> BytesMut {
+        let (fresh, ptr) = fresh_buf();
+        let i = usize::from(buf);
+        self.ptrs[i] = ptr;
+        let mut taken = std::mem::replace(&mut self.bufs[i], fresh);
+        // SAFETY: `len` is clamped to the capacity (`RECV_BUF_LEN`), and the caller guarantees
+        // that a receive initialised those bytes.
+        unsafe { taken.set_len(len.min(RECV_BUF_LEN)) };
+        taken
     }
 }
 

@@ -67,6 +67,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+use bytes::BytesMut;
 use io_uring::{cqueue, opcode, squeue, types, IoUring, Probe};
 
 use super::{Backend, BufId, Event, RecvBufs, Token, RECV_BUFS, RECV_BUF_LEN};
@@ -504,6 +505,13 @@ impl Backend for Uring {
         // SAFETY: `buf` is lent to the shard (the contract of `Backend::release_buf`): the kernel
         // filled it and it is not in the ring again until `release_buf`, so nothing writes it.
         unsafe { bufs.get(buf, len) }
+    }
+
+    fn take_buf(&mut self, buf: BufId, len: usize) -> BytesMut {
+        let bufs = &mut self.bufs.as_mut().expect("buffers live until drop").bufs;
+        // SAFETY: as in `recv_buf`: lent (not in the ring), and `len` is what the kernel
+        // reported. The new buffer reaches the ring only with `release_buf`.
+        unsafe { bufs.take(buf, len) }
     }
 
     fn release_buf(&mut self, buf: BufId) {
