@@ -116,7 +116,7 @@ impl Epoll {
             listeners: Vec::new(),
             ready: Vec::new(),
             buf: vec![libc::epoll_event { events: 0, u64: 0 }; 1024],
-            bufs: RecvBufs::new()?,
+            bufs: RecvBufs::new(),
             free_bufs: (0..RECV_BUFS).rev().collect(),
             starved: Vec::new(),
             accept_later: Vec::new(),

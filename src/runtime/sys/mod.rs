@@ -280,9 +280,9 @@ fn fresh_buf() -> (BytesMut, std::ptr::NonNull<u8>) {
 
 impl RecvBufs {
     /// Allocates the buffers.
-    pub(crate) fn new() -> io::Result<RecvBufs> {
+    pub(crate) fn new() -> RecvBufs {
         let (bufs, ptrs) = (0..RECV_BUFS).map(|_| fresh_buf()).unzip();
-        Ok(RecvBufs { bufs, ptrs })
+        RecvBufs { bufs, ptrs }
     }
 
     /// The address of buffer `buf`.
@@ -439,6 +439,47 @@ mod tests {
         backend.remove_conn(0);
     }
 
+    /// Takes the buffer of every receive on one connection, more receives than the pool has
+    /// buffers: each taken buffer keeps its own bytes while the receives after it fill the
+    /// buffers that took its place in the pool.
+    fn a_taken_buffer_keeps_its_bytes_while_the_pool_receives_on(backend: &mut dyn Backend) {
+        let (ours, peer) = UnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).unwrap();
+        backend.add_conn(0, ours.into()).unwrap();
+        let rounds = RECV_BUFS as usize * 2 + 3;
+        let mut taken = Vec::new();
+        let mut events = Vec::new();
+        for round in 0..rounds {
+            (&peer)
+                .write_all(format!("receive {round}").as_bytes())
+                .unwrap();
+            backend.recv(0);
+            let mut done = false;
+            for _ in 0..100 {
+                backend
+                    .wait(Some(Duration::from_millis(50)), &mut events)
+                    .unwrap();
+                for event in events.drain(..) {
+                    if let Event::Recv { result, buf, .. } = event {
+                        let n = result.expect("receive succeeds");
+                        let buf = buf.expect("a receive with bytes lends a buffer");
+                        taken.push(backend.take_buf(buf, n));
+                        backend.release_buf(buf);
+                        done = true;
+                    }
+                }
+                if done {
+                    break;
+                }
+            }
+            assert!(done, "receive {round} completed");
+        }
+        for (round, bytes) in taken.iter().enumerate() {
+            assert_eq!(&bytes[..], format!("receive {round}").as_bytes());
+        }
+        backend.remove_conn(0);
+    }
+
     /// Runs `check` on an epoll backend.
     fn on_epoll(check: fn(&mut dyn Backend)) {
         let waker = new_eventfd().unwrap();
@@ -476,6 +517,17 @@ mod tests {
             4,
             a_token_reused_right_after_a_shutdown_leaves_the_new_connection_open,
         );
+    }
+
+    #[test]
+    fn epoll_a_taken_buffer_keeps_its_bytes_while_the_pool_receives_on() {
+        on_epoll(a_taken_buffer_keeps_its_bytes_while_the_pool_receives_on);
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn io_uring_a_taken_buffer_keeps_its_bytes_while_the_pool_receives_on() {
+        on_io_uring(4, a_taken_buffer_keeps_its_bytes_while_the_pool_receives_on);
     }
 
     #[test]

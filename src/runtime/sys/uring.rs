@@ -137,7 +137,7 @@ impl BufRing {
     /// every buffer published.
     fn new(ring: &IoUring) -> io::Result<BufRing> {
         const _: () = assert!(RECV_BUFS.is_power_of_two());
-        let bufs = RecvBufs::new()?;
+        let bufs = RecvBufs::new();
         // SAFETY: the layout has a non-zero size.
         let entries = unsafe { std::alloc::alloc_zeroed(Self::layout()) };
         let Some(entries) = std::ptr::NonNull::new(entries.cast::<RingEntry>()) else {
