@@ -129,6 +129,32 @@ impl Publish<'_> {
 
 /// [`publish`], borrowed from the line.
 pub(crate) fn publish_ref(line: &[u8], max_depth: usize) -> Option<Publish<'_>> {
+    read(line, max_depth, None).map(|(publish, _)| publish)
+}
+
+/// A `publish` at the start of `lines` (an NDJSON run from a line's start) whose line ends
+/// right after its object (with `\n` or `\r\n`): the publish, as [`publish_ref`] reads it from
+/// that line, and where the line's newline is. The line's end is found by the read, not by a
+/// search for the newline first.
+///
+/// Any other line is an error: `true` when [`publish_ref`] of the line alone (cut at its
+/// newline) may still read it (whitespace after the object, or a line break read as
+/// whitespace: the parse never goes on past a line's newline), `false` when it cannot (the
+/// line is not a usual publish: the full parser's).
+pub(crate) fn publish_line(lines: &[u8], max_depth: usize) -> Result<(Publish<'_>, usize), bool> {
+    let mut reread = false;
+    read(lines, max_depth, Some(&mut reread)).ok_or(reread)
+}
+
+/// [`publish_ref`] of `line`, or with `in_run` [`publish_line`]'s (which it tells where the
+/// line may be read alone): the publish and where the input it was read from ends (`line`'s
+/// length, or the newline).
+#[inline(always)]
+fn read<'a>(
+    line: &'a [u8],
+    max_depth: usize,
+    in_run: Option<&mut bool>,
+) -> Option<(Publish<'a>, usize)> {
     // Offsets are kept in 32 bits (a smaller envelope to clear and move): a longer line, which
     // no limit lets through by default, is the full parser's.
     if u32::try_from(line.len()).is_err() {
@@ -159,10 +185,22 @@ pub(crate) fn publish_ref(line: &[u8], max_depth: usize) -> Option<Publish<'_>> 
             p.record(slot, |p| p.value(1))
         }
     })?;
-    p.ws();
-    if p.i != line.len() {
-        return None;
-    }
+    let end = if let Some(reread) = in_run {
+        // The line must end here; a line break read as whitespace means the read crossed into
+        // another line.
+        let newline = p.i + usize::from(line.get(p.i) == Some(&b'\r'));
+        if p.breaks || line.get(newline) != Some(&b'\n') {
+            *reread = true;
+            return None;
+        }
+        newline
+    } else {
+        p.ws();
+        if p.i != line.len() {
+            return None;
+        }
+        p.i
+    };
     let [kind, message, id, request_id, ..] = env.members;
     if kind?.plain_str(line)? != "publish" {
         return None;
@@ -190,7 +228,7 @@ pub(crate) fn publish_ref(line: &[u8], max_depth: usize) -> Option<Publish<'_>> 
             return None;
         }
     }
-    Some(Publish {
+    let publish = Publish {
         id,
         message: message.of(line),
         breaks: p.breaks,
@@ -198,7 +236,8 @@ pub(crate) fn publish_ref(line: &[u8], max_depth: usize) -> Option<Publish<'_>> 
         kind: head_kind?.plain_str(line)?,
         device_id,
         session: field(line, head_session)?,
-    })
+    };
+    Some((publish, end))
 }
 
 /// An optional string field: absent, `null` or a string without escapes.
@@ -1261,6 +1300,34 @@ mod tests {
             let mut bytes = line.into_bytes();
             mutate::apply(&mut bytes, &edits);
             both_bytes(&bytes);
+        }
+
+        /// A publish read at the start of a run of lines (its end found by the read) is the
+        /// publish its line reads as on its own, and that line ends at the run's first newline;
+        /// a line the run's read refuses outright, the line alone is refused too.
+        #[test]
+        fn a_publish_read_from_its_run_reads_as_its_line_alone(
+            line in publish_line(plain_value(), prop::option::of(Just(json!(7))), "[a-zé]{1,40}"),
+            edits in mutate::edits(0..3),
+            ending in prop_oneof![Just("\n"), Just("\r\n"), Just(" \n"), Just("\r \n")],
+            next in publish_line(plain_value(), Just(None), "[a-z]{1,8}"),
+        ) {
+            let mut run = line.into_bytes();
+            mutate::apply(&mut run, &edits);
+            run.extend_from_slice(ending.as_bytes());
+            run.extend_from_slice(next.as_bytes());
+            run.push(b'\n');
+            let newline = memchr::memchr(b'\n', &run).expect("a newline");
+            let end = newline - usize::from(newline > 0 && run[newline - 1] == b'\r');
+            let alone = publish(&run[..end], 128);
+            match super::publish_line(&run, 128) {
+                Ok((read, at)) => {
+                    prop_assert_eq!(at, newline);
+                    prop_assert_eq!(Some(read.into_command()), alone);
+                }
+                Err(false) => prop_assert!(alone.is_none()),
+                Err(true) => {}
+            }
         }
 
         /// And the fast path is not a rarity: a publish of plain values always takes it.

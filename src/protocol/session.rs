@@ -669,6 +669,17 @@ impl Session {
         fast::publish_ref(line, self.config.max_json_depth)
     }
 
+    /// [`read_publish`](Self::read_publish) of the line at the start of `lines` (an NDJSON
+    /// run from a line's start), read without finding its end first: the publish and where the
+    /// line's newline is, or for any other line whether `read_publish` of the line alone may
+    /// still read it (see [`fast::publish_line`]).
+    pub(crate) fn read_publish_line<'l>(
+        &self,
+        lines: &'l [u8],
+    ) -> Result<(fast::Publish<'l>, usize), bool> {
+        fast::publish_line(lines, self.config.max_json_depth)
+    }
+
     /// Checks a publish [`Session::read_publish`] read as [`Command::Publish`] is checked
     /// (permissions, `$` streams, reserved types, rate limits), without making its command:
     /// `None` to publish it to its topics, or the action that answers it instead (the error

@@ -524,50 +524,39 @@ pub(crate) fn append_input(buf: &mut BytesMut, data: &[u8]) {
 enum Taken {
     /// A decoded event (never an [`Inbound::Lines`]).
     Event(Inbound),
-    /// One message of a run of lines: `run[start..end]`. The run is lent: unless this was its
-    /// `last` message, it goes back with [`Input::give_back`].
-    Line {
-        run: Bytes,
-        start: usize,
-        end: usize,
-        last: bool,
-    },
+    /// The next line of a run of lines, from `run[start]` to its newline (not found yet). The
+    /// run is lent: once the line's end is known ([`Input::end_line`]), it goes back with
+    /// [`Input::give_back`] unless that was its last line.
+    Line { run: Bytes, start: usize },
 }
 
 impl Input {
-    /// The next decoded event or message of a run, taken (an event's slot keeps a placeholder
+    /// The next decoded event or line of a run, taken (an event's slot keeps a placeholder
     /// until the list is cleared). The lines of a run are read where they lie: no `Bytes` and
     /// no event per line.
     fn take_event(&mut self) -> Option<Taken> {
-        loop {
-            let event = self.output.events.get_mut(self.next_event)?;
-            let Inbound::Lines(run) = event else {
-                self.next_event += 1;
-                return Some(Taken::Event(std::mem::replace(event, Inbound::Pong)));
-            };
-            let start = self.line_at;
-            // A run ends with a newline (the protocol's contract); a run cut short ends at
-            // its end all the same.
-            let newline = memchr::memchr(b'\n', &run[start..]).map_or(run.len(), |n| start + n);
-            let last = newline + 1 >= run.len();
-            if last {
-                self.next_event += 1;
-                self.line_at = 0;
-            } else {
-                self.line_at = newline + 1;
-            }
-            // As a line of its own: without a `\r` before the newline, and a blank one is none.
-            let end = newline - usize::from(newline > start && run[newline - 1] == b'\r');
-            if run[start..end].iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            return Some(Taken::Line {
-                run: std::mem::take(run),
-                start,
-                end,
-                last,
-            });
+        let event = self.output.events.get_mut(self.next_event)?;
+        let Inbound::Lines(run) = event else {
+            self.next_event += 1;
+            return Some(Taken::Event(std::mem::replace(event, Inbound::Pong)));
+        };
+        Some(Taken::Line {
+            run: std::mem::take(run),
+            start: self.line_at,
+        })
+    }
+
+    /// The line of a [`Taken::Line`] ends at `newline` (its run's length where the run ends
+    /// without one): the next line starts past it. Whether it was the run's last line.
+    fn end_line(&mut self, run_len: usize, newline: usize) -> bool {
+        let last = newline + 1 >= run_len;
+        if last {
+            self.next_event += 1;
+            self.line_at = 0;
+        } else {
+            self.line_at = newline + 1;
         }
+        last
     }
 
     /// Puts back the run a [`Taken::Line`] lent, if its event is still the one being read.
@@ -1100,19 +1089,42 @@ impl PushConnection {
             };
             let event = match taken {
                 Taken::Event(event) => event,
-                Taken::Line {
-                    run,
-                    start,
-                    end,
-                    last,
-                } => {
-                    self.counts.messages_in = self.counts.messages_in.saturating_add(1);
-                    // A usual publish is read where it lies; any other line is sliced off the
-                    // run and parsed as a text event's.
-                    let line = &run[start..end];
-                    let request = match self.session.read_publish(line) {
-                        Some(publish) => self.publish_read(publish, &run, now, wall),
-                        None => self.command_line(run.slice(start..end), now, wall),
+                Taken::Line { run, start } => {
+                    // A usual publish is read where it lies, its line's end found by the read;
+                    // any other line is cut at its newline, and sliced off the run and parsed as
+                    // a text event's.
+                    let (request, last) = match self.session.read_publish_line(&run[start..]) {
+                        Ok((publish, newline)) => {
+                            let last = self.input_mut().end_line(run.len(), start + newline);
+                            self.counts.messages_in = self.counts.messages_in.saturating_add(1);
+                            (self.publish_read(publish, &run, now, wall), last)
+                        }
+                        Err(reread) => {
+                            // A run ends with a newline (the protocol's contract); a run cut
+                            // short ends at its end all the same.
+                            let newline = memchr::memchr(b'\n', &run[start..])
+                                .map_or(run.len(), |n| start + n);
+                            let last = self.input_mut().end_line(run.len(), newline);
+                            // As a line of its own: without a `\r` before the newline, and a
+                            // blank one is none.
+                            let end =
+                                newline - usize::from(newline > start && run[newline - 1] == b'\r');
+                            if run[start..end].iter().all(u8::is_ascii_whitespace) {
+                                if !last {
+                                    self.input_mut().give_back(run);
+                                }
+                                continue;
+                            }
+                            self.counts.messages_in = self.counts.messages_in.saturating_add(1);
+                            let read = reread
+                                .then(|| self.session.read_publish(&run[start..end]))
+                                .flatten();
+                            let request = match read {
+                                Some(publish) => self.publish_read(publish, &run, now, wall),
+                                None => self.command_line(run.slice(start..end), now, wall),
+                            };
+                            (request, last)
+                        }
                     };
                     if !last {
                         self.input_mut().give_back(run);
