@@ -520,6 +520,16 @@ pub(crate) fn append_input(buf: &mut BytesMut, data: &[u8]) {
     }
 }
 
+/// [`append_input`] of bytes in a buffer of their own: into an empty input buffer, that buffer
+/// itself (no copy).
+fn append_owned(buf: &mut BytesMut, data: BytesMut) {
+    if buf.is_empty() {
+        *buf = data;
+    } else {
+        append_input(buf, &data);
+    }
+}
+
 /// What [`Input::take_event`] hands out.
 enum Taken {
     /// A decoded event (never an [`Inbound::Lines`]).
@@ -768,18 +778,17 @@ impl PushConnection {
         let input = self.input.get_or_insert_with(Box::default);
         if let Some(rest) = input.rest.as_mut() {
             append_input(rest, &data);
-        } else if input.buf.is_empty() {
-            input.buf = data;
-        } else {
-            match memchr::memchr(b'\n', &data) {
-                Some(end) if end + 1 < data.len() => {
-                    append_input(&mut input.buf, &data[..=end]);
-                    data.advance(end + 1);
-                    input.rest = Some(data);
-                }
-                _ => append_input(&mut input.buf, &data),
+            return;
+        }
+        if !input.buf.is_empty() {
+            if let Some(end) = memchr::memchr(b'\n', &data).filter(|&end| end + 1 < data.len()) {
+                append_input(&mut input.buf, &data[..=end]);
+                data.advance(end + 1);
+                input.rest = Some(data);
+                return;
             }
         }
+        append_owned(&mut input.buf, data);
     }
 
     /// Drops received bytes not decoded yet (the connection is closing: nothing more is read).
@@ -862,11 +871,7 @@ impl PushConnection {
             // A receive's rest, behind the message that `buf` ended (after an error nothing
             // more is read).
             if let Some(rest) = input.rest.take().filter(|_| result.is_ok()) {
-                if input.buf.is_empty() {
-                    input.buf = rest;
-                } else {
-                    append_input(&mut input.buf, &rest);
-                }
+                append_owned(&mut input.buf, rest);
                 result = self.proto.decode_runs(&mut input.buf, &mut input.output);
             }
             result

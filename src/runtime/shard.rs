@@ -958,11 +958,10 @@ impl<B: Backend> Shard<B> {
                         Ending::wrong_protocol(codes::TLS_NOT_ENABLED, msg.to_owned()),
                     );
                     return;
-                } else if n >= TAKE_RECV_MIN {
+                } else if let Some(buf) = buf.filter(|_| n >= TAKE_RECV_MIN) {
                     // A well-filled receive is decoded where it lies: the buffer becomes the
                     // connection's input (the lines share it), and the pool gets a new one.
-                    let taken = buf.map(|buf| self.backend.take_buf(buf, n));
-                    c.push.receive_owned(taken.unwrap_or_default());
+                    c.push.receive_owned(self.backend.take_buf(buf, n));
                 } else {
                     c.push.receive(data);
                 }

@@ -22,10 +22,10 @@
 //!   lends its buffer to the shard with the [`Event::Recv`] (`buf`); the shard reads it with
 //!   [`Backend::recv_buf`], keeps what it needs (a partial message) and gives it back with
 //!   [`Backend::release_buf`] before it calls [`Backend::wait`] again; a buffer a receive
-//!   filled well it may take whole instead ([`Backend::take_buf`]), and a new one takes its place
-//!   in the pool, so a full receive is decoded where the kernel wrote it. The backend never hands a
-//!   lent buffer to the kernel, and frees the pool only after the kernel can no longer write to
-//!   it. When every buffer is lent, a receive waits (it is retried by the next `wait`).
+//!   filled well it may take whole instead ([`Backend::take_buf`]), and a new one takes its
+//!   place in the pool, so a full receive is decoded where the kernel wrote it. The backend
+//!   never hands a lent buffer to the kernel, and frees the pool only after the kernel can no
+//!   longer write to it. When every buffer is lent, a receive waits (it is retried by the next `wait`).
 //! - A gather list (and the bytes it points to) handed to [`Backend::send`] stays valid and
 //!   untouched until the matching [`Event`] is returned by [`Backend::wait`]. The shard
 //!   guarantees this by owning it inside the connection and never freeing a connection while an
