@@ -187,6 +187,41 @@ fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A listener's TLS file that cannot be read is a configuration error: the server exits 2
+/// naming the listener and the file, before it listens on any address (the listeners before
+/// it in the file included).
+#[test]
+fn serve_refuses_a_listeners_unreadable_tls_file_before_listening_anywhere() {
+    let dir = std::env::temp_dir().join(format!("powerhub-e2e-tls-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tls.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[[listener]]\nprotocol = \"ndjson\"\naddress = \"127.0.0.1:0\"\n\n\
+             [[listener]]\nprotocol = \"ndjson\"\naddress = \"127.0.0.1:0\"\n\
+             tls_cert = \"{0}/absent.pem\"\ntls_key = \"{0}/absent.key\"\n",
+            dir.display()
+        ),
+    )
+    .unwrap();
+    let out = serve_config(&path);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("listener[1]") && stderr.contains("absent."),
+        "the error names the listener and its file: {stderr}"
+    );
+    assert!(
+        !stdout.contains("listening") && !stderr.contains("listening"),
+        "nothing was listened on first: {stdout} {stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn serve_reports_a_taken_port_naming_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

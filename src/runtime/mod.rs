@@ -754,6 +754,9 @@ impl Engine {
         let mut bound = Vec::new();
         let mut unix_paths = Vec::new();
         let auth = config.auth.as_ref().map(auth_policy).transpose()?;
+        // Every listener is prepared (its protocol, address and TLS files) before any is bound,
+        // so that a configuration error exits before the server listens anywhere.
+        let mut prepared = Vec::with_capacity(config.listeners.len());
         for (index, l) in config.listeners.iter().enumerate() {
             let factory = registry
                 .get(&l.protocol)
@@ -781,6 +784,10 @@ impl Engine {
             let tls = listener_tls(l)
                 .map_err(|source| EngineError::Tls { index, source })?
                 .map(|(files, config)| (files, RwLock::new(config)));
+            prepared.push((factory, addr, tls));
+        }
+        for (index, (l, (factory, addr, tls))) in config.listeners.iter().zip(prepared).enumerate()
+        {
             let (fd, local) = bind(index, &l.protocol, &addr)?;
             if let ListenAddr::Unix(p) = &local {
                 unix_paths.push(p.clone());
