@@ -651,6 +651,22 @@ impl Config {
                 &format!("must be between 1 and {}", crate::hub::MAX_QUEUE_LIMIT),
             ));
         }
+        if let Some(auth) = &self.auth {
+            // Certificates alone: with no listener asking for one, nobody could authenticate.
+            if auth.tokens.is_empty()
+                && auth.jwt.is_none()
+                && !auth.certificates.is_empty()
+                && self.listeners.iter().all(|l| l.tls_client_ca.is_none())
+            {
+                return Err(invalid(
+                    "auth.certificates",
+                    format_args!("{} entries", auth.certificates.len()),
+                    "are the only credentials, but no listener asks for a client certificate \
+                     (tls_client_ca): nobody could authenticate; set a listener's tls_client_ca \
+                     or add [[auth.tokens]] or [auth.jwt]",
+                ));
+            }
+        }
         if self.engine.shutdown_timeout_ms > 3_600_000 {
             return Err(invalid(
                 "engine.shutdown_timeout_ms",
@@ -755,6 +771,27 @@ mod tests {
             assert!(err.contains("a table of named fields"), "{value}: {err}");
             assert!(err.contains(key), "{value}: {err}");
         }
+    }
+
+    /// `[[auth.certificates]]` as the only credentials, with no listener asking for a client
+    /// certificate, would let nobody in: refused, naming the key and what is missing.
+    #[test]
+    fn certificates_alone_with_no_listener_asking_for_one_are_refused() {
+        let certs = "[auth]\n[[auth.certificates]]\nsubject = \"CN=meter\"\nuser = \"meter\"\n";
+        let plain = "[[listener]]\nprotocol = \"ndjson\"\naddress = \"127.0.0.1:0\"\n";
+        let err = Config::from_toml(&format!("{certs}{plain}"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("auth.certificates") && err.contains("tls_client_ca"),
+            "{err}"
+        );
+        let asking = format!(
+            "{plain}tls_cert = \"s.pem\"\ntls_key = \"s.key\"\ntls_client_ca = \"ca.pem\"\n"
+        );
+        assert!(Config::from_toml(&format!("{certs}{asking}"), None).is_ok());
+        let token = "[[auth.tokens]]\ntoken = \"t\"\nuser = \"u\"\n";
+        assert!(Config::from_toml(&format!("{certs}{token}{plain}"), None).is_ok());
     }
 
     #[test]

@@ -105,7 +105,8 @@ pub const LIMITS_CLAIM: &str = "limits";
 pub const DEFAULT_PERMISSIONS_CLAIM: &str = "permissions";
 
 /// The `[auth]` section. Authentication is on as soon as this section is present; it must then
-/// configure at least one static token or a `[auth.jwt]` section.
+/// configure at least one static token, a `[auth.jwt]` section, or `[[auth.certificates]]` (which
+/// the server's configuration accepts only with a listener that asks for client certificates).
 ///
 /// `Debug` leaves tokens and secrets out.
 #[derive(Clone, Default, Deserialize)]
@@ -328,7 +329,8 @@ impl fmt::Debug for JwtConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AuthConfigError {
-    /// `[auth]` is present but configures neither a token nor a JWT key: nobody could connect.
+    /// `[auth]` is present but configures no token, JWT key or certificate: nobody could
+    /// connect.
     #[error(
         "[auth] configures no credentials: add [[auth.tokens]] entries, an [auth.jwt] section \
          or [[auth.certificates]] entries"
