@@ -728,7 +728,7 @@ fn optional_str(v: Value<'_>, name: &'static str) -> Result<Option<String>, Erro
             reason: "must be at most 256 bytes".into(),
         }),
         Value::Str(s) => Ok(Some(s.into_owned())),
-        other => Err(wrong(name, "a string", &other)),
+        other => Err(wrong(name, "a string or null", &other)),
     }
 }
 
@@ -850,6 +850,39 @@ mod tests {
             }
             assert!(ERROR_CODES.contains(&kind.code()), "{kind:?}");
             assert_eq!(kind.limit().is_some(), kind.code() == super::LIMIT_EXCEEDED);
+        }
+    }
+
+    /// `deviceId` and `subscriptionId` take `null` as absent: a value of another type is told
+    /// so (the error says what is accepted).
+    #[test]
+    fn an_optional_name_of_the_wrong_type_is_told_that_null_is_accepted_too() {
+        for (line, field) in [
+            (
+                r#"{"type":"subscribe","id":1,"stream":"s","deviceId":5}"#,
+                "deviceId",
+            ),
+            (
+                r#"{"type":"subscribe","id":1,"stream":"s","subscriptionId":[]}"#,
+                "subscriptionId",
+            ),
+            (
+                r#"{"type":"unsubscribe","id":1,"subscriptionId":true}"#,
+                "subscriptionId",
+            ),
+        ] {
+            let err = super::parse_full_default(line.as_bytes()).unwrap_err();
+            let text = err.kind.to_string();
+            assert!(
+                text.starts_with(&format!("field `{field}` must be a string or null, got")),
+                "{line}: {text}"
+            );
+        }
+        for line in [
+            r#"{"type":"subscribe","id":1,"stream":"s","deviceId":null}"#,
+            r#"{"type":"subscribe","id":1,"stream":"s","subscriptionId":null}"#,
+        ] {
+            assert!(super::parse_full_default(line.as_bytes()).is_ok(), "{line}");
         }
     }
 }

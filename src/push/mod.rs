@@ -14,8 +14,8 @@
 //!
 //! - the stream protocol (NDJSON, WebSocket, the frame protocol) that frames its messages,
 //! - the push [`Session`] that reads its commands,
-//! - its [`Outbox`], the only queue of its subscriptions (`../shared/spec/push-stream-
-//!   backpressure.md`: coalescing, lossless FIFO, `frames_dropped`, keepalive and liveness), and
+//! - its [`Outbox`], the only queue of its subscriptions (the push-stream back-pressure rules:
+//!   coalescing, lossless FIFO, `frames_dropped`, keepalive and liveness), and
 //!   the protocol's urgent lane (handshake replies, pongs, close replies), written at message
 //!   boundaries,
 //! - the order of what it sends: a reply never overtakes a delivery published before its
