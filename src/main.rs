@@ -264,6 +264,16 @@ fn reload(engine: &Engine, path: Option<&std::path::Path>) {
                 tracing::error!(config = %path.display(), error = %e, "SIGHUP: reload refused; the running [auth] stays")
             }
         }
+        // Everything but `[auth]` is read at start: an edit elsewhere is said not to apply, so
+        // that it is not taken for applied.
+        let changed = engine.config().changed_at_start_only(c);
+        if !changed.is_empty() {
+            tracing::warn!(
+                config = %path.display(),
+                sections = %changed.join(", "),
+                "SIGHUP: these sections changed and are read at start only; the running values stay until a restart"
+            );
+        }
         // A listener's certificate paths are read at start: a reload reads the same files again.
         let running = &engine.config().listeners;
         for (index, (now, then)) in c.listeners.iter().zip(running).enumerate() {

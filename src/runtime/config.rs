@@ -81,7 +81,7 @@ impl std::str::FromStr for BackendChoice {
 pub const BACKEND_ENV: &str = "POWERHUB_BACKEND";
 
 /// The `[engine]` section.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineSection {
     /// Worker threads; 0 = one per core.
@@ -697,6 +697,51 @@ impl Config {
         Ok(())
     }
 
+    /// The parts of `fresh` that differ from this configuration and are read at start only
+    /// (every section but `[auth]`, and the listeners but for their TLS file paths, which a
+    /// reload names on its own): what a SIGHUP reload does not apply. Names as in the file:
+    /// `[engine]`, `[limits]`, `[subscriptions]`, `[outbox]`, `[[listener]]`.
+    ///
+    /// ```
+    /// use powerhub::runtime::Config;
+    ///
+    /// let running = Config::embedded_default();
+    /// let mut fresh = running.clone();
+    /// fresh.limits.max_connections = 1;
+    /// assert_eq!(running.changed_at_start_only(&fresh), ["[limits]"]);
+    /// ```
+    pub fn changed_at_start_only(&self, fresh: &Config) -> Vec<&'static str> {
+        let mut changed = Vec::new();
+        if self.engine != fresh.engine {
+            changed.push("[engine]");
+        }
+        if self.limits != fresh.limits {
+            changed.push("[limits]");
+        }
+        if self.subscriptions != fresh.subscriptions {
+            changed.push("[subscriptions]");
+        }
+        if self.outbox != fresh.outbox {
+            changed.push("[outbox]");
+        }
+        let tls_paths_aside = |l: &ListenerConfig| ListenerConfig {
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+            ..l.clone()
+        };
+        if self.listeners.len() != fresh.listeners.len()
+            || self
+                .listeners
+                .iter()
+                .zip(&fresh.listeners)
+                .any(|(a, b)| tls_paths_aside(a) != tls_paths_aside(b))
+        {
+            changed.push("[[listener]]");
+        }
+        changed
+    }
+
     /// The shard count after resolving 0 to the number of cores.
     pub fn shard_count(&self) -> usize {
         if self.engine.shards > 0 {
@@ -792,6 +837,41 @@ mod tests {
         assert!(Config::from_toml(&format!("{certs}{asking}"), None).is_ok());
         let token = "[[auth.tokens]]\ntoken = \"t\"\nuser = \"u\"\n";
         assert!(Config::from_toml(&format!("{certs}{token}{plain}"), None).is_ok());
+    }
+
+    /// What a SIGHUP reload does not apply is named: every section but `[auth]`, and the
+    /// listeners but for their TLS paths (named by the reload on their own).
+    #[test]
+    fn a_reload_names_every_section_read_at_start_only_that_changed() {
+        let running = Config::embedded_default();
+        assert!(running.changed_at_start_only(&running.clone()).is_empty());
+        let mut fresh = running.clone();
+        fresh.auth = Some(Default::default());
+        fresh.listeners[0].tls_cert = Some("new.pem".into());
+        assert!(
+            running.changed_at_start_only(&fresh).is_empty(),
+            "auth and TLS paths"
+        );
+        fresh.engine.shards = 7;
+        fresh.outbox.high_water_bytes = 1;
+        fresh.subscriptions.max_batch = 1;
+        fresh.limits.max_connections = 1;
+        fresh.listeners[1].address = Some("127.0.0.1:1".into());
+        assert_eq!(
+            running.changed_at_start_only(&fresh),
+            [
+                "[engine]",
+                "[limits]",
+                "[subscriptions]",
+                "[outbox]",
+                "[[listener]]"
+            ]
+        );
+        fresh.listeners = running.listeners.clone();
+        fresh.listeners.pop();
+        assert!(running
+            .changed_at_start_only(&fresh)
+            .contains(&"[[listener]]"));
     }
 
     #[test]
