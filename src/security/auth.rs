@@ -753,6 +753,14 @@ fn certificate_users(
                 e.subject
             )));
         }
+        if let Some(reason) = not_as_printed(&e.subject) {
+            return Err(refuse(format!(
+                "subject `{}` {reason}, so no certificate could match it (the subject is compared \
+                 exactly with the certificate's, as `openssl x509 -noout -subject -nameopt \
+                 RFC2253` prints it)",
+                e.subject
+            )));
+        }
         if let Some(first) = out.iter().position(|(s, _)| *s == e.subject) {
             return Err(refuse(format!(
                 "subject `{}` repeats auth.certificates[{first}].subject",
@@ -810,6 +818,46 @@ fn not_a_dn_part(subject: &str) -> Option<&str> {
                 .all(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
         !(keyword || oid)
     })
+}
+
+/// Why a DN `subject` is written as no certificate's subject is printed, if it is: a space
+/// around a separator or an attribute's `=` (RFC 4514 strings have none but escaped ones), or a
+/// standard attribute keyword not in capitals (`cn=` for `CN=`).
+fn not_as_printed(subject: &str) -> Option<String> {
+    const KEYWORDS: [&str; 9] = ["CN", "O", "OU", "C", "L", "ST", "STREET", "DC", "UID"];
+    let mut start = 0;
+    let mut escaped = false;
+    let mut parts = Vec::new();
+    for (i, c) in subject.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            ',' | '+' => {
+                parts.push(&subject[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&subject[start..]);
+    for part in parts {
+        let (attr, value) = part.split_once('=')?;
+        if attr != attr.trim() || value.starts_with(' ') {
+            return Some(format!(
+                "has a space around `{}` (write `{}={}`)",
+                part.trim(),
+                attr.trim(),
+                value.trim_start()
+            ));
+        }
+        if let Some(k) = KEYWORDS
+            .iter()
+            .find(|k| k.eq_ignore_ascii_case(attr) && **k != attr)
+        {
+            return Some(format!("writes `{attr}=` where certificates print `{k}=`"));
+        }
+    }
+    None
 }
 
 /// The first `CN=` value of an RFC 4514 subject string, as [`PeerSubject::user`] takes it from
@@ -1597,6 +1645,21 @@ mod tests {
             let err = Authenticator::from_config(&config).unwrap_err().to_string();
             assert!(
                 err.contains("auth.certificates[0]") && err.contains("RFC 4514"),
+                "{bad}: {err}"
+            );
+        }
+        // Written as no certificate's subject is printed: said so, naming the part.
+        for (bad, part) in [
+            ("CN=sensor-7, O=Example", "O=Example"),
+            ("CN =a", "CN=a"),
+            ("cn=sensor-7,o=Example", "cn="),
+            ("CN=a,Ou=b", "Ou="),
+        ] {
+            let config: AuthConfig =
+                toml::from_str(&format!("[[certificates]]\nsubject = {bad:?}\n")).unwrap();
+            let err = Authenticator::from_config(&config).unwrap_err().to_string();
+            assert!(
+                err.contains("auth.certificates[0]") && err.contains(part),
                 "{bad}: {err}"
             );
         }
