@@ -177,13 +177,13 @@ fn wrongly_typed_field_is_an_error_naming_the_field_and_types() {
         (
             r#"{"type":"subscribe","stream":"s","deviceId":1.5}"#,
             "deviceId",
-            "a string",
+            "a string or null",
             "a number",
         ),
         (
             r#"{"type":"subscribe","stream":"s","subscriptionId":{}}"#,
             "subscriptionId",
-            "a string",
+            "a string or null",
             "an object",
         ),
         (

@@ -570,7 +570,15 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
                 subscription_id,
             })
         }
-        "unsubscribe" => match optional_str(top(5), "subscriptionId") {
+        "unsubscribe" => match optional_str(top(5), "subscriptionId").map_err(|k| match k {
+            // Required here: `null` is no id (the missing field's error below).
+            ErrorKind::WrongType { field, got, .. } => ErrorKind::WrongType {
+                field,
+                expected: "a string",
+                got,
+            },
+            other => other,
+        }) {
             Ok(Some(subscription_id)) => Ok(Command::Unsubscribe {
                 id,
                 subscription_id,
@@ -853,8 +861,8 @@ mod tests {
         }
     }
 
-    /// `deviceId` and `subscriptionId` take `null` as absent: a value of another type is told
-    /// so (the error says what is accepted).
+    /// A subscribe's `deviceId` and `subscriptionId` take `null` as absent: a value of another
+    /// type is told so (the error says what is accepted).
     #[test]
     fn an_optional_name_of_the_wrong_type_is_told_that_null_is_accepted_too() {
         for (line, field) in [
@@ -866,10 +874,6 @@ mod tests {
                 r#"{"type":"subscribe","id":1,"stream":"s","subscriptionId":[]}"#,
                 "subscriptionId",
             ),
-            (
-                r#"{"type":"unsubscribe","id":1,"subscriptionId":true}"#,
-                "subscriptionId",
-            ),
         ] {
             let err = super::parse_full_default(line.as_bytes()).unwrap_err();
             let text = err.kind.to_string();
@@ -878,6 +882,15 @@ mod tests {
                 "{line}: {text}"
             );
         }
+        // On `unsubscribe` the id is required: `null` is none, and a wrong type is told so.
+        let line = br#"{"type":"unsubscribe","id":1,"subscriptionId":true}"#;
+        assert_eq!(
+            super::parse_full_default(line)
+                .unwrap_err()
+                .kind
+                .to_string(),
+            "field `subscriptionId` must be a string, got a boolean"
+        );
         for line in [
             r#"{"type":"subscribe","id":1,"stream":"s","deviceId":null}"#,
             r#"{"type":"subscribe","id":1,"stream":"s","subscriptionId":null}"#,
