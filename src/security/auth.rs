@@ -790,22 +790,7 @@ fn certificate_users(
 /// `attribute=value`: an attribute that is a keyword (`CN`, `O`, `emailAddress`) or a dotted
 /// OID, and a value (empty or not). `None` when every part is one.
 fn not_a_dn_part(subject: &str) -> Option<&str> {
-    let mut start = 0;
-    let mut escaped = false;
-    let mut parts = Vec::new();
-    for (i, c) in subject.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            ',' | '+' => {
-                parts.push(&subject[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&subject[start..]);
-    parts.into_iter().find(|part| {
+    dn_parts(subject).find(|part| {
         let Some((attr, _value)) = part.split_once('=') else {
             return true;
         };
@@ -820,27 +805,36 @@ fn not_a_dn_part(subject: &str) -> Option<&str> {
     })
 }
 
+/// The parts of an RFC 4514 `subject`: split at its unescaped `,` and `+`.
+fn dn_parts(subject: &str) -> impl Iterator<Item = &str> {
+    let mut start = 0;
+    let mut escaped = false;
+    let mut ends = subject
+        .char_indices()
+        .filter_map(move |(i, c)| {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                ',' | '+' => return Some(i),
+                _ => {}
+            }
+            None
+        })
+        .chain(std::iter::once(subject.len()));
+    std::iter::from_fn(move || {
+        let end = ends.next()?;
+        let part = &subject[start..end];
+        start = end + 1;
+        Some(part)
+    })
+}
+
 /// Why a DN `subject` is written as no certificate's subject is printed, if it is: a space
 /// around a separator or an attribute's `=` (RFC 4514 strings have none but escaped ones), or a
 /// standard attribute keyword not in capitals (`cn=` for `CN=`).
 fn not_as_printed(subject: &str) -> Option<String> {
     const KEYWORDS: [&str; 9] = ["CN", "O", "OU", "C", "L", "ST", "STREET", "DC", "UID"];
-    let mut start = 0;
-    let mut escaped = false;
-    let mut parts = Vec::new();
-    for (i, c) in subject.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' => escaped = true,
-            ',' | '+' => {
-                parts.push(&subject[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    parts.push(&subject[start..]);
-    for part in parts {
+    for part in dn_parts(subject) {
         let (attr, value) = part.split_once('=')?;
         if attr != attr.trim() || value.starts_with(' ') {
             return Some(format!(
