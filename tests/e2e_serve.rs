@@ -154,10 +154,17 @@ fn serve_config(path: &std::path::Path) -> std::process::Output {
         .unwrap()
 }
 
+/// A directory of this test process's own for config files (`tag` tells the tests apart),
+/// created if absent; the test removes it.
+fn config_dir(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("powerhub-e2e-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[test]
 fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
-    let dir = std::env::temp_dir().join(format!("powerhub-e2e-cfg-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = config_dir("cfg");
     let path = dir.join("bad.toml");
     std::fs::write(
         &path,
@@ -192,8 +199,7 @@ fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
 /// it in the file included).
 #[test]
 fn serve_refuses_a_listeners_unreadable_tls_file_before_listening_anywhere() {
-    let dir = std::env::temp_dir().join(format!("powerhub-e2e-tls-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = config_dir("tls");
     let path = dir.join("tls.toml");
     std::fs::write(
         &path,

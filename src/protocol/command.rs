@@ -555,11 +555,11 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
             if let Err(k) = validate_stream(&stream, "stream") {
                 return fail(k);
             }
-            let device_id = match optional_str(top(4), "deviceId") {
+            let device_id = match optional_str(top(4), "deviceId", "a string or null") {
                 Ok(d) => d,
                 Err(k) => return fail(k),
             };
-            let subscription_id = match optional_str(top(5), "subscriptionId") {
+            let subscription_id = match optional_str(top(5), "subscriptionId", "a string or null") {
                 Ok(s) => s,
                 Err(k) => return fail(k),
             };
@@ -570,15 +570,8 @@ fn parse_json(line: &[u8], max_depth: usize) -> Result<Command, CommandError> {
                 subscription_id,
             })
         }
-        "unsubscribe" => match optional_str(top(5), "subscriptionId").map_err(|k| match k {
-            // Required here: `null` is no id (the missing field's error below).
-            ErrorKind::WrongType { field, got, .. } => ErrorKind::WrongType {
-                field,
-                expected: "a string",
-                got,
-            },
-            other => other,
-        }) {
+        // Required here: `null` is no id (the missing field's error below).
+        "unsubscribe" => match optional_str(top(5), "subscriptionId", "a string") {
             Ok(Some(subscription_id)) => Ok(Command::Unsubscribe {
                 id,
                 subscription_id,
@@ -724,7 +717,12 @@ fn required_str(v: Value<'_>, name: &'static str) -> Result<String, ErrorKind> {
 }
 
 /// An optional name: absent or `null` is `None`; a string must be 1 to [`MAX_NAME_BYTES`] bytes.
-fn optional_str(v: Value<'_>, name: &'static str) -> Result<Option<String>, ErrorKind> {
+/// Another type is refused as not `expected` (what the command accepts there).
+fn optional_str(
+    v: Value<'_>,
+    name: &'static str,
+    expected: &'static str,
+) -> Result<Option<String>, ErrorKind> {
     match v {
         Value::Absent | Value::Null => Ok(None),
         Value::Str(s) if s.is_empty() => Err(ErrorKind::InvalidValue {
@@ -736,7 +734,7 @@ fn optional_str(v: Value<'_>, name: &'static str) -> Result<Option<String>, Erro
             reason: "must be at most 256 bytes".into(),
         }),
         Value::Str(s) => Ok(Some(s.into_owned())),
-        other => Err(wrong(name, "a string or null", &other)),
+        other => Err(wrong(name, expected, &other)),
     }
 }
 

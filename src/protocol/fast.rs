@@ -141,6 +141,7 @@ pub(crate) fn publish_ref(line: &[u8], max_depth: usize) -> Option<Publish<'_>> 
 /// newline) may still read it (whitespace after the object, or a line break read as
 /// whitespace: the parse never goes on past a line's newline), `false` when it cannot (the
 /// line is not a usual publish: the full parser's).
+#[inline(always)]
 pub(crate) fn publish_line(lines: &[u8], max_depth: usize) -> Result<(Publish<'_>, usize), bool> {
     let mut reread = false;
     read(lines, max_depth, Some(&mut reread)).ok_or(reread)

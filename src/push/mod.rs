@@ -569,6 +569,17 @@ impl Input {
         last
     }
 
+    /// The line of a [`Taken::Line`] that the publish read did not take, cut at its newline:
+    /// where it ends as a line of its own (before a `\r` that precedes the newline), and
+    /// whether it was the run's last line ([`Input::end_line`]). A run ends with a newline (the
+    /// protocol's contract); a run cut short ends at its end all the same.
+    fn cut_line(&mut self, run: &[u8], start: usize) -> (usize, bool) {
+        let newline = memchr::memchr(b'\n', &run[start..]).map_or(run.len(), |n| start + n);
+        let last = self.end_line(run.len(), newline);
+        let end = newline - usize::from(newline > start && run[newline - 1] == b'\r');
+        (end, last)
+    }
+
     /// Puts back the run a [`Taken::Line`] lent, if its event is still the one being read.
     fn give_back(&mut self, run: Bytes) {
         if let Some(Inbound::Lines(slot)) = self.output.events.get_mut(self.next_event) {
@@ -1105,15 +1116,7 @@ impl PushConnection {
                             (self.publish_read(publish, &run, now, wall), last)
                         }
                         Err(reread) => {
-                            // A run ends with a newline (the protocol's contract); a run cut
-                            // short ends at its end all the same.
-                            let newline = memchr::memchr(b'\n', &run[start..])
-                                .map_or(run.len(), |n| start + n);
-                            let last = self.input_mut().end_line(run.len(), newline);
-                            // As a line of its own: without a `\r` before the newline, and a
-                            // blank one is none.
-                            let end =
-                                newline - usize::from(newline > start && run[newline - 1] == b'\r');
+                            let (end, last) = self.input_mut().cut_line(&run, start);
                             if run[start..end].iter().all(u8::is_ascii_whitespace) {
                                 if !last {
                                     self.input_mut().give_back(run);

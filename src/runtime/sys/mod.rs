@@ -25,7 +25,8 @@
 //!   filled well it may take whole instead ([`Backend::take_buf`]), and a new one takes its
 //!   place in the pool, so a full receive is decoded where the kernel wrote it. The backend
 //!   never hands a lent buffer to the kernel, and frees the pool only after the kernel can no
-//!   longer write to it. When every buffer is lent, a receive waits (it is retried by the next `wait`).
+//!   longer write to it. When every buffer is lent, a receive waits (it is retried by the next
+//!   `wait`).
 //! - A gather list (and the bytes it points to) handed to [`Backend::send`] stays valid and
 //!   untouched until the matching [`Event`] is returned by [`Backend::wait`]. The shard
 //!   guarantees this by owning it inside the connection and never freeing a connection while an
@@ -391,6 +392,26 @@ mod tests {
         }
     }
 
+    /// The next receive to complete (its token, result and lent buffer, which the caller gives
+    /// back), waited for up to 5 s; `None` if none completed.
+    fn next_receive(
+        backend: &mut dyn Backend,
+    ) -> Option<(Token, io::Result<usize>, Option<BufId>)> {
+        let mut events = Vec::new();
+        for _ in 0..100 {
+            backend
+                .wait(Some(Duration::from_millis(50)), &mut events)
+                .unwrap();
+            if let Some(Event::Recv { token, result, buf }) = events
+                .drain(..)
+                .find(|event| matches!(event, Event::Recv { .. }))
+            {
+                return Some((token, result, buf));
+            }
+        }
+        None
+    }
+
     /// Shuts a connection down, removes it and gives its token to a new connection before the
     /// shutdown has run (io_uring runs it later, in the kernel's workers): the new connection is
     /// not shut down (its receive gets its peer's bytes), and the old one is.
@@ -408,25 +429,14 @@ mod tests {
         backend.add_conn(0, new.into()).unwrap();
         backend.recv(0);
         (&new_peer).write_all(b"still open").unwrap();
-        let mut events = Vec::new();
-        let mut got = None;
-        for _ in 0..100 {
-            backend
-                .wait(Some(Duration::from_millis(50)), &mut events)
-                .unwrap();
-            for event in events.drain(..) {
-                if let Event::Recv { token, result, buf } = event {
-                    assert_eq!(token, 0);
-                    let n = result.expect("the new connection's receive succeeds");
-                    let buf = buf.expect("bytes lend a buffer");
-                    got = Some(backend.recv_buf(buf, n).to_vec());
-                    backend.release_buf(buf);
-                }
-            }
-            if got.is_some() {
-                break;
-            }
-        }
+        let got = next_receive(backend).map(|(token, result, buf)| {
+            assert_eq!(token, 0);
+            let n = result.expect("the new connection's receive succeeds");
+            let buf = buf.expect("bytes lend a buffer");
+            let got = backend.recv_buf(buf, n).to_vec();
+            backend.release_buf(buf);
+            got
+        });
         assert_eq!(got.as_deref(), Some(&b"still open"[..]));
         old_peer
             .set_read_timeout(Some(Duration::from_secs(5)))
@@ -448,31 +458,17 @@ mod tests {
         backend.add_conn(0, ours.into()).unwrap();
         let rounds = RECV_BUFS as usize * 2 + 3;
         let mut taken = Vec::new();
-        let mut events = Vec::new();
         for round in 0..rounds {
             (&peer)
                 .write_all(format!("receive {round}").as_bytes())
                 .unwrap();
             backend.recv(0);
-            let mut done = false;
-            for _ in 0..100 {
-                backend
-                    .wait(Some(Duration::from_millis(50)), &mut events)
-                    .unwrap();
-                for event in events.drain(..) {
-                    if let Event::Recv { result, buf, .. } = event {
-                        let n = result.expect("receive succeeds");
-                        let buf = buf.expect("a receive with bytes lends a buffer");
-                        taken.push(backend.take_buf(buf, n));
-                        backend.release_buf(buf);
-                        done = true;
-                    }
-                }
-                if done {
-                    break;
-                }
-            }
-            assert!(done, "receive {round} completed");
+            let (_, result, buf) =
+                next_receive(backend).unwrap_or_else(|| panic!("receive {round} completed"));
+            let n = result.expect("receive succeeds");
+            let buf = buf.expect("a receive with bytes lends a buffer");
+            taken.push(backend.take_buf(buf, n));
+            backend.release_buf(buf);
         }
         for (round, bytes) in taken.iter().enumerate() {
             assert_eq!(&bytes[..], format!("receive {round}").as_bytes());
