@@ -294,6 +294,30 @@ fn dropping_a_handle_keeps_the_retained_messages_of_its_topic() {
     }
 }
 
+/// realtime-hub.md: "The log is released when the last subscriber on that topic leaves" (a
+/// publisher's handle, which keeps the topic, is not a subscriber).
+#[test]
+fn the_retained_log_goes_with_the_last_subscriber_while_a_handle_is_held() {
+    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let p = hub.publisher("t");
+    let a = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    p.publish(json(0), PublishOptions::default().retain(true))
+        .unwrap();
+    drop(a);
+    let mut c = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    assert!(
+        matches!(c.try_recv(), Err(TryRecvError::Empty)),
+        "the log went with the last subscriber"
+    );
+    // The handle still publishes, and retains anew.
+    p.publish(json(1), PublishOptions::default().retain(true))
+        .unwrap();
+    assert_eq!(n_of(c.try_recv().unwrap().message().bytes()), 1);
+    drop(c);
+    let mut d = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    assert!(matches!(d.try_recv(), Err(TryRecvError::Empty)));
+}
+
 /// Receivers come and go one at a time (so the topic's log ends and a new one starts, with
 /// queues of different sizes) while handles on several threads publish: each receiver sees the
 /// topic's numbers consecutively from where it started, a gap only where it was told of a loss.

@@ -263,3 +263,23 @@ fn spy_records_fails_pends_and_panics_on_demand() {
         vec![("a".to_owned(), CloseReason::Unsubscribe)]
     );
 }
+
+/// A timeout too long for the clock to hold (`Duration::MAX`) is a wait without a deadline, not
+/// a panic, in every bounded wait of the public API.
+#[test]
+fn a_timeout_too_long_for_the_clock_waits_without_panicking() {
+    let (sink, rx) = channel(8);
+    let hub = Hub::new(sink, HubOptions::default()).unwrap();
+    hub.subscribe("t", |_| {}, SubscribeOptions::default().id("a"))
+        .unwrap()
+        .detach();
+    let mut receiver = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    hub.publish_json("t", &1).unwrap();
+    assert_eq!(hub.flush_timeout(Duration::MAX), Ok(()));
+    let event = rx.recv_timeout(Duration::MAX).unwrap();
+    assert_eq!(frame_messages(&event), ["1"]);
+    let m = receiver.recv_timeout(Duration::MAX).unwrap();
+    assert_eq!(m.message().bytes().as_ref(), b"1");
+    assert_eq!(hub.shutdown_timeout(Duration::MAX), Ok(()));
+    assert!(hub.is_closed());
+}

@@ -379,11 +379,15 @@ impl Topic {
 
     /// No consumer and no publisher's handle: the topic can go.
     fn is_empty(&self) -> bool {
+        self.has_no_consumer() && Arc::strong_count(&self.order) == 1
+    }
+
+    /// No subscriber of any kind (a publisher's handle may still hold the topic).
+    fn has_no_consumer(&self) -> bool {
         self.subs.is_empty()
             && self.cursors.is_empty()
             && self.taps.is_empty()
             && self.direct.is_none()
-            && Arc::strong_count(&self.order) == 1
     }
 
     /// No consumer but direct receivers, if any: a publication that is not retained then goes
@@ -901,6 +905,9 @@ impl Inner {
                 if t.is_empty() {
                     // The last subscriber left: release the retained log with the topic.
                     topics.remove(sub.sref.topic());
+                } else if t.has_no_consumer() {
+                    // Kept by a publisher's handle: the retained log goes all the same.
+                    t.retained.lock().clear();
                 }
             }
             // A cursor's evictions so far (none can follow: it left its topic's cursors above,
@@ -1199,6 +1206,8 @@ impl Inner {
             t.reroute();
             if t.is_empty() {
                 topics.remove(topic);
+            } else if t.has_no_consumer() {
+                t.retained.lock().clear();
             }
         }
         drop(topics);

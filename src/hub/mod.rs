@@ -376,9 +376,10 @@ impl Hub {
 
     /// [`flush`](Hub::flush), waiting at most `timeout` for sends in flight: past it
     /// [`FlushError::Timeout`] (what was handed to transports stays with them; nothing is
-    /// lost or cancelled).
+    /// lost or cancelled). A timeout too long for the clock to hold (`Duration::MAX`) waits
+    /// as [`flush`](Hub::flush) does.
     pub fn flush_timeout(&self, timeout: std::time::Duration) -> Result<(), FlushError> {
-        self.inner().flush(Some(Instant::now() + timeout))
+        self.inner().flush(Instant::now().checked_add(timeout))
     }
 
     /// [`flush`](Hub::flush) as a future for async callers, on any executor (it needs none): the

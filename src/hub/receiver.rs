@@ -582,13 +582,14 @@ impl Receiver {
         Ok(self.delivery())
     }
 
-    /// The next message, waiting at most `timeout`.
+    /// The next message, waiting at most `timeout` (one too long for the clock to hold, such
+    /// as `Duration::MAX`, waits as [`recv`](Receiver::recv) does).
     ///
     /// # Errors
     ///
     /// As [`Receiver::recv`], and [`RecvTimeoutError::Timeout`].
     pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Received, RecvTimeoutError> {
-        self.recv_until(Some(Instant::now() + timeout))?;
+        self.recv_until(Instant::now().checked_add(timeout))?;
         Ok(self.received())
     }
 

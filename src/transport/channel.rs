@@ -241,9 +241,12 @@ impl ChannelReceiver {
         }
     }
 
-    /// The next event, waiting at most `timeout`.
+    /// The next event, waiting at most `timeout` (one too long for the clock to hold, such as
+    /// `Duration::MAX`, waits as [`recv`](Self::recv) does).
     pub fn recv_timeout(&self, timeout: Duration) -> Result<ChannelEvent, TryRecvError> {
-        let deadline = Instant::now() + timeout;
+        let Some(deadline) = Instant::now().checked_add(timeout) else {
+            return self.recv().ok_or(TryRecvError::Disconnected);
+        };
         let mut st = self.shared.state.lock();
         loop {
             if let Some(p) = Self::pop(&mut st) {
