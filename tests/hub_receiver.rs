@@ -1165,3 +1165,29 @@ fn a_publication_that_reaches_nobody_takes_no_topic_number() {
     let seqs: Vec<u64> = (0..3).map(|_| rx.try_recv().unwrap().topic_seq()).collect();
     assert_eq!(seqs, [0, 1, 2]);
 }
+
+/// `delivered` counts each message a receiver received as it is received, whichever receive
+/// took it (inside a run of the topic's log or at its start): after n receives it says n.
+#[test]
+fn delivered_counts_every_receive_at_once() {
+    let hub = manual();
+    let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    for n in 0..6 {
+        publish(&hub, "t", n);
+    }
+    assert_eq!(hub.stats().delivered, 0, "waiting is not delivered");
+    assert_eq!(hub.stats().list[0].queued, 6);
+    n_of(&rx.recv().unwrap());
+    assert_eq!(hub.stats().delivered, 1);
+    rx.try_recv().unwrap();
+    assert_eq!(hub.stats().delivered, 2);
+    rx.try_recv_ref().unwrap();
+    assert_eq!(hub.stats().delivered, 3);
+    rx.recv_ref().unwrap();
+    rx.recv_timeout(WAIT).unwrap();
+    assert_eq!(hub.stats().delivered, 5);
+    rx.try_recv().unwrap();
+    assert_eq!(hub.stats().delivered, 6);
+    assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
+    assert_eq!(hub.stats().delivered, 6);
+}

@@ -474,7 +474,7 @@ pub(crate) struct DirectCursor {
     /// Replayed messages not yet received.
     pub(crate) replay_left: AtomicUsize,
     pub(crate) cap: usize,
-    /// Messages received (Relaxed: the receiver stores its count at least once a chunk), and
+    /// Messages received (Relaxed: the receiver stores its count at each receive), and
     /// how many of them the hub's `delivered` counter has taken in.
     pub(crate) received: AtomicU64,
     pub(crate) folded: AtomicU64,

@@ -344,11 +344,8 @@ enum Mode {
 struct DirectRx {
     reader: DirectReader,
     sub: Arc<Sub>,
-    /// Messages received; published to the cursor (for the hub's `delivered`) by each slow
-    /// receive, at least once a chunk.
+    /// Messages received, stored in the cursor at each receive (for the hub's `delivered`).
     received: u64,
-    /// The count last stored in the cursor.
-    shown: u64,
     /// The async registration still pending, if any (its epoch and waker).
     registered: Option<(u64, Waker)>,
 }
@@ -382,18 +379,22 @@ impl Sink for DirectEnd {
 }
 
 impl DirectRx {
+    /// Counts a receive where `stats()` reads it: a plain store to the receiver's own cursor
+    /// (no read-modify-write, nothing another thread writes), so that `delivered` is exact
+    /// after every receive.
+    #[inline(always)]
+    fn count_receive(&mut self) {
+        self.received += 1;
+        self.reader
+            .cursor
+            .received
+            .store(self.received, Ordering::Relaxed);
+    }
+
     fn try_next(&mut self) -> Result<(), TryRecvError> {
-        // A plain store, read by `stats()`: no read-modify-write on the receive path.
-        if self.shown != self.received {
-            self.shown = self.received;
-            self.reader
-                .cursor
-                .received
-                .store(self.received, Ordering::Relaxed);
-        }
         match self.reader.next() {
             Next::Message => {
-                self.received += 1;
+                self.count_receive();
                 Ok(())
             }
             Next::Lagged(missed) => Err(TryRecvError::Lagged { missed }),
@@ -453,7 +454,6 @@ impl Receiver {
                 reader: DirectReader::new(cursor),
                 sub: Arc::clone(&sub.sub),
                 received: 0,
-                shown: 0,
                 registered: None,
             };
             return Ok(Receiver {
@@ -503,8 +503,7 @@ impl Receiver {
     pub fn try_recv(&mut self) -> Result<Received, TryRecvError> {
         if let Mode::Direct(d) = &mut self.mode {
             if let Some(slot) = d.reader.next_owned_in_run() {
-                // Published to the cursor by the next slow receive (at least once a chunk).
-                d.received += 1;
+                d.count_receive();
                 return Ok(Received { held: slot });
             }
         }
@@ -545,8 +544,9 @@ impl Receiver {
             let Mode::Direct(d) = &mut self.mode else {
                 unreachable!("matched above")
             };
+            // Counted first: the delivery borrows the reader.
+            d.count_receive();
             let e = d.reader.next_in_run().expect("inside a run");
-            d.received += 1;
             return Ok(Delivery::of(subscriber, e));
         }
         self.try_recv_ref_slow()

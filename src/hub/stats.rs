@@ -15,10 +15,9 @@ pub struct Stats {
     /// Publications (a retained replay is not one).
     pub published: u64,
     /// Messages offered to transports (sent in a batch, whatever the send's outcome), and
-    /// messages receivers received. A drop-oldest [`Receiver`](crate::hub::Receiver) reads a
-    /// chunk of the topic's log (up to 64 messages) without writing anything shared, so its
-    /// receives are counted when it starts the next chunk or finds nothing left: the count
-    /// trails a receiver that is inside a chunk by at most that chunk.
+    /// messages receivers received (each counted by its receive). A message waiting for a
+    /// drop-oldest [`Receiver`](crate::hub::Receiver), which reads its topic's log itself, is
+    /// not counted until it is received: it is in that receiver's `queued`.
     pub delivered: u64,
     /// Messages lost: evicted or refused by a policy, discarded on disconnect, or in a batch
     /// that could not be encoded. A counter to alert on: it never goes back.
