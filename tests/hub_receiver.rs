@@ -341,62 +341,109 @@ fn the_async_receive_and_the_stream_work_on_any_executor() {
     );
 }
 
+/// A flush does not wait for a receiver's consumer: on the consumer's own thread it returns
+/// (it waited for ever), and the consumer then receives everything, in order.
 #[test]
-fn flush_timeout_bounds_the_wait_for_a_fed_receiver_that_does_not_receive() {
+fn a_flush_on_the_consumers_own_thread_returns_while_a_fed_receiver_holds_messages() {
     let (hub, mut rx) = fed_with_two_published();
+    publish(&hub, "t", 2);
+    assert_eq!(hub.flush_timeout(WAIT), Ok(()));
+    assert_eq!(hub.flush(), Ok(()));
+    let got: Vec<u64> = (0..3).map(|_| n_of(&rx.recv().unwrap())).collect();
+    assert_eq!(got, [0, 1, 2]);
     assert_eq!(
-        hub.flush_timeout(Duration::from_millis(50)),
-        Err(FlushError::Timeout)
+        rx.recv_timeout(Duration::from_millis(20)).unwrap_err(),
+        RecvTimeoutError::Timeout
     );
-    let consumer = std::thread::spawn(move || {
-        let a = rx.recv().unwrap();
-        let b = rx.recv().unwrap();
-        (n_of(&a), n_of(&b))
-    });
-    hub.flush_timeout(WAIT).unwrap();
-    assert_eq!(consumer.join().unwrap(), (0, 1));
+    assert_eq!(hub.stats().delivered, 3);
 }
 
-/// A shutdown has a bounded form too: with a fed receiver that never receives (a transport that
-/// never completes), `shutdown_timeout` returns `Timeout` and the hub is closed all the same;
-/// the receiver gets what was handed to it, then `Closed`.
+/// A shutdown (or an unsubscribe) leaves a fed receiver what it was not handed yet: the batch
+/// handed over, the one held for the consumer, then the rest of its queue, then `Closed`.
 #[test]
-fn shutdown_timeout_closes_the_hub_even_when_a_fed_receiver_never_receives() {
-    let (hub, mut rx) = fed_with_two_published();
-    let started = Instant::now();
-    assert_eq!(
-        hub.shutdown_timeout(Duration::from_millis(50)),
-        Err(FlushError::Timeout)
-    );
-    assert!(hub.is_closed());
-    assert!(started.elapsed() < WAIT, "bounded");
-    // What was handed over is kept, in order, then the end is said.
-    let mut got = Vec::new();
-    loop {
-        match rx.recv() {
-            Ok(m) => got.push(n_of(&m)),
-            Err(RecvError::Closed { .. }) => break,
-            Err(e) => panic!("{e}"),
+fn a_fed_receiver_receives_what_its_queue_held_at_the_end_then_closed() {
+    for end in ["shutdown", "unsubscribe"] {
+        let (hub, mut rx) = fed_with_two_published();
+        publish(&hub, "t", 2);
+        publish(&hub, "t", 3);
+        let reason = if end == "shutdown" {
+            assert_eq!(hub.shutdown_timeout(WAIT), Ok(()));
+            assert!(hub.is_closed());
+            CloseReason::HubClosed
+        } else {
+            assert!(rx.subscription().unsubscribe());
+            publish(&hub, "t", 4); // after the end: not for `rx`
+            CloseReason::Unsubscribe
+        };
+        let mut got = Vec::new();
+        let closed = loop {
+            match rx.recv() {
+                Ok(m) => got.push(n_of(&m)),
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(got, [0, 1, 2, 3], "{end}");
+        assert_eq!(closed, RecvError::Closed { reason }, "{end}");
+        assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Closed { reason });
+        if end == "unsubscribe" {
+            assert_eq!(
+                hub.stats().delivered,
+                4,
+                "{end}: the rest counted as it was taken"
+            );
         }
     }
-    assert!(got == [0] || got == [0, 1], "{got:?}");
 }
 
+/// The end races a consumer that keeps receiving and a drain that keeps handing batches over:
+/// whatever the interleaving, the consumer gets every publication before the end exactly once,
+/// in order, then `Closed`.
 #[test]
-fn flush_async_resolves_once_a_fed_receiver_took_what_was_queued() {
+fn a_fed_receiver_ended_while_its_consumer_receives_gets_everything_in_order() {
+    const N: u64 = 5_000;
+    for round in 0..20 {
+        let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+        let mut rx = hub
+            .receiver("t", fed().max_queue(N as usize).max_batch(7))
+            .unwrap();
+        let consumer = std::thread::spawn(move || {
+            let mut got = Vec::new();
+            loop {
+                match rx.recv() {
+                    Ok(m) => got.push(n_of(&m)),
+                    Err(RecvError::Closed { .. }) => return got,
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+        for n in 0..N {
+            publish(&hub, "t", n);
+        }
+        if round % 2 == 0 {
+            hub.close();
+        } else {
+            assert!(hub.unsubscribe(&hub.stats().list[0].id));
+        }
+        let got = consumer.join().unwrap();
+        assert_eq!(got, (0..N).collect::<Vec<u64>>(), "round {round}");
+    }
+}
+
+/// `flush_async` does not wait for a receiver's consumer either.
+#[test]
+fn flush_async_does_not_wait_for_a_fed_receivers_consumer() {
     let (hub, mut rx) = fed_with_two_published();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut flush = std::pin::pin!(hub.flush_async());
-        // Not done while 1 waits for the consumer.
-        let early = tokio::time::timeout(Duration::from_millis(50), &mut flush).await;
-        assert!(early.is_err(), "the flush waits for the receiver");
+        tokio::time::timeout(WAIT, hub.flush_async())
+            .await
+            .expect("the flush does not wait for the consumer")
+            .unwrap();
         assert_eq!(n_of(&rx.recv_async().await.unwrap()), 0);
         assert_eq!(n_of(&rx.recv_async().await.unwrap()), 1);
-        tokio::time::timeout(WAIT, flush).await.unwrap().unwrap();
     });
     rt.block_on(hub.shutdown_async()).unwrap();
     assert!(hub.is_closed());

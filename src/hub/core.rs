@@ -234,6 +234,34 @@ impl Sub {
         self.taking.load(Ordering::SeqCst)
     }
 
+    /// What a fed receiver's queue still holds once its subscription ended (an unsubscribe or
+    /// the hub's close keep it for the receiver; a `disconnect` discarded it): taken by the
+    /// receiver after the batches handed over, counted as delivered then.
+    pub(crate) fn take_rest(&self) -> Vec<Arc<Entry>> {
+        let mut rest = Vec::new();
+        self.queue.pop_into(usize::MAX, &mut rest);
+        if !rest.is_empty() {
+            let n = rest.len() as u64;
+            self.removed.fetch_add(n, Ordering::Relaxed);
+            if let Some(hub) = self.hub.upgrade() {
+                hub.counters.delivered.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+        rest
+    }
+
+    /// Its receiver found nothing handed over while its queue holds messages: the next batch
+    /// is handed over now, on the receiver's thread (see [`Inner::feed`]). `false` when nothing
+    /// could be.
+    pub(crate) fn feed(self: &Arc<Sub>) -> bool {
+        self.hub.upgrade().is_some_and(|hub| hub.feed(self))
+    }
+
+    /// Whether the drain feeds it to a receiver, which takes its queue at its own pace.
+    fn is_fed_receiver(&self) -> bool {
+        matches!(self.consumer, Consumer::Batch(_))
+    }
+
     /// Its direct receiver's counts join the hub's (see [`Inner::fold_direct`]).
     pub(crate) fn fold_direct(&self, dc: &DirectCursor) {
         if let Some(hub) = self.hub.upgrade() {
@@ -932,7 +960,13 @@ impl Inner {
                 self.ended(dc);
             }
         }
-        let discarded = sub.queue.clear() as u64;
+        // A fed receiver keeps its queue after an unsubscribe (it receives what was published
+        // before its end, as a direct receiver does); a slow consumer's is its loss.
+        let discarded = if sub.is_fed_receiver() && reason != CloseReason::SlowConsumer {
+            0
+        } else {
+            sub.queue.clear() as u64
+        };
         if reason == CloseReason::SlowConsumer {
             self.counters.disconnected.fetch_add(1, Ordering::Relaxed);
             sub.dropped.fetch_add(discarded, Ordering::Relaxed);
@@ -1897,6 +1931,43 @@ impl Inner {
         Some(batch)
     }
 
+    /// Hands a fed receiver its next batch on its consumer's thread, as the drain would: the
+    /// consumer pulls what its hand-off did not get. So a receiver is never stuck behind a
+    /// drain that does not come (`batch(false)` sends only on a flush, which does not wait for
+    /// consumers; `Driver::Manual` on a turn). Under the drain lock, as every send starts;
+    /// `false` when nothing was handed over (inside a drain, a send in flight, an empty queue).
+    fn feed(&self, sub: &Arc<Sub>) -> bool {
+        if draining() || self.is_closed() {
+            return false;
+        }
+        let mut st = self.drain.lock();
+        if sub.closed.load(Ordering::Acquire) || sub.in_flight() {
+            return false;
+        }
+        let _guard = DrainingGuard::enter();
+        let _taking = Taking::mark(sub);
+        let mut batch = std::mem::take(&mut st.batch);
+        batch.clear();
+        sub.queue.pop_into(sub.max_batch, &mut batch);
+        if batch.is_empty() {
+            st.batch = batch;
+            return false;
+        }
+        sub.removed.fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let mut m = TurnMetrics::default();
+        let mut jobs = Vec::new();
+        // A receiver takes the entries: no frame is encoded for it.
+        if let Some(Batch::Owned(back)) =
+            self.send(sub, Bytes::new(), Batch::Owned(batch), &mut m, &mut jobs)
+        {
+            st.batch = back;
+        }
+        self.counters
+            .delivered
+            .fetch_add(m.messages, Ordering::Relaxed);
+        true
+    }
+
     /// Runs `handler` for each message of `batch`, isolating panics.
     fn run_handler(&self, sub: &Sub, handler: &Handler, batch: &[Arc<Entry>]) {
         for e in batch {
@@ -1997,8 +2068,12 @@ impl Inner {
             let retiring = self.retiring.lock();
             ids.values().chain(retiring.iter()).map(target).collect()
         };
+        // A fed receiver whose hand-off holds a batch its consumer has not started has its
+        // queue where it needs it: the consumer's next receives take the rest, at its pace (a
+        // flush on the consumer's own thread must not wait for it).
         let done = |s: &Sub, target: u64| {
             (s.closed.load(Ordering::SeqCst) && !s.handling.load(Ordering::SeqCst))
+                || (s.is_fed_receiver() && s.in_flight())
                 || (!s.in_flight()
                     && (s.removed.load(Ordering::Relaxed) >= target || s.queue.is_empty()))
         };
@@ -2106,7 +2181,10 @@ impl Inner {
         subs.sort_by_key(|s| s.order);
         for sub in &subs {
             if !sub.closed.swap(true, Ordering::AcqRel) {
-                sub.queue.clear();
+                // A fed receiver takes the rest of its queue itself (`Sub::take_rest`).
+                if !sub.is_fed_receiver() {
+                    sub.queue.clear();
+                }
                 self.close_adapter(sub, CloseReason::HubClosed);
             }
         }

@@ -370,6 +370,11 @@ impl Hub {
     /// [`FlushError::Closed`]); [`flush_timeout`](Hub::flush_timeout) bounds the wait. Called
     /// from a handler, sink or hook inside the drain it returns [`FlushError::InsideDrain`]
     /// instead of deadlocking.
+    ///
+    /// A [`Receiver`] is pulled by its consumer: `flush` does not wait for it to receive. A
+    /// drop-oldest receiver's queue is its place in the topic; any other receiver is handed its
+    /// next batch, and the rest of its queue waits for its next receives. So a flush on the
+    /// consumer's own thread returns.
     pub fn flush(&self) -> Result<(), FlushError> {
         self.inner().flush(None)
     }

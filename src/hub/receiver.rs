@@ -212,6 +212,35 @@ impl Chan {
         }
     }
 
+    /// What the subscriber's queue still holds after its end, as one batch to receive (`None`
+    /// when it holds nothing).
+    fn take_rest(&self) -> Option<Handed> {
+        let sub = self.sub.get().and_then(Weak::upgrade)?;
+        let rest = sub.take_rest();
+        (!rest.is_empty()).then(|| Handed {
+            entries: Arc::new(rest),
+            dropped_before: sub.dropped_count(),
+        })
+    }
+
+    /// Nothing is handed over and nothing is on its way while the subscriber's queue holds
+    /// messages: the hub hands the next batch over now (`false` when it could not).
+    fn feed(&self) -> bool {
+        match self.held() {
+            (0, _) => false,
+            (_, true) => {
+                // The drainer is handing a batch over.
+                std::thread::yield_now();
+                true
+            }
+            _ => self
+                .sub
+                .get()
+                .and_then(Weak::upgrade)
+                .is_some_and(|s| s.feed()),
+        }
+    }
+
     /// The hub's hand-over of one batch, after the send was accepted: one lock and one
     /// reference count per batch, whatever its length.
     fn hand(&self, entries: &SharedBatch) {
@@ -244,15 +273,15 @@ impl Sink for HandOff {
     }
 
     fn close(&self, _sub: &SubscriberRef, reason: CloseReason) {
-        let pending = {
-            let mut st = self.0.state.lock();
-            st.closed = Some(reason);
-            self.0.notify(&mut st);
-            st.pending.take()
-        };
+        // The held send first: its batch is handed over (inside `complete`) before the end is
+        // said, so the receiver never finds the end with a batch still to come.
+        let pending = self.0.state.lock().pending.take();
         if let Some(done) = pending {
             done.complete(Ok(()));
         }
+        let mut st = self.0.state.lock();
+        st.closed = Some(reason);
+        self.0.notify(&mut st);
     }
 }
 
@@ -274,8 +303,9 @@ impl Sink for HandOff {
 /// - **`drop-newest`, `disconnect`, or `message_priority`**: the drain feeds it one batch at a
 ///   time, by reference (the batch the topic's other subscribers take; nothing is encoded for
 ///   it), and holds the next batch in the subscriber's queue until the consumer started on the
-///   previous one, as a transport that has not completed a send: `flush` waits for that, and
-///   [`Hub::flush_timeout`](super::Hub::flush_timeout) bounds the wait.
+///   previous one, as a transport that has not completed a send. [`Hub::flush`](super::Hub::flush)
+///   does not wait for the consumer: the rest of the queue is taken by its next receives, so a
+///   flush on the consumer's own thread returns.
 ///
 /// Either way:
 ///
@@ -288,12 +318,11 @@ impl Sink for HandOff {
 /// - **The end is said.** After `disconnect`, an unsubscribe or the hub's close, the rest is
 ///   received, then [`RecvError::Closed`] with the reason. The rest is, for a FIFO drop-oldest
 ///   receiver (the default, which reads its topic itself), everything published before the end
-///   within its bound; for the others (drop-newest, disconnect, `message_priority`), what the
-///   hub had handed over to the receiver: messages still in the subscriber's queue at the end
-///   are discarded with it, as a sink subscriber's are, and like those counted as dropped only
-///   when the end is a `disconnect` (the slow consumer's loss, in `stats().dropped`; the
-///   receiver is told by [`RecvError::Closed`] with reason `slow-consumer`, not by a
-///   `Lagged`), not after an unsubscribe or the hub's close.
+///   within its bound; for the others (drop-newest, disconnect, `message_priority`), after an
+///   unsubscribe or the hub's close, what was handed over and then what the subscriber's queue
+///   still held (counted in `delivered` as it is taken). A `disconnect` ends with what was
+///   handed over: the queue is the slow consumer's loss, counted in `stats().dropped`, and the
+///   receiver is told by [`RecvError::Closed`] with reason `slow-consumer`, not by a `Lagged`.
 /// - **Dropping the receiver unsubscribes.**
 ///
 /// The async side needs no particular runtime: [`Receiver::recv_async`] is a future woken by
@@ -437,6 +466,9 @@ struct HandOffRx {
     /// The batch being received, and the index of its next message.
     local: Option<Handed>,
     pos: usize,
+    /// After the end: the rest of the subscriber's queue, taken, received after the batches
+    /// handed over.
+    rest: Option<Handed>,
 }
 
 impl Receiver {
@@ -483,6 +515,7 @@ impl Receiver {
                 },
                 local: None,
                 pos: 0,
+                rest: None,
             }),
         })
     }
@@ -774,6 +807,18 @@ impl HandOffRx {
                 done.complete(Ok(()));
                 continue;
             }
+            if st.closed.is_none() {
+                // The rest of the queue, pulled: the drain may not come (`batch(false)`, a
+                // manual driver) or come later.
+                drop(st);
+                if chan.feed() {
+                    continue;
+                }
+                st = chan.state.lock();
+                if !st.batches.is_empty() || st.pending.is_some() {
+                    continue;
+                }
+            }
             let dropped = chan.dropped();
             if dropped > self.seen.reported && st.closed.is_none() {
                 match chan.held() {
@@ -800,10 +845,29 @@ impl HandOffRx {
                     _ => {}
                 }
             }
-            return Err(match st.closed {
-                Some(reason) => TryRecvError::Closed { reason },
-                None => TryRecvError::Empty,
-            });
+            let Some(reason) = st.closed else {
+                return Err(TryRecvError::Empty);
+            };
+            // Ended. What the drainer took from the queue before the end comes first: it is
+            // handed over when its visit ends (`Sub::taking`, read after the queue's pop, so a
+            // batch it popped before the rest was taken is seen here).
+            drop(st);
+            if chan.held().1 {
+                std::thread::yield_now();
+                continue;
+            }
+            if let Some(rest) = self.rest.take() {
+                self.local = Some(rest);
+                self.pos = 0;
+                continue;
+            }
+            // Then what the queue still holds (an unsubscribe or the hub's close keep it for the
+            // receiver), looked at again before it is received.
+            if let Some(rest) = chan.take_rest() {
+                self.rest = Some(rest);
+                continue;
+            }
+            return Err(TryRecvError::Closed { reason });
         }
     }
 
