@@ -132,6 +132,15 @@ fn duplicate_subscription_id_and_subscription_limit_are_errors() {
         line(&mut s, r#"{"type":"subscribe","stream":"a-1"}"#),
         Action::Subscribe { .. }
     ));
+    // At the limit, a subscription id in use is still only a duplicate: that subscribe would
+    // add nothing, so it is not beyond the limit (it closed the connection).
+    assert_eq!(
+        reply(line(
+            &mut s,
+            r#"{"type":"subscribe","id":3,"stream":"b","subscriptionId":"x"}"#
+        )),
+        r#"{"type":"error","requestId":3,"code":"duplicate_subscription","message":"duplicate subscription `x`"}"#
+    );
     // Past the limit the session asks for the close that docs/protocol.md states: the limit
     // error, answering the command, then the end of the connection.
     assert_eq!(

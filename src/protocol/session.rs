@@ -829,6 +829,16 @@ impl Session {
                         )
                         .map_err(|denied| CommandError::new(id.clone(), denied.into()))?;
                 }
+                // A subscription id in use is refused first: that subscribe would add no
+                // subscription, so it is not one beyond the limit.
+                if let Some(s) = &subscription_id {
+                    if self.subscriptions.contains_key(s.as_str()) {
+                        return Err(CommandError::new(
+                            id,
+                            ErrorKind::DuplicateSubscription(echo(s)),
+                        ));
+                    }
+                }
                 if self.subscriptions.len() >= self.config.max_subscriptions {
                     let kind = ErrorKind::TooManySubscriptions {
                         limit: self.config.max_subscriptions,
@@ -840,12 +850,6 @@ impl Session {
                     });
                 }
                 let sub_id: Arc<str> = match subscription_id {
-                    Some(s) if self.subscriptions.contains_key(s.as_str()) => {
-                        return Err(CommandError::new(
-                            id,
-                            ErrorKind::DuplicateSubscription(echo(&s)),
-                        ))
-                    }
                     Some(s) => s.into(),
                     None => self.generate_id(&stream),
                 };
