@@ -104,6 +104,48 @@ def ndjson_pubsub(addr):
     pub.sock.close()
 
 
+def large_screenshot_then_frames_dropped(addr):
+    """The embedded default admits a screenshot past the 8 MiB high-water mark unchanged (the
+    push-stream spec: "an individual screenshot may exceed it, and the first frame is admitted
+    unchanged"); while more than 8 MiB of it are unsent to a reader that stalls, the next
+    screenshot of its slot is replaced by one frames_dropped notification."""
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connecting: a small window
+    host, port = addr.rsplit(":", 1)
+    raw.connect((host, int(port)))
+    sub = Lines(raw)
+    pub = Lines(tcp(addr))
+    sub.send({"type": "subscribe", "id": "big", "stream": "screens", "deviceId": "d1"})
+    reply = sub.msg()
+    check(reply.get("type") == "subscribed", f"subscribe reply: {reply}")
+    size = 15 << 20
+    big = '{"type":"screenshot_update","stream":"screens","deviceId":"d1","deviceSessionUuid":"s1","image":"%s"}' % ("A" * size)
+    pub.send('{"type":"publish","id":1,"message":%s}' % big)
+    r = pub.msg()
+    check(r.get("type") == "published" and r.get("delivered") == 1, f"publish of {size} bytes: {r}")
+    # The screenshot's first bytes arrive: its write is under way, most of it unsent. Then the
+    # reader stalls while the next screenshot of the slot is published.
+    head = b""
+    while len(head) < 1024:
+        head += raw.recv(1024 - len(head))
+    check(head.startswith(b'{"type":"screenshot_update"'), f"the screenshot comes first: {head[:60]!r}")
+    pub.send('{"type":"publish","id":2,"message":{"type":"screenshot_update","stream":"screens","deviceId":"d1","deviceSessionUuid":"s1","image":"B"}}')
+    r = pub.msg()
+    check(r.get("type") == "published" and r.get("requestId") == 2, f"second publish: {r}")
+    sub.buf = head
+    first = sub.line()
+    check(first == big.encode(), f"the first screenshot arrives unchanged ({len(first or b'')} bytes)")
+    dropped = sub.msg()
+    check(dropped == {"type": "frames_dropped", "subscriptionId": reply["subscriptionId"], "deviceId": "d1",
+                      "deviceSessionUuid": "s1", "droppedType": "screenshot_update", "reason": "backpressure"},
+          f"the next screenshot is replaced by the notification: {dropped}")
+    sub.send({"type": "ping", "id": "after"})
+    pong = sub.msg()
+    check(pong == {"type": "pong", "requestId": "after"}, f"nothing else was queued: {pong}")
+    sub.sock.close()
+    pub.sock.close()
+
+
 def frame(messages):
     payload = b"[" + b",".join(messages) + b"]"
     return b"PH" + bytes([1, 1]) + struct.pack("<II", len(messages), len(payload)) + payload
@@ -187,6 +229,7 @@ def graceful_shutdown(addr, server_pid):
 def main():
     ndjson, framed, unix_path, pid = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     ndjson_pubsub(ndjson)
+    large_screenshot_then_frames_dropped(ndjson)
     frame_pubsub(framed)
     unix_ping(unix_path)
     graceful_shutdown(ndjson, pid)

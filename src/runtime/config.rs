@@ -182,7 +182,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 10_000,
-            max_message_bytes: 1 << 20,
+            max_message_bytes: 16 << 20,
             max_handshake_bytes: 8 << 10,
             max_subscriptions_per_connection: 256,
             max_json_depth: crate::protocol::DEFAULT_MAX_JSON_DEPTH,
