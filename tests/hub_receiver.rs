@@ -1238,3 +1238,31 @@ fn delivered_counts_every_receive_at_once() {
     assert!(matches!(rx.try_recv(), Err(TryRecvError::Empty)));
     assert_eq!(hub.stats().delivered, 6);
 }
+
+/// A receiver takes messages, never an encoded frame: on a `raw`-codec hub it needs no
+/// `max_batch(1)` (that bound is for subscribers sent one-message frames), whatever its policy.
+#[test]
+fn a_receiver_on_a_raw_codec_hub_needs_no_max_batch_of_one() {
+    let hub = Hub::new(
+        SpySink::new(),
+        HubOptions::default().codec(powerhub::hub::Codec::Raw),
+    )
+    .unwrap();
+    let mut direct = hub.receiver("t", SubscribeOptions::default()).unwrap();
+    let mut fed = hub.receiver("t", fed()).unwrap();
+    for n in 0..3u8 {
+        hub.publish("t", Message::binary(vec![n]), PublishOptions::default())
+            .unwrap();
+    }
+    for rx in [&mut direct, &mut fed] {
+        let got: Vec<u8> = (0..3)
+            .map(|_| rx.recv().unwrap().message().bytes()[0])
+            .collect();
+        assert_eq!(got, [0, 1, 2]);
+    }
+    // A sink subscriber is still held to it.
+    assert!(matches!(
+        hub.subscribe_sink("t", SubscribeOptions::default()),
+        Err(powerhub::hub::SubscribeError::RawNeedsMaxBatchOne { max_batch: 32 })
+    ));
+}

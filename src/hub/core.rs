@@ -719,7 +719,10 @@ impl Inner {
         if self.is_closed() {
             return Err(SubscribeError::Closed);
         }
-        opts.validate(self.opts.codec)?;
+        // A receiver takes entries, never a frame: the raw codec's one-message frames do not
+        // bound its batches.
+        let frames = matches!(consumer, Consumer::Sink | Consumer::Each(_));
+        opts.validate(self.opts.codec, frames)?;
         let mut topics = self.topics.write();
         if self.is_closed() {
             return Err(SubscribeError::Closed);

@@ -433,8 +433,28 @@ impl Hub {
     }
 
     /// The live subscribers, optionally only those of `topic`: an owned snapshot.
+    ///
+    /// ```
+    /// use powerhub::hub::{Hub, HubOptions, SubscribeOptions};
+    /// use powerhub::transport::SpySink;
+    ///
+    /// let hub = Hub::new(SpySink::new(), HubOptions::default())?;
+    /// hub.subscribe_sink("t", SubscribeOptions::default().id("a"))?.detach();
+    /// hub.subscribe_sink("u", SubscribeOptions::default().id("b"))?.detach();
+    /// let ids = |p: Vec<powerhub::hub::Presence>| p.into_iter().map(|p| p.id).collect::<Vec<_>>();
+    /// assert_eq!(ids(hub.presence(None)), ["a", "b"]);
+    /// assert_eq!(ids(hub.presence(Some("u"))), ["b"]);
+    /// assert_eq!(ids(hub.get_presence(Some("t"))), ["a"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "getPresence")]
     pub fn presence(&self, topic: Option<&str>) -> Vec<Presence> {
         self.inner().presence(topic)
+    }
+
+    /// [`presence`](Hub::presence) under the spec's other name (`getPresence(topic?)`).
+    pub fn get_presence(&self, topic: Option<&str>) -> Vec<Presence> {
+        self.presence(topic)
     }
 
     /// Under [`Driver::Manual`]: when the next [`turn`](Hub::turn) has work. `None` when there is
@@ -456,6 +476,7 @@ impl Hub {
     /// once every close adapter was told (a call from inside that teardown, such as a close
     /// adapter or handler that closes the hub again, returns at once). So a thread must not
     /// call `close` while it holds something a close adapter waits for.
+    #[doc(alias = "dispose")]
     pub fn close(&self) {
         self.inner().close()
     }
@@ -464,6 +485,7 @@ impl Hub {
     /// called inside the drain); returns the flush's result. It waits for the transports as
     /// [`flush`](Hub::flush) does: with one that never completes a send, use
     /// [`shutdown_timeout`](Hub::shutdown_timeout).
+    #[doc(alias = "asyncDispose")]
     pub fn shutdown(&self) -> Result<(), FlushError> {
         let flushed = self.flush();
         self.close();

@@ -185,6 +185,7 @@ impl HubOptions {
     }
 
     /// The metrics hook, called with a [`TurnMetrics`] after each turn that did something.
+    #[doc(alias = "observability")]
     pub fn metrics(mut self, hook: impl Fn(&TurnMetrics) + Send + Sync + 'static) -> Self {
         self.metrics = Some(Arc::new(hook));
         self
@@ -427,7 +428,9 @@ impl SubscribeOptions {
         self
     }
 
-    pub(crate) fn validate(&self, hub_codec: Codec) -> Result<(), SubscribeError> {
+    /// Checks the options; `frames`: the subscriber is sent encoded frames (a receiver is not,
+    /// so the raw codec does not bound its batches).
+    pub(crate) fn validate(&self, hub_codec: Codec, frames: bool) -> Result<(), SubscribeError> {
         if self.max_queue > MAX_QUEUE_LIMIT {
             return Err(SubscribeError::invalid(
                 "max_queue",
@@ -448,7 +451,7 @@ impl SubscribeOptions {
                 return Err(SubscribeError::invalid("id", "must not be empty"));
             }
         }
-        if self.codec.unwrap_or(hub_codec) == Codec::Raw && self.max_batch != 1 {
+        if frames && self.codec.unwrap_or(hub_codec) == Codec::Raw && self.max_batch != 1 {
             return Err(SubscribeError::RawNeedsMaxBatchOne {
                 max_batch: self.max_batch,
             });

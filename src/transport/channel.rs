@@ -70,6 +70,7 @@ struct Shared {
 /// assert!(matches!(events[1], ChannelEvent::Closed { .. }));
 /// # Ok::<(), powerhub::hub::HubError>(())
 /// ```
+#[doc(alias = "PowerMessagePort")]
 pub fn channel(capacity: usize) -> (ChannelSink, ChannelReceiver) {
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
