@@ -326,6 +326,12 @@ impl DirectLog {
         self.head.appended.load()
     }
 
+    /// The head as a bound check reads it (see [`Head::peek`]): never used to read a slot.
+    #[inline]
+    fn head_peek(&self) -> u64 {
+        self.head.appended.peek()
+    }
+
     /// Keeps at least the last `cap` publications (the largest `max_queue`).
     pub(crate) fn set_cap(&self, cap: usize) {
         self.cap.store(cap, Ordering::Relaxed);
@@ -678,9 +684,11 @@ pub(crate) struct DirectReader {
     /// given back when the reader leaves the chunk, or goes.
     lent: usize,
     pos: u64,
-    /// Positions below this are in `chunk`, written, and were within the queue bound when it
-    /// was computed: the next receives take them with no further check (the fast path).
+    /// Positions below this are in `chunk` and written: the next receives take them with no
+    /// lookup (the fast path), each checked against the bound.
     run_end: u64,
+    /// The receiver's bound (`max_queue`), kept here for that check.
+    cap: u64,
     /// The position last stored in the cursor.
     shown: u64,
     /// The cursor's `deciding` as this reader last stored it (it is its only writer).
@@ -699,6 +707,7 @@ impl DirectReader {
             .take()
             .unwrap_or((log.head(), Vec::new()));
         DirectReader {
+            cap: cursor.cap as u64,
             cursor,
             log,
             replay: replay.into(),
@@ -743,14 +752,20 @@ impl DirectReader {
         unsafe { chunk.get(self.pos - 1) }
     }
 
-    /// Whether the next receive is inside the current run.
+    /// Whether the next receive is inside the current run and its message still within the
+    /// bound: no more than `max_queue` published from it on. Past the bound the oldest are
+    /// dropped, as the eager policy would have dropped them while the run was read: the slow
+    /// receive says how many (`decide`). The head is peeked (Relaxed): the run's messages were
+    /// seen written when it was cut, and a stale head only puts the loss off to a later receive
+    /// (it is the loss of publications made meanwhile).
     #[inline]
     pub(crate) fn in_run(&self) -> bool {
-        self.pos < self.run_end
+        self.pos < self.run_end && self.log.head_peek() - self.pos <= self.cap
     }
 
-    /// The next message when it is inside the current run (see `run_end`): no check beyond
-    /// the comparison. `None`: ask [`next`](DirectReader::next).
+    /// The next message of the current run, once [`in_run`](Self::in_run) said it is inside
+    /// it and within the bound (the check is not repeated: a head that moved since puts the
+    /// loss off to the next receive). `None` outside the run.
     #[inline]
     pub(crate) fn next_in_run(&mut self) -> Option<&Entry> {
         if self.pos >= self.run_end {
@@ -768,7 +783,7 @@ impl DirectReader {
     /// [`next_in_run`](DirectReader::next_in_run), with a reference from the chunk's loan.
     #[inline]
     pub(crate) fn next_owned_in_run(&mut self) -> Option<Held> {
-        if self.pos >= self.run_end {
+        if !self.in_run() {
             return None;
         }
         let pos = self.pos;
@@ -825,13 +840,13 @@ impl DirectReader {
     /// The next receive (a lag adds the messages the policy drops now to the cursor's
     /// `dropped`).
     ///
-    /// Inside a run (see `run_end`) a receive is a comparison and an increment: the bound, the
-    /// end and the log's head are looked at once per run, when it starts. So a message the
-    /// eager policy would have dropped while the run was being read can still be received; the
-    /// next run applies the bound again, with its exact count.
+    /// Inside a run (see `run_end`) a receive is two comparisons and an increment: the end
+    /// and the chunk are looked up once per run, when it starts, and the bound is checked
+    /// against the head at each receive ([`in_run`](Self::in_run)), so no message the eager
+    /// policy would have dropped is received.
     #[inline]
     pub(crate) fn next(&mut self) -> Next {
-        if self.pos < self.run_end {
+        if self.in_run() {
             self.pos += 1;
             return Next::Message;
         }

@@ -181,6 +181,14 @@ impl Head {
         self.0.load(Ordering::SeqCst)
     }
 
+    /// Publications readable so far, as a bound check reads it: Relaxed, so no slot may be read
+    /// on the strength of this value (a [`load`](Head::load) that showed it written must come
+    /// first). A stale value is smaller, never larger.
+    #[inline]
+    pub(crate) fn peek(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+
     /// Writes publication `pos` into its slot of `chunk` and makes it readable.
     ///
     /// # Safety
