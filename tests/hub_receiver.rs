@@ -1268,3 +1268,47 @@ fn a_receiver_on_a_raw_codec_hub_needs_no_max_batch_of_one() {
         Err(powerhub::hub::SubscribeError::RawNeedsMaxBatchOne { max_batch: 32 })
     ));
 }
+
+/// A receive never waits out another subscriber's work: while a turn holds the drain (here a
+/// handler that waits for the receiving thread), a fed receiver that would take its next batch
+/// itself says `Empty` instead of blocking (it blocked, and the two threads waited for each
+/// other), and takes it once the drain is free.
+#[test]
+fn a_receive_does_not_wait_for_a_drain_busy_with_another_subscriber() {
+    let hub = manual();
+    let (entered_tx, entered) = std::sync::mpsc::channel::<()>();
+    let (go_tx, go) = std::sync::mpsc::channel::<()>();
+    let go = std::sync::Mutex::new(go);
+    hub.subscribe(
+        "h",
+        move |_| {
+            entered_tx.send(()).unwrap();
+            go.lock().unwrap().recv().unwrap();
+        },
+        SubscribeOptions::default(),
+    )
+    .unwrap()
+    .detach();
+    let mut rx = hub.receiver("r", fed().max_batch(1)).unwrap();
+    publish(&hub, "h", 0);
+    let turner = {
+        let hub = hub.clone();
+        std::thread::spawn(move || hub.turn(Instant::now()))
+    };
+    entered.recv_timeout(WAIT).expect("the handler runs");
+    publish(&hub, "r", 1);
+    let (done_tx, done) = std::sync::mpsc::channel();
+    let receiver = std::thread::spawn(move || {
+        let first = rx.try_recv().map(|m| n_of(&m));
+        done_tx.send(first).unwrap();
+        rx
+    });
+    let first = done
+        .recv_timeout(WAIT)
+        .expect("try_recv returned while the drain was busy");
+    assert_eq!(first, Err(TryRecvError::Empty));
+    go_tx.send(()).unwrap();
+    turner.join().unwrap();
+    let mut rx = receiver.join().unwrap();
+    assert_eq!(n_of(&rx.recv_timeout(WAIT).unwrap()), 1);
+}

@@ -49,6 +49,17 @@ pub(crate) enum Consumer {
     Direct(Arc<DirectCursor>),
 }
 
+/// What [`Sub::feed`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Feed {
+    /// A batch was handed over (or its send is held for the consumer).
+    Handed,
+    /// Nothing to hand over, or nothing this thread may hand over now.
+    Nothing,
+    /// The drain lock is taken (a drainer or another feed): look again shortly.
+    Busy,
+}
+
 /// A fan-out that is not the hub's own: a shard's interest in a topic, on behalf of the
 /// subscriptions of its connections (see `runtime::fanout`).
 ///
@@ -115,8 +126,9 @@ fn draining() -> bool {
 }
 
 /// A subscriber's send state: `generation << 3 | phase`, in one atomic word so the common
-/// case (the sink accepts at once) costs no lock. Only the drainer starts a send (bumping the
-/// generation); a completion acts only on its own generation.
+/// case (the sink accepts at once) costs no lock. Only the drain lock's holder (a drainer, or a
+/// receiver's feed) starts a send (bumping the generation); a completion acts only on its own
+/// generation.
 mod phase {
     /// No send outstanding.
     pub(super) const IDLE: u64 = 0;
@@ -202,10 +214,11 @@ pub(crate) struct Sub {
     /// even after the subscription ended (a handler may unsubscribe itself and go on to
     /// subscribe or publish): what the handler does before it returns belongs to the flush.
     handling: AtomicBool,
-    /// A receiver's batch is between its queue and its hand-off: set by the drainer before it
-    /// pops (SeqCst), cleared once the batch was handed over or held pending. While it is set,
-    /// an empty queue does not mean the receiver has everything before its drops (see
-    /// `HandOffRx::try_next`, which reads it after the queue's length).
+    /// A receiver's batch is between its queue and its hand-off: set by the drain lock's holder
+    /// (a drainer, or the receiver's own feed: see `Inner::feed`) before it pops (SeqCst),
+    /// cleared once the batch was handed over or held pending. While it is set, an empty queue
+    /// does not mean the receiver has everything before its drops (see `HandOffRx::try_next`,
+    /// which reads it after the queue's length).
     taking: AtomicBool,
     dropped: AtomicU64,
     bytes_sent: AtomicU64,
@@ -235,26 +248,26 @@ impl Sub {
     }
 
     /// What a fed receiver's queue still holds once its subscription ended (an unsubscribe or
-    /// the hub's close keep it for the receiver; a `disconnect` discarded it): taken by the
-    /// receiver after the batches handed over, counted as delivered then.
-    pub(crate) fn take_rest(&self) -> Vec<Arc<Entry>> {
-        let mut rest = Vec::new();
-        self.queue.pop_into(usize::MAX, &mut rest);
-        if !rest.is_empty() {
-            let n = rest.len() as u64;
-            self.removed.fetch_add(n, Ordering::Relaxed);
-            if let Some(hub) = self.hub.upgrade() {
-                hub.counters.delivered.fetch_add(n, Ordering::Relaxed);
+    /// the hub's close keep it for the receiver; a `disconnect` discarded it), counted as
+    /// delivered: see [`Inner::take_rest`]. `None` while a drainer is visiting it.
+    pub(crate) fn take_rest(&self) -> Option<Vec<Arc<Entry>>> {
+        match self.hub.upgrade() {
+            Some(hub) => hub.take_rest(self),
+            None => {
+                // The hub is gone, and its drainers with it.
+                let mut rest = Vec::new();
+                self.queue.pop_into(usize::MAX, &mut rest);
+                Some(rest)
             }
         }
-        rest
     }
 
     /// Its receiver found nothing handed over while its queue holds messages: the next batch
-    /// is handed over now, on the receiver's thread (see [`Inner::feed`]). `false` when nothing
-    /// could be.
-    pub(crate) fn feed(self: &Arc<Sub>) -> bool {
-        self.hub.upgrade().is_some_and(|hub| hub.feed(self))
+    /// is handed over now, on the receiver's thread (see [`Inner::feed`]).
+    pub(crate) fn feed(self: &Arc<Sub>) -> Feed {
+        self.hub
+            .upgrade()
+            .map_or(Feed::Nothing, |hub| hub.feed(self))
     }
 
     /// Whether the drain feeds it to a receiver, which takes its queue at its own pace.
@@ -1809,8 +1822,8 @@ impl Inner {
         m.frames += 1;
         m.messages += n;
         let len = frame.len();
-        // Only the drainer starts sends, and the previous one is finished (IDLE): bump the
-        // generation so a late completion of an older send is recognised and ignored.
+        // Only the drain lock's holder starts sends, and the previous one is finished (IDLE):
+        // bump the generation so a late completion of an older send is recognised and ignored.
         let generation = (sub.send_state.load(Ordering::Acquire) >> 3) + 1;
         sub.send_state
             .store(generation << 3 | phase::SENDING, Ordering::SeqCst);
@@ -1935,26 +1948,29 @@ impl Inner {
     }
 
     /// Hands a fed receiver its next batch on its consumer's thread, as the drain would: the
-    /// consumer pulls what its hand-off did not get. So a receiver is never stuck behind a
-    /// drain that does not come (`batch(false)` sends only on a flush, which does not wait for
-    /// consumers; `Driver::Manual` on a turn). Under the drain lock, as every send starts;
-    /// `false` when nothing was handed over (inside a drain, a send in flight, an empty queue).
-    fn feed(&self, sub: &Arc<Sub>) -> bool {
+    /// consumer pulls what its hand-off did not get, so it does not wait for a drain that may
+    /// not come (`batch(false)` sends only on a flush, which does not wait for consumers;
+    /// `Driver::Manual` on a turn). Under the drain lock, as every send starts, taken only if
+    /// it is free: a receive does not wait out another subscriber's send or handler
+    /// ([`Feed::Busy`]: the receiver looks again shortly).
+    fn feed(&self, sub: &Arc<Sub>) -> Feed {
         if draining() || self.is_closed() {
-            return false;
+            return Feed::Nothing;
         }
-        let mut st = self.drain.lock();
+        let Some(mut st) = self.drain.try_lock() else {
+            return Feed::Busy;
+        };
         if sub.closed.load(Ordering::Acquire) || sub.in_flight() {
-            return false;
+            return Feed::Nothing;
         }
-        let _guard = DrainingGuard::enter();
-        let _taking = Taking::mark(sub);
+        let guard = DrainingGuard::enter();
+        let taking = Taking::mark(sub);
         let mut batch = std::mem::take(&mut st.batch);
         batch.clear();
         sub.queue.pop_into(sub.max_batch, &mut batch);
         if batch.is_empty() {
             st.batch = batch;
-            return false;
+            return Feed::Nothing;
         }
         sub.removed.fetch_add(batch.len() as u64, Ordering::Relaxed);
         let mut m = TurnMetrics::default();
@@ -1968,7 +1984,32 @@ impl Inner {
         self.counters
             .delivered
             .fetch_add(m.messages, Ordering::Relaxed);
-        true
+        drop(taking);
+        drop(guard);
+        drop(st);
+        self.emit_metrics(m);
+        Feed::Handed
+    }
+
+    /// A fed receiver's queue after its end, taken by the receiver (and counted as delivered)
+    /// under the drain lock: no drainer is between a pop of it and that batch's hand-over, so
+    /// every batch popped before is already handed over, and none is popped after (the
+    /// subscriber is closed). `None` while the lock is taken: the receiver looks again.
+    fn take_rest(&self, sub: &Sub) -> Option<Vec<Arc<Entry>>> {
+        let _st = if draining() {
+            // This thread is the drainer, between two visits.
+            None
+        } else {
+            Some(self.drain.try_lock()?)
+        };
+        let mut rest = Vec::new();
+        sub.queue.pop_into(usize::MAX, &mut rest);
+        let n = rest.len() as u64;
+        if n > 0 {
+            sub.removed.fetch_add(n, Ordering::Relaxed);
+            self.counters.delivered.fetch_add(n, Ordering::Relaxed);
+        }
+        Some(rest)
     }
 
     /// Runs `handler` for each message of `batch`, isolating panics.

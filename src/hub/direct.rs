@@ -473,9 +473,9 @@ pub(crate) struct DirectCursor {
     /// their progress). Only `stats()` reads it, as an estimate; stored with Release after
     /// `run_end`, loaded with Acquire before it, so that a `pos` read shows its run's end.
     pub(crate) pos: AtomicU64,
-    /// The end of the run the receiver reads (see `DirectReader::next`): the run is received
-    /// whatever the bound, so `stats()` does not count it as dropped (a count it would have to
-    /// take back once the run is read: `dropped` never goes back).
+    /// The end of the run the receiver reads (see `DirectReader::next`): `stats()` counts the
+    /// run as being received, not as dropped, until a receive inside it finds the bound passed
+    /// and drops the oldest (so `dropped` only grows: it never counts what is then received).
     pub(crate) run_end: AtomicU64,
     /// Replayed messages not yet received.
     pub(crate) replay_left: AtomicUsize,
@@ -629,7 +629,8 @@ impl DirectCursor {
         let live = head.saturating_sub(pos) as usize;
         let total = live + self.replay_left.load(Ordering::Relaxed);
         let over = total.saturating_sub(in_run).saturating_sub(self.cap);
-        // What the run holds beyond the bound is being received (in flight, not queued).
+        // What the run holds beyond the bound is in flight, not queued: the receive that finds
+        // it past the bound drops it then.
         ((total - over).min(self.cap), over)
     }
 
@@ -1019,8 +1020,9 @@ mod loom_tests {
                 s.pos.store(pos, Ordering::Relaxed);
                 s.dropped.fetch_add(missed, Ordering::Relaxed);
             } else if head > pos {
-                // A run up to the head read, received whatever the bound; its first message
-                // now, the rest before the next decision.
+                // A run up to the head read; its first message now, the rest before the next
+                // decision (the reader checks the bound at each receive in a run; a receive
+                // that finds it passed is a decision of its own, the branch above).
                 s.run_end.store(head, Ordering::Release);
                 s.pos.store(pos + 1, Ordering::Release);
                 pos = head;

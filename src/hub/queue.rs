@@ -8,7 +8,8 @@
 //! releases the log entries every cursor has passed ([`Queue::cursor_floor`]), so the log holds
 //! only what some subscriber can still read.
 //!
-//! FIFO mode uses the lock-free [`Ring`]: publishers push from any thread, the drainer pops.
+//! FIFO mode uses the lock-free [`Ring`]: publishers push from any thread, the drain lock's
+//! holder pops (a drainer, or a fed receiver's feed or its taking of the rest after its end).
 //! Under `message_priority` the queue is a small mutexed ordered map keyed by
 //! `(Reverse(priority), seq)`: its first entry is the next to deliver (highest priority, oldest
 //! among equals) and its last entry is the one furthest from delivery (lowest priority, newest

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use powerhub_plugin::{CloseReason, Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
-use super::core::{Consumer, Entry, SharedBatch, Sub};
+use super::core::{Consumer, Entry, Feed, SharedBatch, Sub};
 use super::direct::{flush_returns, DirectCursor, DirectReader, Held, Next};
 use super::{Delivery, Message, SlowConsumer, Subscription};
 
@@ -212,32 +212,34 @@ impl Chan {
         }
     }
 
-    /// What the subscriber's queue still holds after its end, as one batch to receive (`None`
-    /// when it holds nothing).
-    fn take_rest(&self) -> Option<Handed> {
-        let sub = self.sub.get().and_then(Weak::upgrade)?;
-        let rest = sub.take_rest();
-        (!rest.is_empty()).then(|| Handed {
+    /// What the subscriber's queue still holds after its end, as one batch to receive
+    /// (`Ok(None)` when it holds nothing; `Err(Busy)` while a drainer holds the drain lock).
+    fn take_rest(&self) -> Result<Option<Handed>, Busy> {
+        let Some(sub) = self.sub.get().and_then(Weak::upgrade) else {
+            return Ok(None);
+        };
+        let rest = sub.take_rest().ok_or(Busy)?;
+        Ok((!rest.is_empty()).then(|| Handed {
             entries: Arc::new(rest),
             dropped_before: sub.dropped_count(),
-        })
+        }))
     }
 
     /// Nothing is handed over and nothing is on its way while the subscriber's queue holds
-    /// messages: the hub hands the next batch over now (`false` when it could not).
-    fn feed(&self) -> bool {
+    /// messages: the hub hands the next batch over now ([`Feed::Handed`]: look again).
+    fn feed(&self) -> Feed {
         match self.held() {
-            (0, _) => false,
+            (0, _) => Feed::Nothing,
             (_, true) => {
-                // The drainer is handing a batch over.
+                // The drainer is handing a batch over: look again after it.
                 std::thread::yield_now();
-                true
+                Feed::Handed
             }
             _ => self
                 .sub
                 .get()
                 .and_then(Weak::upgrade)
-                .is_some_and(|s| s.feed()),
+                .map_or(Feed::Nothing, |s| s.feed()),
         }
     }
 
@@ -295,7 +297,8 @@ impl Sink for HandOff {
 /// - **`drop-oldest`** (the default, without `message_priority`): the receiver reads its topic
 ///   itself, as a `tokio::sync::broadcast` receiver reads its channel. The topic keeps its
 ///   recent publications in chunks of 64; each receiver keeps a position and holds one chunk,
-///   so a receive inside a chunk is a comparison and a load, with no lock and (with
+///   so a receive inside a chunk is two comparisons (the run's end, and the bound against
+///   the log's head), a load and a store of its count, with no lock and (with
 ///   [`try_recv_ref`](Receiver::try_recv_ref)) no reference count. The drain never visits it,
 ///   `max_batch` does not apply, and [`Hub::flush`](super::Hub::flush) does not wait for it (its
 ///   queue is its place in the topic). The bound is applied when a receive finds more than
@@ -469,7 +472,17 @@ struct HandOffRx {
     /// After the end: the rest of the subscriber's queue, taken, received after the batches
     /// handed over.
     rest: Option<Handed>,
+    /// The last receive could not take its next batch itself (the drain lock was taken): a
+    /// wait looks again after [`FEED_RETRY`].
+    busy: bool,
 }
+
+/// How soon a receive that found the drain lock taken looks again.
+const FEED_RETRY: Duration = Duration::from_millis(1);
+
+/// The drain lock was taken: look again.
+#[derive(Debug)]
+struct Busy;
 
 impl Receiver {
     pub(super) fn subscribe(
@@ -516,6 +529,7 @@ impl Receiver {
                 local: None,
                 pos: 0,
                 rest: None,
+                busy: false,
             }),
         })
     }
@@ -716,6 +730,10 @@ impl Receiver {
                     let idle = st.batches.is_empty() && st.pending.is_none() && st.closed.is_none();
                     if idle {
                         st.waker = Some(cx.waker().clone());
+                        if h.busy {
+                            // It could not take its next batch itself: polled again soon.
+                            cx.waker().wake_by_ref();
+                        }
                     }
                     idle
                 }
@@ -774,11 +792,15 @@ impl HandOffRx {
     /// empties the hand-off, the hub's held send is completed (outside the lock), which hands
     /// the subscriber's next batch over while the consumer works through this one. With
     /// nothing handed over, losses after the last message received (as under `drop-newest`) are
-    /// reported once the hub holds nothing more for the receiver. The subscriber's queue length
-    /// is read with the hand-off locked: the hub never takes the hand-off's lock while it holds
-    /// a queue's (it pops a batch, lets go of the queue, then sends), so the order hand-off →
+    /// reported once the hub holds nothing more for the receiver. With nothing handed over and
+    /// messages in the subscriber's queue, the receiver takes its next batch itself
+    /// (`Chan::feed`, if the drain lock is free); after the end, the rest of the queue
+    /// (`Chan::take_rest`), after the batches handed over. The subscriber's queue length is
+    /// read with the hand-off locked: the hub never takes the hand-off's lock while it holds a
+    /// queue's (it pops a batch, lets go of the queue, then sends), so the order hand-off →
     /// queue cannot deadlock.
     fn try_next(&mut self) -> Result<(), TryRecvError> {
+        self.busy = false;
         loop {
             if let Some(r) = self.next_local() {
                 return r;
@@ -811,8 +833,10 @@ impl HandOffRx {
                 // The rest of the queue, pulled: the drain may not come (`batch(false)`, a
                 // manual driver) or come later.
                 drop(st);
-                if chan.feed() {
-                    continue;
+                match chan.feed() {
+                    Feed::Handed => continue,
+                    Feed::Busy => self.busy = true,
+                    Feed::Nothing => {}
                 }
                 st = chan.state.lock();
                 if !st.batches.is_empty() || st.pending.is_some() {
@@ -848,26 +872,27 @@ impl HandOffRx {
             let Some(reason) = st.closed else {
                 return Err(TryRecvError::Empty);
             };
-            // Ended. What the drainer took from the queue before the end comes first: it is
-            // handed over when its visit ends (`Sub::taking`, read after the queue's pop, so a
-            // batch it popped before the rest was taken is seen here).
+            // Ended: the batches handed over, then the rest of the queue (an unsubscribe or the
+            // hub's close keep it for the receiver), then the end.
             drop(st);
-            if chan.held().1 {
-                std::thread::yield_now();
-                continue;
-            }
             if let Some(rest) = self.rest.take() {
                 self.local = Some(rest);
                 self.pos = 0;
                 continue;
             }
-            // Then what the queue still holds (an unsubscribe or the hub's close keep it for the
-            // receiver), looked at again before it is received.
-            if let Some(rest) = chan.take_rest() {
-                self.rest = Some(rest);
-                continue;
+            // Taken under the drain lock, so every batch a drainer popped before is in the
+            // hand-off by now: the loop receives those first.
+            match chan.take_rest() {
+                Ok(Some(rest)) => {
+                    self.rest = Some(rest);
+                    continue;
+                }
+                Ok(None) => return Err(TryRecvError::Closed { reason }),
+                Err(Busy) => {
+                    std::thread::yield_now();
+                    continue;
+                }
             }
-            return Err(TryRecvError::Closed { reason });
         }
     }
 
@@ -877,6 +902,14 @@ impl HandOffRx {
         // Anything that arrived since `try_next` let go of the lock is looked at first.
         if !(st.batches.is_empty() && st.pending.is_none() && st.closed.is_none()) {
             return true;
+        }
+        if self.busy {
+            // The last receive found the drain lock taken and could not take its next batch
+            // itself: look again shortly, whether or not that drain hands it over.
+            let retry = Instant::now() + FEED_RETRY;
+            let until = deadline.map_or(retry, |d| d.min(retry));
+            let _ = self.chan.ready.wait_until(&mut st, until);
+            return deadline.is_none_or(|d| Instant::now() < d);
         }
         match deadline {
             None => {
