@@ -474,3 +474,49 @@ fn one_write_of_publishes_to_several_topics_reaches_every_subscriber_in_the_orde
         assert_eq!(read(&mut device, 1), vec![("a".to_owned(), 100)]);
     });
 }
+
+/// One connection with two subscriptions to one stream (and a third to its device topic) gets
+/// each publication once per subscription, in the order published: the copies of a message
+/// next to each other, as the connection's FIFO has them, not one subscription's batch after
+/// the other's. Each subscription's own order holds, and so does another connection's.
+#[test]
+fn two_subscriptions_of_one_connection_to_one_stream_receive_in_the_order_published() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut twice = Client::connect(server.addr);
+        twice.send(r#"{"type":"subscribe","id":1,"stream":"g","subscriptionId":"x"}"#);
+        assert_eq!(twice.msg()["type"], "subscribed");
+        twice.send(r#"{"type":"subscribe","id":2,"stream":"g","subscriptionId":"y"}"#);
+        assert_eq!(twice.msg()["type"], "subscribed");
+        let mut once = Client::connect(server.addr);
+        once.subscribe("g");
+        let mut publisher = Client::connect(server.addr);
+        let mut burst = String::new();
+        for n in 0..200 {
+            burst.push_str(&format!(
+                r#"{{"type":"publish","message":{{"type":"tick","stream":"g","n":{n}}}}}"#
+            ));
+            burst.push('\n');
+        }
+        burst.push_str(r#"{"type":"ping","id":"done"}"#);
+        burst.push('\n');
+        publisher.send_raw(burst.as_bytes());
+        assert_eq!(publisher.msg()["requestId"], "done");
+        let got: Vec<u64> = (0..400)
+            .map(|_| twice.msg()["n"].as_u64().expect("n"))
+            .collect();
+        let want: Vec<u64> = (0..200).flat_map(|n| [n, n]).collect();
+        assert_eq!(got, want);
+        let got: Vec<u64> = (0..200)
+            .map(|_| once.msg()["n"].as_u64().expect("n"))
+            .collect();
+        assert_eq!(got, (0..200).collect::<Vec<u64>>());
+        // One of the two goes: the other's deliveries go on, in order.
+        twice.send(r#"{"type":"unsubscribe","id":3,"subscriptionId":"x"}"#);
+        assert_eq!(twice.msg()["type"], "unsubscribed");
+        publisher.send(r#"{"type":"publish","message":{"type":"tick","stream":"g","n":7}}"#);
+        publisher.send(r#"{"type":"publish","message":{"type":"tick","stream":"g","n":8}}"#);
+        assert_eq!(twice.msg()["n"], 7);
+        assert_eq!(twice.msg()["n"], 8);
+    });
+}

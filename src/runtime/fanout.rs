@@ -171,6 +171,10 @@ pub(crate) struct LocalSub {
     pub(crate) hub_id: Arc<str>,
     /// The connection's wire form is the hub's binary frame.
     pub(crate) hub_frames: bool,
+    /// Another subscription of its connection to this topic takes lines too: the fan-out
+    /// interleaves their deliveries message by message (the connection's FIFO), instead of
+    /// queueing one subscription's batch after the other's. Kept by [`Fanout`].
+    pub(crate) repeated: bool,
     /// Bytes fanned out to it (its stats row's `bytes_sent`): written by the shard thread
     /// only (a load and a store, no read-modify-write), read by `stats()`.
     pub(crate) bytes_sent: Arc<AtomicU64>,
@@ -194,6 +198,8 @@ pub(crate) struct LocalTopic {
     pub(crate) subs: Vec<LocalSub>,
     /// How many of `subs` want the hub's binary frame (the rest want NDJSON lines).
     pub(crate) hub_frame_subs: usize,
+    /// How many of `subs` are [`LocalSub::repeated`] (nearly always none).
+    pub(crate) repeated: usize,
 }
 
 /// A shard's topics: the subscriptions of its connections by topic (shard thread only).
@@ -237,12 +243,15 @@ impl Fanout {
     }
 
     /// Adds a subscription (attaching the shard's tap to the hub topic on its first one).
-    /// `false` when the hub is closed.
+    /// `also_subscribed`: its connection already has a subscription to `topic` (the caller
+    /// knows from the connection's own, a few at most, rather than from the topic's, which may
+    /// be many). `false` when the hub is closed.
     pub(crate) fn subscribe(
         &mut self,
         topic: &str,
-        sub: LocalSub,
+        mut sub: LocalSub,
         transport: Arc<dyn std::any::Any + Send + Sync>,
+        also_subscribed: bool,
     ) -> bool {
         let slot = match self.slot_of(topic) {
             Some(slot) => slot,
@@ -273,6 +282,7 @@ impl Fanout {
                     tap,
                     subs: Vec::new(),
                     hub_frame_subs: 0,
+                    repeated: 0,
                 });
                 slot
             }
@@ -287,6 +297,19 @@ impl Fanout {
         });
         t.tap.count.fetch_add(1, StdOrdering::Relaxed);
         t.hub_frame_subs += usize::from(sub.hub_frames);
+        if also_subscribed && !sub.hub_frames {
+            // The connection's other subscriptions to the topic interleave with this one.
+            for other in t
+                .subs
+                .iter_mut()
+                .filter(|s| s.conn == sub.conn && !s.repeated)
+            {
+                other.repeated = true;
+                t.repeated += 1;
+            }
+            sub.repeated = true;
+            t.repeated += 1;
+        }
         t.subs.push(sub);
         self.shared
             .counters_of(self.shard.index)
@@ -309,6 +332,15 @@ impl Fanout {
         };
         let sub = t.subs.swap_remove(at);
         t.hub_frame_subs -= usize::from(sub.hub_frames);
+        if sub.repeated {
+            t.repeated -= 1;
+            let mut left = t.subs.iter_mut().filter(|s| s.conn == conn);
+            if let (Some(last), None) = (left.next(), left.next()) {
+                // The connection's only subscription to the topic now.
+                last.repeated = false;
+                t.repeated -= 1;
+            }
+        }
         t.tap.count.fetch_sub(1, StdOrdering::Relaxed);
         self.shared
             .counters_of(self.shard.index)

@@ -40,7 +40,7 @@ use crossbeam_queue::SegQueue;
 use powerhub_plugin::codes;
 
 use super::config::SMALL_SEND_BYTES;
-use super::fanout::{DirtyFlag, Fanout, LocalSub, Publications, Tapped};
+use super::fanout::{DirtyFlag, Fanout, LocalSub, LocalTopic, Publications, Tapped};
 use super::parker::Parker;
 use super::sys::{self, syscall, Backend, Event, Token};
 use super::tls::TlsLayer;
@@ -364,6 +364,52 @@ fn millis(epoch: Instant, t: Instant) -> u64 {
 fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
     let c = slots.get_mut(key.index as usize)?.as_deref_mut()?;
     (c.key.generation == key.generation).then_some(c)
+}
+
+/// Delivers one batch's `lines` to the topic's [`LocalSub::repeated`] subscriptions: for each
+/// connection with several subscriptions to the topic, message by message, each message to
+/// every one of them in subscription order before the next message (as the connection's FIFO
+/// has the publications), where one batch per subscription would put the first subscription's
+/// whole batch ahead of the second's copies. Each line is a slice of the shared batch (no
+/// copy). Returns the (subscription, batch) deliveries made.
+fn deliver_interleaved(
+    slots: &mut [Option<Box<Conn>>],
+    dirty: &mut Vec<Token>,
+    topic: &LocalTopic,
+    lines: &Bytes,
+    now: Instant,
+) -> u64 {
+    let mut subs: Vec<&LocalSub> = topic.subs.iter().filter(|s| s.repeated).collect();
+    // Grouped by connection (a stable sort: within one, the topic list's order; the copies of
+    // one message are the same bytes, whichever goes first).
+    subs.sort_by_key(|s| (s.conn.index, s.conn.generation));
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for end in memchr::memchr_iter(b'\n', lines) {
+        parts.push(lines.slice(start..=end));
+        start = end + 1;
+    }
+    if start < lines.len() {
+        parts.push(lines.slice(start..));
+    }
+    let mut deliveries = 0;
+    for group in subs.chunk_by(|a, b| a.conn == b.conn) {
+        let Some(c) = conn_in(slots, group[0].conn) else {
+            continue;
+        };
+        if c.state != State::Open {
+            continue;
+        }
+        for part in &parts {
+            for sub in group {
+                c.push.deliver_lines(&sub.id, part.clone(), now);
+                sub.count_sent(part.len());
+            }
+        }
+        deliveries += group.len() as u64;
+        dirty.push(group[0].conn.index);
+    }
+    deliveries
 }
 
 /// Publishes a connection's message to each of its topics; the subscribers it reached, or the
@@ -1187,15 +1233,25 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
+        // Another subscription of this connection to the topic (its session lists its own).
+        let also_subscribed = c
+            .push
+            .session()
+            .subscriptions()
+            .any(|(id, info)| info.topic == topic && *id != subscription_id);
         let sub = LocalSub {
             conn: c.key,
             id: Arc::clone(&subscription_id),
             hub_id,
             hub_frames: c.push.hub_frames(),
+            repeated: false,
             bytes_sent: Arc::default(),
         };
         let transport: Arc<dyn std::any::Any + Send + Sync> = Arc::new(subscription_id);
-        let result = if self.fanout.subscribe(topic, sub, transport) {
+        let result = if self
+            .fanout
+            .subscribe(topic, sub, transport, also_subscribed)
+        {
             Ok(())
         } else {
             Err(crate::hub::SubscribeError::Closed)
@@ -1324,6 +1380,10 @@ impl<B: Backend> Shard<B> {
                 None
             };
             for sub in &topic.subs {
+                if sub.repeated {
+                    // Below, with its connection's other subscriptions to the topic.
+                    continue;
+                }
                 let Some(c) = conn_in(&mut self.slots, sub.conn) else {
                     continue;
                 };
@@ -1343,6 +1403,14 @@ impl<B: Backend> Shard<B> {
                 deliveries += 1;
                 messages += count as u64;
                 self.dirty.push(sub.conn.index);
+            }
+            if topic.repeated > 0 {
+                if let Some(lines) = &lines {
+                    let n =
+                        deliver_interleaved(&mut self.slots, &mut self.dirty, topic, lines, now);
+                    deliveries += n;
+                    messages += n * count as u64;
+                }
             }
         }
         if deliveries > 0 {
