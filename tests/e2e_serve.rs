@@ -145,8 +145,9 @@ fn serve_process_with_a_python_client_on_epoll() {
     run("epoll");
 }
 
-/// What `powerhub serve --config PATH` did, run to its exit.
-fn serve_config(path: &std::path::Path) -> std::process::Output {
+/// What `powerhub serve --config PATH` did, run to its exit, with `text` written to `path`.
+fn serve_config(path: &std::path::Path, text: &str) -> std::process::Output {
+    std::fs::write(path, text).unwrap();
     Command::new(env!("CARGO_BIN_EXE_powerhub"))
         .args(["serve", "--config"])
         .arg(path)
@@ -166,12 +167,10 @@ fn config_dir(tag: &str) -> std::path::PathBuf {
 fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
     let dir = config_dir("cfg");
     let path = dir.join("bad.toml");
-    std::fs::write(
+    let out = serve_config(
         &path,
         "[engine]\nshards = 1\n\n[limits]\nmax_conections = 5\n",
-    )
-    .unwrap();
-    let out = serve_config(&path);
+    );
     assert_eq!(
         out.status.code(),
         Some(2),
@@ -183,12 +182,10 @@ fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
         "{err}"
     );
     // A listener's unknown protocol is the configuration's fault too.
-    std::fs::write(
+    let out = serve_config(
         &path,
         "[[listener]]\nprotocol = \"nope\"\naddress = \"127.0.0.1:0\"\n",
-    )
-    .unwrap();
-    let out = serve_config(&path);
+    );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("unknown protocol `nope`"));
     let _ = std::fs::remove_dir_all(&dir);
@@ -201,17 +198,15 @@ fn serve_refuses_an_unknown_config_key_naming_key_and_line() {
 fn serve_refuses_a_listeners_unreadable_tls_file_before_listening_anywhere() {
     let dir = config_dir("tls");
     let path = dir.join("tls.toml");
-    std::fs::write(
+    let out = serve_config(
         &path,
-        format!(
+        &format!(
             "[[listener]]\nprotocol = \"ndjson\"\naddress = \"127.0.0.1:0\"\n\n\
              [[listener]]\nprotocol = \"ndjson\"\naddress = \"127.0.0.1:0\"\n\
              tls_cert = \"{0}/absent.pem\"\ntls_key = \"{0}/absent.key\"\n",
             dir.display()
         ),
-    )
-    .unwrap();
-    let out = serve_config(&path);
+    );
     let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr),

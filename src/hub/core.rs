@@ -49,10 +49,10 @@ pub(crate) enum Consumer {
     Direct(Arc<DirectCursor>),
 }
 
-/// What [`Sub::feed`] did.
+/// What [`Sub::feed`] (or a receiver's taking of the rest after its end) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Feed {
-    /// A batch was handed over (or its send is held for the consumer).
+    /// A batch was handed over (or its send is held for the consumer): look again.
     Handed,
     /// Nothing to hand over, or nothing this thread may hand over now.
     Nothing,
@@ -273,6 +273,17 @@ impl Sub {
     /// Whether the drain feeds it to a receiver, which takes its queue at its own pace.
     fn is_fed_receiver(&self) -> bool {
         matches!(self.consumer, Consumer::Batch(_))
+    }
+
+    /// Its queue at its end (`reason`): discarded (returns how many), unless a fed receiver
+    /// takes it after an unsubscribe or the hub's close, as a direct receiver receives what was
+    /// published before its end (`Sub::take_rest`); a slow consumer's queue is its loss.
+    fn end_queue(&self, reason: CloseReason) -> u64 {
+        if self.is_fed_receiver() && reason != CloseReason::SlowConsumer {
+            0
+        } else {
+            self.queue.clear() as u64
+        }
     }
 
     /// Its direct receiver's counts join the hub's (see [`Inner::fold_direct`]).
@@ -976,13 +987,7 @@ impl Inner {
                 self.ended(dc);
             }
         }
-        // A fed receiver keeps its queue after an unsubscribe (it receives what was published
-        // before its end, as a direct receiver does); a slow consumer's is its loss.
-        let discarded = if sub.is_fed_receiver() && reason != CloseReason::SlowConsumer {
-            0
-        } else {
-            sub.queue.clear() as u64
-        };
+        let discarded = sub.end_queue(reason);
         if reason == CloseReason::SlowConsumer {
             self.counters.disconnected.fetch_add(1, Ordering::Relaxed);
             sub.dropped.fetch_add(discarded, Ordering::Relaxed);
@@ -2225,10 +2230,7 @@ impl Inner {
         subs.sort_by_key(|s| s.order);
         for sub in &subs {
             if !sub.closed.swap(true, Ordering::AcqRel) {
-                // A fed receiver takes the rest of its queue itself (`Sub::take_rest`).
-                if !sub.is_fed_receiver() {
-                    sub.queue.clear();
-                }
+                sub.end_queue(CloseReason::HubClosed);
                 self.close_adapter(sub, CloseReason::HubClosed);
             }
         }

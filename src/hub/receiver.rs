@@ -187,20 +187,20 @@ impl std::fmt::Debug for Chan {
 }
 
 impl Chan {
+    /// The subscriber, while it lives (set once subscribed).
+    fn sub(&self) -> Option<Arc<Sub>> {
+        self.sub.get().and_then(Weak::upgrade)
+    }
+
     fn dropped(&self) -> u64 {
-        self.sub
-            .get()
-            .and_then(Weak::upgrade)
-            .map_or(0, |s| s.dropped_count())
+        self.sub().map_or(0, |s| s.dropped_count())
     }
 
     /// What the hub holds for the subscriber: `(queued, taking)`, the messages in its queue and
     /// whether the drainer took a batch from it that it has not handed over yet (read in that
     /// order: see `Sub::taking`).
     fn held(&self) -> (usize, bool) {
-        self.sub
-            .get()
-            .and_then(Weak::upgrade)
+        self.sub()
             .map_or((0, false), |s| (s.queued(), s.is_taking()))
     }
 
@@ -212,17 +212,24 @@ impl Chan {
         }
     }
 
-    /// What the subscriber's queue still holds after its end, as one batch to receive
-    /// (`Ok(None)` when it holds nothing; `Err(Busy)` while a drainer holds the drain lock).
-    fn take_rest(&self) -> Result<Option<Handed>, Busy> {
-        let Some(sub) = self.sub.get().and_then(Weak::upgrade) else {
-            return Ok(None);
+    /// What the subscriber's queue still holds after its end, handed over as one last batch,
+    /// after the batches handed before it ([`Feed::Busy`] while a drainer holds the drain
+    /// lock).
+    fn take_rest(&self) -> Feed {
+        let Some(sub) = self.sub() else {
+            return Feed::Nothing;
         };
-        let rest = sub.take_rest().ok_or(Busy)?;
-        Ok((!rest.is_empty()).then(|| Handed {
+        let Some(rest) = sub.take_rest() else {
+            return Feed::Busy;
+        };
+        if rest.is_empty() {
+            return Feed::Nothing;
+        }
+        self.state.lock().batches.push_back(Handed {
             entries: Arc::new(rest),
             dropped_before: sub.dropped_count(),
-        }))
+        });
+        Feed::Handed
     }
 
     /// Nothing is handed over and nothing is on its way while the subscriber's queue holds
@@ -235,11 +242,7 @@ impl Chan {
                 std::thread::yield_now();
                 Feed::Handed
             }
-            _ => self
-                .sub
-                .get()
-                .and_then(Weak::upgrade)
-                .map_or(Feed::Nothing, |s| s.feed()),
+            _ => self.sub().map_or(Feed::Nothing, |s| s.feed()),
         }
     }
 
@@ -469,9 +472,6 @@ struct HandOffRx {
     /// The batch being received, and the index of its next message.
     local: Option<Handed>,
     pos: usize,
-    /// After the end: the rest of the subscriber's queue, taken, received after the batches
-    /// handed over.
-    rest: Option<Handed>,
     /// The last receive could not take its next batch itself (the drain lock was taken): a
     /// wait looks again after [`FEED_RETRY`].
     busy: bool,
@@ -479,10 +479,6 @@ struct HandOffRx {
 
 /// How soon a receive that found the drain lock taken looks again.
 const FEED_RETRY: Duration = Duration::from_millis(1);
-
-/// The drain lock was taken: look again.
-#[derive(Debug)]
-struct Busy;
 
 impl Receiver {
     pub(super) fn subscribe(
@@ -528,7 +524,6 @@ impl Receiver {
                 },
                 local: None,
                 pos: 0,
-                rest: None,
                 busy: false,
             }),
         })
@@ -873,22 +868,13 @@ impl HandOffRx {
                 return Err(TryRecvError::Empty);
             };
             // Ended: the batches handed over, then the rest of the queue (an unsubscribe or the
-            // hub's close keep it for the receiver), then the end.
+            // hub's close keep it for the receiver), then the end. The rest is taken under the
+            // drain lock, so every batch a drainer popped before is in the hand-off ahead of it.
             drop(st);
-            if let Some(rest) = self.rest.take() {
-                self.local = Some(rest);
-                self.pos = 0;
-                continue;
-            }
-            // Taken under the drain lock, so every batch a drainer popped before is in the
-            // hand-off by now: the loop receives those first.
             match chan.take_rest() {
-                Ok(Some(rest)) => {
-                    self.rest = Some(rest);
-                    continue;
-                }
-                Ok(None) => return Err(TryRecvError::Closed { reason }),
-                Err(Busy) => {
+                Feed::Handed => continue,
+                Feed::Nothing => return Err(TryRecvError::Closed { reason }),
+                Feed::Busy => {
                     std::thread::yield_now();
                     continue;
                 }

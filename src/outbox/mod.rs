@@ -1144,21 +1144,31 @@ impl Outbox {
     }
 }
 
+/// The lines of an NDJSON chunk as zero-copy slices, each with its newline (a last line
+/// without one is kept as it is).
+pub(crate) fn whole_lines(lines: &Bytes) -> impl Iterator<Item = Bytes> + '_ {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start >= lines.len() {
+            return None;
+        }
+        let end = memchr_newline(&lines[start..]).map_or(lines.len(), |i| start + i + 1);
+        let line = lines.slice(start..end);
+        start = end;
+        Some(line)
+    })
+}
+
 /// The JSON messages of an NDJSON chunk, without their newlines (zero-copy slices); empty lines
 /// are skipped, a last line without newline is kept.
 fn split_lines(lines: &Bytes) -> impl Iterator<Item = Bytes> + '_ {
-    let mut start = 0;
-    std::iter::from_fn(move || {
-        while start < lines.len() {
-            let end = memchr_newline(&lines[start..]).map_or(lines.len(), |i| start + i);
-            let line = lines.slice(start..end);
-            start = end + 1;
-            let trimmed = trim_cr(&line);
-            if !trimmed.is_empty() {
-                return Some(trimmed);
-            }
-        }
-        None
+    whole_lines(lines).filter_map(|line| {
+        let text = match line.last() {
+            Some(&b'\n') => line.slice(..line.len() - 1),
+            _ => line,
+        };
+        let trimmed = trim_cr(&text);
+        (!trimmed.is_empty()).then_some(trimmed)
     })
 }
 

@@ -756,19 +756,17 @@ impl Config {
 mod tests {
     use super::*;
 
+    /// The error a configuration is refused with, as it is printed.
+    fn refusal(toml: &str) -> String {
+        Config::from_toml(toml, None).unwrap_err().to_string()
+    }
+
     /// An explicit empty list is refused with the key named, not read as the default.
     #[test]
     fn an_empty_listener_list_or_origin_list_is_refused_naming_its_key() {
-        let err = Config::from_toml("listener = []\n", None)
-            .unwrap_err()
-            .to_string();
+        let err = refusal("listener = []\n");
         assert!(err.contains("listener") && err.contains("empty"), "{err}");
-        let err = Config::from_toml(
-            "[[listener]]\nprotocol = \"websocket\"\naddress = \"127.0.0.1:0\"\nallowed_origins = []\n",
-            None,
-        )
-        .unwrap_err()
-        .to_string();
+        let err = refusal("[[listener]]\nprotocol = \"websocket\"\naddress = \"127.0.0.1:0\"\nallowed_origins = []\n");
         assert!(err.contains("listener[0].allowed_origins"), "{err}");
         assert!(Config::from_toml("[limits]\nmax_connections = 10\n", None).is_ok());
     }
@@ -791,12 +789,7 @@ mod tests {
 
     #[test]
     fn unknown_key_is_an_error_naming_key_and_line() {
-        let err = Config::from_toml(
-            "[engine]\nshards = 2\n\n[limits]\nmax_conections = 1\n",
-            None,
-        )
-        .unwrap_err();
-        let msg = err.to_string();
+        let msg = refusal("[engine]\nshards = 2\n\n[limits]\nmax_conections = 1\n");
         assert!(msg.contains("max_conections"), "{msg}");
         assert!(msg.contains("line 5"), "{msg}");
     }
@@ -812,7 +805,7 @@ mod tests {
             ("rates = [1]", "rates"),
         ] {
             let text = format!("[auth]\n[[auth.tokens]]\ntoken = \"t\"\nuser = \"u\"\n{value}\n");
-            let err = Config::from_toml(&text, None).unwrap_err().to_string();
+            let err = refusal(&text);
             assert!(err.contains("a table of named fields"), "{value}: {err}");
             assert!(err.contains(key), "{value}: {err}");
         }
@@ -824,9 +817,7 @@ mod tests {
     fn certificates_alone_with_no_listener_asking_for_one_are_refused() {
         let certs = "[auth]\n[[auth.certificates]]\nsubject = \"CN=meter\"\nuser = \"meter\"\n";
         let plain = "[[listener]]\nprotocol = \"ndjson\"\naddress = \"127.0.0.1:0\"\n";
-        let err = Config::from_toml(&format!("{certs}{plain}"), None)
-            .unwrap_err()
-            .to_string();
+        let err = refusal(&format!("{certs}{plain}"));
         assert!(
             err.contains("auth.certificates") && err.contains("tls_client_ca"),
             "{err}"
@@ -877,9 +868,7 @@ mod tests {
     #[test]
     fn a_max_outbox_bytes_no_connection_could_live_under_is_refused() {
         for v in [0, 100, 65_535] {
-            let err = Config::from_toml(&format!("[limits]\nmax_outbox_bytes = {v}\n"), None)
-                .unwrap_err()
-                .to_string();
+            let err = refusal(&format!("[limits]\nmax_outbox_bytes = {v}\n"));
             assert!(
                 err.contains("limits.max_outbox_bytes") && err.contains("65536"),
                 "{err}"
@@ -890,16 +879,12 @@ mod tests {
 
     #[test]
     fn invalid_value_names_the_key() {
-        let err = Config::from_toml("[limits]\nmax_connections = 0\n", None).unwrap_err();
-        assert!(err.to_string().contains("limits.max_connections"), "{err}");
-        let err = Config::from_toml(
-            "[[listener]]\nprotocol = \"ndjson\"\naddress = \"nope\"\n",
-            None,
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("listener[0].address"), "{err}");
-        let err = Config::from_toml("[engine]\nbackend = \"kqueue\"\n", None).unwrap_err();
-        assert!(err.to_string().contains("kqueue"), "{err}");
+        let err = refusal("[limits]\nmax_connections = 0\n");
+        assert!(err.contains("limits.max_connections"), "{err}");
+        let err = refusal("[[listener]]\nprotocol = \"ndjson\"\naddress = \"nope\"\n");
+        assert!(err.contains("listener[0].address"), "{err}");
+        let err = refusal("[engine]\nbackend = \"kqueue\"\n");
+        assert!(err.contains("kqueue"), "{err}");
     }
 
     #[test]
@@ -907,12 +892,9 @@ mod tests {
         let small = "[limits]\nmax_outbox_bytes = 4194304\n";
         let c = Config::from_toml(small, None).unwrap();
         assert_eq!(c.limits.max_outbox_bytes, 4 << 20);
-        let err = Config::from_toml(
-            &format!("{small}\n[subscriptions]\nslow_consumer = \"disconnect\"\n"),
-            None,
-        )
-        .unwrap_err();
-        let msg = err.to_string();
+        let msg = refusal(&format!(
+            "{small}\n[subscriptions]\nslow_consumer = \"disconnect\"\n"
+        ));
         assert!(
             msg.contains("limits.max_outbox_bytes") && msg.contains("disconnect"),
             "{msg}"
@@ -930,11 +912,8 @@ mod tests {
         assert_eq!(c.limits.first_message_timeout_ms, 200);
         let c = Config::from_toml("[limits]\nhandshake_timeout_ms = 300\n", None).unwrap();
         assert_eq!(c.limits.first_message_timeout_ms, 300);
-        let err = Config::from_toml("[limits]\nfirst_message_timeout_ms = 0\n", None).unwrap_err();
-        assert!(
-            err.to_string().contains("limits.first_message_timeout_ms"),
-            "{err}"
-        );
+        let err = refusal("[limits]\nfirst_message_timeout_ms = 0\n");
+        assert!(err.contains("limits.first_message_timeout_ms"), "{err}");
     }
 
     #[test]
@@ -948,8 +927,7 @@ mod tests {
         assert_eq!(ok.engine.turn_gap(), Duration::from_millis(10));
         let off = Config::from_toml("[engine]\nturn_gap_us = 0\n", None).unwrap();
         assert!(off.engine.turn_gap().is_zero());
-        let err = Config::from_toml("[engine]\nturn_gap_us = 10001\n", None).unwrap_err();
-        let msg = err.to_string();
+        let msg = refusal("[engine]\nturn_gap_us = 10001\n");
         assert!(
             msg.contains("engine.turn_gap_us") && msg.contains("10001"),
             "{msg}"
@@ -965,11 +943,8 @@ mod tests {
         );
         let ok = Config::from_toml("[engine]\nhub_batch_delay_us = 100000\n", None).unwrap();
         assert_eq!(ok.engine.hub_batch_delay(), Duration::from_millis(100));
-        let err = Config::from_toml("[engine]\nhub_batch_delay_us = 100001\n", None).unwrap_err();
-        assert!(
-            err.to_string().contains("engine.hub_batch_delay_us"),
-            "{err}"
-        );
+        let err = refusal("[engine]\nhub_batch_delay_us = 100001\n");
+        assert!(err.contains("engine.hub_batch_delay_us"), "{err}");
     }
 
     #[test]
@@ -1006,8 +981,8 @@ mod tests {
                 "limits.max_json_depth",
             ),
         ] {
-            let err = Config::from_toml(text, None).unwrap_err();
-            assert!(err.to_string().contains(key), "{text}: {err}");
+            let err = refusal(text);
+            assert!(err.contains(key), "{text}: {err}");
         }
         let c = Config::from_toml("[limits]\nmax_json_depth = 2\n", None).unwrap();
         assert_eq!(c.limits.max_json_depth, 2);

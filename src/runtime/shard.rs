@@ -383,15 +383,7 @@ fn deliver_interleaved(
     // Grouped by connection (a stable sort: within one, the topic list's order; the copies of
     // one message are the same bytes, whichever goes first).
     subs.sort_by_key(|s| (s.conn.index, s.conn.generation));
-    let mut parts = Vec::new();
-    let mut start = 0;
-    for end in memchr::memchr_iter(b'\n', lines) {
-        parts.push(lines.slice(start..=end));
-        start = end + 1;
-    }
-    if start < lines.len() {
-        parts.push(lines.slice(start..));
-    }
+    let parts: Vec<Bytes> = crate::outbox::whole_lines(lines).collect();
     let mut deliveries = 0;
     for group in subs.chunk_by(|a, b| a.conn == b.conn) {
         let Some(c) = conn_in(slots, group[0].conn) else {
