@@ -791,6 +791,57 @@ fn encoded_stays_one_per_flush_whatever_the_subscriber_count() {
 }
 
 #[test]
+fn a_subscriber_in_flight_during_a_turn_later_shares_the_frame_the_others_took() {
+    let (hub, spy) = manual(HubOptions::default());
+    spy.set_mode_for("slow", SpyMode::Pending);
+    sub(&hub, "t", SubscribeOptions::default().id("slow")).detach();
+    sub(&hub, "t", SubscribeOptions::default().id("fast")).detach();
+    publish(&hub, "t", 0);
+    turn(&hub); // slow's send of [0] stays pending
+    publish(&hub, "t", 1);
+    publish(&hub, "t", 2);
+    turn(&hub); // fast takes [1, 2] while slow is in flight
+    spy.set_mode_for("slow", SpyMode::Accept);
+    spy.complete_all();
+    turn(&hub); // slow takes the same [1, 2]
+    assert_eq!(received(&spy, "slow"), nums(0..3));
+    assert_eq!(received(&spy, "fast"), nums(0..3));
+    assert_eq!(
+        spy.frames_for("slow")[1].as_ptr(),
+        spy.frames_for("fast")[1].as_ptr(),
+        "the frame encoded a turn earlier reached the subscriber that was in flight"
+    );
+    assert_eq!(hub.stats().encoded, 2);
+}
+
+#[test]
+fn encoded_stays_one_per_batch_when_handlers_run_on_the_pool() {
+    // The default driver: handlers run on the handler pool, and a subscriber stays in flight
+    // until its handler ran, so the subscribers of one topic take each batch in passes of their
+    // own, as their handlers finish.
+    let spy = SpySink::new();
+    let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
+    for i in 0..8 {
+        hub.subscribe(
+            "t",
+            |_: &Delivery<'_>| std::thread::sleep(Duration::from_millis(2)),
+            SubscribeOptions::default().id(format!("s{i}")).max_batch(1),
+        )
+        .unwrap()
+        .detach();
+    }
+    for n in 0..3 {
+        publish(&hub, "t", n);
+    }
+    hub.flush().unwrap();
+    for i in 0..8 {
+        assert_eq!(received(&spy, &format!("s{i}")), nums(0..3));
+    }
+    assert_eq!(hub.stats().encoded, 3, "one encode per batch of one");
+    hub.close();
+}
+
+#[test]
 fn subscribers_whose_queues_differ_get_their_own_frame() {
     let (hub, spy) = manual(HubOptions::default());
     sub(&hub, "t", SubscribeOptions::default().id("early")).detach();
@@ -1118,6 +1169,35 @@ fn retained_messages_are_replayed_in_order_to_a_new_subscriber() {
 }
 
 #[test]
+fn a_retained_publish_racing_the_first_subscribe_goes_out_at_the_next_turn() {
+    // The publish finds no topic and makes it; a subscribe may make it first. Either way the
+    // message reaches the subscriber at the next turn. A third thread keeps the topics busy to
+    // widen the window between the two.
+    for i in 0..2000 {
+        let (hub, spy) = manual(HubOptions::default());
+        let go = std::sync::Barrier::new(3);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                go.wait();
+                sub(&hub, "t", SubscribeOptions::default().id("a")).detach();
+            });
+            s.spawn(|| {
+                go.wait();
+                retain(&hub, "t", 1);
+            });
+            s.spawn(|| {
+                go.wait();
+                for n in 0..50 {
+                    publish(&hub, "other", n);
+                }
+            });
+        });
+        turn(&hub);
+        assert_eq!(received(&spy, "a"), ["1"], "round {i}: {:?}", hub.stats());
+    }
+}
+
+#[test]
 fn retained_log_keeps_the_last_32_per_topic() {
     let (hub, spy) = manual(HubOptions::default());
     for i in 0..40 {
@@ -1424,6 +1504,26 @@ fn stats_count_published_delivered_dropped_disconnected_encoded() {
     assert_eq!(s.dropped, 1 + 2);
     assert_eq!(s.disconnected, 1);
     assert_eq!(s.encoded, 2, "a and b hold different batches");
+}
+
+#[test]
+fn delivered_counts_a_batch_before_its_handler_sees_it() {
+    let (hub, _spy) = manual(HubOptions::default());
+    let seen = Arc::new(Mutex::new(None));
+    let (h, s) = (hub.clone(), Arc::clone(&seen));
+    hub.subscribe(
+        "t",
+        move |_: &Delivery<'_>| {
+            *s.lock().unwrap() = Some(h.stats().delivered);
+        },
+        SubscribeOptions::default().id("a"),
+    )
+    .unwrap()
+    .detach();
+    publish(&hub, "t", 1);
+    turn(&hub);
+    assert_eq!(*seen.lock().unwrap(), Some(1), "offered, so delivered");
+    hub.close();
 }
 
 #[test]

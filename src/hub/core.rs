@@ -486,7 +486,7 @@ struct WakeState {
     last_now: Option<Instant>,
 }
 
-/// Key of the per-turn encode memo: a batch is identified by its codec and the sequence
+/// Key of the encode memo ([`EncodeMemo`]): a batch is identified by its codec and the sequence
 /// numbers of its entries (globally unique, so the topic is implied).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 struct MemoKey {
@@ -537,6 +537,46 @@ impl Hasher for MemoHasher {
 
 type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<MemoHasher>>;
 
+/// The encode memo, kept across passes while subscribers are in flight. A subscriber in flight
+/// when a pass ran (its send pending, or its handler waiting on the pool) takes its batch in a
+/// later pass, the one its completion wakes; it finds the frame the others had encoded if that
+/// frame was encoded or used in the pass before. Each pass's frames are this pass's
+/// generation; a frame no pass has used for a whole pass goes, and everything goes after a pass
+/// that left nobody in flight (nobody can need a frame it made). Holds frames, never messages.
+#[derive(Default)]
+struct EncodeMemo {
+    /// Frames encoded or used this pass.
+    now: Memo,
+    /// The pass before's.
+    before: Memo,
+}
+
+impl EncodeMemo {
+    /// The frame encoded for exactly `batch` under `key`, kept for this pass too.
+    fn get(&mut self, key: &MemoKey, batch: &[Arc<Entry>]) -> Option<Bytes> {
+        let same = |seqs: &[u64]| seqs.iter().copied().eq(batch.iter().map(|e| e.seq));
+        if let Some((seqs, frame)) = self.now.get(key) {
+            return same(seqs).then(|| frame.clone());
+        }
+        let (seqs, frame) = self.before.remove(key)?;
+        if !same(&seqs) {
+            return None;
+        }
+        self.now.insert(*key, (seqs, frame.clone()));
+        Some(frame)
+    }
+
+    /// After a pass: what it made or used becomes the pass before's; all goes when the pass
+    /// left no subscriber in flight.
+    fn end_pass(&mut self, in_flight_left: bool) {
+        std::mem::swap(&mut self.now, &mut self.before);
+        self.now.clear();
+        if !in_flight_left {
+            self.before.clear();
+        }
+    }
+}
+
 /// Per-pass memo of cursor batches: (log, first log index, length, codec) to the shared batch
 /// and its frame.
 type RangeMemo = HashMap<
@@ -551,7 +591,7 @@ struct DrainState {
     order: Vec<Arc<Sub>>,
     /// How many entries each subscriber of `order` takes this turn.
     budgets: Vec<usize>,
-    memo: Memo,
+    memo: EncodeMemo,
     ranges: RangeMemo,
     /// The range key of a cursor batch just cloned from the log, to memoise once encoded.
     pending_range: Option<(u64, u64, usize, Codec)>,
@@ -1056,7 +1096,13 @@ impl Inner {
                 if self.is_closed() {
                     return Ok(0);
                 }
-                let t = topics.entry(Arc::from(topic)).or_default();
+                // A subscribe may have made the topic since the read: what is queued for its
+                // subscribers is listed for the next turn, as on the path above.
+                let key: Arc<str> = match topics.get_key_value(topic) {
+                    Some((key, _)) => Arc::clone(key),
+                    None => Arc::from(topic),
+                };
+                let t = topics.entry(Arc::clone(&key)).or_default();
                 let (mut order, entry) = numbered(t, &self.seq, priority, message, true);
                 let tail = order.as_deref_mut().map(|o| &mut o.tail);
                 let fanned = FannedOut {
@@ -1067,6 +1113,7 @@ impl Inner {
                 };
                 self.fan_out(t, entry, true, tail, fanned);
                 drop(order);
+                self.list_ready(&key, t, queued);
             } else {
                 // Nobody to number it for: counted as published all the same.
                 self.seq.fetch_add(1, Ordering::Relaxed);
@@ -1561,7 +1608,7 @@ impl Inner {
     /// `max_batch`.
     fn drain_pass(&self, st: &mut DrainState) -> TurnMetrics {
         let mut m = TurnMetrics::default();
-        st.memo.clear();
+        let mut in_flight_left = false;
         let order;
         // The turn boundary: every queue's length, read while no publish is half-way through
         // its subscribers (publishes hold the topics read lock). Subscribers that queued the same
@@ -1581,7 +1628,11 @@ impl Inner {
             if self.is_closed() {
                 break;
             }
-            if sub.closed.load(Ordering::Acquire) || sub.in_flight() {
+            if sub.closed.load(Ordering::Acquire) {
+                continue;
+            }
+            if sub.in_flight() {
+                in_flight_left = true;
                 continue;
             }
             let mut budget = budget;
@@ -1664,7 +1715,10 @@ impl Inner {
                 match self.send(sub, frame, batch, &mut m, &mut st.jobs) {
                     Some(Batch::Owned(back)) => st.batch = back,
                     Some(Batch::Shared(_)) => {}
-                    None => break,
+                    None => {
+                        in_flight_left = true;
+                        break;
+                    }
                 }
             }
         }
@@ -1674,17 +1728,13 @@ impl Inner {
             }
         }
         self.release_taken(&order, &mut st.touched);
-        // Messages offered to transports this pass, counted once rather than per send.
-        self.counters
-            .delivered
-            .fetch_add(m.messages, Ordering::Relaxed);
         // Let go of the subscribers (and what their handlers hold) now; keep the capacity.
         if let Ok(mut v) = Arc::try_unwrap(order) {
             v.clear();
             st.order = v;
         }
         st.budgets = budgets;
-        st.memo.clear();
+        st.memo.end_pass(in_flight_left);
         st.ranges.clear();
         st.batch.clear();
         m
@@ -1795,21 +1845,20 @@ impl Inner {
 
     fn frame_for(
         &self,
-        memo: &mut Memo,
+        memo: &mut EncodeMemo,
         codec: Codec,
         batch: &[Arc<Entry>],
         m: &mut TurnMetrics,
     ) -> Result<Bytes, DeliveryError> {
         let key = MemoKey::of(codec, batch);
-        if let Some((seqs, frame)) = memo.get(&key) {
-            if seqs.iter().copied().eq(batch.iter().map(|e| e.seq)) {
-                return Ok(frame.clone());
-            }
+        if let Some(frame) = memo.get(&key, batch) {
+            return Ok(frame);
         }
         let frame = encode(codec, batch)?;
         self.counters.encoded.fetch_add(1, Ordering::Relaxed);
         m.encoded += 1;
-        memo.insert(key, (batch.iter().map(|e| e.seq).collect(), frame.clone()));
+        memo.now
+            .insert(key, (batch.iter().map(|e| e.seq).collect(), frame.clone()));
         Ok(frame)
     }
 
@@ -1826,6 +1875,9 @@ impl Inner {
         let n = batch.len() as u64;
         m.frames += 1;
         m.messages += n;
+        // Offered from here on: counted before the transport, a handler or a receiver sees the
+        // batch, so none of them reads a `delivered` without it.
+        self.counters.delivered.fetch_add(n, Ordering::Relaxed);
         let len = frame.len();
         // Only the drain lock's holder starts sends, and the previous one is finished (IDLE):
         // bump the generation so a late completion of an older send is recognised and ignored.
@@ -1986,9 +2038,6 @@ impl Inner {
         {
             st.batch = back;
         }
-        self.counters
-            .delivered
-            .fetch_add(m.messages, Ordering::Relaxed);
         drop(taking);
         drop(guard);
         drop(st);
