@@ -173,3 +173,30 @@ fn a_handler_that_flushes_is_refused_rather_than_deadlocked() {
     assert_eq!(*got.lock().unwrap(), Some(Err(FlushError::InsideDrain)));
     hub.close();
 }
+
+#[test]
+fn flush_timeout_does_not_wait_past_its_deadline_for_a_handler_holding_the_drain() {
+    // An inline handler runs on the drain thread, inside its pass: it holds the drain until the
+    // test lets it go, which it does only after the flush returned (or after WAIT, so that a
+    // flush that waits for the pass fails the test rather than hanging it).
+    let hub = Hub::new(SpySink::new(), HubOptions::default().inline_handlers(true)).unwrap();
+    let (entered_tx, entered_rx) = crossbeam_channel::bounded::<()>(1);
+    let (release_tx, release_rx) = crossbeam_channel::bounded::<()>(1);
+    hub.subscribe(
+        "t",
+        move |_| {
+            let _ = entered_tx.send(());
+            let _ = release_rx.recv_timeout(WAIT);
+        },
+        SubscribeOptions::default().id("blocking"),
+    )
+    .unwrap()
+    .detach();
+    hub.publish_json("t", &1).unwrap();
+    entered_rx.recv_timeout(WAIT).unwrap();
+    let r = hub.flush_timeout(Duration::from_millis(20));
+    release_tx.send(()).unwrap();
+    assert_eq!(r, Err(FlushError::Timeout), "the flush waited for the pass");
+    hub.flush().unwrap();
+    hub.close();
+}

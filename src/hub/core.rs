@@ -2181,7 +2181,12 @@ impl Inner {
                 w.deadline = None;
             }
             {
-                let mut st = self.drain.lock();
+                // Another thread's pass (an inline handler, a sink that blocks) holds the drain:
+                // waited for no longer than the deadline.
+                let mut st = match deadline {
+                    None => self.drain.lock(),
+                    Some(d) => self.drain.try_lock_until(d).ok_or(FlushError::Timeout)?,
+                };
                 let guard = DrainingGuard::enter();
                 // AcqRel: reads-from the publisher's `wake` swap, so its pushes are visible.
                 self.work.swap(false, Ordering::AcqRel);

@@ -379,7 +379,8 @@ impl Hub {
         self.inner().flush(None)
     }
 
-    /// [`flush`](Hub::flush), waiting at most `timeout` for sends in flight: past it
+    /// [`flush`](Hub::flush), waiting at most `timeout` for sends in flight and for another
+    /// thread's drain pass (an inline handler or a sink that blocks): past it
     /// [`FlushError::Timeout`] (what was handed to transports stays with them; nothing is
     /// lost or cancelled). A timeout too long for the clock to hold (`Duration::MAX`) waits
     /// as [`flush`](Hub::flush) does.
