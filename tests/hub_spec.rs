@@ -801,6 +801,9 @@ fn a_subscriber_in_flight_during_a_turn_later_shares_the_frame_the_others_took()
     publish(&hub, "t", 1);
     publish(&hub, "t", 2);
     turn(&hub); // fast takes [1, 2] while slow is in flight
+    sub(&hub, "u", SubscribeOptions::default().id("other")).detach();
+    publish(&hub, "u", 9);
+    turn(&hub); // a turn of another topic between
     spy.set_mode_for("slow", SpyMode::Accept);
     spy.complete_all();
     turn(&hub); // slow takes the same [1, 2]
@@ -809,22 +812,29 @@ fn a_subscriber_in_flight_during_a_turn_later_shares_the_frame_the_others_took()
     assert_eq!(
         spy.frames_for("slow")[1].as_ptr(),
         spy.frames_for("fast")[1].as_ptr(),
-        "the frame encoded a turn earlier reached the subscriber that was in flight"
+        "the frame encoded two turns earlier reached the subscriber that was in flight"
     );
-    assert_eq!(hub.stats().encoded, 2);
+    assert_eq!(hub.stats().encoded, 3, "[0], [1, 2] and u's [9]");
 }
 
 #[test]
 fn encoded_stays_one_per_batch_when_handlers_run_on_the_pool() {
     // The default driver: handlers run on the handler pool, and a subscriber stays in flight
     // until its handler ran, so the subscribers of one topic take each batch in passes of their
-    // own, as their handlers finish.
+    // own, as their handlers finish. Here each handler waits for the test's go, given one
+    // subscriber at a time: every batch after the first is taken in eight passes.
+    const WAIT: Duration = Duration::from_secs(10);
     let spy = SpySink::new();
     let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
+    let mut go = Vec::new();
     for i in 0..8 {
+        let (tx, rx) = crossbeam_channel::unbounded::<()>();
+        go.push(tx);
         hub.subscribe(
             "t",
-            |_: &Delivery<'_>| std::thread::sleep(Duration::from_millis(2)),
+            move |_: &Delivery<'_>| {
+                let _ = rx.recv_timeout(WAIT);
+            },
             SubscribeOptions::default().id(format!("s{i}")).max_batch(1),
         )
         .unwrap()
@@ -832,6 +842,23 @@ fn encoded_stays_one_per_batch_when_handlers_run_on_the_pool() {
     }
     for n in 0..3 {
         publish(&hub, "t", n);
+    }
+    let sent = |i: usize, n: usize| {
+        let until = Instant::now() + WAIT;
+        while spy.frames_for(&format!("s{i}")).len() < n {
+            assert!(Instant::now() < until, "s{i} never got frame {n}");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    for round in 1..3 {
+        for (i, tx) in go.iter().enumerate() {
+            sent(i, round);
+            tx.send(()).unwrap();
+            sent(i, round + 1);
+        }
+    }
+    for tx in &go {
+        tx.send(()).unwrap();
     }
     hub.flush().unwrap();
     for i in 0..8 {
@@ -1173,7 +1200,7 @@ fn a_retained_publish_racing_the_first_subscribe_goes_out_at_the_next_turn() {
     // The publish finds no topic and makes it; a subscribe may make it first. Either way the
     // message reaches the subscriber at the next turn. A third thread keeps the topics busy to
     // widen the window between the two.
-    for i in 0..2000 {
+    for i in 0..1000 {
         let (hub, spy) = manual(HubOptions::default());
         let go = std::sync::Barrier::new(3);
         std::thread::scope(|s| {

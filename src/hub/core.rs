@@ -537,42 +537,58 @@ impl Hasher for MemoHasher {
 
 type Memo = HashMap<MemoKey, (Vec<u64>, Bytes), std::hash::BuildHasherDefault<MemoHasher>>;
 
-/// The encode memo, kept across passes while subscribers are in flight. A subscriber in flight
-/// when a pass ran (its send pending, or its handler waiting on the pool) takes its batch in a
-/// later pass, the one its completion wakes; it finds the frame the others had encoded if that
-/// frame was encoded or used in the pass before. Each pass's frames are this pass's
-/// generation; a frame no pass has used for a whole pass goes, and everything goes after a pass
-/// that left nobody in flight (nobody can need a frame it made). Holds frames, never messages.
+/// The encode memo: the frames encoded lately, kept across passes. Subscribers of one topic
+/// take the same batch in different passes when some were in flight (a send pending, a handler
+/// waiting on the pool): the later ones find the frame the first encoded. A batch's key is its
+/// codec and sequence numbers, which no later batch has, so a kept frame is never wrong, only
+/// possibly unused: the oldest go first once the memo holds more than [`MEMO_BYTES`] of frames
+/// or [`MEMO_FRAMES`] frames, which bounds what an idle hub keeps. Holds frames, never messages.
 #[derive(Default)]
 struct EncodeMemo {
-    /// Frames encoded or used this pass.
-    now: Memo,
-    /// The pass before's.
-    before: Memo,
+    frames: Memo,
+    /// Keys in the order they were encoded, the oldest first.
+    order: VecDeque<MemoKey>,
+    /// The bytes of `frames`' frames.
+    bytes: usize,
 }
 
+/// The most frame bytes the encode memo keeps.
+const MEMO_BYTES: usize = 1 << 20;
+/// The most frames the encode memo keeps.
+const MEMO_FRAMES: usize = 1024;
+
 impl EncodeMemo {
-    /// The frame encoded for exactly `batch` under `key`, kept for this pass too.
-    fn get(&mut self, key: &MemoKey, batch: &[Arc<Entry>]) -> Option<Bytes> {
-        let same = |seqs: &[u64]| seqs.iter().copied().eq(batch.iter().map(|e| e.seq));
-        if let Some((seqs, frame)) = self.now.get(key) {
-            return same(seqs).then(|| frame.clone());
-        }
-        let (seqs, frame) = self.before.remove(key)?;
-        if !same(&seqs) {
-            return None;
-        }
-        self.now.insert(*key, (seqs, frame.clone()));
-        Some(frame)
+    /// The frame encoded for exactly `batch` under `key`.
+    fn get(&self, key: &MemoKey, batch: &[Arc<Entry>]) -> Option<Bytes> {
+        let (seqs, frame) = self.frames.get(key)?;
+        seqs.iter()
+            .copied()
+            .eq(batch.iter().map(|e| e.seq))
+            .then(|| frame.clone())
     }
 
-    /// After a pass: what it made or used becomes the pass before's; all goes when the pass
-    /// left no subscriber in flight.
-    fn end_pass(&mut self, in_flight_left: bool) {
-        std::mem::swap(&mut self.now, &mut self.before);
-        self.now.clear();
-        if !in_flight_left {
-            self.before.clear();
+    /// Keeps `frame`, encoded for `batch`, letting the oldest go past the bounds. A frame
+    /// larger than the bound is not kept past the pass that encoded it.
+    fn insert(&mut self, key: MemoKey, batch: &[Arc<Entry>], frame: &Bytes) {
+        let seqs = batch.iter().map(|e| e.seq).collect();
+        if let Some((_, old)) = self.frames.insert(key, (seqs, frame.clone())) {
+            // A key whose sequence numbers differed (a hash collision): replaced in place.
+            self.bytes -= old.len();
+        } else {
+            self.order.push_back(key);
+        }
+        self.bytes += frame.len();
+    }
+
+    /// After a pass: the oldest frames go until the memo is within its bounds.
+    fn trim(&mut self) {
+        while self.bytes > MEMO_BYTES || self.order.len() > MEMO_FRAMES {
+            let Some(key) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, frame)) = self.frames.remove(&key) {
+                self.bytes -= frame.len();
+            }
         }
     }
 }
@@ -1608,7 +1624,6 @@ impl Inner {
     /// `max_batch`.
     fn drain_pass(&self, st: &mut DrainState) -> TurnMetrics {
         let mut m = TurnMetrics::default();
-        let mut in_flight_left = false;
         let order;
         // The turn boundary: every queue's length, read while no publish is half-way through
         // its subscribers (publishes hold the topics read lock). Subscribers that queued the same
@@ -1628,11 +1643,7 @@ impl Inner {
             if self.is_closed() {
                 break;
             }
-            if sub.closed.load(Ordering::Acquire) {
-                continue;
-            }
-            if sub.in_flight() {
-                in_flight_left = true;
+            if sub.closed.load(Ordering::Acquire) || sub.in_flight() {
                 continue;
             }
             let mut budget = budget;
@@ -1715,10 +1726,7 @@ impl Inner {
                 match self.send(sub, frame, batch, &mut m, &mut st.jobs) {
                     Some(Batch::Owned(back)) => st.batch = back,
                     Some(Batch::Shared(_)) => {}
-                    None => {
-                        in_flight_left = true;
-                        break;
-                    }
+                    None => break,
                 }
             }
         }
@@ -1734,7 +1742,7 @@ impl Inner {
             st.order = v;
         }
         st.budgets = budgets;
-        st.memo.end_pass(in_flight_left);
+        st.memo.trim();
         st.ranges.clear();
         st.batch.clear();
         m
@@ -1857,8 +1865,7 @@ impl Inner {
         let frame = encode(codec, batch)?;
         self.counters.encoded.fetch_add(1, Ordering::Relaxed);
         m.encoded += 1;
-        memo.now
-            .insert(key, (batch.iter().map(|e| e.seq).collect(), frame.clone()));
+        memo.insert(key, batch, &frame);
         Ok(frame)
     }
 
@@ -2177,16 +2184,18 @@ impl Inner {
         };
         loop {
             {
-                let mut w = self.wake.lock();
-                w.deadline = None;
-            }
-            {
                 // Another thread's pass (an inline handler, a sink that blocks) holds the drain:
                 // waited for no longer than the deadline.
                 let mut st = match deadline {
                     None => self.drain.lock(),
-                    Some(d) => self.drain.try_lock_until(d).ok_or(FlushError::Timeout)?,
+                    Some(d) => match self.drain.try_lock_until(d) {
+                        Some(st) => st,
+                        None if self.is_closed() => return Err(FlushError::Closed),
+                        None => return Err(FlushError::Timeout),
+                    },
                 };
+                // This pass sends what a batching window gathered: the window is over.
+                self.wake.lock().deadline = None;
                 let guard = DrainingGuard::enter();
                 // AcqRel: reads-from the publisher's `wake` swap, so its pushes are visible.
                 self.work.swap(false, Ordering::AcqRel);
@@ -2575,5 +2584,57 @@ fn encode(codec: Codec, batch: &[Arc<Entry>]) -> Result<Bytes, DeliveryError> {
             }
             Ok(frame::encode_raw(batch[0].message.bytes())?)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch(seqs: std::ops::Range<u64>) -> Vec<Arc<Entry>> {
+        seqs.map(|s| Arc::new(Entry::new(s, s, 0, Message::binary(vec![0u8]), 0)))
+            .collect()
+    }
+
+    #[test]
+    fn the_encode_memo_keeps_frames_across_passes_within_its_bounds() {
+        let mut memo = EncodeMemo::default();
+        let frame = Bytes::from(vec![0u8; MEMO_BYTES / 4]);
+        let batches: Vec<_> = (0..6).map(|i| batch(i * 2..i * 2 + 2)).collect();
+        let keys: Vec<_> = batches
+            .iter()
+            .map(|b| MemoKey::of(Codec::Json, b))
+            .collect();
+        for (k, b) in keys.iter().zip(&batches).take(4) {
+            memo.insert(*k, b, &frame);
+        }
+        memo.trim();
+        assert!(
+            memo.get(&keys[0], &batches[0]).is_some(),
+            "kept across the pass"
+        );
+        // Another codec, or other sequence numbers, are another batch.
+        assert!(memo
+            .get(&MemoKey::of(Codec::Ndjson, &batches[0]), &batches[0])
+            .is_none());
+        assert!(memo.get(&keys[0], &batches[1]).is_none());
+        for (k, b) in keys.iter().zip(&batches).skip(4) {
+            memo.insert(*k, b, &frame);
+        }
+        memo.trim();
+        assert_eq!(memo.bytes, MEMO_BYTES, "the oldest went first");
+        assert!(memo.get(&keys[1], &batches[1]).is_none());
+        assert!(memo.get(&keys[5], &batches[5]).is_some());
+        for i in 0..=MEMO_FRAMES as u64 {
+            let b = batch(100 + i..101 + i);
+            memo.insert(
+                MemoKey::of(Codec::Json, &b),
+                &b,
+                &Bytes::from_static(b"[0]"),
+            );
+        }
+        memo.trim();
+        assert_eq!(memo.order.len(), MEMO_FRAMES);
+        assert_eq!(memo.frames.len(), MEMO_FRAMES);
     }
 }

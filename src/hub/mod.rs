@@ -496,7 +496,9 @@ impl Hub {
     /// [`shutdown`](Hub::shutdown) with the flush bounded by `timeout`: the hub is closed by
     /// the time it returns, whatever the transports do; past the timeout the result is
     /// [`FlushError::Timeout`] (sends still in flight are the transports'; the close tells each
-    /// subscriber's close adapter).
+    /// subscriber's close adapter). The timeout bounds the flush, not the close: the close
+    /// joins the drain thread, which first finishes the handler or send it is in (an inline
+    /// handler that blocks holds it that long).
     ///
     /// ```
     /// use std::time::Duration;
