@@ -1671,6 +1671,36 @@ fn presence_is_a_snapshot_the_caller_cannot_mutate() {
 }
 
 #[test]
+fn presence_lists_only_live_subscribers_after_unsubscribe_disconnect_and_close() {
+    let (hub, _spy) = manual(HubOptions::default());
+    sub(&hub, "room", SubscribeOptions::default().id("stays")).detach();
+    sub(&hub, "room", SubscribeOptions::default().id("leaves")).detach();
+    sub(
+        &hub,
+        "room",
+        SubscribeOptions::default()
+            .id("slow")
+            .max_queue(1)
+            .slow_consumer(SlowConsumer::Disconnect),
+    )
+    .detach();
+    let ids = |hub: &Hub| -> Vec<String> {
+        hub.presence(Some("room"))
+            .into_iter()
+            .map(|p| p.id)
+            .collect()
+    };
+    assert_eq!(ids(&hub), ["stays", "leaves", "slow"]);
+    assert!(hub.unsubscribe("leaves"));
+    publish(&hub, "room", 1);
+    publish(&hub, "room", 2); // past slow's max_queue: disconnected
+    assert_eq!(ids(&hub), ["stays"]);
+    assert_eq!(hub.get_presence(None).len(), 1);
+    hub.close();
+    assert!(hub.presence(None).is_empty(), "a closed hub has no subscribers");
+}
+
+#[test]
 fn transport_context_reaches_the_sink() {
     #[derive(Debug)]
     struct Ctx(u32);
