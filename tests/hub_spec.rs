@@ -1697,7 +1697,10 @@ fn presence_lists_only_live_subscribers_after_unsubscribe_disconnect_and_close()
     assert_eq!(ids(&hub), ["stays"]);
     assert_eq!(hub.get_presence(None).len(), 1);
     hub.close();
-    assert!(hub.presence(None).is_empty(), "a closed hub has no subscribers");
+    assert!(
+        hub.presence(None).is_empty(),
+        "a closed hub has no subscribers"
+    );
 }
 
 #[test]
