@@ -27,6 +27,11 @@ fn n_of(m: &powerhub::hub::Received) -> u64 {
     v["n"].as_u64().unwrap()
 }
 
+/// A hub on its own drain thread (the default driver).
+fn threaded() -> Hub {
+    Hub::new(SpySink::new(), HubOptions::default()).unwrap()
+}
+
 fn manual() -> Hub {
     Hub::new(SpySink::new(), HubOptions::default().driver(Driver::Manual)).unwrap()
 }
@@ -37,7 +42,7 @@ fn turn(hub: &Hub) {
 
 #[test]
 fn a_receiver_gets_every_message_in_order_with_consecutive_topic_numbers() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     // A queue as long as the stream: the receiver may fall behind, and loses nothing.
     let mut rx = hub
         .receiver(
@@ -221,7 +226,7 @@ fn unsubscribe_and_close_end_a_receiver_with_their_reason() {
 
 #[test]
 fn a_receiver_that_does_not_receive_lags_only_itself() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let stalled = hub
         .receiver("slow", SubscribeOptions::default().max_queue(16))
         .unwrap();
@@ -306,7 +311,7 @@ fn recv_timeout_times_out_when_nothing_comes() {
 #[test]
 fn the_async_receive_and_the_stream_work_on_any_executor() {
     use futures_util::StreamExt;
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let mut rx = hub
         .receiver("t", SubscribeOptions::default().max_queue(4_096))
         .unwrap();
@@ -404,7 +409,7 @@ fn a_fed_receiver_receives_what_its_queue_held_at_the_end_then_closed() {
 fn a_fed_receiver_ended_while_its_consumer_receives_gets_everything_in_order() {
     const N: u64 = 5_000;
     for round in 0..20 {
-        let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+        let hub = threaded();
         let mut rx = hub
             .receiver("t", fed().max_queue(N as usize).max_batch(7))
             .unwrap();
@@ -468,7 +473,7 @@ fn fed_with_two_published() -> (Hub, powerhub::hub::Receiver) {
 
 #[test]
 fn a_drop_oldest_receiver_reads_its_topic_itself_and_flush_does_not_wait_for_it() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let mut rx = hub
         .receiver("t", SubscribeOptions::default().max_queue(8))
         .unwrap();
@@ -489,7 +494,7 @@ fn a_drop_oldest_receiver_reads_its_topic_itself_and_flush_does_not_wait_for_it(
 
 #[test]
 fn a_receiver_gets_the_retained_log_first_under_its_own_queue_bound() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     for n in 0..5 {
         hub.publish("t", json(n), PublishOptions::default().retain(true))
             .unwrap();
@@ -510,7 +515,7 @@ fn a_receiver_gets_the_retained_log_first_under_its_own_queue_bound() {
 
 #[test]
 fn messages_published_before_the_end_are_received_then_closed() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let mut rx = hub.receiver("t", SubscribeOptions::default()).unwrap();
     let _other = hub.receiver("t", SubscribeOptions::default()).unwrap();
     publish(&hub, "t", 0);
@@ -529,7 +534,7 @@ fn messages_published_before_the_end_are_received_then_closed() {
 
 #[test]
 fn a_blocked_receive_wakes_for_a_publication_from_another_thread() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     // Queues that hold the whole stream: a consumer descheduled for a while loses nothing.
     let mut rxs: Vec<_> = (0..4)
         .map(|_| {
@@ -560,7 +565,7 @@ fn a_blocked_receive_wakes_for_a_publication_from_another_thread() {
 
 #[test]
 fn an_ended_receiver_behind_what_the_log_keeps_hears_the_loss_then_closed() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let mut behind = hub
         .receiver("t", SubscribeOptions::default().max_queue(1000))
         .unwrap();
@@ -602,7 +607,7 @@ fn an_ended_receiver_behind_what_the_log_keeps_hears_the_loss_then_closed() {
 #[test]
 fn a_receivers_drops_stay_counted_after_its_subscription_ends() {
     for end in ["drop", "unsubscribe", "close"] {
-        let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+        let hub = threaded();
         let opts = SubscribeOptions::default().id("r").max_queue(2);
         let mut rx = Some(hub.receiver("t", opts).unwrap());
         for n in 0..10 {
@@ -638,7 +643,7 @@ fn a_receivers_drops_stay_counted_after_its_subscription_ends() {
 /// really dropped (none here: two received, two waiting, a bound of two).
 #[test]
 fn a_receiver_dropped_mid_run_commits_no_drop_it_did_not_make() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let mut rx = hub
         .receiver("t", SubscribeOptions::default().max_queue(2))
         .unwrap();
@@ -708,7 +713,7 @@ fn shutdown_async_flushes_then_closes_even_when_the_caller_drops_its_handle() {
 fn a_drop_newest_receiver_says_each_loss_just_before_the_gap_with_two_publishers() {
     const M: u64 = 20_000;
     for _ in 0..3 {
-        let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+        let hub = threaded();
         let mut rx = hub
             .receiver(
                 "t",
@@ -789,7 +794,7 @@ fn stats_never_go_back_nor_count_twice_while_counts_move_on_other_threads() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     const MESSAGES: u64 = 20_000;
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let mut rx = hub
         .receiver("t", SubscribeOptions::default().id("r").max_queue(16))
         .unwrap();
@@ -874,7 +879,7 @@ fn stats_never_go_back_nor_count_twice_while_counts_move_on_other_threads() {
 /// counted it twice), many times over.
 #[test]
 fn a_receiver_dropped_while_another_thread_unsubscribes_it_is_counted_once() {
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let mut received = 0u64;
     for round in 0..300u64 {
         let id = format!("r{round}");
@@ -937,7 +942,7 @@ fn closing_the_hub_keeps_the_drops_no_drain_committed_yet() {
 fn stats_never_go_back_while_overflowing_handler_subscribers_come_and_go() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let hub = Hub::new(SpySink::new(), HubOptions::default()).unwrap();
+    let hub = threaded();
     let done = Arc::new(AtomicBool::new(false));
     let publishers: Vec<_> = (0..2)
         .map(|_| {

@@ -1092,44 +1092,29 @@ impl Inner {
         let mut queued = 0;
         let mut tapped = 0;
         let mut disconnect = Vec::new();
+        let fanned = FannedOut {
+            queued: &mut queued,
+            tapped: &mut tapped,
+            disconnect: &mut disconnect,
+            run: None,
+        };
         {
             let topics = self.topics.read();
             if let Some((key, t)) = topics.get_key_value(topic) {
-                let (mut order, entry) = numbered(t, &self.seq, priority, message, opts.retain);
-                let tail = order.as_deref_mut().map(|o| &mut o.tail);
-                let fanned = FannedOut {
-                    queued: &mut queued,
-                    tapped: &mut tapped,
-                    disconnect: &mut disconnect,
-                    run: None,
-                };
-                self.fan_out(t, entry, opts.retain, tail, fanned);
-                drop(order);
+                self.publish_to(t, priority, message, opts.retain, fanned);
                 self.list_ready(key, t, queued);
             } else if opts.retain {
+                // The retained log needs the topic. A subscribe may have made it since the read.
                 drop(topics);
                 let mut topics = self.topics.write();
                 if self.is_closed() {
                     return Ok(0);
                 }
-                // A subscribe may have made the topic since the read: what is queued for its
-                // subscribers is listed for the next turn, as on the path above.
-                let key: Arc<str> = match topics.get_key_value(topic) {
-                    Some((key, _)) => Arc::clone(key),
-                    None => Arc::from(topic),
-                };
-                let t = topics.entry(Arc::clone(&key)).or_default();
-                let (mut order, entry) = numbered(t, &self.seq, priority, message, true);
-                let tail = order.as_deref_mut().map(|o| &mut o.tail);
-                let fanned = FannedOut {
-                    queued: &mut queued,
-                    tapped: &mut tapped,
-                    disconnect: &mut disconnect,
-                    run: None,
-                };
-                self.fan_out(t, entry, true, tail, fanned);
-                drop(order);
-                self.list_ready(&key, t, queued);
+                topics.entry(Arc::from(topic)).or_default();
+                if let Some((key, t)) = topics.get_key_value(topic) {
+                    self.publish_to(t, priority, message, true, fanned);
+                    self.list_ready(key, t, queued);
+                }
             } else {
                 // Nobody to number it for: counted as published all the same.
                 self.seq.fetch_add(1, Ordering::Relaxed);
@@ -1137,6 +1122,22 @@ impl Inner {
         }
         self.after_publish(disconnect, queued);
         Ok(queued + tapped)
+    }
+
+    /// Numbers `message` in topic `t` and fans it out, under a topics lock (the caller then
+    /// lists the topic for the next turn).
+    fn publish_to(
+        &self,
+        t: &Topic,
+        priority: i32,
+        message: Message,
+        retain: bool,
+        fanned: FannedOut<'_>,
+    ) {
+        let (mut order, entry) = numbered(t, &self.seq, priority, message, retain);
+        let tail = order.as_deref_mut().map(|o| &mut o.tail);
+        self.fan_out(t, entry, retain, tail, fanned);
+        drop(order);
     }
 
     /// Publishes `messages` to `topic` in order with default options, as that many

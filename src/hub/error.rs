@@ -58,8 +58,9 @@ pub enum SubscribeError {
     /// A subscriber id that is already in use.
     #[error("duplicate subscriber `id`: {0:?} is already subscribed")]
     DuplicateId(String),
-    /// A subscriber sent frames under the `raw` codec asked for batches of more than one message
-    /// (a [`Receiver`](super::Receiver) takes messages, not frames: it is not held to this).
+    /// A subscriber that is sent frames under the `raw` codec asked for batches of more than
+    /// one message (a [`Receiver`](super::Receiver) takes messages, not frames: it is not held
+    /// to this).
     #[error(
         "`codec: raw` delivers one message per frame, so a subscriber must use `max_batch: 1` \
          (got `max_batch: {max_batch}`)"
