@@ -200,3 +200,71 @@ fn flush_timeout_does_not_wait_past_its_deadline_for_a_handler_holding_the_drain
     hub.flush().unwrap();
     hub.close();
 }
+
+/// A hub whose sink holds every send (`SpyMode::Pending`): the test completes it on a thread
+/// of its own, which then runs the handler (no pool under `Driver::Manual`).
+fn held_sends() -> (Hub, SpySink) {
+    let spy = SpySink::new();
+    spy.set_mode(powerhub::transport::SpyMode::Pending);
+    let hub = Hub::new(
+        spy.clone(),
+        HubOptions::default().driver(powerhub::hub::Driver::Manual),
+    )
+    .unwrap();
+    (hub, spy)
+}
+
+#[test]
+fn a_handler_run_by_a_held_sends_completion_that_flushes_is_refused_rather_than_deadlocked() {
+    let (hub, spy) = held_sends();
+    let (tx, rx) = crossbeam_channel::bounded(1);
+    let h = hub.clone();
+    let _sub = hub
+        .subscribe(
+            "t",
+            move |_| {
+                let _ = tx.send((h.flush(), h.shutdown_timeout(Duration::ZERO)));
+            },
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    hub.publish_json("t", &1).unwrap();
+    hub.turn(Instant::now());
+    assert_eq!(spy.pending(), 1);
+    let completer = std::thread::spawn(move || spy.complete_next(Ok(())));
+    let (flush, shutdown) = rx
+        .recv_timeout(WAIT)
+        .expect("the handler's flush deadlocked");
+    assert_eq!(flush, Err(FlushError::InsideDrain));
+    assert_eq!(shutdown, Err(FlushError::InsideDrain));
+    assert!(completer.join().unwrap());
+    hub.close();
+}
+
+#[test]
+fn a_held_sends_completion_after_unsubscribe_runs_no_handler() {
+    let (hub, spy) = held_sends();
+    let ran = Arc::new(AtomicU64::new(0));
+    let r = ran.clone();
+    let sub = hub
+        .subscribe(
+            "t",
+            move |_| {
+                r.fetch_add(1, Ordering::SeqCst);
+            },
+            SubscribeOptions::default(),
+        )
+        .unwrap();
+    hub.publish_json("t", &1).unwrap();
+    hub.turn(Instant::now());
+    assert_eq!(spy.pending(), 1);
+    sub.unsubscribe();
+    let completer = std::thread::spawn(move || spy.complete_next(Ok(())));
+    completer.join().unwrap();
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "a handler ran after unsubscribe"
+    );
+    hub.close();
+}

@@ -1317,3 +1317,56 @@ fn a_receive_does_not_wait_for_a_drain_busy_with_another_subscriber() {
     let mut rx = receiver.join().unwrap();
     assert_eq!(n_of(&rx.recv_timeout(WAIT).unwrap()), 1);
 }
+
+/// Runs `recv` on a thread of its own, started before anything is published, and gives its
+/// result (`None` if it is still blocked after `WAIT`).
+fn blocked_recv(
+    mut rx: powerhub::hub::Receiver,
+    publish: impl FnOnce(),
+) -> Option<Result<u64, RecvError>> {
+    let (tx, done) = crossbeam_channel::bounded(1);
+    let (started_tx, started) = crossbeam_channel::bounded(1);
+    std::thread::spawn(move || {
+        started_tx.send(()).unwrap();
+        let _ = tx.send(rx.recv().map(|m| n_of(&m)));
+    });
+    started.recv().unwrap();
+    // Give the receive time to block first (the rule holds either way; this exercises the
+    // wake-up of a waiting receive).
+    std::thread::sleep(Duration::from_millis(20));
+    publish();
+    done.recv_timeout(WAIT).ok()
+}
+
+#[test]
+fn under_batch_false_a_blocked_recv_takes_a_publication_without_a_flush() {
+    for policy in [SlowConsumer::DropNewest, SlowConsumer::Disconnect] {
+        let hub = Hub::new(SpySink::new(), HubOptions::default().batch(false)).unwrap();
+        let rx = hub
+            .receiver("t", SubscribeOptions::default().slow_consumer(policy))
+            .unwrap();
+        let got = blocked_recv(rx, || publish(&hub, "t", 7));
+        assert_eq!(got, Some(Ok(7)), "{policy:?}: recv stayed blocked");
+        hub.close();
+    }
+}
+
+#[test]
+fn under_max_queue_zero_a_blocked_recv_reports_the_dropped_publication_as_a_lag() {
+    let hub = threaded();
+    let rx = hub
+        .receiver(
+            "t",
+            SubscribeOptions::default()
+                .max_queue(0)
+                .slow_consumer(SlowConsumer::DropNewest),
+        )
+        .unwrap();
+    let got = blocked_recv(rx, || publish(&hub, "t", 7));
+    assert_eq!(
+        got,
+        Some(Err(RecvError::Lagged { missed: 1 })),
+        "recv stayed blocked"
+    );
+    hub.close();
+}

@@ -2365,6 +2365,31 @@ fn manual_driver_on_work_fires_once_per_idle_to_busy_change() {
     assert_eq!(hub.poll_timeout(), None);
 }
 
+/// The hooks run under `catch_unwind`: an `on_work` hook that panics is stopped there, so the
+/// publish, the subscribe that replayed a retained message and the completion that called it
+/// finish their work (a subscription returned, a flush woken).
+#[test]
+fn a_panicking_on_work_hook_leaves_publish_subscribe_and_completions_whole() {
+    let (hub, spy) = manual(HubOptions::default().on_work(|| panic!("hook")));
+    hub.publish("t", json(0), PublishOptions::default().retain(true))
+        .unwrap();
+    let _a = sub(&hub, "t", SubscribeOptions::default().id("a"));
+    assert_eq!(hub.presence(Some("t")).len(), 1);
+    spy.set_mode(SpyMode::Pending);
+    assert_eq!(
+        hub.publish("t", json(1), PublishOptions::default())
+            .unwrap(),
+        1
+    );
+    turn(&hub);
+    hub.publish("t", json(2), PublishOptions::default())
+        .unwrap();
+    spy.set_mode(SpyMode::Accept);
+    assert_eq!(spy.complete_all(), 1, "the completion returned");
+    hub.flush().unwrap();
+    assert_eq!(received(&spy, "a"), nums(0..3));
+}
+
 /// The ready list: a turn visits only the topics published to since the last one, so a topic
 /// flagged while a pass runs must be visited by the next. Publishers on several topics race the
 /// drain thread, and every subscriber receives everything without a flush (the receive

@@ -44,9 +44,21 @@ pub(crate) enum Consumer {
     /// A handler, per message.
     Each(Handler),
     /// A receiver's hand-off, once per batch; it needs no frame (nothing is encoded for it).
-    Batch(Arc<dyn Fn(&SharedBatch) + Send + Sync>),
+    Batch(Arc<dyn HandOffEnd>),
     /// A receiver that reads the topic's [`DirectLog`] itself: never drained.
     Direct(Arc<DirectCursor>),
+}
+
+/// The receiving end of a fed receiver's hand-off, as the hub sees it.
+pub(crate) trait HandOffEnd: Send + Sync {
+    /// Takes the batch the hub sent.
+    fn hand(&self, batch: &SharedBatch);
+
+    /// A publication reached the subscriber that no drain will hand over: queued while the hub
+    /// drains only on `flush` (`batch: false`), or dropped with nothing queued (`max_queue: 0`).
+    /// A consumer waiting in `recv` looks again: it takes the first itself and reports the
+    /// second as a lag. Called on the publishing thread, under the topics read lock.
+    fn poke(&self);
 }
 
 /// What [`Sub::feed`] (or a receiver's taking of the rest after its end) did.
@@ -1461,10 +1473,22 @@ impl Inner {
                         .dropped
                         .fetch_add(evicted as u64, Ordering::Relaxed);
                 }
+                if !self.opts.batch {
+                    if let Consumer::Batch(end) = &sub.consumer {
+                        end.poke();
+                    }
+                }
             }
             Offer::Dropped => {
                 sub.dropped.fetch_add(1, Ordering::Relaxed);
                 self.counters.dropped.fetch_add(1, Ordering::Relaxed);
+                if let Consumer::Batch(end) = &sub.consumer {
+                    // A full queue is the consumer's to take first: only an empty one (a
+                    // zero capacity) leaves a waiting receiver nothing to wake for.
+                    if sub.queue.is_empty() {
+                        end.poke();
+                    }
+                }
             }
             Offer::Disconnect => {
                 sub.dropped.fetch_add(1, Ordering::Relaxed);
@@ -1487,7 +1511,12 @@ impl Inner {
             }
             Driver::Manual => {
                 if let Some(hook) = &self.opts.on_work {
-                    hook();
+                    // Called from `publish`, `subscribe` and completions: a panic here would
+                    // leave them half done (a subscriber live but not returned, a flush not
+                    // woken), so it stops at the hook.
+                    if let Err(p) = catch_unwind(AssertUnwindSafe(|| hook())) {
+                        tracing::error!(panic = %panic_message(&*p), "powerhub: the on_work hook panicked");
+                    }
                 }
             }
         }
@@ -1580,7 +1609,9 @@ impl Inner {
             m.published_total = self.seq.load(Ordering::Relaxed);
             m.dropped_total = self.counters.dropped.load(Ordering::Relaxed);
             m.disconnected_total = self.counters.disconnected.load(Ordering::Relaxed);
-            let _ = catch_unwind(AssertUnwindSafe(|| hook(&m)));
+            if let Err(p) = catch_unwind(AssertUnwindSafe(|| hook(&m))) {
+                tracing::error!(panic = %panic_message(&*p), "powerhub: the metrics hook panicked");
+            }
         }
     }
 
@@ -1988,7 +2019,7 @@ impl Inner {
                 }
                 match &sub.consumer {
                     Consumer::Sink | Consumer::Direct(_) => {}
-                    Consumer::Batch(take) => take(&batch.share()),
+                    Consumer::Batch(end) => end.hand(&batch.share()),
                     Consumer::Each(handler) => match &self.handlers {
                         Some(pool) => {
                             let job = Job {
@@ -2002,7 +2033,9 @@ impl Inner {
                             }
                             return None;
                         }
-                        None => self.run_handler(sub, handler, &batch),
+                        // In the drain (inline handlers, a manual turn), or on the thread
+                        // that completed a held send, as the pool would run it.
+                        None => self.handle(sub, handler, &batch),
                     },
                 }
             }
@@ -2099,24 +2132,31 @@ impl Inner {
             generation,
         } = job;
         if let Consumer::Each(handler) = &sub.consumer {
-            // Set before `closed` is read, SeqCst both: a flush that reads `closed` set (by
-            // this handler unsubscribing itself, or by anyone once the handler started) and
-            // then `handling` sees the handler running until it returned.
-            sub.handling.store(true, Ordering::SeqCst);
-            if !sub.closed.load(Ordering::SeqCst) && !self.is_closed() {
-                // A handler that calls `flush` would wait for its own subscriber.
-                let _guard = DrainingGuard::enter();
-                self.run_handler(&sub, handler, &batch);
-            }
-            sub.handling.store(false, Ordering::SeqCst);
-            if sub.closed.load(Ordering::SeqCst) {
-                // Removed while its handler ran (or about to be): `remove` decided under this
-                // lock whether it listed the subscriber, after `closed` and before this.
-                self.retiring.lock().retain(|s| !Arc::ptr_eq(s, &sub));
-            }
+            self.handle(&sub, handler, &batch);
         }
         drop(batch);
         self.finished(&sub, generation, false);
+    }
+
+    /// Runs `sub`'s handler for `batch` unless the subscriber or the hub is closed by now, on
+    /// whichever thread ends the send: the pool's, the drainer's, or the one that completed a
+    /// held send. Marked as draining meanwhile: a handler that calls `flush` or `shutdown`
+    /// would wait for its own subscriber, and gets [`FlushError::InsideDrain`] instead.
+    fn handle(&self, sub: &Arc<Sub>, handler: &Handler, batch: &[Arc<Entry>]) {
+        // Set before `closed` is read, SeqCst both: a flush that reads `closed` set (by this
+        // handler unsubscribing itself, or by anyone once the handler started) and then
+        // `handling` sees the handler running until it returned.
+        sub.handling.store(true, Ordering::SeqCst);
+        if !sub.closed.load(Ordering::SeqCst) && !self.is_closed() {
+            let _guard = DrainingGuard::enter();
+            self.run_handler(sub, handler, batch);
+        }
+        sub.handling.store(false, Ordering::SeqCst);
+        if sub.closed.load(Ordering::SeqCst) {
+            // Removed while its handler ran (or about to be): `remove` decided under this lock
+            // whether it listed the subscriber, after `closed` and before this.
+            self.retiring.lock().retain(|s| !Arc::ptr_eq(s, sub));
+        }
     }
 
     /// The end of a send: the subscriber is idle again; one that queued more meanwhile is

@@ -35,7 +35,11 @@
 //!   receiver lags only itself. The pool keeps a standby that takes over once a job waited
 //!   1 ms behind busy workers. [`HubOptions::inline_handlers`] runs them on the drain thread
 //!   instead (faster; a blocking handler then delays everyone). Under [`Driver::Manual`] they
-//!   run in the owner's [`Hub::turn`] or [`Hub::flush`].
+//!   run in the owner's [`Hub::turn`] or [`Hub::flush`]. Without a pool (inline or manual), a
+//!   batch whose send the transport held ([`SendOutcome::Pending`]) has its handler run by the
+//!   thread that completes that send. Wherever a handler runs, it is not run once its
+//!   subscriber or the hub is closed, and a [`Hub::flush`] or [`Hub::shutdown`] from inside it
+//!   returns [`FlushError::InsideDrain`].
 //! - **Receivers** ([`Hub::receiver`]): the consumer's own thread or task; nothing of the
 //!   consumer runs in the hub.
 //! - **The sink** and the `bytes_acknowledged` callback: on the draining thread (or the thread

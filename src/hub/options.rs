@@ -162,8 +162,9 @@ impl HubOptions {
     /// blocks delays only its own subscriber). Inline is faster (no hand-over per batch: about
     /// 1.6× the deliveries per second with 10 000 subscribers in the perf tool's in-process
     /// scenario) but a handler that blocks then delays every subscriber of the hub; choose it
-    /// only for handlers that never block. Under [`Driver::Manual`] handlers always run in
-    /// the owner's [`Hub::turn`](super::Hub::turn).
+    /// only for handlers that never block. Under [`Driver::Manual`] handlers run in the
+    /// owner's [`Hub::turn`](super::Hub::turn). Either way, the handler of a batch whose send
+    /// the transport held (`SendOutcome::Pending`) runs on the thread that completes the send.
     pub fn inline_handlers(mut self, on: bool) -> Self {
         self.inline_handlers = on;
         self

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use powerhub_plugin::{CloseReason, Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
-use super::core::{Consumer, Entry, Feed, SharedBatch, Sub};
+use super::core::{Consumer, Entry, Feed, HandOffEnd, SharedBatch, Sub};
 use super::direct::{flush_returns, DirectCursor, DirectReader, Held, Next};
 use super::{Delivery, Message, SlowConsumer, Subscription};
 
@@ -164,6 +164,9 @@ struct State {
     pending: Option<Completion>,
     closed: Option<CloseReason>,
     waker: Option<Waker>,
+    /// A publication the consumer should look at that no hand-over brings
+    /// ([`HandOffEnd::poke`]): cleared by the receive that is about to wait.
+    poked: bool,
 }
 
 /// What the hub and the receiver share.
@@ -245,7 +248,9 @@ impl Chan {
             _ => self.sub().map_or(Feed::Nothing, |s| s.feed()),
         }
     }
+}
 
+impl HandOffEnd for Chan {
     /// The hub's hand-over of one batch, after the send was accepted: one lock and one
     /// reference count per batch, whatever its length.
     fn hand(&self, entries: &SharedBatch) {
@@ -255,6 +260,12 @@ impl Chan {
             entries: Arc::clone(entries),
             dropped_before,
         });
+        self.notify(&mut st);
+    }
+
+    fn poke(&self) {
+        let mut st = self.state.lock();
+        st.poked = true;
         self.notify(&mut st);
     }
 }
@@ -508,10 +519,9 @@ impl Receiver {
             policy: options.slow_consumer,
             sub: OnceLock::new(),
         });
-        let hand_chan = Arc::clone(&chan);
         let options = options.sink(Arc::new(HandOff(Arc::clone(&chan))));
-        let take = Consumer::Batch(Arc::new(move |b: &SharedBatch| hand_chan.hand(b)));
-        let sub = hub.subscribe_consumer(topic, take, options)?;
+        let end: Arc<dyn HandOffEnd> = Arc::clone(&chan) as _;
+        let sub = hub.subscribe_consumer(topic, Consumer::Batch(end), options)?;
         let _ = chan.sub.set(Arc::downgrade(&sub.sub));
         let start = sub.sub.start.load(std::sync::atomic::Ordering::Relaxed);
         Ok(Receiver {
@@ -722,7 +732,10 @@ impl Receiver {
                 }
                 Mode::HandOff(h) => {
                     let mut st = h.chan.state.lock();
-                    let idle = st.batches.is_empty() && st.pending.is_none() && st.closed.is_none();
+                    let idle = st.batches.is_empty()
+                        && st.pending.is_none()
+                        && st.closed.is_none()
+                        && !std::mem::take(&mut st.poked);
                     if idle {
                         st.waker = Some(cx.waker().clone());
                         if h.busy {
@@ -886,7 +899,9 @@ impl HandOffRx {
     fn wait_until(&self, deadline: Option<Instant>) -> bool {
         let mut st = self.chan.state.lock();
         // Anything that arrived since `try_next` let go of the lock is looked at first.
-        if !(st.batches.is_empty() && st.pending.is_none() && st.closed.is_none()) {
+        if !(st.batches.is_empty() && st.pending.is_none() && st.closed.is_none())
+            || std::mem::take(&mut st.poked)
+        {
             return true;
         }
         if self.busy {
