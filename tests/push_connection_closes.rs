@@ -475,3 +475,52 @@ fn a_peer_that_reads_nothing_waits_once_not_once_per_receive() {
     assert_eq!(conn.poll(t, SystemTime::now()), None);
     assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
 }
+
+/// `idle_timeout_ms` closes a connection that sends nothing, not one whose input the server
+/// holds back (see `input_waiting`): a peer that keeps sending while it reads slowly is not
+/// closed as idle when its input has been held longer than the idle timeout, and one that reads
+/// nothing is closed at `max_outbox_bytes`, the limit it broke, even where the idle deadline
+/// falls at the same instant as the end of the hold (virtual time).
+#[test]
+fn a_peer_whose_input_the_server_holds_is_not_closed_as_idle() {
+    use powerhub::push::INPUT_WAIT;
+    use std::time::Duration;
+    let limits = PushLimits::default()
+        .with_max_outbox_bytes(65536)
+        .with_idle_timeout_ms(1000);
+    // A slow reader: 1 KiB taken every 400 ms keeps the input held past the idle timeout.
+    let start = Instant::now();
+    let mut conn = ndjson_with(limits.clone(), start);
+    conn.handle_input(&b"x\n".repeat(4000), start);
+    assert_eq!(conn.poll(start, SystemTime::now()), None);
+    let mut wire = Vec::new();
+    let mut t = start;
+    while t < start + Duration::from_secs(3) {
+        t += Duration::from_millis(400);
+        conn.on_writable(t);
+        write(&mut conn, &mut wire, 1024, t);
+        if conn.poll_timeout().is_some_and(|at| at <= t) {
+            conn.handle_timeout(t, SystemTime::now());
+        }
+        assert_ne!(
+            conn.close_reason(),
+            Some("idle_timeout_ms"),
+            "at {:?}",
+            t - start
+        );
+        if !conn.input_held(t) {
+            let _ = conn.poll(t, SystemTime::now());
+        }
+    }
+    assert!(conn.input_waiting(), "the input was held throughout");
+    assert_eq!(conn.close_reason(), None, "{:?}", conn.state());
+    // A peer that reads nothing: the hold ends with the idle deadline; the limit closes it.
+    let mut conn = ndjson_with(limits, start);
+    conn.handle_input(&b"x\n".repeat(4000), start);
+    assert_eq!(conn.poll(start, SystemTime::now()), None);
+    let at = start + INPUT_WAIT;
+    assert!(conn.poll_timeout().is_some_and(|d| d <= at));
+    conn.handle_timeout(at, SystemTime::now());
+    let _ = conn.poll(at, SystemTime::now());
+    assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+}

@@ -948,17 +948,36 @@ impl PushConnection {
 
     /// Whether [`poll`](Self::poll) handles no more input at `now` (see
     /// [`hold_deadline`](Self::hold_deadline)); starts the hold, or ends it under the mark.
+    ///
+    /// A hold that ends counts as input at `now` for `idle_timeout_ms`: the peer sent what the
+    /// server did not read meanwhile (see [`idle_deadline`](Self::idle_deadline)).
     fn hold_input(&mut self, now: Instant) -> bool {
         let over = self.over_input_mark();
+        let now_ms = self.millis(now);
         let Some(input) = self.input.as_deref_mut() else {
             return false;
         };
         if !over {
-            input.held_since = None;
+            if input.held_since.take().is_some() {
+                self.last_inbound_ms = now_ms;
+            }
             return false;
         }
         input.held_since.get_or_insert(now);
-        self.within_hold(now)
+        let held = self.within_hold(now);
+        if !held {
+            self.last_inbound_ms = now_ms;
+        }
+        held
+    }
+
+    /// When `idle_timeout_ms` closes the connection: that long after the last input, unless
+    /// received input waits to be handled (held back by the output, see
+    /// [`input_waiting`](Self::input_waiting)): a peer whose input the server does not read is
+    /// not idle. `None` without the timeout.
+    fn idle_deadline(&self) -> Option<u64> {
+        let idle = self.config.limits.idle_timeout_ms;
+        (idle > 0 && !self.input_waiting()).then(|| self.last_inbound_ms.saturating_add(idle))
     }
 
     /// Whether `now` is before the deadline of the hold begun (true when none has begun: it
@@ -1892,9 +1911,9 @@ impl PushConnection {
         let limits = &self.config.limits;
         let first = (!self.greeted)
             .then(|| self.started + Duration::from_millis(limits.first_message_timeout_ms));
-        let idle = (limits.idle_timeout_ms > 0).then(|| {
-            self.started + Duration::from_millis(self.last_inbound_ms + limits.idle_timeout_ms)
-        });
+        let idle = self
+            .idle_deadline()
+            .map(|ms| self.started + Duration::from_millis(ms));
         // Held input is handled again once the peer has read nothing for `INPUT_WAIT`.
         let input = self.hold_start().map(|since| self.hold_deadline(since));
         [first, idle, input, self.outbox.poll_timeout()]
@@ -1952,7 +1971,7 @@ impl PushConnection {
             return;
         }
         let idle = limits.idle_timeout_ms;
-        if idle > 0 && now_ms.saturating_sub(self.last_inbound_ms) >= idle {
+        if self.idle_deadline().is_some_and(|at| now_ms >= at) {
             self.limit_errors = self.limit_errors.saturating_add(1);
             let msg = format!("no input for idle_timeout_ms = {idle}");
             self.close(Ending::timeout("idle_timeout_ms", msg), now);

@@ -286,6 +286,10 @@ impl Default for OutboxSection {
     }
 }
 
+/// The longest Unix socket path a listener may bind: `sun_path` holds 108 bytes with the
+/// terminating NUL.
+const MAX_UNIX_PATH: usize = 107;
+
 /// One `[[listener]]`: a registered protocol on a TCP address or a Unix socket path.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -402,7 +406,26 @@ impl ListenerConfig {
                     value: format!("{a:?}"),
                     reason: format!("not a socket address (ip:port): {e}"),
                 }),
-            (None, Some(p)) => Ok(ListenAddr::Unix(p.clone())),
+            (None, Some(p)) => {
+                let bytes = p.as_os_str().as_encoded_bytes();
+                let invalid = |reason: &str| ConfigError::Invalid {
+                    key: format!("listener[{index}].path"),
+                    value: format!("{p:?}"),
+                    reason: reason.into(),
+                };
+                if bytes.is_empty() {
+                    // Linux would bind it to a random abstract name no client can know.
+                    Err(invalid("empty: give the socket file's path"))
+                } else if bytes.contains(&0) {
+                    Err(invalid("contains a NUL byte"))
+                } else if bytes.len() > MAX_UNIX_PATH {
+                    Err(invalid(&format!(
+                        "longer than a Unix socket address holds ({MAX_UNIX_PATH} bytes)"
+                    )))
+                } else {
+                    Ok(ListenAddr::Unix(p.clone()))
+                }
+            }
             (Some(_), Some(_)) => Err(ConfigError::Invalid {
                 key: format!("listener[{index}]"),
                 value: "address and path".into(),
@@ -885,6 +908,30 @@ mod tests {
         assert!(err.contains("listener[0].address"), "{err}");
         let err = refusal("[engine]\nbackend = \"kqueue\"\n");
         assert!(err.contains("kqueue"), "{err}");
+    }
+
+    #[test]
+    fn a_unix_path_no_client_could_connect_to_is_refused_naming_the_key() {
+        let long = "a".repeat(MAX_UNIX_PATH + 1);
+        for (path, why) in [
+            ("", "empty"),
+            ("/tmp/a\\u0000b", "NUL"),
+            (long.as_str(), "longer than"),
+        ] {
+            let err = refusal(&format!(
+                "[[listener]]\nprotocol = \"ndjson\"\npath = \"{path}\"\n"
+            ));
+            assert!(
+                err.contains("listener[0].path") && err.contains(why),
+                "{path:?}: {err}"
+            );
+        }
+        let fits = "a".repeat(MAX_UNIX_PATH);
+        assert!(Config::from_toml(
+            &format!("[[listener]]\nprotocol = \"ndjson\"\npath = \"{fits}\"\n"),
+            None
+        )
+        .is_ok());
     }
 
     #[test]
