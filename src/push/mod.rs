@@ -951,22 +951,32 @@ impl PushConnection {
     ///
     /// A hold that ends counts as input at `now` for `idle_timeout_ms`: the peer sent what the
     /// server did not read meanwhile (see [`idle_deadline`](Self::idle_deadline)).
+    #[inline]
     fn hold_input(&mut self, now: Instant) -> bool {
         let over = self.over_input_mark();
-        let now_ms = self.millis(now);
+        if !over && self.input.as_deref().is_none_or(|i| i.held_since.is_none()) {
+            // The usual case, on every command: no hold, none to end.
+            return false;
+        }
+        self.hold_or_release(over, now)
+    }
+
+    /// [`hold_input`](Self::hold_input) with a hold to start, keep or end.
+    #[inline(never)]
+    fn hold_or_release(&mut self, over: bool, now: Instant) -> bool {
         let Some(input) = self.input.as_deref_mut() else {
             return false;
         };
         if !over {
             if input.held_since.take().is_some() {
-                self.last_inbound_ms = now_ms;
+                self.last_inbound_ms = self.millis(now);
             }
             return false;
         }
         input.held_since.get_or_insert(now);
         let held = self.within_hold(now);
         if !held {
-            self.last_inbound_ms = now_ms;
+            self.last_inbound_ms = self.millis(now);
         }
         held
     }
