@@ -260,7 +260,7 @@ fn a_held_sends_completion_after_unsubscribe_runs_no_handler() {
     assert_eq!(spy.pending(), 1);
     sub.unsubscribe();
     let completer = std::thread::spawn(move || spy.complete_next(Ok(())));
-    completer.join().unwrap();
+    assert!(completer.join().unwrap(), "the held send was completed");
     assert_eq!(
         ran.load(Ordering::SeqCst),
         0,

@@ -757,7 +757,7 @@ fn thread_driver_sends_without_a_flush() {
 /// flush, are one frame `[0,1,2,3,4]`, even though the drain thread may wake in the middle of
 /// the burst (it waits for publications to pause first). A heuristic against the scheduler: a
 /// publisher preempted in the middle of its burst may still see it split, so the rule is
-/// checked over 100 hubs, allowing two splits (without the pause, 7 to 16 of 100 split in a
+/// checked over 100 hubs, allowing five splits (without the pause, 7 to 16 of 100 split in a
 /// debug build of this suite; with it, none in five runs).
 #[test]
 fn a_burst_published_in_one_go_is_one_frame_under_the_default_driver() {
@@ -785,7 +785,7 @@ fn a_burst_published_in_one_go_is_one_frame_under_the_default_driver() {
     }
     eprintln!("{split} of 100 bursts split");
     assert!(
-        split <= 2,
+        split <= 5,
         "{split} of 100 bursts split into several frames"
     );
 }

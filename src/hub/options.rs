@@ -65,8 +65,9 @@ pub enum SlowConsumer {
 pub enum Driver {
     /// The hub owns one drain thread, woken by `publish`. One turn is everything published
     /// before the thread next drains; `batch_delay` widens it. Without a `batch_delay`, the
-    /// thread woken from idle first waits for publications to pause for 5 µs (at most 20 µs),
-    /// so that a burst published in one go is one batch.
+    /// thread woken from idle by a publication first waits for publications to pause for 5 µs
+    /// (at most 20 µs, spinning), so that a burst published in one go is one batch (best
+    /// effort: a publisher preempted in the middle of its burst may still see it split).
     #[default]
     Thread,
     /// No thread: the owner calls [`Hub::poll_timeout`](super::Hub::poll_timeout) and
@@ -165,8 +166,9 @@ impl HubOptions {
     /// 1.6× the deliveries per second with 10 000 subscribers in the perf tool's in-process
     /// scenario) but a handler that blocks then delays every subscriber of the hub; choose it
     /// only for handlers that never block. Under [`Driver::Manual`] handlers run in the
-    /// owner's [`Hub::turn`](super::Hub::turn). Either way, the handler of a batch whose send
-    /// the transport held (`SendOutcome::Pending`) runs on the thread that completes the send.
+    /// owner's [`Hub::turn`](super::Hub::turn). In both cases (inline or manual), the handler
+    /// of a batch whose send the transport held (`SendOutcome::Pending`) runs on the thread
+    /// that completes the send.
     pub fn inline_handlers(mut self, on: bool) -> Self {
         self.inline_handlers = on;
         self

@@ -8,7 +8,7 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::{Condvar, Mutex, MutexGuard};
 use powerhub_plugin::{CloseReason, Completion, Frame, SendOutcome, Sink, SubscriberRef};
 
 use super::core::{Consumer, Entry, Feed, HandOffEnd, SharedBatch, Sub};
@@ -169,6 +169,15 @@ struct State {
     poked: bool,
 }
 
+impl State {
+    /// Whether a receive about to wait has something to look at first: a batch handed over, a
+    /// held send, the end, or a poke (which this clears).
+    fn has_news(&mut self) -> bool {
+        !(self.batches.is_empty() && self.pending.is_none() && self.closed.is_none())
+            || std::mem::take(&mut self.poked)
+    }
+}
+
 /// What the hub and the receiver share.
 struct Chan {
     state: Mutex<State>,
@@ -207,10 +216,14 @@ impl Chan {
             .map_or((0, false), |s| (s.queued(), s.is_taking()))
     }
 
-    /// Wakes the consumer (blocked or async); called with the state locked.
-    fn notify(&self, st: &mut State) {
+    /// Wakes the consumer (blocked or async) after what `st` changed: the waker is taken under
+    /// the lock and woken after it (a waker may run code of its own, and the hub may hold its
+    /// topics lock); a consumer about to wait reads the change under the lock first.
+    fn notify(&self, mut st: MutexGuard<'_, State>) {
+        let waker = st.waker.take();
+        drop(st);
         self.ready.notify_one();
-        if let Some(w) = st.waker.take() {
+        if let Some(w) = waker {
             w.wake();
         }
     }
@@ -260,13 +273,13 @@ impl HandOffEnd for Chan {
             entries: Arc::clone(entries),
             dropped_before,
         });
-        self.notify(&mut st);
+        self.notify(st);
     }
 
     fn poke(&self) {
         let mut st = self.state.lock();
         st.poked = true;
-        self.notify(&mut st);
+        self.notify(st);
     }
 }
 
@@ -297,7 +310,7 @@ impl Sink for HandOff {
         }
         let mut st = self.0.state.lock();
         st.closed = Some(reason);
-        self.0.notify(&mut st);
+        self.0.notify(st);
     }
 }
 
@@ -732,10 +745,7 @@ impl Receiver {
                 }
                 Mode::HandOff(h) => {
                     let mut st = h.chan.state.lock();
-                    let idle = st.batches.is_empty()
-                        && st.pending.is_none()
-                        && st.closed.is_none()
-                        && !std::mem::take(&mut st.poked);
+                    let idle = !st.has_news();
                     if idle {
                         st.waker = Some(cx.waker().clone());
                         if h.busy {
@@ -899,9 +909,7 @@ impl HandOffRx {
     fn wait_until(&self, deadline: Option<Instant>) -> bool {
         let mut st = self.chan.state.lock();
         // Anything that arrived since `try_next` let go of the lock is looked at first.
-        if !(st.batches.is_empty() && st.pending.is_none() && st.closed.is_none())
-            || std::mem::take(&mut st.poked)
-        {
+        if st.has_news() {
             return true;
         }
         if self.busy {

@@ -982,12 +982,13 @@ impl PushConnection {
     }
 
     /// When `idle_timeout_ms` closes the connection: that long after the last input, unless
-    /// received input waits to be handled (held back by the output, see
-    /// [`input_waiting`](Self::input_waiting)): a peer whose input the server does not read is
-    /// not idle. `None` without the timeout.
+    /// received input waits to be handled while the output is over the input mark (held back,
+    /// see [`input_waiting`](Self::input_waiting)): a peer whose input the server does not read
+    /// is not idle. `None` without the timeout.
     fn idle_deadline(&self) -> Option<u64> {
         let idle = self.config.limits.idle_timeout_ms;
-        (idle > 0 && !self.input_waiting()).then(|| self.last_inbound_ms.saturating_add(idle))
+        let held_back = self.input_waiting() && self.over_input_mark();
+        (idle > 0 && !held_back).then(|| self.last_inbound_ms.saturating_add(idle))
     }
 
     /// Whether `now` is before the deadline of the hold begun (true when none has begun: it
