@@ -37,9 +37,10 @@
 //!   instead (faster; a blocking handler then delays everyone). Under [`Driver::Manual`] they
 //!   run in the owner's [`Hub::turn`] or [`Hub::flush`]. Without a pool (inline or manual), a
 //!   batch whose send the transport held ([`SendOutcome::Pending`]) has its handler run by the
-//!   thread that completes that send. Wherever a handler runs, it is not run once its
-//!   subscriber or the hub is closed, and a [`Hub::flush`] or [`Hub::shutdown`] from inside it
-//!   returns [`FlushError::InsideDrain`].
+//!   thread that completes that send. A handler run outside the drain (on the pool, or by the
+//!   completing thread) is not run once its subscriber or the hub is closed (the drain checks
+//!   at each subscriber's visit), and a [`Hub::flush`] or [`Hub::shutdown`] from inside any
+//!   handler returns [`FlushError::InsideDrain`].
 //! - **Receivers** ([`Hub::receiver`]): the consumer's own thread or task; nothing of the
 //!   consumer runs in the hub.
 //! - **The sink** and the `bytes_acknowledged` callback: on the draining thread (or the thread
