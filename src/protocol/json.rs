@@ -242,7 +242,9 @@ impl Reader<'_> {
                 self.ws();
                 let Some(open) = self.stack.last().copied() else {
                     if self.i != self.b.len() {
-                        return Err(self.expected("the end of the line after the object"));
+                        return Err(self.expected(
+                            "the end of the command after the object (one object per line or message)",
+                        ));
                     }
                     return Ok(());
                 };
