@@ -2273,17 +2273,18 @@ impl Inner {
         if draining() {
             return Err(FlushError::InsideDrain);
         }
-        // What each subscriber must have got rid of: everything queued now. `removed` is read
-        // before the length so a concurrent pop can only make the target smaller.
+        // What each subscriber must have got rid of: everything queued when the flush first
+        // holds the drain lock. Read under it, which every pop holds (a drainer's, a receiver's
+        // feed or rest), so no pop falls between the two reads (one did, and the target came out
+        // short by its batch: the flush returned with that much still queued); the length
+        // first, so a pop counted after it cannot shorten the target. Only an eviction racing
+        // the reads (a drop-oldest queue overflowing meanwhile) can, by one each.
         let target = |s: &Arc<Sub>| {
-            let removed = s.removed.load(Ordering::Relaxed);
-            (Arc::clone(s), removed + s.queue.len() as u64)
+            let queued = s.queue.len() as u64;
+            (Arc::clone(s), s.removed.load(Ordering::Relaxed) + queued)
         };
-        let targets: Vec<(Arc<Sub>, u64)> = {
-            let ids = self.ids.lock();
-            let retiring = self.retiring.lock();
-            ids.values().chain(retiring.iter()).map(target).collect()
-        };
+        let mut targets: Vec<(Arc<Sub>, u64)> = Vec::new();
+        let mut first = true;
         // A fed receiver whose hand-off holds a batch its consumer has not started has its
         // queue where it needs it: the consumer's next receives take the rest, at its pace (a
         // flush on the consumer's own thread must not wait for it).
@@ -2305,6 +2306,11 @@ impl Inner {
                         None => return Err(FlushError::Timeout),
                     },
                 };
+                if std::mem::take(&mut first) {
+                    let ids = self.ids.lock();
+                    let retiring = self.retiring.lock();
+                    targets = ids.values().chain(retiring.iter()).map(target).collect();
+                }
                 // This pass sends what a batching window gathered: the window is over.
                 self.wake.lock().deadline = None;
                 let guard = DrainingGuard::enter();
