@@ -243,7 +243,10 @@ impl Hub {
     ///
     /// Errors: [`SubscribeError::Closed`] after close, [`SubscribeError::DuplicateId`],
     /// [`SubscribeError::RawNeedsMaxBatchOne`], [`SubscribeError::InvalidOption`]. The retained
-    /// log of the topic is replayed into the new subscriber's queue under its policy.
+    /// log of the topic is replayed into the new subscriber's queue under its policy: under
+    /// `disconnect`, a log longer than `max_queue` closes the subscriber during its own
+    /// replay (as a slow consumer, counted in `disconnected`), so the subscription returned is
+    /// already inactive ([`Subscription::is_active`]) and the rest of the log is not offered.
     pub fn subscribe<F>(
         &self,
         topic: &str,
@@ -365,6 +368,9 @@ impl Hub {
 
     /// Drains every queue now, bypassing batching, and returns once every queue reached its
     /// transport, waiting for sends in flight (including ones that were outstanding before).
+    /// What it covers is what was published before it was called (by any thread whose publish
+    /// returned before, such as threads joined before it); publications during the flush may
+    /// go out with it or after it.
     ///
     /// Delivery errors isolated on the way (a failing sink, a panicking handler or
     /// `bytes_acknowledged` callback, a message the codec cannot frame) do not make it fail:

@@ -25,7 +25,8 @@ pub struct Stats {
     /// Subscribers closed by the `disconnect` policy.
     pub disconnected: u64,
     /// Bytes of frames taken by the transports of the live subscribers: always the sum of
-    /// `list[i].bytes_sent`.
+    /// `list[i].bytes_sent`, as the spec states. Unlike the counters above it is not
+    /// monotonic: it goes down when a subscriber leaves (to 0 once none is left).
     pub bytes_out: u64,
     /// Frames encoded (one per distinct (batch, codec) per turn, whatever the subscriber count;
     /// in a server, one per (topic batch, wire format) however many shards send it).
