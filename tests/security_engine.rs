@@ -612,6 +612,10 @@ fn a_publisher_over_its_rate_is_refused_by_name_and_closed_after_repeated_violat
         for _ in 0..published {
             assert_eq!(sub.msg()["type"], "tick");
         }
+        // Each refusal is a limit error in the engine's stats, though the connection stays.
+        eventually("each refusal is counted", || {
+            server.engine.stats().limit_errors >= refused
+        });
         // 200 more at once: the 50th refusal in a row closes the connection, naming the limit.
         c.send_raw(publishes(200, false).as_bytes());
         let mut last = Value::Null;

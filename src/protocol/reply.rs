@@ -113,6 +113,23 @@ pub fn error(request_id: Option<&RequestId>, code: &str, message: &str) -> Bytes
     error_with_limit(request_id, code, message, None)
 }
 
+/// Whether `reply` is a `limit_exceeded` error as [`error_with_limit`] writes it (the server
+/// counts them in its `limit_errors`). Escaped strings (an echoed string id, the message)
+/// cannot hold the unescaped `,"code":"` this looks for, so only the code field matches.
+///
+/// ```
+/// use powerhub::protocol::{reply, RequestId};
+/// let r = reply::error_with_limit(None, "limit_exceeded", "too deep", Some("max_json_depth"));
+/// assert!(reply::is_limit_error(&r));
+/// let id = RequestId::Str(r#"","code":"limit_exceeded","#.into());
+/// assert!(!reply::is_limit_error(&reply::error(Some(&id), "invalid_json", "bad")));
+/// ```
+pub fn is_limit_error(reply: &[u8]) -> bool {
+    const LIMIT_CODE: &[u8] = br#","code":"limit_exceeded","#;
+    reply.starts_with(br#"{"type":"error","requestId":"#)
+        && memchr::memmem::find(reply, LIMIT_CODE).is_some()
+}
+
 /// An error about a limit: [`error`] with `"limit":<the config key>` after the message.
 ///
 /// ```

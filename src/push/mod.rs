@@ -1303,7 +1303,14 @@ impl PushConnection {
                     .set_message(&meta.stream, meta.device_id.as_str());
                 return Some(self.ask_publish(request_id, message));
             }
-            Action::Reply(bytes) => self.outbox.push_control(bytes, now),
+            Action::Reply(bytes) => {
+                // A limit refused this command and the connection stays: counted as a close
+                // on a limit is.
+                if reply::is_limit_error(&bytes) {
+                    self.limit_errors = self.limit_errors.saturating_add(1);
+                }
+                self.outbox.push_control(bytes, now);
+            }
             Action::Pong => self.outbox.on_pong(now),
             Action::CloseOnAuth {
                 request_id,
