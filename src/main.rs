@@ -18,13 +18,10 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use std::sync::Arc;
-
 use clap::{Parser, Subcommand};
 use powerhub::runtime::{
     BackendChoice, Config, Engine, EngineError, ListenerConfig, ProtocolRegistry, DEFAULT_CONFIG,
 };
-use powerhub_websocket::{WebSocketConfig, WebSocketFactory};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -177,21 +174,15 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     raise_nofile();
     let signals = block_signals();
-    let mut registry = ProtocolRegistry::with_builtins();
-    // The plugin's own limits follow the config's, so `limits.max_message_bytes` and
+    // The WebSocket plugin's own limits follow the config's, so `limits.max_message_bytes` and
     // `limits.max_handshake_bytes` hold on WebSocket as on the other listeners.
-    let ws_config = WebSocketConfig::default()
-        .with_serve_page(true)
-        .with_max_message_bytes(config.limits.max_message_bytes)
-        .with_max_frame_bytes(config.limits.max_message_bytes)
-        .with_max_handshake_bytes(config.limits.max_handshake_bytes);
-    let websocket = WebSocketFactory::new(ws_config)
-        .map_err(|e| e.to_string())
-        .and_then(|f| registry.register(Arc::new(f)).map_err(|e| e.to_string()));
-    if let Err(e) = websocket {
-        eprintln!("powerhub: cannot register the websocket protocol: {e}");
-        return ExitCode::from(2);
-    }
+    let registry = match ProtocolRegistry::for_config(&config) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("powerhub: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let engine = match Engine::start(config, &registry) {
         Ok(e) => e,
         Err(e) => {

@@ -12,6 +12,14 @@ pub enum RegistryError {
     /// Two factories claimed one name.
     #[error("a protocol named `{0}` is already registered")]
     Duplicate(String),
+    /// A built-in plugin refused the configuration it was given.
+    #[error("cannot configure the `{name}` protocol: {reason}")]
+    Plugin {
+        /// The protocol's name.
+        name: String,
+        /// What the plugin said.
+        reason: String,
+    },
     /// A listener names a protocol nobody registered.
     #[error("unknown protocol `{name}` (registered: {known})")]
     Unknown {
@@ -44,7 +52,8 @@ impl ProtocolRegistry {
         Self::default()
     }
 
-    /// A registry holding the built-in plugins: `ndjson` (TCP and Unix sockets) and `frame`.
+    /// A registry holding the plugins that need no configuration: `ndjson` (TCP and Unix
+    /// sockets) and `frame`. [`for_config`](Self::for_config) adds `websocket`.
     pub fn with_builtins() -> Self {
         let mut r = Self::new();
         let builtins: [Arc<dyn ProtocolFactory>; 2] = [
@@ -56,6 +65,39 @@ impl ProtocolRegistry {
                 .unwrap_or_else(|e| unreachable!("built-in names are distinct: {e}"));
         }
         r
+    }
+
+    /// The built-in plugins as `powerhub serve` registers them for `config`: `ndjson`,
+    /// `frame`, and `websocket` with its message, frame and handshake limits taken from
+    /// `config.limits` (and the live page served on a plain `GET`). The embedded default config
+    /// has a WebSocket listener, which [`with_builtins`](Self::with_builtins) cannot serve.
+    ///
+    /// ```
+    /// use powerhub::runtime::{Config, ProtocolRegistry};
+    ///
+    /// let config = Config::embedded_default();
+    /// let registry = ProtocolRegistry::for_config(&config)?;
+    /// assert_eq!(registry.names().collect::<Vec<_>>(), ["frame", "ndjson", "websocket"]);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`RegistryError::Plugin`] when the WebSocket plugin refuses the limits.
+    pub fn for_config(config: &crate::runtime::Config) -> Result<Self, RegistryError> {
+        let mut r = Self::with_builtins();
+        let ws = powerhub_websocket::WebSocketConfig::default()
+            .with_serve_page(true)
+            .with_max_message_bytes(config.limits.max_message_bytes)
+            .with_max_frame_bytes(config.limits.max_message_bytes)
+            .with_max_handshake_bytes(config.limits.max_handshake_bytes);
+        let factory =
+            powerhub_websocket::WebSocketFactory::new(ws).map_err(|e| RegistryError::Plugin {
+                name: "websocket".into(),
+                reason: e.to_string(),
+            })?;
+        r.register(Arc::new(factory))?;
+        Ok(r)
     }
 
     /// Registers a factory under its [`ProtocolFactory::name`].
