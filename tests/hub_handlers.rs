@@ -241,20 +241,26 @@ fn a_handler_run_by_a_held_sends_completion_that_flushes_is_refused_rather_than_
     hub.close();
 }
 
-#[test]
-fn a_held_sends_completion_after_unsubscribe_runs_no_handler() {
-    let (hub, spy) = held_sends();
-    let ran = Arc::new(AtomicU64::new(0));
-    let r = ran.clone();
+/// A subscriber of "t" whose handler counts its deliveries.
+fn counting(hub: &Hub, options: SubscribeOptions) -> (Subscription, Arc<AtomicU64>) {
+    let count = Arc::new(AtomicU64::new(0));
+    let c = count.clone();
     let sub = hub
         .subscribe(
             "t",
             move |_| {
-                r.fetch_add(1, Ordering::SeqCst);
+                c.fetch_add(1, Ordering::SeqCst);
             },
-            SubscribeOptions::default(),
+            options,
         )
         .unwrap();
+    (sub, count)
+}
+
+#[test]
+fn a_held_sends_completion_after_unsubscribe_runs_no_handler() {
+    let (hub, spy) = held_sends();
+    let (sub, ran) = counting(&hub, SubscribeOptions::default());
     hub.publish_json("t", &1).unwrap();
     hub.turn(Instant::now());
     assert_eq!(spy.pending(), 1);
@@ -279,17 +285,7 @@ fn flush_and_shutdown_after_joined_publishers_leave_nothing_behind() {
     for round in 0..1000 {
         let spy = SpySink::new();
         let hub = Hub::new(spy.clone(), HubOptions::default()).unwrap();
-        let handled = Arc::new(AtomicU64::new(0));
-        let h = handled.clone();
-        let _sub = hub
-            .subscribe(
-                "t",
-                move |_| {
-                    h.fetch_add(1, Ordering::SeqCst);
-                },
-                SubscribeOptions::default().max_queue(10_000),
-            )
-            .unwrap();
+        let (_sub, handled) = counting(&hub, SubscribeOptions::default().max_queue(10_000));
         let publisher = hub.clone();
         std::thread::spawn(move || {
             for i in 0..1000 {

@@ -1556,18 +1556,18 @@ impl Inner {
 
     fn run_thread(self: Arc<Self>) {
         let delay = self.opts.batch_delay;
-        // The first turn may start in the middle of the first burst, as one after a sleep.
-        let mut first = true;
+        // Whether the thread was idle before this turn: it starts so, and the first turn may
+        // start in the middle of the first burst, as one after a sleep.
+        let mut idle = true;
         // Publications numbered before the last turn: a wake with none since (a completion
         // that left work queued, a retained replay) has no burst to wait for.
         let mut seq_at_turn = 0;
         loop {
-            let slept = {
+            {
                 let mut g = self.wake.lock();
-                let mut slept = std::mem::take(&mut first);
                 while !self.work.load(Ordering::Acquire) && !self.is_closed() {
                     self.wake_cv.wait(&mut g);
-                    slept = true;
+                    idle = true;
                 }
                 if self.is_closed() {
                     return;
@@ -1581,11 +1581,11 @@ impl Inner {
                         return;
                     }
                 }
-                slept
-            };
-            if slept && delay.is_zero() && self.seq.load(Ordering::Relaxed) != seq_at_turn {
+            }
+            if idle && delay.is_zero() && self.seq.load(Ordering::Relaxed) != seq_at_turn {
                 self.settle();
             }
+            idle = false;
             seq_at_turn = self.seq.load(Ordering::Relaxed);
             self.run_turn();
         }
@@ -2283,8 +2283,7 @@ impl Inner {
             let queued = s.queue.len() as u64;
             (Arc::clone(s), s.removed.load(Ordering::Relaxed) + queued)
         };
-        let mut targets: Vec<(Arc<Sub>, u64)> = Vec::new();
-        let mut first = true;
+        let mut targets: Option<Vec<(Arc<Sub>, u64)>> = None;
         // A fed receiver whose hand-off holds a batch its consumer has not started has its
         // queue where it needs it: the consumer's next receives take the rest, at its pace (a
         // flush on the consumer's own thread must not wait for it).
@@ -2306,11 +2305,11 @@ impl Inner {
                         None => return Err(FlushError::Timeout),
                     },
                 };
-                if std::mem::take(&mut first) {
+                let targets = targets.get_or_insert_with(|| {
                     let ids = self.ids.lock();
                     let retiring = self.retiring.lock();
-                    targets = ids.values().chain(retiring.iter()).map(target).collect();
-                }
+                    ids.values().chain(retiring.iter()).map(target).collect()
+                });
                 // This pass sends what a batching window gathered: the window is over.
                 self.wake.lock().deadline = None;
                 let guard = DrainingGuard::enter();
@@ -2332,6 +2331,7 @@ impl Inner {
                 }
             }
             // Wait for an outstanding send to complete, then drain again.
+            let targets = targets.as_deref().unwrap_or_default();
             let mut g = self.flush_mx.lock();
             self.flush_waiters.fetch_add(1, Ordering::SeqCst);
             while !self.is_closed() && targets.iter().any(|(s, t)| !done(s, *t) && s.in_flight()) {
