@@ -1370,3 +1370,78 @@ fn under_max_queue_zero_a_blocked_recv_reports_the_dropped_publication_as_a_lag(
     );
     hub.close();
 }
+
+#[test]
+fn a_drop_oldest_receivers_queued_is_what_it_has_left_to_receive() {
+    // Inside a run (the messages of one chunk of the log) a receive publishes no position:
+    // `stats()` must still count only what is left, and `delivered` plus `queued` stay the
+    // messages published.
+    for driver in [Driver::Manual, Driver::Thread] {
+        let hub = Hub::new(SpySink::new(), HubOptions::default().driver(driver)).unwrap();
+        let mut rx = hub
+            .receiver("t", SubscribeOptions::default().id("r"))
+            .unwrap();
+        for n in 0..50 {
+            publish(&hub, "t", n);
+        }
+        for k in 1..=50u64 {
+            assert_eq!(n_of(&rx.try_recv().unwrap()), k - 1);
+            let s = hub.stats();
+            let row = s.list.iter().find(|r| r.id == "r").unwrap();
+            assert_eq!(
+                (row.queued, s.delivered),
+                (50 - k as usize, k),
+                "{driver:?}: after {k} receives"
+            );
+        }
+        assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
+        assert_eq!(hub.stats().list[0].queued, 0);
+    }
+}
+
+#[test]
+fn a_drop_newest_receiver_hears_of_the_refused_tail_before_the_end() {
+    // The last publications were refused (the queue was full until the end): the receiver
+    // takes what was queued, then the loss, then why it ended; as it does while open.
+    for end_by_close in [true, false] {
+        let hub = manual();
+        let mut rx = hub
+            .receiver(
+                "t",
+                SubscribeOptions::default()
+                    .id("n")
+                    .max_queue(3)
+                    .slow_consumer(SlowConsumer::DropNewest),
+            )
+            .unwrap();
+        for n in 0..5 {
+            publish(&hub, "t", n);
+        }
+        assert_eq!(hub.stats().dropped, 2);
+        let reason = if end_by_close {
+            hub.close();
+            CloseReason::HubClosed
+        } else {
+            assert!(hub.unsubscribe("n"));
+            CloseReason::Unsubscribe
+        };
+        let mut got = Vec::new();
+        loop {
+            match rx.try_recv() {
+                Ok(m) => got.push(format!("{}", n_of(&m))),
+                Err(TryRecvError::Lagged { missed }) => got.push(format!("lagged {missed}")),
+                Err(TryRecvError::Closed { reason: r }) => {
+                    assert_eq!(r, reason);
+                    break;
+                }
+                Err(e) => panic!("{e:?} after the end: {got:?}"),
+            }
+        }
+        assert_eq!(got, ["0", "1", "2", "lagged 2"], "{reason:?}");
+        assert_eq!(
+            rx.try_recv().unwrap_err(),
+            TryRecvError::Closed { reason },
+            "the end repeats, the loss is said once"
+        );
+    }
+}

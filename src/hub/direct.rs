@@ -469,10 +469,15 @@ pub(crate) struct DirectCursor {
     /// The first publication of the log the receiver reads, and its retained replay: set at
     /// subscribe, taken by the receiver.
     pub(crate) start: Mutex<Option<(u64, Vec<Arc<Entry>>)>>,
-    /// The next publication to receive (inside a run, the run's start: runs do not publish
-    /// their progress). Only `stats()` reads it, as an estimate; stored with Release after
-    /// `run_end`, loaded with Acquire before it, so that a `pos` read shows its run's end.
+    /// The next publication to receive (inside a run, the one after the run's first: runs do
+    /// not publish their progress, `received` does). Only `stats()` reads it; stored with
+    /// Release after `run_end` and `run_base`, loaded with Acquire before them, so that a `pos`
+    /// read shows its run.
     pub(crate) pos: AtomicU64,
+    /// The `received` count that `pos` stands for inside a run: each receive since moved the
+    /// receiver one publication further (a run receives no replayed message), so `stats()`
+    /// counts what the run still holds, not what was received of it.
+    run_base: AtomicU64,
     /// The end of the run the receiver reads (see `DirectReader::next`): `stats()` counts the
     /// run as being received, not as dropped, until a receive inside it finds the bound passed
     /// and drops the oldest (so `dropped` only grows: it never counts what is then received).
@@ -526,6 +531,7 @@ impl DirectCursor {
             log: OnceLock::new(),
             start: Mutex::new(None),
             pos: AtomicU64::new(0),
+            run_base: AtomicU64::new(0),
             run_end: AtomicU64::new(0),
             replay_left: AtomicUsize::new(0),
             cap,
@@ -554,8 +560,8 @@ impl DirectCursor {
                 continue;
             }
             let dropped = self.dropped.load(Ordering::Relaxed);
-            let (queued, over) = self.backlog();
             let received = self.received.load(Ordering::Relaxed);
+            let (queued, over) = self.backlog_at(Some(received));
             std::sync::atomic::fence(Ordering::SeqCst);
             if self.deciding.load(Ordering::Relaxed) != before {
                 continue;
@@ -604,14 +610,10 @@ impl DirectCursor {
 
     /// Messages waiting for the receiver (at most `max_queue`; the rest of its run is being
     /// received), and those beyond its run and its bound that the policy drops at the next
-    /// receive.
-    pub(crate) fn backlog(&self) -> (usize, usize) {
-        self.backlog_with_run(true)
-    }
-
-    /// [`Self::backlog`]; without `run`, the rest of the receiver's run counts as queued only
-    /// within the bound (a receiver that went reads no more of it).
-    fn backlog_with_run(&self, run: bool) -> (usize, usize) {
+    /// receive. `received` is the receiver's count (its progress inside its run); without
+    /// it, the rest of the receiver's run counts as queued only within the bound (a receiver
+    /// that went reads no more of it, and published its exact position).
+    fn backlog_at(&self, received: Option<u64>) -> (usize, usize) {
         let Some(log) = self.log.get() else {
             return (0, 0);
         };
@@ -619,12 +621,20 @@ impl DirectCursor {
             Some(&(end, _)) => end,
             None => log.head(),
         };
-        // Acquire: pairs with the reader's Release stores (`run_end` before `pos`).
-        let pos = self.pos.load(Ordering::Acquire);
-        let in_run = if run {
-            self.run_end.load(Ordering::Acquire).saturating_sub(pos) as usize
-        } else {
-            0
+        // Acquire: pairs with the reader's Release stores (`run_end` and `run_base` before
+        // `pos`).
+        let mut pos = self.pos.load(Ordering::Acquire);
+        let in_run = match received {
+            Some(received) => {
+                let run_end = self.run_end.load(Ordering::Acquire);
+                if pos < run_end {
+                    // What the run's receives took since its start (none of them replayed).
+                    let base = self.run_base.load(Ordering::Relaxed);
+                    pos = (pos + received.saturating_sub(base)).min(run_end);
+                }
+                run_end.saturating_sub(pos) as usize
+            }
+            None => 0,
         };
         let live = head.saturating_sub(pos) as usize;
         let total = live + self.replay_left.load(Ordering::Relaxed);
@@ -639,7 +649,7 @@ impl DirectCursor {
     /// policy drops (added to `dropped`). Its position moves past them (the replay first, then
     /// live publications, as a receive would), so they are counted once.
     pub(crate) fn take_overflow(&self) -> u64 {
-        let (_, over) = self.backlog_with_run(false);
+        let (_, over) = self.backlog_at(None);
         if over > 0 {
             // Relaxed: the reader, the only other writer, is gone; `stats()` reads a statistic.
             let replay = self.replay_left.load(Ordering::Relaxed);
@@ -929,7 +939,11 @@ impl DirectReader {
                 // limit is a head, or an end taken from one).
                 self.run_end = c.end().min(limit);
                 self.pos += 1;
-                // Release, the end before the position: see `DirectCursor::pos`.
+                // The count once this receive is counted (the receiver's own store, read
+                // back), which the new position stands for.
+                let base = self.cursor.received.load(Ordering::Relaxed) + 1;
+                self.cursor.run_base.store(base, Ordering::Relaxed);
+                // Release, the end and the base before the position: see `DirectCursor::pos`.
                 self.cursor.run_end.store(self.run_end, Ordering::Release);
                 self.cursor.pos.store(self.pos, Ordering::Release);
                 Next::Message

@@ -350,7 +350,9 @@ impl Sink for HandOff {
 ///   receiver (the default, which reads its topic itself), everything published before the end
 ///   within its bound; for the others (drop-newest, disconnect, `message_priority`), after an
 ///   unsubscribe or the hub's close, what was handed over and then what the subscriber's queue
-///   still held (counted in `delivered` as it is taken). A `disconnect` ends with what was
+///   still held (counted in `delivered` as it is taken), then a [`RecvError::Lagged`] for
+///   drops no message after them showed (a drop-newest queue full until the end). A
+///   `disconnect` ends with what was
 ///   handed over: the queue is the slow consumer's loss, counted in `stats().dropped`, and the
 ///   receiver is told by [`RecvError::Closed`] with reason `slow-consumer`, not by a `Lagged`.
 /// - **Dropping the receiver unsubscribes.**
@@ -896,7 +898,18 @@ impl HandOffRx {
             drop(st);
             match chan.take_rest() {
                 Feed::Handed => continue,
-                Feed::Nothing => return Err(TryRecvError::Closed { reason }),
+                Feed::Nothing => {
+                    // Drops no message after them showed (a drop-newest queue full until the
+                    // end), said before the end as they would have been before it. A
+                    // `disconnect` subscriber's discarded queue is what `SlowConsumer` says.
+                    let dropped = chan.dropped();
+                    if dropped > self.seen.reported && chan.policy != SlowConsumer::Disconnect {
+                        let missed = dropped - self.seen.reported;
+                        self.seen.reported = dropped;
+                        return Err(TryRecvError::Lagged { missed });
+                    }
+                    return Err(TryRecvError::Closed { reason });
+                }
                 Feed::Busy => {
                     std::thread::yield_now();
                     continue;
