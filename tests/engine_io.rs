@@ -494,3 +494,33 @@ fn a_panic_handling_one_connection_closes_it_with_internal_error_and_the_shard_g
         server.engine.shutdown().unwrap();
     });
 }
+
+/// A subscriber that keeps up is not closed for one message larger than
+/// `limits.max_outbox_bytes`: its socket takes what it can and the rest follows as it reads
+/// (the limit is for a reader that falls behind: one whose socket refused part of a write and
+/// that is sent more).
+#[test]
+fn a_reader_that_keeps_up_gets_messages_larger_than_max_outbox_bytes() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.backpressure_bytes = 16 << 10;
+        config.limits.max_outbox_bytes = 64 << 10;
+        let server = start(config);
+        let mut reader = Client::connect(server.addr);
+        reader.subscribe("big");
+        let mut publisher = Client::connect(server.addr);
+        for seq in 0..20 {
+            publisher.send(&format!(
+                r#"{{"type":"publish","id":{seq},"message":{}}}"#,
+                message("big", seq, 70_000)
+            ));
+            let ack = publisher.msg();
+            assert_eq!(ack["delivered"], 1, "{ack}");
+            let got = reader.msg();
+            assert_eq!(got["seq"], seq, "{backend:?}: {}", got["type"]);
+            assert_eq!(got["pad"].as_str().map(str::len), Some(70_000));
+        }
+        assert_eq!(server.engine.stats().limit_errors, 0);
+        server.engine.shutdown().unwrap();
+    });
+}

@@ -524,3 +524,40 @@ fn a_peer_whose_input_the_server_holds_is_not_closed_as_idle() {
     let _ = conn.poll(at, SystemTime::now());
     assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
 }
+
+/// `max_outbox_bytes` judges a reader that falls behind: one message (or one fan-out's batch)
+/// larger than the limit, queued for a subscriber whose socket refused nothing, is written to it
+/// first; once its socket refuses part of a write, the next delivery past the limit closes it,
+/// naming the limit.
+#[test]
+fn a_subscriber_that_keeps_up_is_written_to_before_max_outbox_bytes_is_judged() {
+    let now = Instant::now();
+    let mut conn = ndjson_with(PushLimits::default().with_max_outbox_bytes(65536), now);
+    let sub = feed(
+        &mut conn,
+        b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n",
+        now,
+    )
+    .expect("a subscribe request");
+    let mut wire = Vec::new();
+    drain(&mut conn, &mut wire, now);
+    let big = Bytes::from(format!(
+        "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
+        "x".repeat(70_000)
+    ));
+    for _ in 0..3 {
+        wire.clear();
+        conn.deliver_lines(&sub, big.clone(), now);
+        assert!(!conn.check_limits(now));
+        assert_eq!(conn.poll(now, SystemTime::now()), None);
+        assert_eq!(conn.close_reason(), None);
+        drain(&mut conn, &mut wire, now);
+        assert_eq!(wire, big, "delivered whole");
+    }
+    // Behind: the socket took part of the last write.
+    conn.deliver_lines(&sub, big.clone(), now);
+    assert!(write(&mut conn, &mut wire, 1000, now) == 1000);
+    conn.deliver_lines(&sub, big, now);
+    assert!(!conn.check_limits(now));
+    assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+}

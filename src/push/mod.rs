@@ -1087,7 +1087,8 @@ impl PushConnection {
                 self.count_decode_error();
                 return None;
             }
-            if let Some(ending) = self.over_outbox() {
+            let behind = self.outbox.wants_writable();
+            if let Some(ending) = self.over_outbox(behind) {
                 self.close(ending, now);
                 continue;
             }
@@ -1717,8 +1718,14 @@ impl PushConnection {
     }
 
     /// The ending of a connection whose unsent output passed `max_outbox_bytes` (counted as a
-    /// limit error), if it did.
-    fn over_outbox(&mut self) -> Option<Ending> {
+    /// limit error), if it did. A subscribed connection that is not `behind` (its socket
+    /// refused nothing of the last write) is written to first, however much one fan-out queued
+    /// for it: a reader that keeps up is not closed for a message, or a batch, larger than the
+    /// limit; one whose socket then refuses part of it is judged at its next delivery.
+    fn over_outbox(&mut self, behind: bool) -> Option<Ending> {
+        if !behind && self.is_subscribed() {
+            return None;
+        }
         let held = self.output_memory();
         let max = self.config.limits.max_outbox_bytes;
         if held <= max {
@@ -1735,8 +1742,9 @@ impl PushConnection {
     /// past `max_outbox_bytes` it closes with an error naming the limit; under
     /// [`disconnect_backlog_bytes`](PushLimits::disconnect_backlog_bytes), a subscribed
     /// connection whose socket refused part of a write and that holds more closes with a
-    /// `slow_consumer` error (and one whose socket refused nothing yet is written to before
-    /// `max_outbox_bytes` is judged). Returns whether it closed as a slow consumer.
+    /// `slow_consumer` error. A subscribed connection whose socket refused nothing of its last
+    /// write is written to before either is judged: a reader that keeps up is not closed for
+    /// one large message or batch. Returns whether it closed as a slow consumer.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -1776,11 +1784,10 @@ impl PushConnection {
             // the smaller bound is the one the policy names.
             Some(limit) if behind && subscribed && backlog > limit => limit,
             // A subscription's burst past `max_outbox_bytes` before the socket refused anything
-            // is written first: the write shows whether the reader keeps up or is a slow
-            // consumer (checked again at the next delivery).
-            Some(_) if !behind && subscribed => return false,
+            // is written first (see `over_outbox`): the write shows whether the reader keeps
+            // up or falls behind (checked again at the next delivery).
             _ => {
-                if let Some(ending) = self.over_outbox() {
+                if let Some(ending) = self.over_outbox(behind) {
                     self.close(ending, now);
                 }
                 return false;
