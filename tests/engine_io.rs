@@ -495,6 +495,68 @@ fn a_panic_handling_one_connection_closes_it_with_internal_error_and_the_shard_g
     });
 }
 
+/// A transport plugin that makes NDJSON connections, and panics making the next one once told.
+#[derive(Debug, Default)]
+struct Flaky {
+    panic_next: std::sync::atomic::AtomicBool,
+}
+
+impl powerhub::plugin::ProtocolFactory for Flaky {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+
+    fn new_connection(
+        &self,
+        limits: &powerhub::plugin::ProtocolLimits,
+    ) -> Box<dyn powerhub::plugin::StreamProtocol> {
+        use std::sync::atomic::Ordering;
+        assert!(
+            !self.panic_next.swap(false, Ordering::Relaxed),
+            "a plugin bug making a connection"
+        );
+        powerhub::plugin::ProtocolFactory::new_connection(&powerhub_ndjson::NdjsonFactory, limits)
+    }
+}
+
+/// A transport plugin that panics making a connection (`ProtocolFactory::new_connection`, before
+/// any protocol exists to say so) loses that connection, closed at once; the shard, its other
+/// connections and the connections after go on.
+#[test]
+fn a_plugin_that_panics_making_a_connection_loses_that_connection_not_the_server() {
+    on_both_backends(|backend| {
+        let flaky = std::sync::Arc::new(Flaky::default());
+        let mut config = base_config(backend);
+        config.listeners = vec![powerhub::runtime::ListenerConfig::tcp(
+            "flaky",
+            "127.0.0.1:0",
+        )];
+        let mut registry = powerhub::runtime::ProtocolRegistry::with_builtins();
+        registry
+            .register(std::sync::Arc::clone(&flaky) as _)
+            .unwrap();
+        let server = start_with(config, &registry);
+        let mut first = Client::connect(server.addr);
+        first.send(r#"{"type":"ping","id":1}"#);
+        assert_eq!(first.json()["requestId"], 1);
+        flaky
+            .panic_next
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut doomed = Client::connect(server.addr);
+        assert_eq!(doomed.line(), None, "closed at once");
+        first.send(r#"{"type":"ping","id":2}"#);
+        assert_eq!(first.json()["requestId"], 2, "the others go on");
+        let mut late = Client::connect(server.addr);
+        late.send(r#"{"type":"ping","id":3}"#);
+        assert_eq!(
+            late.json()["requestId"],
+            3,
+            "and new connections are served"
+        );
+        server.engine.shutdown().unwrap();
+    });
+}
+
 /// A subscriber that keeps up is not closed for one message larger than
 /// `limits.max_outbox_bytes`: its socket takes what it can and the rest follows as it reads
 /// (the limit is for a reader that falls behind: one whose socket refused part of a write and

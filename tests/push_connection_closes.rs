@@ -561,3 +561,82 @@ fn a_subscriber_that_keeps_up_is_written_to_before_max_outbox_bytes_is_judged() 
     assert!(!conn.check_limits(now));
     assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
 }
+
+/// `SessionConfig::max_line_bytes` under the framing's limit: a longer line (a publish read on
+/// the fast path, any other command, on NDJSON and in a WebSocket message) gets a
+/// `limit_exceeded` error naming `max_message_bytes` with its id, is not carried out, and the
+/// connection stays; only a line over the framing's limit closes it.
+#[test]
+fn a_line_over_the_sessions_max_line_bytes_is_refused_and_the_connection_stays() {
+    let now = Instant::now();
+    let pad = "x".repeat(200);
+    let lines = [
+        format!(r#"{{"type":"ping","id":1,"pad":"{pad}"}}"#),
+        format!(
+            r#"{{"type":"publish","id":2,"message":{{"type":"t","stream":"s","pad":"{pad}"}}}}"#
+        ),
+        format!(r#"{{"type":"subscribe","id":3,"stream":"s","pad":"{pad}"}}"#),
+    ];
+    for websocket in [false, true] {
+        let session = SessionConfig {
+            max_line_bytes: 100,
+            ..SessionConfig::default()
+        };
+        let mut conn = connection(websocket, 1 << 20, session, now);
+        let mut input = if websocket {
+            HANDSHAKE.to_vec()
+        } else {
+            Vec::new()
+        };
+        for line in &lines {
+            if websocket {
+                input.extend(client_frame(1, line.as_bytes()));
+            } else {
+                input.extend_from_slice(line.as_bytes());
+                input.push(b'\n');
+            }
+        }
+        // Nothing is asked of the driver: no publish, no subscribe.
+        assert_eq!(feed(&mut conn, &input, now), None, "websocket: {websocket}");
+        let ping = br#"{"type":"ping","id":4}"#;
+        assert_eq!(
+            feed(
+                &mut conn,
+                &if websocket {
+                    client_frame(1, ping)
+                } else {
+                    [&ping[..], b"\n"].concat()
+                },
+                now
+            ),
+            None
+        );
+        let mut wire = Vec::new();
+        drain(&mut conn, &mut wire, now);
+        let texts: Vec<String> = if websocket {
+            server_frames(&wire)
+                .into_iter()
+                .filter(|(op, _)| *op == 1)
+                .map(|(_, p)| String::from_utf8(p).unwrap())
+                .collect()
+        } else {
+            String::from_utf8(wire)
+                .unwrap()
+                .lines()
+                .map(str::to_owned)
+                .collect()
+        };
+        let replies: Vec<serde_json::Value> = texts
+            .iter()
+            .map(|t| serde_json::from_str(t).unwrap())
+            .collect();
+        assert_eq!(replies.len(), 4, "websocket {websocket}: {texts:?}");
+        for (i, r) in replies[..3].iter().enumerate() {
+            assert_eq!(r["code"], "limit_exceeded", "{r}");
+            assert_eq!(r["limit"], "max_message_bytes", "{r}");
+            assert_eq!(r["requestId"], i + 1, "{r}");
+        }
+        assert_eq!(replies[3]["type"], "pong");
+        assert_eq!(conn.state(), PushState::Open);
+    }
+}

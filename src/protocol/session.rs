@@ -605,18 +605,28 @@ impl Session {
 
     /// [`Session::handle_line`] at wall-clock time `now` (token expiry is judged against it).
     pub fn handle_line_at(&mut self, line: &mut [u8], now: SystemTime) -> Action {
-        if line.len() > self.config.max_line_bytes {
-            let id = super::command::best_effort_id(line);
-            let kind = ErrorKind::LineTooLong {
-                size: line.len(),
-                limit: self.config.max_line_bytes,
-            };
-            return Action::Reply(CommandError::new(id, kind).to_reply());
+        if let Some(e) = self.line_too_long(line) {
+            return Action::Reply(e.to_reply());
         }
         match self.parser().parse(line) {
             Ok(cmd) => self.handle_command_at(cmd, now),
             Err(e) => Action::Reply(self.before_auth(line, e).to_reply()),
         }
+    }
+
+    /// The error for a line longer than [`SessionConfig::max_line_bytes`] (`limit_exceeded`,
+    /// naming `max_message_bytes`, with the line's id where one can be read), if it is one.
+    #[inline]
+    pub(crate) fn line_too_long(&self, line: &[u8]) -> Option<CommandError> {
+        if line.len() <= self.config.max_line_bytes {
+            return None;
+        }
+        let id = super::command::best_effort_id(line);
+        let kind = ErrorKind::LineTooLong {
+            size: line.len(),
+            limit: self.config.max_line_bytes,
+        };
+        Some(CommandError::new(id, kind))
     }
 
     /// Parses one line under the session's limits, reading it where it lies: see

@@ -100,7 +100,7 @@ use crate::outbox::{
     Framing, MessageFactory, Outbox, OutboxConfig, OutboxConfigError, OutboxStats, TimeoutAction,
 };
 use crate::protocol::{
-    fast, reply, topic_parts, Action, Command, RequestId, Session, SubscriptionInfo,
+    fast, reply, topic_parts, Action, Command, CommandError, RequestId, Session, SubscriptionInfo,
 };
 use crate::runtime::{Config, SlowConsumerChoice};
 use crate::security::tls::PeerSubject;
@@ -1144,7 +1144,12 @@ impl PushConnection {
                         Ok((publish, newline)) => {
                             let last = self.input_mut().end_line(run.len(), start + newline);
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
-                            (self.publish_read(publish, &run, now, wall), last)
+                            let line = &run[start..start + newline];
+                            let request = match self.session.line_too_long(line) {
+                                None => self.publish_read(publish, &run, now, wall),
+                                Some(e) => self.refuse_line(&e, now),
+                            };
+                            (request, last)
                         }
                         Err(reread) => {
                             let (end, last) = self.input_mut().cut_line(&run, start);
@@ -1155,12 +1160,18 @@ impl PushConnection {
                                 continue;
                             }
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
-                            let read = reread
-                                .then(|| self.session.read_publish(&run[start..end]))
-                                .flatten();
-                            let request = match read {
-                                Some(publish) => self.publish_read(publish, &run, now, wall),
-                                None => self.command_line(run.slice(start..end), now, wall),
+                            let request = if let Some(e) =
+                                self.session.line_too_long(&run[start..end])
+                            {
+                                self.refuse_line(&e, now)
+                            } else {
+                                let read = reread
+                                    .then(|| self.session.read_publish(&run[start..end]))
+                                    .flatten();
+                                match read {
+                                    Some(publish) => self.publish_read(publish, &run, now, wall),
+                                    None => self.command_line(run.slice(start..end), now, wall),
+                                }
                             };
                             (request, last)
                         }
@@ -1180,9 +1191,13 @@ impl PushConnection {
                     // A usual publish is read where it lies (the line may share one receive
                     // with others), and handled without making its command; any other line is
                     // parsed in place, copied first only if its bytes are shared.
-                    let request = match self.session.read_publish(&line) {
-                        Some(publish) => self.publish_read(publish, &line, now, wall),
-                        None => self.command_line(line, now, wall),
+                    let request = if let Some(e) = self.session.line_too_long(&line) {
+                        self.refuse_line(&e, now)
+                    } else {
+                        match self.session.read_publish(&line) {
+                            Some(publish) => self.publish_read(publish, &line, now, wall),
+                            None => self.command_line(line, now, wall),
+                        }
                     };
                     if request.is_some() {
                         return request;
@@ -1387,6 +1402,15 @@ impl PushConnection {
             ends: Vec::new(),
         };
         self.input.as_deref().map_or(&NONE, |i| &i.topics).iter()
+    }
+
+    /// Answers a line over the session's `max_line_bytes` (under the framing's limit, which
+    /// closes): its error, counted as a limit error; the connection stays.
+    #[cold]
+    fn refuse_line(&mut self, e: &CommandError, now: Instant) -> Option<Request> {
+        self.limit_errors = self.limit_errors.saturating_add(1);
+        self.outbox.push_control(e.to_reply(), now);
+        None
     }
 
     /// Parses and handles one line that is not a usual publish; a request for the driver, if

@@ -737,19 +737,35 @@ impl<B: Backend> Shard<B> {
     fn add_conn(&mut self, fd: OwnedFd, listener: usize, over_limit: bool) {
         let shared = Arc::clone(&self.shared);
         let spec = &shared.listeners[listener];
-        let proto = spec.factory.new_connection(&spec.protocol_limits);
         let now = Instant::now();
-        let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
-        let session = Session::with_shared_config(conn_id, Arc::clone(&shared.session_config));
-        let session = match &*shared.auth.read() {
-            Some(policy) => session.with_auth(policy.clone()),
-            None => session,
-        };
-        let push = match PushConnection::new(proto, session, &shared.push_config, now) {
-            Ok(p) => p,
-            Err(e) => {
+        // The transport plugin makes the connection's protocol, and `PushConnection::new` asks
+        // its encoder what it writes: a plugin that panics there loses this connection (its
+        // socket is closed, as no protocol exists to say why), not the shard.
+        let made = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let proto = spec.factory.new_connection(&spec.protocol_limits);
+            let conn_id = shared.next_conn_id.fetch_add(1, Ordering::Relaxed);
+            let session = Session::with_shared_config(conn_id, Arc::clone(&shared.session_config));
+            let session = match &*shared.auth.read() {
+                Some(policy) => session.with_auth(policy.clone()),
+                None => session,
+            };
+            PushConnection::new(proto, session, &shared.push_config, now)
+        }));
+        let push = match made {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
                 // Validated at start; unreachable in practice, and never a panic.
                 tracing::error!(error = %e, "invalid outbox configuration");
+                self.release_count(over_limit);
+                return;
+            }
+            Err(panic) => {
+                tracing::error!(
+                    shard = self.handle.index,
+                    listener = %spec.addr,
+                    panic = %crate::hub::panic_message(&*panic),
+                    "the listener's transport plugin panicked making a connection; closing it"
+                );
                 self.release_count(over_limit);
                 return;
             }

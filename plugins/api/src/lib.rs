@@ -518,7 +518,10 @@ pub trait ProtocolFactory: Send + Sync + fmt::Debug + 'static {
     /// `websocket`, `frame`, …).
     fn name(&self) -> &str;
 
-    /// A fresh protocol state machine for one connection.
+    /// A fresh protocol state machine for one connection. Called on the shard that serves
+    /// it; a panic here (or in the first [`StreamProtocol::encode_text`] calls, which tell the
+    /// server what the protocol writes) loses that connection, closed at once with nothing
+    /// said, as no protocol exists yet to say it; the shard and its other connections go on.
     fn new_connection(&self, limits: &ProtocolLimits) -> Box<dyn StreamProtocol>;
 
     /// The factory one listener uses, given that listener's settings from the server's config:
