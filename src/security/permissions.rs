@@ -273,6 +273,11 @@ impl Pattern {
                 })),
                 "*" => Ok(Segment::One),
                 ">" => Ok(Segment::Rest),
+                s if s.contains('/') && s.contains(['*', '>']) => Err(syntax(
+                    "a wildcard (`*` or `>`) must be a whole segment, and a pattern has two: \
+                     the stream, then the device (everything after the first `/`, which may \
+                     hold `/` itself)",
+                )),
                 s if s.contains(['*', '>']) => {
                     Err(syntax("a wildcard (`*` or `>`) must be a whole segment"))
                 }
@@ -800,7 +805,12 @@ mod tests {
             ("obs/", "the device segment is empty"),
             ("obs*", "a wildcard (`*` or `>`) must be a whole segment"),
             ("obs/d*", "a wildcard (`*` or `>`) must be a whole segment"),
-            ("obs/a/>", "a wildcard (`*` or `>`) must be a whole segment"),
+            (
+                "obs/a/>",
+                "a wildcard (`*` or `>`) must be a whole segment, and a pattern has two: the \
+                 stream, then the device (everything after the first `/`, which may hold `/` \
+                 itself)",
+            ),
             (">/d", "`>` must be the last segment"),
             (&long, "the stream segment is longer than 256 bytes"),
         ];

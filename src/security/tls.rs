@@ -169,6 +169,17 @@ pub enum TlsError {
         /// The file.
         path: PathBuf,
     },
+    /// The key file holds only an encrypted key (`ENCRYPTED PRIVATE KEY`): the server asks for
+    /// no passphrase.
+    #[error(
+        "tls_key {}: the key is encrypted (ENCRYPTED PRIVATE KEY) and the server reads no \
+         passphrase: give it the key unencrypted (`openssl pkey -in KEY -out PLAIN_KEY`)",
+        path.display()
+    )]
+    EncryptedPrivateKey {
+        /// The file.
+        path: PathBuf,
+    },
     /// The private key is of a kind the TLS provider cannot sign with.
     #[error("tls_key {}: the key is not usable: {reason}", path.display())]
     BadPrivateKey {
@@ -265,9 +276,14 @@ pub fn server_config_with(
     let key = match PrivateKeyDer::from_pem_slice(&key_pem) {
         Ok(k) => k,
         Err(pem::Error::NoItemsFound) => {
-            return Err(TlsError::NoPrivateKey {
-                path: files.key.clone(),
-            })
+            let path = files.key.clone();
+            let encrypted =
+                memchr::memmem::find(&key_pem, b"-----BEGIN ENCRYPTED PRIVATE KEY-----").is_some();
+            return Err(if encrypted {
+                TlsError::EncryptedPrivateKey { path }
+            } else {
+                TlsError::NoPrivateKey { path }
+            });
         }
         Err(e) => {
             return Err(TlsError::Pem {
@@ -429,8 +445,24 @@ impl PeerSubject {
                     _ => None,
                 }
             });
+        // As `openssl x509 -noout -subject -nameopt RFC2253` prints it (the form the config
+        // lists): the attributes from the last to the first, so that the parts of a
+        // multi-valued RDN are reversed too (`CN=sensor-7+O=Example`), where RFC 4514 keeps
+        // their order.
+        let mut distinguished_name = String::new();
+        for (i, rdn) in subject.0.iter().rev().enumerate() {
+            if i > 0 {
+                distinguished_name.push(',');
+            }
+            for (j, atv) in rdn.0.iter().rev().enumerate() {
+                if j > 0 {
+                    distinguished_name.push('+');
+                }
+                distinguished_name.push_str(&atv.to_string());
+            }
+        }
         Ok(PeerSubject {
-            distinguished_name: subject.to_string(),
+            distinguished_name,
             common_name,
         })
     }
@@ -1089,6 +1121,11 @@ pub(crate) mod tests {
         );
         let err = build(&pki.server_cert_pem, &pki.server_cert_pem, None);
         assert!(matches!(err, TlsError::NoPrivateKey { .. }), "{err}");
+        // An encrypted PKCS#8 key (its body need not be real: the label decides).
+        let encrypted = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIBvTBXBgkqhkiG9w0BBQ0wSjApBgkqhkiG9w0BBQwwHAQI\n-----END ENCRYPTED PRIVATE KEY-----\n";
+        let err = build(&pki.server_cert_pem, encrypted, None);
+        assert!(matches!(err, TlsError::EncryptedPrivateKey { .. }), "{err}");
+        assert!(err.to_string().contains("encrypted"), "{err}");
         let err = build(&pki.server_cert_pem, &other_key, None);
         assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err}");
         assert!(err.to_string().contains("k.pem") && err.to_string().contains("c.pem"));
