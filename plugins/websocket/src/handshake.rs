@@ -433,23 +433,33 @@ fn percent_decode(text: &str) -> String {
 }
 
 /// Whether `origin` (`scheme://host[:port]`) names the host the request was sent to (its `Host`
-/// header, compared without regard to ASCII case).
+/// header, compared without regard to ASCII case, the scheme's default port written or not on
+/// either side: RFC 6454 §4 gives `http://x` the port 80, and a browser omits it).
 fn is_same_host(req: &httparse::Request<'_, '_>, origin: &[u8]) -> bool {
-    let Some(authority) = origin
-        .windows(3)
-        .position(|w| w == b"://")
-        .map(|i| &origin[i + 3..])
-    else {
+    let Some(at) = origin.windows(3).position(|w| w == b"://") else {
         return false;
+    };
+    let (scheme, authority) = (&origin[..at], &origin[at + 3..]);
+    let default_port: &[u8] = match scheme.to_ascii_lowercase().as_slice() {
+        b"http" | b"ws" => b":80",
+        b"https" | b"wss" => b":443",
+        _ => b"",
+    };
+    let bare = |a: &[u8]| -> Vec<u8> {
+        let a = a.to_ascii_lowercase();
+        match a.strip_suffix(default_port) {
+            Some(host) if !default_port.is_empty() => host.to_vec(),
+            _ => a,
+        }
     };
     // A target in absolute form names the host itself, and `Host` is ignored (RFC 9112
     // §3.2.2).
     if let Some((target, _)) = absolute_form(req.path.unwrap_or_default()) {
-        return target.as_bytes().eq_ignore_ascii_case(authority);
+        return bare(target.as_bytes()) == bare(authority);
     }
     let mut hosts = values(req, "host");
     match (hosts.next(), hosts.next()) {
-        (Some(host), None) => host.trim_ascii().eq_ignore_ascii_case(authority),
+        (Some(host), None) => bare(host.trim_ascii()) == bare(authority),
         _ => false,
     }
 }

@@ -472,8 +472,34 @@ fn same_host_origins_and_null_are_decided_explicitly() {
         );
         assert_eq!(status_of(&step.urgent), status, "Origin: {origin}");
     }
-    let step = feed(connection(same_host).as_mut(), request("/", "").as_bytes());
+    let step = feed(
+        connection(same_host.clone()).as_mut(),
+        request("/", "").as_bytes(),
+    );
     assert_eq!(status_of(&step.urgent), 101, "no Origin: a program");
+    // The scheme's default port, written on one side and not on the other, is the same
+    // origin (RFC 6454 §4); another port is not.
+    for (host, origin, status) in [
+        ("app.example", "http://app.example:80", 101),
+        ("app.example:80", "http://app.example", 101),
+        ("app.example:443", "https://app.example", 101),
+        ("app.example", "wss://app.example:443", 101),
+        ("app.example:80", "https://app.example", 403),
+        ("app.example:8080", "http://app.example", 403),
+        ("app.example", "http://app.example:8080", 403),
+    ] {
+        let head = format!(
+            "GET / HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\
+             Origin: {origin}\r\n\r\n"
+        );
+        let step = feed(connection(same_host.clone()).as_mut(), head.as_bytes());
+        assert_eq!(
+            status_of(&step.urgent),
+            status,
+            "Host: {host}, Origin: {origin}"
+        );
+    }
     let listed = WebSocketConfig::default().with_allowed_origins(["null"]);
     let step = feed(
         connection(listed).as_mut(),
