@@ -358,6 +358,21 @@ fn ndjson_with(limits: PushLimits, now: Instant) -> PushConnection {
     .expect("a valid config")
 }
 
+/// An NDJSON push connection under `limits`, subscribed to stream `s` (every subscribe
+/// succeeds), its `subscribed` reply written: the subscription's id, and the wire.
+fn ndjson_subscribed_with(limits: PushLimits, now: Instant) -> (PushConnection, Arc<str>, Vec<u8>) {
+    let mut conn = ndjson_with(limits, now);
+    let sub = feed(
+        &mut conn,
+        b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n",
+        now,
+    )
+    .expect("a subscribe request");
+    let mut wire = Vec::new();
+    drain(&mut conn, &mut wire, now);
+    (conn, sub, wire)
+}
+
 /// Under `disconnect`, a reader already behind (its socket refused part of a write) that one
 /// burst takes past both `backpressure_bytes` and `max_outbox_bytes` at once is closed as a slow
 /// consumer, the bound the policy names, not by the outbox's limit; a reader whose socket took
@@ -370,15 +385,7 @@ fn a_burst_past_both_bounds_closes_a_subscriber_as_a_slow_consumer() {
         let limits = PushLimits::default()
             .with_max_outbox_bytes(65536)
             .with_disconnect_backlog_bytes(Some(1024));
-        let mut conn = ndjson_with(limits, now);
-        let sub = feed(
-            &mut conn,
-            b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n",
-            now,
-        )
-        .expect("a subscribe request");
-        let mut wire = Vec::new();
-        write(&mut conn, &mut wire, usize::MAX, now);
+        let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits, now);
         conn.deliver_lines(&sub, line(0), now);
         write(
             &mut conn,
@@ -532,15 +539,8 @@ fn a_peer_whose_input_the_server_holds_is_not_closed_as_idle() {
 #[test]
 fn a_subscriber_that_keeps_up_is_written_to_before_max_outbox_bytes_is_judged() {
     let now = Instant::now();
-    let mut conn = ndjson_with(PushLimits::default().with_max_outbox_bytes(65536), now);
-    let sub = feed(
-        &mut conn,
-        b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"s\"}\n",
-        now,
-    )
-    .expect("a subscribe request");
-    let mut wire = Vec::new();
-    drain(&mut conn, &mut wire, now);
+    let limits = PushLimits::default().with_max_outbox_bytes(65536);
+    let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits, now);
     let big = Bytes::from(format!(
         "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
         "x".repeat(70_000)
