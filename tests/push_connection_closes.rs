@@ -640,3 +640,69 @@ fn a_line_over_the_sessions_max_line_bytes_is_refused_and_the_connection_stays()
         assert_eq!(conn.state(), PushState::Open);
     }
 }
+
+/// A client that pipelines commands without end while it reads the replies slowly (but never
+/// stops reading) is held back by its input, not closed at `max_outbox_bytes`, though the
+/// socket's readiness comes seconds apart (a readiness event waits until much of a large send
+/// buffer is free): at the hold's deadline the driver is asked to try a write
+/// (`probe_writable`), whose progress extends the hold. One that reads nothing is closed at the
+/// limit (virtual time: 60 KB/s read, readiness every 3 s, 10 s).
+#[test]
+fn a_pipelining_client_that_keeps_reading_slowly_is_never_closed_at_the_limit() {
+    use std::time::Duration;
+    for reads in [true, false] {
+        let start = Instant::now();
+        let limits = PushLimits::default().with_max_outbox_bytes(1_000_000);
+        let mut conn = ndjson_with(limits, start);
+        let mut next_id = 0u64;
+        let mut wire = Vec::new();
+        let mut t = start;
+        // What the peer's reading has freed in the socket since the last write.
+        let mut room = 0usize;
+        let mut ready_at = start;
+        while t < start + Duration::from_secs(10) && conn.state() == PushState::Open {
+            t += Duration::from_millis(10);
+            if reads {
+                room += 600;
+            }
+            if !conn.input_waiting() {
+                // The driver reads more: a receive of 100 pings.
+                let input: String = (0..100)
+                    .map(|i| format!("{{\"type\":\"ping\",\"id\":{}}}\n", next_id + i))
+                    .collect();
+                next_id += 100;
+                conn.handle_input(input.as_bytes(), t);
+            }
+            if conn.poll_timeout().is_some_and(|at| at <= t) {
+                conn.handle_timeout(t, SystemTime::now());
+                if conn.probe_writable(t) {
+                    conn.on_writable(t);
+                }
+            }
+            if conn.outbox().wants_writable() && t >= ready_at + Duration::from_secs(3) {
+                ready_at = t;
+                conn.on_writable(t);
+            }
+            if !conn.input_held(t) {
+                while conn.poll(t, SystemTime::now()).is_some() {}
+            }
+            if !conn.outbox().wants_writable() {
+                let taken = write(&mut conn, &mut wire, room, t);
+                room -= taken.min(room);
+            }
+        }
+        if !reads {
+            assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+            continue;
+        }
+        let read = wire.len();
+        assert_eq!(
+            conn.state(),
+            PushState::Open,
+            "closed at {:?} after {read} bytes read: {:?}",
+            t - start,
+            conn.close_reason()
+        );
+        assert!(read > 500_000, "{read} bytes read");
+    }
+}

@@ -203,6 +203,8 @@ pub struct Outbox {
     paused: bool,
     /// Paused and waiting for `on_writable` before offering the unsent bytes again.
     awaiting_writable: bool,
+    /// Whether the socket refused part of the last write (see [`Outbox::socket_refused`]).
+    refused: bool,
     reaped: bool,
     last_alive: Instant,
     next_ping: Instant,
@@ -317,6 +319,7 @@ impl Outbox {
             names: Vec::new(),
             paused: false,
             awaiting_writable: false,
+            refused: false,
             reaped: false,
             last_alive: now,
             stats: OutboxStats::default(),
@@ -495,6 +498,7 @@ impl Outbox {
         let offered = self.offered as usize;
         let n = n.min(offered);
         let partial = n < offered;
+        self.refused = partial;
         self.offered = 0;
         let mut left = n;
         while let Some(front) = self.wire.front_mut() {
@@ -642,6 +646,13 @@ impl Outbox {
     /// [`pause_past`](Self::pause_past)), and the socket has not taken every unsent byte since.
     pub fn is_paused(&self) -> bool {
         self.paused
+    }
+
+    /// Whether the socket refused part of the last write: the peer is behind, until a write
+    /// is taken whole. Unlike [`wants_writable`](Self::wants_writable) this stays set from
+    /// the readiness event to the next write's result.
+    pub fn socket_refused(&self) -> bool {
+        self.refused && !self.reaped
     }
 
     /// Whether the outbox waits for [`on_writable`](Self::on_writable) (register write interest).

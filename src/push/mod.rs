@@ -114,6 +114,10 @@ pub(crate) use writeq::MAX_IOV;
 /// this its input is handled again, so a peer that never reads is closed at `max_outbox_bytes`.
 pub const INPUT_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a held input waits for a write tried at the hold's deadline
+/// ([`PushConnection::probe_writable`]) to show whether the peer reads.
+pub const PROBE_WAIT: Duration = Duration::from_millis(100);
+
 /// A decoded-event list larger than this is not kept between inputs.
 const KEEP_EVENTS: usize = 1024;
 /// A partial message kept between inputs is copied into a buffer of its own size when the
@@ -498,6 +502,9 @@ struct Input {
     /// the mark, so that a peer that reads nothing waits [`INPUT_WAIT`] once, not once per
     /// receive.
     held_since: Option<Instant>,
+    /// When, during the current hold, the driver was last asked to try a write without
+    /// waiting for the socket's readiness ([`PushConnection::probe_writable`]).
+    probed: Option<Instant>,
 }
 
 /// Appends received bytes to an input buffer. Into an empty one, an allocation of just what
@@ -943,7 +950,39 @@ impl PushConnection {
     /// reads nothing for that long has its input handled again, so its output reaches
     /// `max_outbox_bytes` and it is closed as the limit says.
     fn hold_deadline(&self, since: Instant) -> Instant {
-        since.max(self.outbox.last_alive()) + INPUT_WAIT
+        let deadline = since.max(self.outbox.last_alive()) + INPUT_WAIT;
+        // A write tried at the deadline (see `probe_writable`) is waited for.
+        match self.input.as_deref().and_then(|i| i.probed) {
+            Some(at) => deadline.max(at + PROBE_WAIT),
+            None => deadline,
+        }
+    }
+
+    /// Whether the driver should try a write now, without waiting for the socket's readiness:
+    /// the hold's deadline has come while the driver waits for the socket to become writable
+    /// ([`Outbox::wants_writable`]), and no such try was made since the peer last took
+    /// output. A readiness event comes only once much of the socket's buffer is free, which a
+    /// reader taking its replies slowly, but all along, may need longer than [`INPUT_WAIT`]
+    /// for; the write shows whether the peer reads (its progress extends the hold), and the
+    /// hold waits [`PROBE_WAIT`] for it. The driver makes the write happen (the epoll and
+    /// io_uring shards end the wait for readiness at once), then calls
+    /// [`on_writable`](Self::on_writable) as for a readiness event.
+    pub fn probe_writable(&mut self, now: Instant) -> bool {
+        let Some(since) = self.hold_start() else {
+            return false;
+        };
+        if now < self.hold_deadline(since) || !self.outbox.wants_writable() {
+            return false;
+        }
+        let alive = self.outbox.last_alive();
+        let Some(input) = self.input.as_deref_mut() else {
+            return false;
+        };
+        if input.probed.is_some_and(|at| at >= alive) {
+            return false;
+        }
+        input.probed = Some(now);
+        true
     }
 
     /// Whether [`poll`](Self::poll) handles no more input at `now` (see
@@ -968,6 +1007,7 @@ impl PushConnection {
             return false;
         };
         if !over {
+            input.probed = None;
             if input.held_since.take().is_some() {
                 self.last_inbound_ms = self.millis(now);
             }
@@ -1087,7 +1127,7 @@ impl PushConnection {
                 self.count_decode_error();
                 return None;
             }
-            let behind = self.outbox.wants_writable();
+            let behind = self.outbox.socket_refused();
             if let Some(ending) = self.over_outbox(behind) {
                 self.close(ending, now);
                 continue;
@@ -1799,7 +1839,7 @@ impl PushConnection {
         }
         // A healthy reader, whose socket takes every write, is never behind however much one
         // fan-out queued for it.
-        let behind = self.outbox.wants_writable() || stalled;
+        let behind = self.outbox.socket_refused() || stalled;
         let subscribed = self.is_subscribed();
         let backlog = self.backlog() + extra;
         let limit = match self.config.limits.disconnect_backlog_bytes {

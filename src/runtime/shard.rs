@@ -1917,6 +1917,11 @@ impl<B: Backend> Shard<B> {
                         || c.push.session().expires_at().is_some_and(|at| wall >= at) =>
                 {
                     c.push.handle_timeout(now, wall);
+                    if c.poll_inflight && c.push.probe_writable(now) {
+                        // A held input's deadline, the socket's readiness awaited: a write now
+                        // shows whether the peer reads (the wait ends with `Event::Writable`).
+                        self.backend.hurry_writable(token);
+                    }
                     due.push(token);
                 }
                 _ => {}

@@ -342,6 +342,17 @@ impl Backend for Epoll {
         }
     }
 
+    fn hurry_writable(&mut self, token: Token) {
+        if let Some(Some(slot)) = self.conns.get_mut(token as usize) {
+            if slot.poll_out {
+                // The next send tries `sendmsg`; a full socket gives `EAGAIN`, and the send
+                // waits for the EPOLLOUT edge as any other.
+                slot.writable = true;
+                self.try_poll_out(token);
+            }
+        }
+    }
+
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()> {
         for token in std::mem::take(&mut self.starved) {
             self.try_recv(token);

@@ -217,6 +217,12 @@ pub(crate) trait Backend {
     /// send). At most one in flight per connection, never together with a send.
     fn poll_writable(&mut self, token: Token);
 
+    /// The [`Event::Writable`] that [`poll_writable`](Backend::poll_writable) asked for is wanted
+    /// now, whether or not the socket can take bytes (the next send finds out): a readiness
+    /// event comes only once much of the socket's buffer is free, which a slow reader may take
+    /// seconds to free while it reads all along. Nothing when no such wait is in flight.
+    fn hurry_writable(&mut self, token: Token);
+
     /// Submits what was queued, waits up to `timeout` (`None`: until something happens) for
     /// completions or a wake-up, and appends finished operations to `events`.
     fn wait(&mut self, timeout: Option<Duration>, events: &mut Vec<Event>) -> io::Result<()>;

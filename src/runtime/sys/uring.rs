@@ -1,7 +1,8 @@
 //! The io_uring backend: the completion contract of [`super`], natively.
 //!
 //! One ring per shard. Receives (`IORING_OP_RECV` with buffer select), sends (`IORING_OP_SENDMSG` with `MSG_NOSIGNAL`), writability
-//! polls (`IORING_OP_POLL_ADD`, the drain event after a partial send) and listeners' readiness
+//! polls (`IORING_OP_POLL_ADD`, the drain event after a partial send, cancelled with
+//! `IORING_OP_ASYNC_CANCEL` when the shard wants the event at once) and listeners' readiness
 //! polls (each followed by `accept4` on the shard, see `arm_accept`) are pushed to the
 //! submission queue as the shard's turn produces them and reach the kernel together
 //! in the next [`Backend::wait`]: one `io_uring_enter` submits every connection's sends of a turn
@@ -80,6 +81,9 @@ const KIND_WAKE: u64 = 4;
 const KIND_POLL_OUT: u64 = 5;
 /// A shutdown of a direct descriptor (its slot waits for it, see [`Uring::shutdowns`]).
 const KIND_SHUTDOWN_DIRECT: u64 = 6;
+/// The cancellation of a writability poll ([`Backend::hurry_writable`]); its own completion says
+/// nothing the poll's does not.
+const KIND_CANCEL: u64 = 7;
 
 /// Submission queue entries per ring (the completion queue is twice as large).
 const ENTRIES: u32 = 1024;
@@ -250,6 +254,7 @@ pub(crate) fn probe() -> Result<(), String> {
                 (opcode::Read::CODE, "READ"),
                 (opcode::PollAdd::CODE, "POLL_ADD"),
                 (opcode::Shutdown::CODE, "SHUTDOWN"),
+                (opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
             ] {
                 if !probe.is_supported(code) {
                     return Err(format!("io_uring opcode {name} is not supported"));
@@ -543,6 +548,16 @@ impl Backend for Uring {
             return;
         };
         // SAFETY: a poll points to no memory of ours.
+        unsafe { self.push(&entry) };
+    }
+
+    fn hurry_writable(&mut self, token: Token) {
+        // The poll completes with `ECANCELED` (or has completed already: `ENOENT`), which is
+        // its `Event::Writable` either way.
+        let entry = opcode::AsyncCancel::new(user_data(KIND_POLL_OUT, u64::from(token)))
+            .build()
+            .user_data(user_data(KIND_CANCEL, u64::from(token)));
+        // SAFETY: a cancellation points to no memory of ours.
         unsafe { self.push(&entry) };
     }
 
