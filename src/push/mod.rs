@@ -1621,7 +1621,10 @@ impl PushConnection {
 
     /// Delivers one hub JSON-batch frame, lossless and in order with the replies, written as it
     /// is (the frame protocol's wire form is the hub frame); `false` (and nothing queued) unless
-    /// the connection is open.
+    /// the connection is open. A frame is never coalesced: while the outbox is paused
+    /// ([`Outbox::is_paused`]) the driver delivers the batch with
+    /// [`deliver_lines`](Self::deliver_lines) instead, under the outbox's rules (each message
+    /// then framed on its own when written).
     ///
     /// ```
     /// # use std::sync::Arc;

@@ -1372,7 +1372,7 @@ impl<B: Backend> Shard<B> {
             if count == 0 {
                 continue;
             }
-            let lines = wants_lines.then(|| {
+            let mut lines = wants_lines.then(|| {
                 let (lines, fresh) = sealed.lines(batch);
                 encoded += u64::from(fresh);
                 lines
@@ -1398,7 +1398,18 @@ impl<B: Backend> Shard<B> {
                 if c.state != State::Open {
                     continue;
                 }
-                if sub.hub_frames {
+                if sub.hub_frames && c.push.outbox().is_paused() {
+                    // Behind its socket, a frame-protocol subscriber is under the outbox's rules
+                    // as any other (coalesced types keep one frame per slot, `frames_dropped`):
+                    // its batch goes as lines, each framed as a one-message frame when written.
+                    let lines = lines.get_or_insert_with(|| {
+                        let (lines, fresh) = sealed.lines(batch);
+                        encoded += u64::from(fresh);
+                        lines
+                    });
+                    c.push.deliver_lines(&sub.id, lines.clone(), now);
+                    sub.count_sent(lines.len());
+                } else if sub.hub_frames {
                     let Some(frame) = &frame else { continue };
                     // One frame per batch: lossless and in order with the replies, written as
                     // it is (the frame protocol's wire form is the hub frame).
