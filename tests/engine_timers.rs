@@ -246,3 +246,40 @@ fn a_reader_that_keeps_reading_a_deep_backlog_slowly_is_not_reaped() {
         }
     });
 }
+
+/// A client that pipelines commands while it reads the replies slowly, but all along, is held
+/// back by TCP, not closed at `max_outbox_bytes`: the socket's readiness may come seconds apart
+/// (the kernel signals it once much of a large send buffer is free), so at the input hold's
+/// deadline the server tries a write without waiting for it, and the client's reading shows.
+#[test]
+fn a_client_pipelining_while_it_reads_slowly_is_held_back_not_closed() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_outbox_bytes = 64 << 10;
+        let server = start(config);
+        let mut c = client_with_rcvbuf(server.addr, 4096);
+        const PINGS: u64 = 20_000;
+        let mut w = c.writer.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            for first in (0..PINGS).step_by(100) {
+                let lines: String = (first..first + 100)
+                    .map(|id| format!("{{\"type\":\"ping\",\"id\":{id}}}\n"))
+                    .collect();
+                if w.write_all(lines.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+        // About 2 000 replies (60 KB) a second, read all along.
+        for id in 0..PINGS {
+            let v = c.json();
+            assert_eq!(v["requestId"], id, "{backend:?}: {v}");
+            if id % 20 == 19 {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        writer.join().unwrap();
+        assert_eq!(server.engine.stats().limit_errors, 0);
+    });
+}

@@ -1397,6 +1397,34 @@ fn a_drop_oldest_receivers_queued_is_what_it_has_left_to_receive() {
         assert_eq!(rx.try_recv().unwrap_err(), TryRecvError::Empty);
         assert_eq!(hub.stats().list[0].queued, 0);
     }
+    // A lag in the middle of a run: the receives after it go on from the new position.
+    let hub = manual();
+    let mut rx = hub
+        .receiver("t", SubscribeOptions::default().id("r").max_queue(4))
+        .unwrap();
+    let queued = |hub: &Hub| hub.stats().list[0].queued;
+    for n in 0..10 {
+        publish(&hub, "t", n);
+    }
+    assert_eq!(
+        rx.try_recv().unwrap_err(),
+        TryRecvError::Lagged { missed: 6 }
+    );
+    assert_eq!(n_of(&rx.try_recv().unwrap()), 6);
+    assert_eq!(n_of(&rx.try_recv().unwrap()), 7);
+    assert_eq!(queued(&hub), 2);
+    for n in 10..13 {
+        publish(&hub, "t", n);
+    }
+    assert_eq!(
+        rx.try_recv().unwrap_err(),
+        TryRecvError::Lagged { missed: 1 }
+    );
+    assert_eq!(queued(&hub), 4, "9 to 12");
+    assert_eq!(n_of(&rx.try_recv().unwrap()), 9);
+    assert_eq!(queued(&hub), 3);
+    assert_eq!(n_of(&rx.try_recv().unwrap()), 10);
+    assert_eq!(queued(&hub), 2);
 }
 
 #[test]

@@ -706,3 +706,63 @@ fn a_pipelining_client_that_keeps_reading_slowly_is_never_closed_at_the_limit() 
         assert!(read > 500_000, "{read} bytes read");
     }
 }
+
+/// A line's `\r` before its newline is not part of it for `max_line_bytes`, on the fast publish
+/// path as on the others: a CRLF publish exactly at the limit is published.
+#[test]
+fn a_crlf_line_at_the_sessions_max_line_bytes_is_accepted() {
+    let now = Instant::now();
+    let prefix = r#"{"type":"publish","message":{"type":"t","stream":"s","pad":""#;
+    let pad = "x".repeat(100 - prefix.len() - 3);
+    let line = format!("{prefix}{pad}\"}}}}");
+    assert_eq!(line.len(), 100);
+    let session = SessionConfig {
+        max_line_bytes: 100,
+        ..SessionConfig::default()
+    };
+    let mut conn = connection(false, 1 << 20, session, now);
+    conn.handle_input(format!("{line}\r\n").as_bytes(), now);
+    assert!(
+        matches!(
+            conn.poll(now, SystemTime::now()),
+            Some(Request::Publish { .. })
+        ),
+        "published"
+    );
+}
+
+/// The grace a subscriber not behind gets past `max_outbox_bytes` lasts while its socket takes
+/// bytes: judged again with nothing taken since (a send refused whole, or still waiting for room
+/// in the socket), it is closed at the limit.
+#[test]
+fn a_subscriber_past_max_outbox_bytes_whose_socket_takes_nothing_is_closed() {
+    let now = Instant::now();
+    let limits = PushLimits::default().with_max_outbox_bytes(65536);
+    let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits, now);
+    let big = Bytes::from(format!(
+        "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
+        "x".repeat(70_000)
+    ));
+    conn.deliver_lines(&sub, big.clone(), now);
+    assert!(!conn.check_limits(now));
+    assert_eq!(conn.close_reason(), None, "written to first");
+    // Its write is in flight (taken nothing yet) when the next delivery is judged.
+    let mut chunks = Vec::new();
+    let transmit = conn.poll_transmit(&mut chunks, 64, now).expect("a write");
+    conn.deliver_lines(&sub, big.clone(), now);
+    assert!(!conn.check_limits(now));
+    assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+    conn.on_written(transmit, 0, now);
+    // Another, whose socket takes part of each write between deliveries, is let through.
+    let (mut conn, sub, _) = ndjson_subscribed_with(limits_of(65536), now);
+    for _ in 0..3 {
+        conn.deliver_lines(&sub, big.clone(), now);
+        assert!(!conn.check_limits(now));
+        assert_eq!(conn.close_reason(), None);
+        assert!(write(&mut conn, &mut wire, usize::MAX, now) > 0);
+    }
+}
+
+fn limits_of(max_outbox: usize) -> PushLimits {
+    PushLimits::default().with_max_outbox_bytes(max_outbox)
+}

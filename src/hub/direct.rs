@@ -886,12 +886,21 @@ impl DirectReader {
         }
     }
 
+    /// Publishes the exact position, with the receive count it stands for (see
+    /// `DirectCursor::run_base`): receives inside the run go on from here.
+    fn show_pos(&self) {
+        let received = self.cursor.received.load(Ordering::Relaxed);
+        self.cursor.run_base.store(received, Ordering::Relaxed);
+        // Release: after the base (see `DirectCursor::pos`).
+        self.cursor.pos.store(self.pos, Ordering::Release);
+    }
+
     fn decide(&mut self) -> Next {
         // Runs do not publish their progress; the end of one does (a store only when it moved,
         // so that an idle receiver's check writes nothing).
         if self.shown != self.pos {
             self.shown = self.pos;
-            self.cursor.pos.store(self.pos, Ordering::Relaxed);
+            self.show_pos();
         }
         let (limit, end) = self.limit();
         let live = limit.saturating_sub(self.pos);
@@ -905,7 +914,7 @@ impl DirectReader {
             self.retired.extend(self.replay.drain(..from_replay));
             over -= from_replay;
             self.pos += over as u64;
-            self.cursor.pos.store(self.pos, Ordering::Relaxed);
+            self.show_pos();
             self.cursor
                 .replay_left
                 .store(self.replay.len(), Ordering::Relaxed);
@@ -958,7 +967,7 @@ impl DirectReader {
                     let to = first.min(limit);
                     let missed = to - pos;
                     self.pos = to;
-                    self.cursor.pos.store(self.pos, Ordering::Relaxed);
+                    self.show_pos();
                     self.cursor.dropped.fetch_add(missed, Ordering::Relaxed);
                     Next::Lagged(missed)
                 }

@@ -648,6 +648,11 @@ impl Outbox {
         self.paused
     }
 
+    /// Bytes the socket took in all (`stats().bytes_written`, without the copy).
+    pub fn bytes_written(&self) -> u64 {
+        self.stats.bytes_written
+    }
+
     /// Whether the socket refused part of the last write: the peer is behind, until a write
     /// is taken whole. Unlike [`wants_writable`](Self::wants_writable) this stays set from
     /// the readiness event to the next write's result.

@@ -443,6 +443,9 @@ pub struct PushConnection {
     counts: PushCounts,
     /// Errors to count (limits; protocol errors), taken by the driver.
     limit_errors: u16,
+    /// The outbox's `bytes_written` when a subscriber not behind was last let past
+    /// `max_outbox_bytes` to be written to first (see `over_outbox`); `None` under the limit.
+    outbox_grace: Option<u64>,
     protocol_errors: u16,
     /// Output memory discarded by a close (taken by the driver; saturating).
     freed: u32,
@@ -731,6 +734,7 @@ impl PushConnection {
             last_inbound_ms: 0,
             counts: PushCounts::default(),
             limit_errors: 0,
+            outbox_grace: None,
             protocol_errors: 0,
             freed: 0,
             transmitting: false,
@@ -1128,7 +1132,7 @@ impl PushConnection {
                 return None;
             }
             let behind = self.outbox.socket_refused();
-            if let Some(ending) = self.over_outbox(behind) {
+            if let Some(ending) = self.over_outbox(behind, false) {
                 self.close(ending, now);
                 continue;
             }
@@ -1184,7 +1188,9 @@ impl PushConnection {
                         Ok((publish, newline)) => {
                             let last = self.input_mut().end_line(run.len(), start + newline);
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
+                            // Without its `\r`, as `cut_line` cuts other lines.
                             let line = &run[start..start + newline];
+                            let line = line.strip_suffix(b"\r").unwrap_or(line);
                             let request = match self.session.line_too_long(line) {
                                 None => self.publish_read(publish, &run, now, wall),
                                 Some(e) => self.refuse_line(&e, now),
@@ -1789,14 +1795,27 @@ impl PushConnection {
     /// refused nothing of the last write) is written to first, however much one fan-out queued
     /// for it: a reader that keeps up is not closed for a message, or a batch, larger than the
     /// limit; one whose socket then refuses part of it is judged at its next delivery.
-    fn over_outbox(&mut self, behind: bool) -> Option<Ending> {
-        if !behind && self.is_subscribed() {
-            return None;
-        }
+    ///
+    /// The first judgement over the limit of such a connection (`grace`, once a turn before its
+    /// write) lets it through once per progress: judged again with no byte taken since (its
+    /// send refused whole, or still waiting for room in the socket), it is behind. Without
+    /// `grace` (judged while its input is handled) it is let through without using it.
+    fn over_outbox(&mut self, behind: bool, grace: bool) -> Option<Ending> {
         let held = self.output_memory();
         let max = self.config.limits.max_outbox_bytes;
         if held <= max {
+            self.outbox_grace = None;
             return None;
+        }
+        if !behind && self.is_subscribed() {
+            if !grace {
+                return None;
+            }
+            let written = self.outbox.bytes_written();
+            if self.outbox_grace != Some(written) {
+                self.outbox_grace = Some(written);
+                return None;
+            }
         }
         self.limit_errors = self.limit_errors.saturating_add(1);
         let msg = format!(
@@ -1854,7 +1873,7 @@ impl PushConnection {
             // is written first (see `over_outbox`): the write shows whether the reader keeps
             // up or falls behind (checked again at the next delivery).
             _ => {
-                if let Some(ending) = self.over_outbox(behind) {
+                if let Some(ending) = self.over_outbox(behind, true) {
                     self.close(ending, now);
                 }
                 return false;

@@ -187,7 +187,17 @@ impl Epoll {
         // SAFETY: `msg` and the memory it describes are valid until the completion is reported
         // (the contract of `Backend::send`).
         match syscall!(sendmsg(slot.sock.as_raw_fd(), msg, libc::MSG_NOSIGNAL)) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => slot.writable = false,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                // The socket took nothing: the send completes with 0 bytes, as io_uring's
+                // does (`EAGAIN` on a non-blocking socket), so the shard learns that the peer
+                // is behind and waits for the EPOLLOUT edge (`poll_writable`).
+                slot.writable = false;
+                slot.send = None;
+                self.ready.push(Event::Send {
+                    token,
+                    result: Ok(0),
+                });
+            }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             result => {
                 slot.send = None;

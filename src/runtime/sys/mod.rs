@@ -206,7 +206,10 @@ pub(crate) trait Backend {
     /// lends, before the next [`wait`](Backend::wait).
     fn release_buf(&mut self, buf: BufId);
 
-    /// Starts a send of the gather list described by `msg` (`sendmsg` with `MSG_NOSIGNAL`).
+    /// Starts a send of the gather list described by `msg` (`sendmsg` with `MSG_NOSIGNAL`). It
+    /// completes once, with what the socket took: a partial send asks for
+    /// [`Event::Writable`] next. To a full socket, epoll's completes at once with `Ok(0)`;
+    /// io_uring's waits in the kernel until the socket has room.
     ///
     /// # Safety
     /// `msg`, its iovec array and every byte range the iovecs point to must stay valid and
@@ -480,6 +483,131 @@ mod tests {
             assert_eq!(&bytes[..], format!("receive {round}").as_bytes());
         }
         backend.remove_conn(0);
+    }
+
+    /// A connection `0` whose socket's buffer is full, and its peer.
+    fn full_socket(backend: &mut dyn Backend) -> UnixStream {
+        let (ours, peer) = UnixStream::pair().expect("socketpair");
+        ours.set_nonblocking(true).unwrap();
+        let chunk = [7u8; 4096];
+        while (&ours).write(&chunk).is_ok() {}
+        backend.add_conn(0, ours.into()).unwrap();
+        peer
+    }
+
+    /// Reads everything the peer has been sent so far.
+    fn drain_peer(peer: &mut UnixStream) {
+        use std::io::Read;
+        let mut sink = vec![0u8; 1 << 20];
+        peer.set_nonblocking(true).unwrap();
+        while peer.read(&mut sink).is_ok_and(|n| n > 0) {}
+    }
+
+    /// The next event, waited for up to `ms` milliseconds; `None` if none came.
+    fn next_event(backend: &mut dyn Backend, ms: u64) -> Option<Event> {
+        let mut events = Vec::new();
+        for _ in 0..ms.div_ceil(10) {
+            backend
+                .wait(Some(Duration::from_millis(10)), &mut events)
+                .unwrap();
+            if !events.is_empty() {
+                return Some(events.remove(0));
+            }
+        }
+        None
+    }
+
+    /// A writability wait on a full socket ends when the peer reads, or at once when hurried
+    /// (`hurry_writable`), the socket still full; one event each. (epoll takes a socket as
+    /// writable until a send finds it full: one does first there, as in the shard.)
+    fn a_hurried_writability_wait_ends_at_once(backend: &mut dyn Backend, epoll: bool) {
+        let mut peer = if epoll {
+            a_send_to_a_full_socket(backend, true)
+        } else {
+            full_socket(backend)
+        };
+        backend.poll_writable(0);
+        assert!(next_event(backend, 200).is_none(), "the socket is full");
+        backend.hurry_writable(0);
+        assert!(matches!(
+            next_event(backend, 5000),
+            Some(Event::Writable { token: 0 })
+        ));
+        assert!(next_event(backend, 200).is_none(), "one event");
+        backend.poll_writable(0);
+        drain_peer(&mut peer);
+        assert!(matches!(
+            next_event(backend, 5000),
+            Some(Event::Writable { token: 0 })
+        ));
+        backend.remove_conn(0);
+    }
+
+    /// A send to a full socket: on epoll it completes at once with nothing taken (`Ok(0)`), so
+    /// that the shard sees the peer behind; on io_uring it waits in the kernel for room and
+    /// completes once the peer reads. Either way it completes once, with what was taken.
+    fn a_send_to_a_full_socket(backend: &mut dyn Backend, at_once: bool) -> UnixStream {
+        let mut peer = full_socket(backend);
+        let mut data = [1u8; 1024];
+        let mut iov = libc::iovec {
+            iov_base: data.as_mut_ptr().cast(),
+            iov_len: data.len(),
+        };
+        // SAFETY: a zeroed msghdr is valid (no name, no control data).
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        // SAFETY: `msg`, `iov` and `data` outlive the send's completion, awaited below.
+        unsafe { backend.send(0, &msg) };
+        if at_once {
+            match next_event(backend, 5000) {
+                Some(Event::Send {
+                    token: 0,
+                    result: Ok(0),
+                }) => {}
+                other => panic!("expected a send of nothing, got {other:?}"),
+            }
+        } else {
+            assert!(next_event(backend, 200).is_none(), "waits for room");
+            drain_peer(&mut peer);
+            match next_event(backend, 5000) {
+                Some(Event::Send {
+                    token: 0,
+                    result: Ok(n),
+                }) => assert!(n > 0),
+                other => panic!("expected the send's completion, got {other:?}"),
+            }
+        }
+        peer
+    }
+
+    #[test]
+    fn epoll_a_hurried_writability_wait_ends_at_once() {
+        on_epoll(|b| a_hurried_writability_wait_ends_at_once(b, true));
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn io_uring_a_hurried_writability_wait_ends_at_once() {
+        on_io_uring(4, |b| a_hurried_writability_wait_ends_at_once(b, false));
+        on_io_uring(0, |b| a_hurried_writability_wait_ends_at_once(b, false));
+    }
+
+    #[test]
+    fn epoll_a_send_to_a_full_socket_completes_at_once_with_nothing_taken() {
+        on_epoll(|b| {
+            a_send_to_a_full_socket(b, true);
+            b.remove_conn(0);
+        });
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn io_uring_a_send_to_a_full_socket_completes_once_the_peer_reads() {
+        on_io_uring(4, |b| {
+            a_send_to_a_full_socket(b, false);
+            b.remove_conn(0);
+        });
     }
 
     /// Runs `check` on an epoll backend.
