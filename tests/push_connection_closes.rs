@@ -766,3 +766,34 @@ fn a_subscriber_past_max_outbox_bytes_whose_socket_takes_nothing_is_closed() {
 fn limits_of(max_outbox: usize) -> PushLimits {
     PushLimits::default().with_max_outbox_bytes(max_outbox)
 }
+
+/// A message several times `max_outbox_bytes` to a subscriber that reads it: its socket
+/// refuses part of each write, yet it is judged only when more output comes while it is behind,
+/// not at each write of that one message.
+#[test]
+fn a_message_far_larger_than_max_outbox_bytes_reaches_a_reader_that_takes_it() {
+    let now = Instant::now();
+    let (mut conn, sub, _) = ndjson_subscribed_with(limits_of(65536), now);
+    let huge = Bytes::from(format!(
+        "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
+        "x".repeat(800_000)
+    ));
+    conn.deliver_lines(&sub, huge.clone(), now);
+    let mut wire = Vec::new();
+    assert!(!conn.check_limits(now));
+    while wire.len() < huge.len() {
+        // Each write taken in part, a check after each (the shard's, on writability).
+        conn.on_writable(now);
+        write(&mut conn, &mut wire, 300_000, now);
+        assert!(!conn.check_limits(now));
+        assert_eq!(conn.close_reason(), None, "after {} bytes", wire.len());
+    }
+    assert_eq!(wire, huge);
+    // Behind again (part of a write refused) with more than the limit, when more comes: closed.
+    conn.deliver_lines(&sub, huge.clone(), now);
+    assert!(!conn.check_limits(now));
+    write(&mut conn, &mut wire, 1000, now);
+    conn.deliver_lines(&sub, line(1), now);
+    assert!(!conn.check_limits(now));
+    assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+}

@@ -446,6 +446,11 @@ pub struct PushConnection {
     /// The outbox's `bytes_written` when a subscriber not behind was last let past
     /// `max_outbox_bytes` to be written to first (see `over_outbox`); `None` under the limit.
     outbox_grace: Option<u64>,
+    /// The backlog (with what is held below the connection) at the last
+    /// [`check_limits`](PushConnection::check_limits).
+    judged_backlog: usize,
+    /// The outbox's `bytes_written` then.
+    judged_written: u64,
     protocol_errors: u16,
     /// Output memory discarded by a close (taken by the driver; saturating).
     freed: u32,
@@ -735,6 +740,8 @@ impl PushConnection {
             counts: PushCounts::default(),
             limit_errors: 0,
             outbox_grace: None,
+            judged_backlog: 0,
+            judged_written: 0,
             protocol_errors: 0,
             freed: 0,
             transmitting: false,
@@ -1131,10 +1138,13 @@ impl PushConnection {
                 self.count_decode_error();
                 return None;
             }
-            let behind = self.outbox.socket_refused();
-            if let Some(ending) = self.over_outbox(behind, false) {
-                self.close(ending, now);
-                continue;
+            // A client's own replies past the limit (a subscriber's output is judged after each
+            // input and delivery instead, by `check_limits`, when it grew).
+            if !self.is_subscribed() {
+                if let Some(ending) = self.over_outbox(true, false) {
+                    self.close(ending, now);
+                    continue;
+                }
             }
             if std::mem::take(&mut self.fan_out_first) {
                 return Some(Request::FanOut);
@@ -1830,7 +1840,9 @@ impl PushConnection {
     /// connection whose socket refused part of a write and that holds more closes with a
     /// `slow_consumer` error. A subscribed connection whose socket refused nothing of its last
     /// write is written to before either is judged: a reader that keeps up is not closed for
-    /// one large message or batch. Returns whether it closed as a slow consumer.
+    /// one large message or batch. `max_outbox_bytes` is judged when output came since the last
+    /// check (a delivery, a reply), not when only writes moved it. Returns whether it
+    /// closed as a slow consumer.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -1859,11 +1871,17 @@ impl PushConnection {
         if self.state != PushState::Open {
             return false;
         }
+        // Output came since the last check: the backlog is more than it was, less what the
+        // socket took meanwhile.
+        let backlog = self.backlog() + extra;
+        let written = self.outbox.bytes_written();
+        let taken = written.saturating_sub(self.judged_written);
+        let grew = backlog as u64 + taken > self.judged_backlog as u64;
+        (self.judged_backlog, self.judged_written) = (backlog, written);
         // A healthy reader, whose socket takes every write, is never behind however much one
         // fan-out queued for it.
         let behind = self.outbox.socket_refused() || stalled;
         let subscribed = self.is_subscribed();
-        let backlog = self.backlog() + extra;
         let limit = match self.config.limits.disconnect_backlog_bytes {
             // Under `disconnect`, a connection past both bounds at once (a burst fanned out in
             // one turn to a reader already behind) is closed as what it is, a slow consumer:
@@ -1872,6 +1890,11 @@ impl PushConnection {
             // A subscription's burst past `max_outbox_bytes` before the socket refused anything
             // is written first (see `over_outbox`): the write shows whether the reader keeps
             // up or falls behind (checked again at the next delivery).
+            // `max_outbox_bytes` is judged when output came since the last look (a delivery,
+            // a reply), not when only writes moved it: a reader taking a message larger than
+            // the limit, its socket refusing part of each write, is behind only once more
+            // comes while it is.
+            _ if !grew => return false,
             _ => {
                 if let Some(ending) = self.over_outbox(behind, true) {
                     self.close(ending, now);

@@ -169,11 +169,11 @@ pub enum TlsError {
         /// The file.
         path: PathBuf,
     },
-    /// The key file holds only an encrypted key (`ENCRYPTED PRIVATE KEY`): the server asks for
-    /// no passphrase.
+    /// The key file holds only an encrypted key (`ENCRYPTED PRIVATE KEY`, or a PKCS #1 or SEC1
+    /// key under `Proc-Type: 4,ENCRYPTED`): the server asks for no passphrase.
     #[error(
-        "tls_key {}: the key is encrypted (ENCRYPTED PRIVATE KEY) and the server reads no \
-         passphrase: give it the key unencrypted (`openssl pkey -in KEY -out PLAIN_KEY`)",
+        "tls_key {}: the key is encrypted and the server reads no passphrase: give it the key \
+         unencrypted (`openssl pkey -in KEY -out PLAIN_KEY`)",
         path.display()
     )]
     EncryptedPrivateKey {
@@ -273,17 +273,25 @@ pub fn server_config_with(
     let cert_pem = read_file(TLS_CERT_KEY, &files.cert)?;
     let chain = certificates(TLS_CERT_KEY, &files.cert, &cert_pem)?;
     let key_pem = read_file(TLS_KEY_KEY, &files.key)?;
+    // An encrypted key: PKCS #8's `ENCRYPTED PRIVATE KEY`, or the legacy PEM encryption of a
+    // PKCS #1 or SEC1 key (`Proc-Type: 4,ENCRYPTED`, which the PEM reader takes for bad base64).
+    let encrypted = [
+        &b"-----BEGIN ENCRYPTED PRIVATE KEY-----"[..],
+        b"Proc-Type: 4,ENCRYPTED",
+    ]
+    .iter()
+    .any(|marker| memchr::memmem::find(&key_pem, marker).is_some());
     let key = match PrivateKeyDer::from_pem_slice(&key_pem) {
         Ok(k) => k,
+        Err(_) if encrypted => {
+            return Err(TlsError::EncryptedPrivateKey {
+                path: files.key.clone(),
+            })
+        }
         Err(pem::Error::NoItemsFound) => {
-            let path = files.key.clone();
-            let encrypted =
-                memchr::memmem::find(&key_pem, b"-----BEGIN ENCRYPTED PRIVATE KEY-----").is_some();
-            return Err(if encrypted {
-                TlsError::EncryptedPrivateKey { path }
-            } else {
-                TlsError::NoPrivateKey { path }
-            });
+            return Err(TlsError::NoPrivateKey {
+                path: files.key.clone(),
+            })
         }
         Err(e) => {
             return Err(TlsError::Pem {
@@ -1126,6 +1134,10 @@ pub(crate) mod tests {
         let err = build(&pki.server_cert_pem, encrypted, None);
         assert!(matches!(err, TlsError::EncryptedPrivateKey { .. }), "{err}");
         assert!(err.to_string().contains("encrypted"), "{err}");
+        // The legacy PEM encryption (`openssl rsa -aes256 -traditional`).
+        let legacy = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-256-CBC,0123456789ABCDEF0123456789ABCDEF\n\nMIIBvTBXBgkqhkiG9w0BBQ0wSjApBgkqhkiG9w0BBQwwHAQI\n-----END RSA PRIVATE KEY-----\n";
+        let err = build(&pki.server_cert_pem, legacy, None);
+        assert!(matches!(err, TlsError::EncryptedPrivateKey { .. }), "{err}");
         let err = build(&pki.server_cert_pem, &other_key, None);
         assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err}");
         assert!(err.to_string().contains("k.pem") && err.to_string().contains("c.pem"));
