@@ -171,6 +171,15 @@ pub struct OutboxStats {
     pub bytes_written: u64,
 }
 
+/// A mark of `Outbox::marks`: the socket refused part of the last write.
+const REFUSED: u8 = 1;
+/// Something was queued since the last [`Outbox::take_activity`].
+const FRESH: u8 = 2;
+/// The socket took bytes since the last [`Outbox::take_activity`].
+const TOOK: u8 = 4;
+/// The push connection's grace past its output limit (see [`Outbox::take_grace`]).
+const GRACE: u8 = 8;
+
 /// The per-connection outbound queue: see the [module documentation](self).
 #[derive(Debug)]
 pub struct Outbox {
@@ -203,8 +212,9 @@ pub struct Outbox {
     paused: bool,
     /// Paused and waiting for `on_writable` before offering the unsent bytes again.
     awaiting_writable: bool,
-    /// Whether the socket refused part of the last write (see [`Outbox::socket_refused`]).
-    refused: bool,
+    /// `REFUSED`, `FRESH`, `TOOK` and `GRACE`, one byte (a connection's state stays within an
+    /// allocator size class).
+    marks: u8,
     reaped: bool,
     last_alive: Instant,
     next_ping: Instant,
@@ -319,7 +329,7 @@ impl Outbox {
             names: Vec::new(),
             paused: false,
             awaiting_writable: false,
-            refused: false,
+            marks: 0,
             reaped: false,
             last_alive: now,
             stats: OutboxStats::default(),
@@ -339,6 +349,7 @@ impl Outbox {
             return;
         }
         self.observe_send();
+        self.mark(FRESH, true);
         let meta = event.meta().clone();
         let item = Item::Message {
             sub: self.intern(sub),
@@ -372,6 +383,7 @@ impl Outbox {
             return;
         }
         self.observe_send();
+        self.mark(FRESH, true);
         let item = Item::Shared {
             sub: self.intern(sub),
             batch: lines.len(),
@@ -392,6 +404,7 @@ impl Outbox {
             return;
         }
         self.observe_send();
+        self.mark(FRESH, true);
         self.enqueue(Item::Control(json));
     }
 
@@ -404,6 +417,7 @@ impl Outbox {
             return;
         }
         self.observe_send();
+        self.mark(FRESH, true);
         self.enqueue(Item::Wire(bytes));
     }
 
@@ -498,7 +512,10 @@ impl Outbox {
         let offered = self.offered as usize;
         let n = n.min(offered);
         let partial = n < offered;
-        self.refused = partial;
+        self.mark(REFUSED, partial);
+        if n > 0 {
+            self.mark(TOOK, true);
+        }
         self.offered = 0;
         let mut left = n;
         while let Some(front) = self.wire.front_mut() {
@@ -648,16 +665,40 @@ impl Outbox {
         self.paused
     }
 
-    /// Bytes the socket took in all (`stats().bytes_written`, without the copy).
-    pub fn bytes_written(&self) -> u64 {
-        self.stats.bytes_written
+    /// Whether something was queued, and whether the socket took some bytes, since the last
+    /// call (the first call: since the outbox was made).
+    pub fn take_activity(&mut self) -> (bool, bool) {
+        let marks = self.marks;
+        self.marks &= !(FRESH | TOOK);
+        (marks & FRESH != 0, marks & TOOK != 0)
+    }
+
+    /// Sets the grace mark, kept here for the push connection (which lets a subscriber past its
+    /// output limit once per progress): whether it was set already.
+    pub(crate) fn take_grace(&mut self) -> bool {
+        let was = self.marks & GRACE != 0;
+        self.mark(GRACE, true);
+        was
+    }
+
+    /// Clears the grace mark (see [`take_grace`](Self::take_grace)).
+    pub(crate) fn clear_grace(&mut self) {
+        self.mark(GRACE, false);
+    }
+
+    fn mark(&mut self, mark: u8, on: bool) {
+        if on {
+            self.marks |= mark;
+        } else {
+            self.marks &= !mark;
+        }
     }
 
     /// Whether the socket refused part of the last write: the peer is behind, until a write
     /// is taken whole. Unlike [`wants_writable`](Self::wants_writable) this stays set from
     /// the readiness event to the next write's result.
     pub fn socket_refused(&self) -> bool {
-        self.refused && !self.reaped
+        self.marks & REFUSED != 0 && !self.reaped
     }
 
     /// Whether the outbox waits for [`on_writable`](Self::on_writable) (register write interest).

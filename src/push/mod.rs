@@ -443,14 +443,6 @@ pub struct PushConnection {
     counts: PushCounts,
     /// Errors to count (limits; protocol errors), taken by the driver.
     limit_errors: u16,
-    /// The outbox's `bytes_written` when a subscriber not behind was last let past
-    /// `max_outbox_bytes` to be written to first (see `over_outbox`); `None` under the limit.
-    outbox_grace: Option<u64>,
-    /// The backlog (with what is held below the connection) at the last
-    /// [`check_limits`](PushConnection::check_limits).
-    judged_backlog: usize,
-    /// The outbox's `bytes_written` then.
-    judged_written: u64,
     protocol_errors: u16,
     /// Output memory discarded by a close (taken by the driver; saturating).
     freed: u32,
@@ -739,9 +731,6 @@ impl PushConnection {
             last_inbound_ms: 0,
             counts: PushCounts::default(),
             limit_errors: 0,
-            outbox_grace: None,
-            judged_backlog: 0,
-            judged_written: 0,
             protocol_errors: 0,
             freed: 0,
             transmitting: false,
@@ -1141,7 +1130,7 @@ impl PushConnection {
             // A client's own replies past the limit (a subscriber's output is judged after each
             // input and delivery instead, by `check_limits`, when it grew).
             if !self.is_subscribed() {
-                if let Some(ending) = self.over_outbox(true, false) {
+                if let Some(ending) = self.over_outbox(true) {
                     self.close(ending, now);
                     continue;
                 }
@@ -1806,26 +1795,18 @@ impl PushConnection {
     /// for it: a reader that keeps up is not closed for a message, or a batch, larger than the
     /// limit; one whose socket then refuses part of it is judged at its next delivery.
     ///
-    /// The first judgement over the limit of such a connection (`grace`, once a turn before its
-    /// write) lets it through once per progress: judged again with no byte taken since (its
-    /// send refused whole, or still waiting for room in the socket), it is behind. Without
-    /// `grace` (judged while its input is handled) it is let through without using it.
-    fn over_outbox(&mut self, behind: bool, grace: bool) -> Option<Ending> {
+    /// Such a connection is let through once per progress: judged again with no byte taken
+    /// since (its send refused whole, or still waiting for room in the socket), it is behind.
+    fn over_outbox(&mut self, behind: bool) -> Option<Ending> {
         let held = self.output_memory();
         let max = self.config.limits.max_outbox_bytes;
         if held <= max {
-            self.outbox_grace = None;
+            self.outbox.clear_grace();
             return None;
         }
-        if !behind && self.is_subscribed() {
-            if !grace {
-                return None;
-            }
-            let written = self.outbox.bytes_written();
-            if self.outbox_grace != Some(written) {
-                self.outbox_grace = Some(written);
-                return None;
-            }
+        // The grace (kept in the outbox's marks): set once let through, cleared by progress.
+        if !behind && self.is_subscribed() && !self.outbox.take_grace() {
+            return None;
         }
         self.limit_errors = self.limit_errors.saturating_add(1);
         let msg = format!(
@@ -1871,13 +1852,13 @@ impl PushConnection {
         if self.state != PushState::Open {
             return false;
         }
-        // Output came since the last check: the backlog is more than it was, less what the
-        // socket took meanwhile.
+        // Whether output came (a delivery, a reply) and whether the socket took some, since
+        // the last check.
+        let (grew, took) = self.outbox.take_activity();
+        if took {
+            self.outbox.clear_grace();
+        }
         let backlog = self.backlog() + extra;
-        let written = self.outbox.bytes_written();
-        let taken = written.saturating_sub(self.judged_written);
-        let grew = backlog as u64 + taken > self.judged_backlog as u64;
-        (self.judged_backlog, self.judged_written) = (backlog, written);
         // A healthy reader, whose socket takes every write, is never behind however much one
         // fan-out queued for it.
         let behind = self.outbox.socket_refused() || stalled;
@@ -1896,7 +1877,7 @@ impl PushConnection {
             // comes while it is.
             _ if !grew => return false,
             _ => {
-                if let Some(ending) = self.over_outbox(behind, true) {
+                if let Some(ending) = self.over_outbox(behind) {
                     self.close(ending, now);
                 }
                 return false;
