@@ -586,3 +586,35 @@ fn a_reader_that_keeps_up_gets_messages_larger_than_max_outbox_bytes() {
         server.engine.shutdown().unwrap();
     });
 }
+
+/// `EngineStats::limit_errors` counts a limit error that leaves the connection open: a line
+/// nested deeper than `max_json_depth` gets an error naming the limit, the connection goes on, and
+/// the error is counted.
+#[test]
+fn a_line_nested_past_max_json_depth_is_answered_counted_and_the_connection_goes_on() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut c = Client::connect(server.addr);
+        c.send(&format!(
+            r#"{{"type":"ping","id":4,"x":{}{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        ));
+        let e = c.json();
+        assert_eq!(
+            (&e["code"], &e["limit"], &e["requestId"]),
+            (
+                &"limit_exceeded".into(),
+                &"max_json_depth".into(),
+                &4.into()
+            ),
+            "{e}"
+        );
+        c.send(r#"{"type":"ping","id":5}"#);
+        assert_eq!(c.json()["requestId"], 5);
+        eventually("the limit error is counted", || {
+            server.engine.stats().limit_errors >= 1
+        });
+        server.engine.shutdown().unwrap();
+    });
+}

@@ -1449,8 +1449,9 @@ impl PushConnection {
         self.input.as_deref().map_or(&NONE, |i| &i.topics).iter()
     }
 
-    /// Answers a line over the session's `max_line_bytes` (under the framing's limit, which
-    /// closes): its error, counted as a limit error; the connection stays.
+    /// Answers a line over one of the session's limits (`max_line_bytes` under the framing's
+    /// limit, which closes; `max_json_depth`): its error, counted as a limit error; the
+    /// connection stays.
     #[cold]
     fn refuse_line(&mut self, e: &CommandError, now: Instant) -> Option<Request> {
         self.limit_errors = self.limit_errors.saturating_add(1);
@@ -1463,6 +1464,9 @@ impl PushConnection {
     fn command_line(&mut self, line: Bytes, now: Instant, wall: SystemTime) -> Option<Request> {
         let cmd = match self.session.parse(line) {
             Ok(cmd) => cmd,
+            // Over a limit (a line nested deeper than `max_json_depth`): counted as any limit
+            // error; the connection stays.
+            Err(e) if e.kind.limit().is_some() => return self.refuse_line(&e, now),
             Err(e) => {
                 self.outbox.push_control(e.to_reply(), now);
                 return None;
