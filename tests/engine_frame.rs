@@ -10,6 +10,18 @@ use engine_support::*;
 use powerhub::plugin::frame;
 use powerhub::runtime::{ListenAddr, ListenerConfig};
 
+/// A frame-protocol client of `addr` subscribed to every device of `stream`.
+fn frame_subscriber(addr: std::net::SocketAddr, stream: &str) -> TcpStream {
+    let mut c = TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let cmd = format!(r#"{{"type":"subscribe","id":"f","stream":"{stream}"}}"#);
+    c.write_all(&frame::encode_json_batch([cmd.as_bytes()]).unwrap())
+        .unwrap();
+    let reply = read_frame(&mut c);
+    assert_eq!(reply[0]["type"], "subscribed", "{reply:?}");
+    c
+}
+
 fn read_frame(s: &mut TcpStream) -> Vec<serde_json::Value> {
     frame_messages(s)
         .iter()
@@ -26,17 +38,7 @@ fn frame_clients_receive_batches_as_shared_hub_frames_in_order() {
         let ListenAddr::Tcp(addr) = server.engine.listeners()[0].addr.clone() else {
             unreachable!()
         };
-        let mut clients: Vec<TcpStream> =
-            (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
-        for c in &mut clients {
-            c.set_read_timeout(Some(WAIT)).unwrap();
-            let cmd =
-                frame::encode_json_batch([&br#"{"type":"subscribe","id":"f","stream":"fr"}"#[..]])
-                    .unwrap();
-            c.write_all(&cmd).unwrap();
-            let reply = read_frame(c);
-            assert_eq!(reply[0]["type"], "subscribed", "{reply:?}");
-        }
+        let mut clients: Vec<TcpStream> = (0..3).map(|_| frame_subscriber(addr, "fr")).collect();
         let encoded_before = server.engine.hub().stats().encoded;
         for seq in 0..100 {
             publish(&server.engine, "fr", seq, 16);
@@ -78,13 +80,7 @@ fn a_frame_subscriber_behind_its_socket_keeps_one_screenshot_per_slot() {
         let ListenAddr::Tcp(addr) = server.engine.listeners()[0].addr.clone() else {
             unreachable!()
         };
-        let mut c = TcpStream::connect(addr).unwrap();
-        c.set_read_timeout(Some(WAIT)).unwrap();
-        let cmd =
-            frame::encode_json_batch([&br#"{"type":"subscribe","id":"f","stream":"shots"}"#[..]])
-                .unwrap();
-        c.write_all(&cmd).unwrap();
-        assert_eq!(read_frame(&mut c)[0]["type"], "subscribed");
+        let mut c = frame_subscriber(addr, "shots");
         // 16 lossless messages of 900 KiB: more than the kernel's buffers hold.
         for seq in 0..16 {
             publish(&server.engine, "shots", seq, 900 << 10);

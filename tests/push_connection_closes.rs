@@ -140,6 +140,14 @@ fn drain(conn: &mut PushConnection, wire: &mut Vec<u8>, now: Instant) {
     while write(conn, wire, usize::MAX, now) > 0 {}
 }
 
+/// A lossless `log` line on stream `s` padded with `pad` bytes, as a delivery.
+fn log_line(pad: usize) -> Bytes {
+    Bytes::from(format!(
+        "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
+        "x".repeat(pad)
+    ))
+}
+
 /// A delivery of one line on `stream`.
 fn line(n: u32) -> Bytes {
     Bytes::from(format!(
@@ -541,10 +549,7 @@ fn a_subscriber_that_keeps_up_is_written_to_before_max_outbox_bytes_is_judged() 
     let now = Instant::now();
     let limits = PushLimits::default().with_max_outbox_bytes(65536);
     let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits, now);
-    let big = Bytes::from(format!(
-        "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
-        "x".repeat(70_000)
-    ));
+    let big = log_line(70_000);
     for _ in 0..3 {
         wire.clear();
         conn.deliver_lines(&sub, big.clone(), now);
@@ -739,10 +744,7 @@ fn a_subscriber_past_max_outbox_bytes_whose_socket_takes_nothing_is_closed() {
     let now = Instant::now();
     let limits = PushLimits::default().with_max_outbox_bytes(65536);
     let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits, now);
-    let big = Bytes::from(format!(
-        "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
-        "x".repeat(70_000)
-    ));
+    let big = log_line(70_000);
     conn.deliver_lines(&sub, big.clone(), now);
     assert!(!conn.check_limits(now));
     assert_eq!(conn.close_reason(), None, "written to first");
@@ -774,10 +776,7 @@ fn limits_of(max_outbox: usize) -> PushLimits {
 fn a_message_far_larger_than_max_outbox_bytes_reaches_a_reader_that_takes_it() {
     let now = Instant::now();
     let (mut conn, sub, _) = ndjson_subscribed_with(limits_of(65536), now);
-    let huge = Bytes::from(format!(
-        "{{\"type\":\"log\",\"stream\":\"s\",\"pad\":\"{}\"}}\n",
-        "x".repeat(800_000)
-    ));
+    let huge = log_line(800_000);
     conn.deliver_lines(&sub, huge.clone(), now);
     let mut wire = Vec::new();
     assert!(!conn.check_limits(now));

@@ -349,7 +349,6 @@ impl Outbox {
             return;
         }
         self.observe_send();
-        self.mark(FRESH, true);
         let meta = event.meta().clone();
         let item = Item::Message {
             sub: self.intern(sub),
@@ -383,7 +382,6 @@ impl Outbox {
             return;
         }
         self.observe_send();
-        self.mark(FRESH, true);
         let item = Item::Shared {
             sub: self.intern(sub),
             batch: lines.len(),
@@ -404,7 +402,6 @@ impl Outbox {
             return;
         }
         self.observe_send();
-        self.mark(FRESH, true);
         self.enqueue(Item::Control(json));
     }
 
@@ -417,7 +414,6 @@ impl Outbox {
             return;
         }
         self.observe_send();
-        self.mark(FRESH, true);
         self.enqueue(Item::Wire(bytes));
     }
 
@@ -866,8 +862,10 @@ impl Outbox {
         self.pause_past(self.config.high_water_bytes);
     }
 
-    /// A push observes the unsent bytes: at or below the threshold re-arms notifications.
+    /// A push observes the unsent bytes: at or below the threshold re-arms notifications. It
+    /// is also output that came (see [`take_activity`](Self::take_activity)).
     fn observe_send(&mut self) {
+        self.mark(FRESH, true);
         if self.drops.is_some() && self.wire_len <= self.config.high_water_bytes {
             self.clear_notified();
         }

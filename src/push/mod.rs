@@ -1130,6 +1130,7 @@ impl PushConnection {
             // A client's own replies past the limit (a subscriber's output is judged after each
             // input and delivery instead, by `check_limits`, when it grew).
             if !self.is_subscribed() {
+                // (Only a subscriber is ever let through as not behind.)
                 if let Some(ending) = self.over_outbox(true) {
                     self.close(ending, now);
                     continue;
@@ -1190,9 +1191,10 @@ impl PushConnection {
                             // Without its `\r`, as `cut_line` cuts other lines.
                             let line = &run[start..start + newline];
                             let line = line.strip_suffix(b"\r").unwrap_or(line);
-                            let request = match self.session.line_too_long(line) {
-                                None => self.publish_read(publish, &run, now, wall),
-                                Some(e) => self.refuse_line(&e, now),
+                            let request = if self.refused_as_long(line, now) {
+                                None
+                            } else {
+                                self.publish_read(publish, &run, now, wall)
                             };
                             (request, last)
                         }
@@ -1205,10 +1207,8 @@ impl PushConnection {
                                 continue;
                             }
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
-                            let request = if let Some(e) =
-                                self.session.line_too_long(&run[start..end])
-                            {
-                                self.refuse_line(&e, now)
+                            let request = if self.refused_as_long(&run[start..end], now) {
+                                None
                             } else {
                                 let read = reread
                                     .then(|| self.session.read_publish(&run[start..end]))
@@ -1236,8 +1236,8 @@ impl PushConnection {
                     // A usual publish is read where it lies (the line may share one receive
                     // with others), and handled without making its command; any other line is
                     // parsed in place, copied first only if its bytes are shared.
-                    let request = if let Some(e) = self.session.line_too_long(&line) {
-                        self.refuse_line(&e, now)
+                    let request = if self.refused_as_long(&line, now) {
+                        None
                     } else {
                         match self.session.read_publish(&line) {
                             Some(publish) => self.publish_read(publish, &line, now, wall),
@@ -1449,9 +1449,21 @@ impl PushConnection {
         self.input.as_deref().map_or(&NONE, |i| &i.topics).iter()
     }
 
-    /// Answers a line over one of the session's limits (`max_line_bytes` under the framing's
-    /// limit, which closes; `max_json_depth`): its error, counted as a limit error; the
-    /// connection stays.
+    /// Whether `line` is over the session's `max_line_bytes` (under the framing's limit, which
+    /// closes), and then answered as [`refuse_line`](Self::refuse_line) answers.
+    #[inline]
+    fn refused_as_long(&mut self, line: &[u8], now: Instant) -> bool {
+        match self.session.line_too_long(line) {
+            Some(e) => {
+                self.refuse_line(&e, now);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Answers a line over one of the session's limits (`max_line_bytes`, `max_json_depth`):
+    /// its error, counted as a limit error; the connection stays.
     #[cold]
     fn refuse_line(&mut self, e: &CommandError, now: Instant) -> Option<Request> {
         self.limit_errors = self.limit_errors.saturating_add(1);
@@ -1630,10 +1642,10 @@ impl PushConnection {
 
     /// Delivers one hub JSON-batch frame, lossless and in order with the replies, written as it
     /// is (the frame protocol's wire form is the hub frame); `false` (and nothing queued) unless
-    /// the connection is open. A frame is never coalesced: while the outbox is paused
-    /// ([`Outbox::is_paused`]) the driver delivers the batch with
-    /// [`deliver_lines`](Self::deliver_lines) instead, under the outbox's rules (each message
-    /// then framed on its own when written).
+    /// the connection is open. A frame is never coalesced: the driver delivers a batch this
+    /// way only while [`takes_frames`](Self::takes_frames) says so, else with
+    /// [`deliver_lines`](Self::deliver_lines), under the outbox's rules (each message then
+    /// framed on its own when written).
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -1669,6 +1681,13 @@ impl PushConnection {
     /// See [`deliver_frame`](Self::deliver_frame) for an example.
     pub fn hub_frames(&self) -> bool {
         self.hub_frames
+    }
+
+    /// Whether the next batch goes as a hub frame ([`deliver_frame`](Self::deliver_frame)): on
+    /// a frame-protocol connection whose outbox is not paused. Behind its socket a frame is
+    /// never coalesced, so the batch goes as lines instead, under the outbox's rules.
+    pub fn takes_frames(&self) -> bool {
+        self.hub_frames && !self.outbox.is_paused()
     }
 
     /// The hub closed subscription `subscription_id` (the driver's fan-out dropped it): the
@@ -1872,13 +1891,10 @@ impl PushConnection {
             // one turn to a reader already behind) is closed as what it is, a slow consumer:
             // the smaller bound is the one the policy names.
             Some(limit) if behind && subscribed && backlog > limit => limit,
-            // A subscription's burst past `max_outbox_bytes` before the socket refused anything
-            // is written first (see `over_outbox`): the write shows whether the reader keeps
-            // up or falls behind (checked again at the next delivery).
-            // `max_outbox_bytes` is judged when output came since the last look (a delivery,
-            // a reply), not when only writes moved it: a reader taking a message larger than
-            // the limit, its socket refusing part of each write, is behind only once more
-            // comes while it is.
+            // `max_outbox_bytes` is judged when output came since the last look (a delivery, a
+            // reply), not when only writes moved it: a reader taking a message larger than the
+            // limit, its socket refusing part of each write, is behind only once more comes
+            // while it is. A subscriber not behind is written to first (see `over_outbox`).
             _ if !grew => return false,
             _ => {
                 if let Some(ending) = self.over_outbox(behind) {

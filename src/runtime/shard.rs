@@ -1372,11 +1372,12 @@ impl<B: Backend> Shard<B> {
             if count == 0 {
                 continue;
             }
-            let mut lines = wants_lines.then(|| {
+            let batch_lines = |encoded: &mut u64| {
                 let (lines, fresh) = sealed.lines(batch);
-                encoded += u64::from(fresh);
+                *encoded += u64::from(fresh);
                 lines
-            });
+            };
+            let mut lines = wants_lines.then(|| batch_lines(&mut encoded));
             let frame = if wants_frames {
                 let (frame, fresh) = sealed.frame(batch);
                 encoded += u64::from(fresh);
@@ -1398,24 +1399,17 @@ impl<B: Backend> Shard<B> {
                 if c.state != State::Open {
                     continue;
                 }
-                if sub.hub_frames && c.push.outbox().is_paused() {
-                    // Behind its socket, a frame-protocol subscriber is under the outbox's rules
-                    // as any other (coalesced types keep one frame per slot, `frames_dropped`):
-                    // its batch goes as lines, each framed as a one-message frame when written.
-                    let lines = lines.get_or_insert_with(|| {
-                        let (lines, fresh) = sealed.lines(batch);
-                        encoded += u64::from(fresh);
-                        lines
-                    });
-                    c.push.deliver_lines(&sub.id, lines.clone(), now);
-                    sub.count_sent(lines.len());
-                } else if sub.hub_frames {
+                if c.push.takes_frames() {
                     let Some(frame) = &frame else { continue };
                     // One frame per batch: lossless and in order with the replies, written as
                     // it is (the frame protocol's wire form is the hub frame).
                     c.push.deliver_frame(frame.clone(), now);
                     sub.count_sent(frame.len());
-                } else if let Some(lines) = &lines {
+                } else {
+                    // Lines, under the outbox's rules: a frame-protocol subscriber behind its
+                    // socket gets them too (see `PushConnection::takes_frames`), encoded here
+                    // only then.
+                    let lines = lines.get_or_insert_with(|| batch_lines(&mut encoded));
                     c.push.deliver_lines(&sub.id, lines.clone(), now);
                     sub.count_sent(lines.len());
                 }
