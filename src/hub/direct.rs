@@ -107,6 +107,7 @@ impl Held {
     /// A slot's word: the caller holds one reference `chunk` lent for it. The address is the
     /// `Arc`'s (`Arc::as_ptr`, whose provenance covers the allocation): the give-back that
     /// drops the lent references' strong reference goes through it, to `Arc::from_raw`.
+    #[inline]
     fn slot(chunk: &ChunkArc, pos: u64) -> Held {
         let index = (pos - chunk.first()) as usize;
         debug_assert!(index < CHUNK);
