@@ -197,7 +197,7 @@ impl Holders {
         let mut first = 0;
         while first < k {
             let count = per.min(k - first);
-            let mut child = Command::new(&exe)
+            let mut child = crate::procfs::die_with_tool(&mut Command::new(&exe))
                 .arg("__idle-holder")
                 .arg(t.kind.name())
                 .arg(t.addr.to_string())

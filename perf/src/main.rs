@@ -82,7 +82,7 @@ struct Args {
     /// Worker-thread budget.
     #[arg(long, value_enum, default_value = "pinned")]
     budget: Budget,
-    /// Results directory.
+    /// Results directory (default: perf/results of this workspace).
     #[arg(long)]
     results: Option<PathBuf>,
     /// Warm-up seconds per case (fanout, latency, slow-consumer, scaling).
@@ -95,7 +95,8 @@ struct Args {
     /// fanout: subscriber counts.
     #[arg(long, value_delimiter = ',')]
     subs: Option<Vec<usize>>,
-    /// fanout: message sizes in bytes (at least the benchmark message's fixed fields).
+    /// fanout: message sizes in bytes (at least the benchmark message's fixed fields, at most
+    /// 8 MiB: NATS's `max_payload` as perf/peers.sh starts it).
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<usize>>,
     /// rtt: round trips per block (default 2000; 200 in quick mode); every system runs 6 blocks
@@ -111,8 +112,9 @@ struct Args {
     /// idle-connections: connections to open per system.
     #[arg(long)]
     idle: Option<usize>,
-    /// screens: screenshot_update frames per device per second.
-    #[arg(long)]
+    /// screens: screenshot_update frames per device per second (1 to 30: at most one per
+    /// hierarchy_update tick).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=30))]
     shot_hz: Option<u64>,
     /// screens: number of devices.
     #[arg(long)]
@@ -151,7 +153,7 @@ struct Args {
 }
 
 fn start_raw() -> io::Result<Target> {
-    let mut child = Command::new(std::env::current_exe()?)
+    let mut child = procfs::die_with_tool(&mut Command::new(std::env::current_exe()?))
         .args(["__raw-server", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stdin(Stdio::null())
@@ -198,7 +200,7 @@ fn start_nats_tls(files: Option<&tls::TlsFiles>, dir: &Path) -> io::Result<Targe
     )?;
     let log = std::fs::File::create(dir.join("nats-tls.log"))?;
     let threads = std::env::var("PERF_THREADS").unwrap_or_else(|_| "1".to_owned());
-    let child = Command::new("nats-server")
+    let child = procfs::die_with_tool(&mut Command::new("nats-server"))
         .arg("-c")
         .arg(&conf)
         .args(["-a", "127.0.0.1", "-p", &port.to_string()])
@@ -243,6 +245,13 @@ fn peer(kind: SystemKind, addr: Option<SocketAddr>, pid: Option<u32>) -> io::Res
             kind.name()
         )));
     };
+    // Its CPU time is read from /proc/PID: a pid that names no process would fail every case.
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(io::Error::other(format!(
+            "--{}-pid {pid}: no such process",
+            kind.name()
+        )));
+    }
     Ok(Target {
         kind,
         addr,
@@ -253,6 +262,38 @@ fn peer(kind: SystemKind, addr: Option<SocketAddr>, pid: Option<u32>) -> io::Res
         policies: Vec::new(),
         tls: None,
     })
+}
+
+/// The report's "Systems": the servers the socket scenarios ran, the shard counts of `scaling`
+/// (its own servers, unpinned) and the in-process systems, for the scenarios that ran.
+fn systems_line(ctx: &Ctx, names: &[String]) -> String {
+    let mut parts = Vec::new();
+    if names.iter().any(|n| n != "in-process" && n != "scaling") {
+        parts.push(if ctx.targets.is_empty() {
+            "no server started (see Problems)".to_owned()
+        } else {
+            ctx.targets
+                .iter()
+                .map(|t| t.kind.name())
+                .collect::<Vec<_>>()
+                .join(", ")
+        });
+    }
+    if names.iter().any(|n| n == "scaling") {
+        parts.push(format!(
+            "scaling: powerhub at 1 to {} shards, unpinned",
+            procfs::cpus()
+        ));
+    }
+    if names.iter().any(|n| n == "in-process") {
+        parts.push(format!(
+            "in-process {}",
+            ctx.inproc_systems
+                .as_deref()
+                .map_or_else(|| inproc::SYSTEMS.join(", "), |s| s.join(", "))
+        ));
+    }
+    parts.join("; ")
 }
 
 fn machine() -> String {
@@ -416,7 +457,8 @@ fn run(args: Args) -> io::Result<ExitCode> {
     };
     let mut failures = Vec::new();
     let mut targets = Vec::new();
-    let needs_servers = names.iter().any(|n| n != "in-process");
+    // The in-process systems are libraries, and `scaling` starts its own servers.
+    let needs_servers = names.iter().any(|n| n != "in-process" && n != "scaling");
     if needs_servers {
         for &k in &kinds {
             let t = match k {
@@ -519,17 +561,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         ctx.threads,
         if ctx.threads == 1 { "" } else { "s" },
         if args.budget == Budget::Pinned { ", server on the last CPU, load generator on the others" } else { "" },
-        if ctx.targets.is_empty() {
-            // Only in-process ran: its systems are libraries, not servers.
-            format!(
-                "in-process {}",
-                ctx.inproc_systems
-                    .as_deref()
-                    .map_or_else(|| inproc::SYSTEMS.join(", "), |s| s.join(", "))
-            )
-        } else {
-            ctx.targets.iter().map(|t| t.kind.name()).collect::<Vec<_>>().join(", ")
-        },
+        systems_line(&ctx, &names),
         if quick { "quick" } else { "full" },
         std::env::args().skip(1).collect::<Vec<_>>().join(" "),
     ));
@@ -562,10 +594,16 @@ fn run(args: Args) -> io::Result<ExitCode> {
         io::Error::other(format!("cannot write the report {}: {e}", report.display()))
     })?;
     println!(
-        "Report: {}; the latency scenario's .hgrm files and the plots (where a scenario draws one) are in {}",
+        "Report: {}; the plots (where a scenario draws one) are in {}",
         report.display(),
         results.display()
     );
+    if names.iter().any(|n| n == "latency") {
+        println!(
+            "The latency scenario's .hgrm files are in {}",
+            results.join("latency").display()
+        );
+    }
     if !failures.is_empty() {
         eprintln!("Problems:");
         for f in &failures {
@@ -577,8 +615,8 @@ fn run(args: Args) -> io::Result<ExitCode> {
 }
 
 /// Refuses the values no run can use, naming the option: counts of zero, durations that are
-/// not a number of seconds, rates that are not fractions, sizes under the benchmark message's
-/// fixed fields.
+/// not a number of seconds (or longer than a day), rates that are not fractions, sizes under the
+/// benchmark message's fixed fields or over what every system takes.
 fn check_values(args: &Args) -> io::Result<()> {
     let bad = |message: String| Err(io::Error::other(message));
     for (option, values) in [
@@ -594,17 +632,20 @@ fn check_values(args: &Args) -> io::Result<()> {
             return bad(format!("{option} 0: give at least 1"));
         }
     }
-    if args.shot_hz == Some(0) {
-        return bad("--shot-hz 0: give at least 1 frame per second".to_owned());
-    }
-    if let Some(w) = args.warmup.filter(|w| !(w.is_finite() && *w >= 0.0)) {
+    if let Some(w) = args
+        .warmup
+        .filter(|w| !(w.is_finite() && *w >= 0.0 && *w <= MAX_SECS))
+    {
         return bad(format!(
-            "--warmup {w} is not a number of seconds (0 or more)"
+            "--warmup {w} is not a number of seconds from 0 to {MAX_SECS}"
         ));
     }
-    if let Some(m) = args.measure.filter(|m| !(m.is_finite() && *m > 0.0)) {
+    if let Some(m) = args
+        .measure
+        .filter(|m| !(m.is_finite() && *m > 0.0 && *m <= MAX_SECS))
+    {
         return bad(format!(
-            "--measure {m} is not a number of seconds (more than 0)"
+            "--measure {m} is not a number of seconds over 0 and at most {MAX_SECS}"
         ));
     }
     if let Some(r) = args
@@ -626,8 +667,18 @@ fn check_values(args: &Args) -> io::Result<()> {
             "--sizes {size}: the benchmark message is at least {least} bytes (its sequence number, time, stream and type)"
         ));
     }
+    if let Some(size) = args.sizes.iter().flatten().find(|&&s| s > MAX_SIZE) {
+        return bad(format!(
+            "--sizes {size}: at most {MAX_SIZE} bytes (8 MiB, NATS's max_payload as perf/peers.sh starts it; powerhub's max_message_bytes here is 16 MiB)"
+        ));
+    }
     if args.sizes.as_ref().is_some_and(Vec::is_empty) {
         return bad("--sizes needs at least one size".to_owned());
     }
     Ok(())
 }
+
+/// The longest `--warmup` or `--measure`: a day.
+const MAX_SECS: f64 = 86_400.0;
+/// The largest `--sizes` (see its help).
+const MAX_SIZE: usize = 8 << 20;

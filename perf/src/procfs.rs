@@ -9,7 +9,12 @@ use std::time::{Duration, Instant};
 
 /// CPU seconds (user + system) the process has used so far.
 pub(crate) fn cpu_seconds(pid: u32) -> io::Result<f64> {
-    stat_cpu_seconds(&format!("/proc/{pid}/stat"))
+    stat_cpu_seconds(&format!("/proc/{pid}/stat")).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound => {
+            io::Error::other(format!("the server's process {pid} has exited"))
+        }
+        _ => e,
+    })
 }
 
 /// CPU time (user + system) of each thread of `pid` whose name (`comm`, at most 15 bytes)
@@ -236,6 +241,29 @@ impl RssSampler {
             let _ = h.join();
         }
         std::mem::take(&mut *self.points.lock().expect("sampler lock"))
+    }
+}
+
+/// Makes the process `cmd` starts end with the perf tool: it is sent `SIGKILL` when the tool
+/// exits, however it exits (a signal, an abort, `timeout`, a cancelled CI job), so that no
+/// server or helper outlives a run. Every spawn is made on the main thread, which lives as long
+/// as the tool (the signal follows the thread that spawned, not the process).
+pub(crate) fn die_with_tool(cmd: &mut std::process::Command) -> &mut std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let tool = std::process::id();
+    // SAFETY: the closure runs in the child between fork and exec, and calls only `prctl` and
+    // `getppid`, which are async-signal-safe; it allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            // The tool may have gone between the fork and the prctl: then no signal comes.
+            if libc::getppid() as u32 != tool {
+                return Err(io::Error::other("the perf tool exited"));
+            }
+            Ok(())
+        })
     }
 }
 

@@ -28,6 +28,9 @@ pub(crate) struct Row {
     pub(crate) peak_rss_kib: Option<u64>,
     /// p50, p99, p99.9, max in ns.
     pub(crate) latency: Option<[u64; 4]>,
+    /// idle-connections: the server's memory per connection, in bytes. Where both rows have
+    /// it, it is the ratio taken (the connections open are not a rate).
+    pub(crate) mem_per_conn: Option<f64>,
     pub(crate) note: String,
 }
 
@@ -114,7 +117,7 @@ impl Scenario {
         }
         let ratios = self.ratios();
         if !ratios.is_empty() {
-            let _ = writeln!(s, "\npowerhub against each peer (throughput ×, CPU per delivery ×, p99 ×; > 1 is better for powerhub):\n");
+            let _ = writeln!(s, "\npowerhub against each peer (throughput ×, CPU per delivery ×, p99 ×, memory per connection ×; > 1 is better for powerhub):\n");
             for line in ratios {
                 let _ = writeln!(s, "- {line}");
             }
@@ -130,7 +133,11 @@ impl Scenario {
         for ph in self.rows.iter().filter(|r| r.is_powerhub) {
             for peer in self.rows.iter().filter(|r| r.is_peer && r.case == ph.case) {
                 let mut parts = Vec::new();
-                if let (Some(a), Some(b)) = (ph.throughput, peer.throughput) {
+                if let (Some(a), Some(b)) = (ph.mem_per_conn, peer.mem_per_conn) {
+                    if a > 0.0 {
+                        parts.push(format!("memory per connection {:.2}×", b / a));
+                    }
+                } else if let (Some(a), Some(b)) = (ph.throughput, peer.throughput) {
                     if b > 0.0 {
                         parts.push(format!("throughput {:.2}×", a / b));
                     }

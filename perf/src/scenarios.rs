@@ -168,6 +168,7 @@ fn row(case: &str, target: &Target, variant: &str, out: &CaseOut, latency: bool)
         } else {
             None
         },
+        mem_per_conn: None,
         note: runs_note(out),
     }
 }
@@ -1137,6 +1138,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             is_peer: matches!(t.kind, SystemKind::Redis | SystemKind::Nats),
             throughput: Some(alive as f64),
             peak_rss_kib: Some(peak),
+            mem_per_conn: Some(per),
             note: format!(
                 "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s, {} keepalive pings answered{}",
                 per / 1024.0,

@@ -154,7 +154,7 @@ impl Launcher {
         }
         std::fs::write(&config, text)?;
         let log = std::fs::File::create(self.dir.join(format!("{name}.log")))?;
-        let mut child = Command::new(&self.bin)
+        let mut child = crate::procfs::die_with_tool(&mut Command::new(&self.bin))
             .arg("serve")
             .arg("--config")
             .arg(&config)
