@@ -283,3 +283,32 @@ fn a_client_pipelining_while_it_reads_slowly_is_held_back_not_closed() {
         assert_eq!(server.engine.stats().limit_errors, 0);
     });
 }
+
+/// A subscriber that reads nothing, sent one message several times `max_outbox_bytes` and
+/// nothing after it, is closed at the limit about a second after its socket stopped taking
+/// bytes (`push::INPUT_WAIT`, then a write tried), not at the liveness timeout: no later delivery
+/// is needed to judge it. Its close says which limit.
+#[test]
+fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_bytes() {
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_outbox_bytes = 256 << 10;
+        // Neither keepalive nor liveness acts within the test.
+        config.outbox.keepalive_interval_ms = 60_000;
+        config.outbox.liveness_timeout_ms = 120_000;
+        let server = start(config);
+        let mut c = client_with_rcvbuf(server.addr, 4096);
+        c.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
+        assert_eq!(c.msg()["type"], "subscribed");
+        assert_eq!(publish(&server.engine, "big", 0, 6 << 20), 1);
+        eventually("the subscriber is closed at max_outbox_bytes", || {
+            server.engine.stats().limit_errors >= 1
+        });
+        let rest = String::from_utf8_lossy(&c.rest()).into_owned();
+        assert!(
+            rest.contains(r#""limit":"max_outbox_bytes""#),
+            "{backend:?}: the close names the limit ({} bytes read)",
+            rest.len()
+        );
+    });
+}

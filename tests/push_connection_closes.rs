@@ -765,6 +765,70 @@ fn a_subscriber_past_max_outbox_bytes_whose_socket_takes_nothing_is_closed() {
     }
 }
 
+/// A subscriber past `max_outbox_bytes` whose socket refused part of its last write, and that
+/// is sent nothing more, is closed at the limit once the peer has taken nothing for
+/// `INPUT_WAIT` and a write tried then (`probe_writable`) took nothing either, not at the
+/// liveness timeout 45 s on; one whose socket takes some at each try is written to until it has
+/// it all (virtual time).
+#[test]
+fn a_subscriber_past_max_outbox_bytes_sent_nothing_more_is_closed_once_it_takes_nothing() {
+    use powerhub::push::{INPUT_WAIT, PROBE_WAIT};
+    use std::time::Duration;
+    for reads in [false, true] {
+        let start = Instant::now();
+        let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits_of(65536), start);
+        let before = wire.len();
+        let big = log_line(300_000);
+        conn.deliver_lines(&sub, big.clone(), start);
+        assert!(!conn.check_limits(start));
+        // The socket takes part of the first write: behind and past the limit, and nothing
+        // more is delivered.
+        assert!(write(&mut conn, &mut wire, 50_000, start) > 0);
+        assert!(!conn.check_limits(start));
+        assert_eq!(conn.close_reason(), None, "not judged at a write");
+        let mut t = start;
+        while t < start + Duration::from_secs(30) && conn.state() == PushState::Open {
+            t += Duration::from_millis(50);
+            if conn.poll_timeout().is_some_and(|at| at <= t) {
+                // The driver's order: the try first, then the deadlines.
+                if conn.probe_writable(t) {
+                    conn.on_writable(t);
+                    write(&mut conn, &mut wire, if reads { 40_000 } else { 0 }, t);
+                }
+                conn.handle_timeout(t, SystemTime::now());
+            }
+            if wire.len() - before == big.len() {
+                break;
+            }
+        }
+        if reads {
+            assert_eq!(
+                conn.state(),
+                PushState::Open,
+                "{:?} at {:?} after {} bytes",
+                conn.close_reason(),
+                t - start,
+                wire.len() - before
+            );
+            drain(&mut conn, &mut wire, t);
+            let got = &wire[before..];
+            assert!(
+                got.starts_with(&big),
+                "{} bytes written after the subscribe, {:?} after the message",
+                got.len(),
+                String::from_utf8_lossy(&got[big.len().min(got.len())..])
+            );
+        } else {
+            assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+            let after = t - start;
+            assert!(
+                after >= INPUT_WAIT + PROBE_WAIT && after < INPUT_WAIT * 2,
+                "closed after {after:?}"
+            );
+        }
+    }
+}
+
 fn limits_of(max_outbox: usize) -> PushLimits {
     PushLimits::default().with_max_outbox_bytes(max_outbox)
 }

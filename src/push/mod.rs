@@ -114,8 +114,9 @@ pub(crate) use writeq::MAX_IOV;
 /// this its input is handled again, so a peer that never reads is closed at `max_outbox_bytes`.
 pub const INPUT_WAIT: Duration = Duration::from_secs(1);
 
-/// How long a held input waits for a write tried at the hold's deadline
-/// ([`PushConnection::probe_writable`]) to show whether the peer reads.
+/// How long a held input, or a connection past `max_outbox_bytes` behind its socket, waits for
+/// a write tried at its deadline ([`PushConnection::probe_writable`]) to show whether the peer
+/// reads.
 pub const PROBE_WAIT: Duration = Duration::from_millis(100);
 
 /// A decoded-event list larger than this is not kept between inputs.
@@ -967,22 +968,53 @@ impl PushConnection {
     /// hold waits [`PROBE_WAIT`] for it. The driver makes the write happen (the epoll and
     /// io_uring shards end the wait for readiness at once), then calls
     /// [`on_writable`](Self::on_writable) as for a readiness event.
+    ///
+    /// The same holds for a connection past `max_outbox_bytes` whose socket refused part of its
+    /// last write and that is sent nothing more (see [`stall_deadline`](Self::stall_deadline)).
+    /// A driver calls this before [`handle_timeout`](Self::handle_timeout), which would
+    /// otherwise judge the peer without the try.
     pub fn probe_writable(&mut self, now: Instant) -> bool {
-        let Some(since) = self.hold_start() else {
+        if self.state != PushState::Open {
+            return false;
+        }
+        let hold = self.hold_start().map(|since| self.hold_deadline(since));
+        let Some(due) = hold.into_iter().chain(self.stall_deadline()).min() else {
             return false;
         };
-        if now < self.hold_deadline(since) || !self.outbox.wants_writable() {
+        if now < due || !self.outbox.wants_writable() {
             return false;
         }
         let alive = self.outbox.last_alive();
         let Some(input) = self.input.as_deref_mut() else {
             return false;
         };
-        if input.probed.is_some_and(|at| at >= alive) {
+        // Progress at the very instant of the try (a driver that writes at once, on one clock
+        // reading) came after it: the try is spent, and the next deadline may try again.
+        if input.probed.is_some_and(|at| at > alive) {
             return false;
         }
         input.probed = Some(now);
         true
+    }
+
+    /// When a connection past `max_outbox_bytes`, its socket refusing part of its last write,
+    /// is closed at the limit if the peer takes nothing more: [`INPUT_WAIT`] after its last sign
+    /// of life, and at least [`PROBE_WAIT`] after a write tried since (see
+    /// [`probe_writable`](Self::probe_writable)). A delivery that finds it so closes it at once
+    /// (see [`check_limits`](Self::check_limits)); this is for one sent nothing more, whose
+    /// output would otherwise wait for the liveness timeout. `None` while it is under the limit
+    /// or its socket took all of its last write.
+    fn stall_deadline(&self) -> Option<Instant> {
+        if !self.outbox.socket_refused()
+            || self.output_memory() <= self.config.limits.max_outbox_bytes
+        {
+            return None;
+        }
+        let deadline = self.outbox.last_alive() + INPUT_WAIT;
+        Some(match self.input.as_deref().and_then(|i| i.probed) {
+            Some(at) => deadline.max(at + PROBE_WAIT),
+            None => deadline,
+        })
     }
 
     /// Whether [`poll`](Self::poll) handles no more input at `now` (see
@@ -2051,10 +2083,16 @@ impl PushConnection {
             .map(|ms| self.started + Duration::from_millis(ms));
         // Held input is handled again once the peer has read nothing for `INPUT_WAIT`.
         let input = self.hold_start().map(|since| self.hold_deadline(since));
-        [first, idle, input, self.outbox.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            first,
+            idle,
+            input,
+            self.stall_deadline(),
+            self.outbox.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// Runs the timers due at `now` (`wall`: the wall clock, for a token's expiry): a deadline
@@ -2111,6 +2149,14 @@ impl PushConnection {
             let msg = format!("no input for idle_timeout_ms = {idle}");
             self.close(Ending::timeout("idle_timeout_ms", msg), now);
             return;
+        }
+        if self.stall_deadline().is_some_and(|at| now >= at) {
+            // Past the limit and behind its socket, and the peer took nothing since: judged
+            // without waiting for a delivery.
+            if let Some(ending) = self.over_outbox(true) {
+                self.close(ending, now);
+                return;
+            }
         }
         if self.outbox.poll_timeout().is_some_and(|t| t <= now) {
             // Everything encoded was written, so the stream is at a message boundary: a final

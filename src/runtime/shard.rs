@@ -1921,12 +1921,14 @@ impl<B: Backend> Shard<B> {
                     if c.push.poll_timeout().is_some_and(|t| t <= now)
                         || c.push.session().expires_at().is_some_and(|at| wall >= at) =>
                 {
-                    c.push.handle_timeout(now, wall);
                     if c.poll_inflight && c.push.probe_writable(now) {
-                        // A held input's deadline, the socket's readiness awaited: a write now
-                        // shows whether the peer reads (the wait ends with `Event::Writable`).
+                        // A deadline for a peer that may not read (a held input, output past
+                        // `max_outbox_bytes`), the socket's readiness awaited: a write now shows
+                        // whether it reads (the wait ends with `Event::Writable`), before the
+                        // deadline is judged.
                         self.backend.hurry_writable(token);
                     }
+                    c.push.handle_timeout(now, wall);
                     due.push(token);
                 }
                 _ => {}
