@@ -433,7 +433,22 @@ fn run(args: Args) -> io::Result<ExitCode> {
     })?;
     let cpus = procfs::cpus();
     let threads = if args.budget == Budget::Pinned { 1 } else { 2 };
-    procfs::raise_nofile(1 << 17);
+    let nofile = procfs::raise_nofile(1 << 17);
+    // A socket scenario's subscribers are connections of this process (and of the server's):
+    // past the descriptor limit the connects fail with errors that do not say why.
+    let most = args
+        .subs
+        .iter()
+        .flatten()
+        .copied()
+        .chain(args.latency_subs.map(|n| n as usize))
+        .max()
+        .unwrap_or(0);
+    if most as u64 + 256 > nofile {
+        return Err(io::Error::other(format!(
+            "{most} subscribers need as many descriptors in this process, and this machine allows {nofile} per process (ulimit -Hn); ask for fewer with --subs or --latency-subs"
+        )));
+    }
 
     // The load generator's own CPUs, inherited by every thread and child it starts.
     if args.budget == Budget::Pinned && cpus > 1 {

@@ -206,7 +206,15 @@ pub(crate) fn write_hgrm(path: &Path, h: &Histogram<u64>) -> io::Result<()> {
         h.max() as f64 / 1e3,
         h.len()
     );
-    let _ = writeln!(s, "#[Buckets = {:>12}]", h.buckets());
+    // The sub-bucket count, as HdrHistogram derives it from the significant digits (private in
+    // the crate): the smallest power of two covering 2 × 10^sigfig.
+    let sub_buckets = (2 * 10u64.pow(u32::from(h.sigfig()))).next_power_of_two();
+    let _ = writeln!(
+        s,
+        "#[Buckets = {:>12}, SubBuckets     = {:>12}]",
+        h.buckets(),
+        sub_buckets
+    );
     std::fs::write(path, s)
 }
 
