@@ -988,8 +988,9 @@ impl PushConnection {
         let Some(input) = self.input.as_deref_mut() else {
             return false;
         };
-        // Progress at the very instant of the try (a driver that writes at once, on one clock
-        // reading) came after it: the try is spent, and the next deadline may try again.
+        // A try is made once per sign of life; progress at the very instant of the try (a
+        // driver that writes at once, on one clock reading) is its answer, and a later deadline
+        // may try again.
         if input.probed.is_some_and(|at| at > alive) {
             return false;
         }
