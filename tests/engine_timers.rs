@@ -287,9 +287,12 @@ fn a_client_pipelining_while_it_reads_slowly_is_held_back_not_closed() {
 /// A subscriber that reads nothing, sent one message several times `max_outbox_bytes` and
 /// nothing after it, is closed at the limit about a second after its socket stopped taking
 /// bytes (`push::INPUT_WAIT`, then a write tried), not at the liveness timeout: no later delivery
-/// is needed to judge it. Its close says which limit.
+/// is needed to judge it. Its close says which limit. A subscriber idle as long before the
+/// message, which then reads it steadily (about 1.5 MB/s through a small receive buffer), gets
+/// it whole: the second is timed from when its socket began refusing, not from its subscribe.
 #[test]
 fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_bytes() {
+    use std::io::Read;
     on_both_backends(|backend| {
         let mut config = base_config(backend);
         config.limits.max_outbox_bytes = 256 << 10;
@@ -297,18 +300,46 @@ fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_
         config.outbox.keepalive_interval_ms = 60_000;
         config.outbox.liveness_timeout_ms = 120_000;
         let server = start(config);
-        let mut c = client_with_rcvbuf(server.addr, 4096);
-        c.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
-        assert_eq!(c.msg()["type"], "subscribed");
-        assert_eq!(publish(&server.engine, "big", 0, 6 << 20), 1);
-        eventually("the subscriber is closed at max_outbox_bytes", || {
-            server.engine.stats().limit_errors >= 1
+        let mut stalled = client_with_rcvbuf(server.addr, 4096);
+        let mut reader = client_with_rcvbuf(server.addr, 16 << 10);
+        for c in [&mut stalled, &mut reader] {
+            c.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
+            assert_eq!(c.msg()["type"], "subscribed");
+        }
+        // Both idle past `INPUT_WAIT` before the message.
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let pad = 3 << 20;
+        assert_eq!(publish(&server.engine, "big", 0, pad), 2);
+        let steady = std::thread::spawn(move || {
+            let (mut got, mut buf) = (Vec::new(), vec![0u8; 24 << 10]);
+            while got.last() != Some(&b'\n') {
+                match reader.reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+                std::thread::sleep(std::time::Duration::from_millis(15));
+            }
+            got
         });
-        let rest = String::from_utf8_lossy(&c.rest()).into_owned();
+        eventually(
+            "the stalled subscriber is closed at max_outbox_bytes",
+            || server.engine.stats().limit_errors >= 1,
+        );
+        let rest = String::from_utf8_lossy(&stalled.rest()).into_owned();
         assert!(
             rest.contains(r#""limit":"max_outbox_bytes""#),
             "{backend:?}: the close names the limit ({} bytes read)",
             rest.len()
         );
+        let got = steady.join().unwrap();
+        let line: serde_json::Value = serde_json::from_slice(&got).unwrap_or_else(|e| {
+            panic!(
+                "{backend:?}: the steady reader got {} bytes, not the message: {e}; ends {:?}",
+                got.len(),
+                String::from_utf8_lossy(&got[got.len().saturating_sub(300)..])
+            )
+        });
+        assert_eq!(line["pad"].as_str().map(str::len), Some(pad), "{backend:?}");
+        assert_eq!(server.engine.stats().limit_errors, 1, "{backend:?}");
     });
 }

@@ -765,66 +765,97 @@ fn a_subscriber_past_max_outbox_bytes_whose_socket_takes_nothing_is_closed() {
     }
 }
 
+/// How a virtual reader takes a backlog in `a_subscriber_past_max_outbox_bytes_sent_nothing_more_*`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reader {
+    /// Reads nothing; the driver tries a write at the stall's deadline.
+    Never,
+    /// Reads nothing; the driver never tries a write (a write in flight all along).
+    NeverUntried,
+    /// Takes 40 KB at each write the driver tries at a deadline, nothing otherwise.
+    AtEachTry,
+    /// Takes 8 KB every 50 ms (160 KB/s), each write reported as it happens.
+    AllAlong,
+}
+
 /// A subscriber past `max_outbox_bytes` whose socket refused part of its last write, and that
-/// is sent nothing more, is closed at the limit once the peer has taken nothing for
-/// `INPUT_WAIT` and a write tried then (`probe_writable`) took nothing either, not at the
-/// liveness timeout 45 s on; one whose socket takes some at each try is written to until it has
-/// it all (virtual time).
+/// is sent nothing more, is closed at the limit once it has taken nothing for `INPUT_WAIT` and
+/// a write tried then took nothing either (`probe_writable`, or the write in flight where none
+/// can be tried), not at the liveness timeout 45 s on. The second is timed from the write
+/// its socket began refusing at, not from an earlier sign of life: a subscriber idle for
+/// seconds before the message is not judged at once. One whose socket takes some at each try,
+/// or all along, is written to until it has it all (virtual time).
 #[test]
 fn a_subscriber_past_max_outbox_bytes_sent_nothing_more_is_closed_once_it_takes_nothing() {
     use powerhub::push::{INPUT_WAIT, PROBE_WAIT};
     use std::time::Duration;
-    for reads in [false, true] {
+    for reader in [
+        Reader::Never,
+        Reader::NeverUntried,
+        Reader::AtEachTry,
+        Reader::AllAlong,
+    ] {
         let start = Instant::now();
         let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits_of(65536), start);
         let before = wire.len();
+        // Idle for 3 s first: no pong, no output.
+        let sent = start + Duration::from_secs(3);
         let big = log_line(300_000);
-        conn.deliver_lines(&sub, big.clone(), start);
-        assert!(!conn.check_limits(start));
+        conn.deliver_lines(&sub, big.clone(), sent);
+        assert!(!conn.check_limits(sent));
         // The socket takes part of the first write: behind and past the limit, and nothing
         // more is delivered.
-        assert!(write(&mut conn, &mut wire, 50_000, start) > 0);
-        assert!(!conn.check_limits(start));
-        assert_eq!(conn.close_reason(), None, "not judged at a write");
-        let mut t = start;
-        while t < start + Duration::from_secs(30) && conn.state() == PushState::Open {
+        assert!(write(&mut conn, &mut wire, 50_000, sent) > 0);
+        assert!(!conn.check_limits(sent));
+        assert_eq!(
+            conn.close_reason(),
+            None,
+            "{reader:?}: not judged at a write"
+        );
+        let mut t = sent;
+        while t < sent + Duration::from_secs(30)
+            && conn.state() == PushState::Open
+            && wire.len() - before < big.len()
+        {
             t += Duration::from_millis(50);
+            if reader == Reader::AllAlong {
+                conn.on_writable(t);
+                write(&mut conn, &mut wire, 8_000, t);
+            }
             if conn.poll_timeout().is_some_and(|at| at <= t) {
                 // The driver's order: the try first, then the deadlines.
-                if conn.probe_writable(t) {
+                if reader != Reader::NeverUntried && conn.probe_writable(t) {
                     conn.on_writable(t);
-                    write(&mut conn, &mut wire, if reads { 40_000 } else { 0 }, t);
+                    let room = if reader == Reader::Never { 0 } else { 40_000 };
+                    write(&mut conn, &mut wire, room, t);
                 }
                 conn.handle_timeout(t, SystemTime::now());
             }
-            if wire.len() - before == big.len() {
-                break;
-            }
         }
-        if reads {
-            assert_eq!(
-                conn.state(),
-                PushState::Open,
-                "{:?} at {:?} after {} bytes",
-                conn.close_reason(),
-                t - start,
-                wire.len() - before
-            );
-            drain(&mut conn, &mut wire, t);
-            let got = &wire[before..];
-            assert!(
-                got.starts_with(&big),
-                "{} bytes written after the subscribe, {:?} after the message",
-                got.len(),
-                String::from_utf8_lossy(&got[big.len().min(got.len())..])
-            );
-        } else {
-            assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
-            let after = t - start;
-            assert!(
-                after >= INPUT_WAIT + PROBE_WAIT && after < INPUT_WAIT * 2,
-                "closed after {after:?}"
-            );
+        match reader {
+            Reader::Never | Reader::NeverUntried => {
+                assert_eq!(conn.close_reason(), Some("max_outbox_bytes"), "{reader:?}");
+                let after = t - sent;
+                assert!(
+                    after >= INPUT_WAIT + PROBE_WAIT && after < INPUT_WAIT * 2,
+                    "{reader:?}: closed {after:?} after the message"
+                );
+            }
+            Reader::AtEachTry | Reader::AllAlong => {
+                assert_eq!(
+                    conn.state(),
+                    PushState::Open,
+                    "{reader:?}: {:?} {:?} after the message, {} bytes read",
+                    conn.close_reason(),
+                    t - sent,
+                    wire.len() - before
+                );
+                drain(&mut conn, &mut wire, t);
+                assert!(
+                    wire[before..].starts_with(&big),
+                    "{reader:?}: the message whole"
+                );
+            }
         }
     }
 }

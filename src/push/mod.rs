@@ -503,9 +503,15 @@ struct Input {
     /// the mark, so that a peer that reads nothing waits [`INPUT_WAIT`] once, not once per
     /// receive.
     held_since: Option<Instant>,
-    /// When, during the current hold, the driver was last asked to try a write without
-    /// waiting for the socket's readiness ([`PushConnection::probe_writable`]).
+    /// When, during the current hold or stall, the driver was last asked to try a write
+    /// without waiting for the socket's readiness ([`PushConnection::probe_writable`]), or a
+    /// stall's deadline counted the write in flight as that try.
     probed: Option<Instant>,
+    /// When the socket last went from taking every write to refusing part of one: where a
+    /// stall past `max_outbox_bytes` is timed from, with the peer's later signs of life (the
+    /// write itself is no sign of life: the kernel's buffer took it, not the peer). `None`
+    /// while the socket takes everything.
+    behind_since: Option<Instant>,
 }
 
 /// Appends received bytes to an input buffer. Into an empty one, an allocation of just what
@@ -984,37 +990,57 @@ impl PushConnection {
         if now < due || !self.outbox.wants_writable() {
             return false;
         }
-        let alive = self.outbox.last_alive();
+        let life = self.last_life();
         let Some(input) = self.input.as_deref_mut() else {
             return false;
         };
         // A try is made once per sign of life; progress at the very instant of the try (a
         // driver that writes at once, on one clock reading) is its answer, and a later deadline
         // may try again.
-        if input.probed.is_some_and(|at| at > alive) {
+        if input.probed.is_some_and(|at| at > life) {
             return false;
         }
         input.probed = Some(now);
         true
     }
 
+    /// The peer's last sign of life (its last pong or drain progress), or the write its socket
+    /// began refusing at, whichever is later: a stall is timed from there.
+    fn last_life(&self) -> Instant {
+        let alive = self.outbox.last_alive();
+        self.input
+            .as_deref()
+            .and_then(|i| i.behind_since)
+            .map_or(alive, |behind| behind.max(alive))
+    }
+
+    /// The write tried since the peer's last sign of life (see
+    /// [`probe_writable`](Self::probe_writable)), if one was.
+    fn tried_since(&self, life: Instant) -> Option<Instant> {
+        self.input
+            .as_deref()
+            .and_then(|i| i.probed)
+            .filter(|&at| at > life)
+    }
+
     /// When a connection past `max_outbox_bytes`, its socket refusing part of its last write,
-    /// is closed at the limit if the peer takes nothing more: [`INPUT_WAIT`] after its last sign
-    /// of life, and at least [`PROBE_WAIT`] after a write tried since (see
-    /// [`probe_writable`](Self::probe_writable)). A delivery that finds it so closes it at once
-    /// (see [`check_limits`](Self::check_limits)); this is for one sent nothing more, whose
-    /// output would otherwise wait for the liveness timeout. `None` while it is under the limit
-    /// or its socket took all of its last write.
+    /// is next judged if the peer takes nothing more: [`INPUT_WAIT`] after the later of the
+    /// write its socket began refusing at and the peer's last sign of life, then [`PROBE_WAIT`]
+    /// after a write tried at that deadline (see [`probe_writable`](Self::probe_writable)),
+    /// which closes it if the try took nothing. A delivery that finds it behind and past the
+    /// limit closes it at once (see [`check_limits`](Self::check_limits)); this is for one sent
+    /// nothing more, whose output would otherwise wait for the liveness timeout. `None` while it
+    /// is under the limit or its socket took all of its last write.
     fn stall_deadline(&self) -> Option<Instant> {
         if !self.outbox.socket_refused()
             || self.output_memory() <= self.config.limits.max_outbox_bytes
         {
             return None;
         }
-        let deadline = self.outbox.last_alive() + INPUT_WAIT;
-        Some(match self.input.as_deref().and_then(|i| i.probed) {
-            Some(at) => deadline.max(at + PROBE_WAIT),
-            None => deadline,
+        let life = self.last_life();
+        Some(match self.tried_since(life) {
+            Some(at) => at + PROBE_WAIT,
+            None => life + INPUT_WAIT,
         })
     }
 
@@ -2019,7 +2045,17 @@ impl PushConnection {
         let (urgent, outbox) = transmit.split(n);
         self.urgent.advance(urgent);
         if transmit.outbox > 0 {
+            let was_behind = self.outbox.socket_refused();
             self.outbox.on_written(outbox, now);
+            let behind = self.outbox.socket_refused();
+            if behind != was_behind {
+                // Where a stall is timed from (see `stall_deadline`).
+                if behind {
+                    self.input_mut().behind_since = Some(now);
+                } else if let Some(input) = self.input.as_deref_mut() {
+                    input.behind_since = None;
+                }
+            }
             // None of it taken leaves the outbox's stream where it was; else it is at a message
             // boundary for sure only once nothing of it is unsent.
             if outbox > 0 {
@@ -2152,11 +2188,17 @@ impl PushConnection {
             return;
         }
         if self.stall_deadline().is_some_and(|at| now >= at) {
-            // Past the limit and behind its socket, and the peer took nothing since: judged
-            // without waiting for a delivery.
-            if let Some(ending) = self.over_outbox(true) {
-                self.close(ending, now);
-                return;
+            if self.tried_since(self.last_life()).is_some() || self.input.is_none() {
+                // Past the limit and behind its socket, and a write tried since the peer's last
+                // sign of life took nothing: judged without waiting for a delivery.
+                if let Some(ending) = self.over_outbox(true) {
+                    self.close(ending, now);
+                    return;
+                }
+            } else if let Some(input) = self.input.as_deref_mut() {
+                // No try could be made (a write in flight, or one the driver is about to
+                // make): that write is the try, and its result within `PROBE_WAIT` decides.
+                input.probed = Some(now);
             }
         }
         if self.outbox.poll_timeout().is_some_and(|t| t <= now) {
@@ -2352,6 +2394,7 @@ impl PushConnection {
                 && i.error.is_none()
                 && i.pending.is_none()
                 && i.last_words.is_empty()
+                && i.behind_since.is_none()
         }) {
             self.input = None;
         }
