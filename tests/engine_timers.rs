@@ -285,14 +285,15 @@ fn a_client_pipelining_while_it_reads_slowly_is_held_back_not_closed() {
 }
 
 /// A subscriber that reads nothing, sent one message several times `max_outbox_bytes` and
-/// nothing after it, is closed at the limit about a second after its socket stopped taking
-/// bytes (`push::INPUT_WAIT`, then a write tried), not at the liveness timeout: no later delivery
-/// is needed to judge it. Its close says which limit. A subscriber idle as long before the
-/// message, which then reads it steadily (about 1.5 MB/s through a small receive buffer), gets
-/// it whole: the second is timed from when its socket began refusing, not from its subscribe.
+/// nothing after it, is closed at the limit some seconds after its socket stopped taking bytes
+/// (`push::STALL_WAIT`, then a write tried), not at the liveness timeout: no later delivery is
+/// needed to judge it. Its close says which limit. Subscribers idle as long before the message
+/// that then read it get it whole: the wait is timed from when a socket began refusing, not
+/// from the subscribe; one reading steadily through a small receive buffer, and one reading
+/// 40 KB/s through a large one, whose socket shows progress only a 64 KiB segment at a time.
 #[test]
 fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_bytes() {
-    use std::io::Read;
+    use std::time::{Duration, Instant};
     on_both_backends(|backend| {
         let mut config = base_config(backend);
         config.limits.max_outbox_bytes = 256 << 10;
@@ -301,25 +302,27 @@ fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_
         config.outbox.liveness_timeout_ms = 120_000;
         let server = start(config);
         let mut stalled = client_with_rcvbuf(server.addr, 4096);
-        let mut reader = client_with_rcvbuf(server.addr, 16 << 10);
-        for c in [&mut stalled, &mut reader] {
+        let mut steady = client_with_rcvbuf(server.addr, 16 << 10);
+        let mut slow = Client::connect(server.addr);
+        for c in [&mut stalled, &mut steady, &mut slow] {
             c.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
             assert_eq!(c.msg()["type"], "subscribed");
         }
-        // Both idle past `INPUT_WAIT` before the message.
-        std::thread::sleep(std::time::Duration::from_millis(1500));
+        // All idle for a while before the message.
+        std::thread::sleep(Duration::from_millis(1500));
         let pad = 3 << 20;
-        assert_eq!(publish(&server.engine, "big", 0, pad), 2);
-        let steady = std::thread::spawn(move || {
-            let (mut got, mut buf) = (Vec::new(), vec![0u8; 24 << 10]);
-            while got.last() != Some(&b'\n') {
-                match reader.reader.read(&mut buf) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => got.extend_from_slice(&buf[..n]),
+        assert_eq!(publish(&server.engine, "big", 0, pad), 3);
+        // 24 KiB every 15 ms; 4 KiB every 100 ms for 6 s, then as fast as it comes.
+        let steady = std::thread::spawn(move || read_paced(steady, 24 << 10, |_| 15));
+        let slow_until = Instant::now() + Duration::from_secs(6);
+        let slow = std::thread::spawn(move || {
+            read_paced(slow, 4 << 10, |_| {
+                if Instant::now() < slow_until {
+                    100
+                } else {
+                    0
                 }
-                std::thread::sleep(std::time::Duration::from_millis(15));
-            }
-            got
+            })
         });
         eventually(
             "the stalled subscriber is closed at max_outbox_bytes",
@@ -331,15 +334,35 @@ fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_
             "{backend:?}: the close names the limit ({} bytes read)",
             rest.len()
         );
-        let got = steady.join().unwrap();
-        let line: serde_json::Value = serde_json::from_slice(&got).unwrap_or_else(|e| {
-            panic!(
-                "{backend:?}: the steady reader got {} bytes, not the message: {e}; ends {:?}",
-                got.len(),
-                String::from_utf8_lossy(&got[got.len().saturating_sub(300)..])
-            )
-        });
-        assert_eq!(line["pad"].as_str().map(str::len), Some(pad), "{backend:?}");
+        for (name, reader) in [("steady", steady), ("slow", slow)] {
+            let got = reader.join().unwrap();
+            let line: serde_json::Value = serde_json::from_slice(&got).unwrap_or_else(|e| {
+                panic!(
+                    "{backend:?}: the {name} reader got {} bytes, not the message: {e}; ends {:?}",
+                    got.len(),
+                    String::from_utf8_lossy(&got[got.len().saturating_sub(300)..])
+                )
+            });
+            assert_eq!(line["pad"].as_str().map(str::len), Some(pad), "{backend:?}");
+        }
         assert_eq!(server.engine.stats().limit_errors, 1, "{backend:?}");
     });
+}
+
+/// Reads one line from `c`, `chunk` bytes at a time, sleeping `pause(read so far)` ms after each
+/// read; returns what it read (up to the end of the stream if no line ends first).
+fn read_paced(mut c: Client, chunk: usize, pause: impl Fn(usize) -> u64) -> Vec<u8> {
+    use std::io::Read;
+    let (mut got, mut buf) = (Vec::new(), vec![0u8; chunk]);
+    while got.last() != Some(&b'\n') {
+        match c.reader.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+        let ms = pause(got.len());
+        if ms > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+    }
+    got
 }

@@ -776,10 +776,14 @@ enum Reader {
     AtEachTry,
     /// Takes 8 KB every 50 ms (160 KB/s), each write reported as it happens.
     AllAlong,
+    /// Takes 64 KB every 3 s, as a loopback socket's buffer frees for a reader of about
+    /// 20 KB/s with a large receive buffer (acknowledged a 64 KiB segment at a time), and
+    /// nothing at the tries between.
+    InSteps,
 }
 
 /// A subscriber past `max_outbox_bytes` whose socket refused part of its last write, and that
-/// is sent nothing more, is closed at the limit once it has taken nothing for `INPUT_WAIT` and
+/// is sent nothing more, is closed at the limit once it has taken nothing for `STALL_WAIT` and
 /// a write tried then took nothing either (`probe_writable`, or the write in flight where none
 /// can be tried), not at the liveness timeout 45 s on. The second is timed from the write
 /// its socket began refusing at, not from an earlier sign of life: a subscriber idle for
@@ -787,13 +791,14 @@ enum Reader {
 /// or all along, is written to until it has it all (virtual time).
 #[test]
 fn a_subscriber_past_max_outbox_bytes_sent_nothing_more_is_closed_once_it_takes_nothing() {
-    use powerhub::push::{INPUT_WAIT, PROBE_WAIT};
+    use powerhub::push::{PROBE_WAIT, STALL_WAIT};
     use std::time::Duration;
     for reader in [
         Reader::Never,
         Reader::NeverUntried,
         Reader::AtEachTry,
         Reader::AllAlong,
+        Reader::InSteps,
     ] {
         let start = Instant::now();
         let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits_of(65536), start);
@@ -822,11 +827,18 @@ fn a_subscriber_past_max_outbox_bytes_sent_nothing_more_is_closed_once_it_takes_
                 conn.on_writable(t);
                 write(&mut conn, &mut wire, 8_000, t);
             }
+            if reader == Reader::InSteps && (t - sent).as_millis() % 3000 == 0 {
+                conn.on_writable(t);
+                write(&mut conn, &mut wire, 64_000, t);
+            }
             if conn.poll_timeout().is_some_and(|at| at <= t) {
                 // The driver's order: the try first, then the deadlines.
                 if reader != Reader::NeverUntried && conn.probe_writable(t) {
                     conn.on_writable(t);
-                    let room = if reader == Reader::Never { 0 } else { 40_000 };
+                    let room = match reader {
+                        Reader::AtEachTry => 40_000,
+                        _ => 0,
+                    };
                     write(&mut conn, &mut wire, room, t);
                 }
                 conn.handle_timeout(t, SystemTime::now());
@@ -837,11 +849,11 @@ fn a_subscriber_past_max_outbox_bytes_sent_nothing_more_is_closed_once_it_takes_
                 assert_eq!(conn.close_reason(), Some("max_outbox_bytes"), "{reader:?}");
                 let after = t - sent;
                 assert!(
-                    after >= INPUT_WAIT + PROBE_WAIT && after < INPUT_WAIT * 2,
+                    after >= STALL_WAIT + PROBE_WAIT && after < STALL_WAIT + 4 * PROBE_WAIT,
                     "{reader:?}: closed {after:?} after the message"
                 );
             }
-            Reader::AtEachTry | Reader::AllAlong => {
+            Reader::AtEachTry | Reader::AllAlong | Reader::InSteps => {
                 assert_eq!(
                     conn.state(),
                     PushState::Open,

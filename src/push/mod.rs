@@ -114,6 +114,14 @@ pub(crate) use writeq::MAX_IOV;
 /// this its input is handled again, so a peer that never reads is closed at `max_outbox_bytes`.
 pub const INPUT_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a connection past `max_outbox_bytes` whose socket refused part of its last write,
+/// and that is sent nothing more, may go without its peer taking any of it before a write is
+/// tried, and, that write taking nothing within [`PROBE_WAIT`], the connection is closed at the
+/// limit. Longer than [`INPUT_WAIT`]: on loopback a reader with a large receive buffer
+/// acknowledges in steps of a 64 KiB segment, so one reading 20 KB/s shows progress only every
+/// three seconds or so.
+pub const STALL_WAIT: Duration = Duration::from_secs(5);
+
 /// How long a held input, or a connection past `max_outbox_bytes` behind its socket, waits for
 /// a write tried at its deadline ([`PushConnection::probe_writable`]) to show whether the peer
 /// reads.
@@ -1024,7 +1032,7 @@ impl PushConnection {
     }
 
     /// When a connection past `max_outbox_bytes`, its socket refusing part of its last write,
-    /// is next judged if the peer takes nothing more: [`INPUT_WAIT`] after the later of the
+    /// is next judged if the peer takes nothing more: [`STALL_WAIT`] after the later of the
     /// write its socket began refusing at and the peer's last sign of life, then [`PROBE_WAIT`]
     /// after a write tried at that deadline (see [`probe_writable`](Self::probe_writable)),
     /// which closes it if the try took nothing. A delivery that finds it behind and past the
@@ -1040,7 +1048,7 @@ impl PushConnection {
         let life = self.last_life();
         Some(match self.tried_since(life) {
             Some(at) => at + PROBE_WAIT,
-            None => life + INPUT_WAIT,
+            None => life + STALL_WAIT,
         })
     }
 
