@@ -226,6 +226,9 @@ fn client_that_never_reads_its_replies_is_closed_at_max_outbox_bytes() {
         config.limits.max_outbox_bytes = 256 << 10;
         let server = start(config);
         let mut other = Client::connect(server.addr);
+        // Greeted, so that its first-message timeout is no limit error of the test's.
+        other.send(r#"{"type":"ping"}"#);
+        assert_eq!(other.json()["type"], "pong");
         let mut c = Client::connect(server.addr);
         // 20 000 pings whose ids make each pong ~1 KiB: ~20 MiB of replies, never read while
         // sending, far beyond the socket buffers and the outbox limit.

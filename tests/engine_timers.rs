@@ -366,3 +366,51 @@ fn read_paced(mut c: Client, chunk: usize, pause: impl Fn(usize) -> u64) -> Vec<
     }
     got
 }
+
+/// As `a_client_pipelining_while_it_reads_slowly_is_held_back_not_closed`, through the default
+/// (large) receive buffer at about 40 KB/s: on loopback its socket shows progress only a 64 KiB
+/// segment at a time, about every second and a half, and the client is still held back, not
+/// closed (`push::INPUT_WAIT`); then it reads the rest at full speed and has every pong in order.
+#[test]
+fn a_client_pipelining_while_it_reads_slowly_through_a_large_buffer_is_held_back_not_closed() {
+    use std::io::{Read, Write};
+    use std::time::{Duration, Instant};
+    on_both_backends(|backend| {
+        let mut config = base_config(backend);
+        config.limits.max_outbox_bytes = 256 << 10;
+        let server = start(config);
+        let mut c = Client::connect(server.addr);
+        const PINGS: u64 = 20_000;
+        let mut w = c.writer.try_clone().unwrap();
+        let writer = std::thread::spawn(move || {
+            for first in (0..PINGS).step_by(100) {
+                let lines: String = (first..first + 100)
+                    .map(|id| format!("{{\"type\":\"ping\",\"id\":{id}}}\n"))
+                    .collect();
+                if w.write_all(lines.as_bytes()).is_err() {
+                    return;
+                }
+            }
+        });
+        let slow_until = Instant::now() + Duration::from_secs(6);
+        let (mut got, mut buf) = (Vec::new(), vec![0u8; 4 << 10]);
+        let last = format!("\"requestId\":{}}}\n", PINGS - 1);
+        while !got.ends_with(last.as_bytes()) {
+            match c.reader.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            if Instant::now() < slow_until {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        writer.join().unwrap();
+        let text = String::from_utf8_lossy(&got);
+        for (id, line) in text.lines().enumerate() {
+            let v: serde_json::Value = serde_json::from_str(line).unwrap();
+            assert_eq!(v["requestId"], id as u64, "{backend:?}: {line}");
+        }
+        assert_eq!(text.lines().count() as u64, PINGS, "{backend:?}");
+        assert_eq!(server.engine.stats().limit_errors, 0, "{backend:?}");
+    });
+}
