@@ -986,9 +986,10 @@ impl PushConnection {
     /// [`on_writable`](Self::on_writable) as for a readiness event.
     ///
     /// The same holds for a connection past `max_outbox_bytes` whose socket refused part of its
-    /// last write and that is sent nothing more (see [`stall_deadline`](Self::stall_deadline)).
-    /// A driver calls this before [`handle_timeout`](Self::handle_timeout), which would
-    /// otherwise judge the peer without the try.
+    /// last write and that is sent nothing more, [`STALL_WAIT`] after its socket began refusing
+    /// (or after the peer's last sign of life). A driver calls this before
+    /// [`handle_timeout`](Self::handle_timeout), which would otherwise count the write in flight
+    /// as the try.
     pub fn probe_writable(&mut self, now: Instant) -> bool {
         if self.state != PushState::Open {
             return false;
