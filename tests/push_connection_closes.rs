@@ -651,9 +651,11 @@ fn a_line_over_the_sessions_max_line_bytes_is_refused_and_the_connection_stays()
 /// socket's readiness comes seconds apart (a readiness event waits until much of a large send
 /// buffer is free): at the hold's deadline the driver is asked to try a write
 /// (`probe_writable`), whose progress extends the hold. One that reads nothing is closed at the
-/// limit (virtual time: 60 KB/s read, readiness every 3 s, 10 s).
+/// limit (virtual time: 60 KB/s read, readiness `INPUT_WAIT` + 2 s apart, for three times
+/// `INPUT_WAIT`).
 #[test]
 fn a_pipelining_client_that_keeps_reading_slowly_is_never_closed_at_the_limit() {
+    use powerhub::push::INPUT_WAIT;
     use std::time::Duration;
     for reads in [true, false] {
         let start = Instant::now();
@@ -665,7 +667,9 @@ fn a_pipelining_client_that_keeps_reading_slowly_is_never_closed_at_the_limit() 
         // What the peer's reading has freed in the socket since the last write.
         let mut room = 0usize;
         let mut ready_at = start;
-        while t < start + Duration::from_secs(10) && conn.state() == PushState::Open {
+        // Long enough for a peer that reads nothing to be judged.
+        let end = start + INPUT_WAIT * 3;
+        while t < end && conn.state() == PushState::Open {
             t += Duration::from_millis(10);
             if reads {
                 room += 600;
@@ -684,7 +688,10 @@ fn a_pipelining_client_that_keeps_reading_slowly_is_never_closed_at_the_limit() 
                     conn.on_writable(t);
                 }
             }
-            if conn.outbox().wants_writable() && t >= ready_at + Duration::from_secs(3) {
+            // Readiness further apart than the hold's wait: only the tried write shows the
+            // reading in time.
+            if conn.outbox().wants_writable() && t >= ready_at + INPUT_WAIT + Duration::from_secs(2)
+            {
                 ready_at = t;
                 conn.on_writable(t);
             }

@@ -112,10 +112,11 @@ pub(crate) use writeq::MAX_IOV;
 /// How long a connection's input waits for its output to drain (see
 /// [`PushConnection::input_waiting`]) while its peer reads none of it and sends no pong: past
 /// this (and a write tried then, [`PROBE_WAIT`]) its input is handled again, so a peer that
-/// never reads is closed at `max_outbox_bytes`. Five seconds, as [`STALL_WAIT`]: on loopback a
-/// reader with a large receive buffer frees the socket a 64 KiB segment at a time, so one taking
-/// its replies at 40 KB/s shows progress only every second and a half.
-pub const INPUT_WAIT: Duration = Duration::from_secs(5);
+/// never reads is closed at `max_outbox_bytes`. Ten seconds: on loopback a reader with a large
+/// receive buffer frees the socket a 64 KiB segment at a time, so one taking its replies at
+/// 20 KB/s shows progress only every few seconds (five was too short for it). Held input costs
+/// no more memory meanwhile: the output stays near a quarter of the limit.
+pub const INPUT_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a connection past `max_outbox_bytes` whose socket refused part of its last write,
 /// and that is sent nothing more, may go without its peer taking any of it before a write is
