@@ -259,18 +259,7 @@ fn a_client_pipelining_while_it_reads_slowly_is_held_back_not_closed() {
         let server = start(config);
         let mut c = client_with_rcvbuf(server.addr, 4096);
         const PINGS: u64 = 20_000;
-        let mut w = c.writer.try_clone().unwrap();
-        let writer = std::thread::spawn(move || {
-            use std::io::Write;
-            for first in (0..PINGS).step_by(100) {
-                let lines: String = (first..first + 100)
-                    .map(|id| format!("{{\"type\":\"ping\",\"id\":{id}}}\n"))
-                    .collect();
-                if w.write_all(lines.as_bytes()).is_err() {
-                    return;
-                }
-            }
-        });
+        let writer = spawn_pinger(&c, PINGS);
         // About 2 000 replies (60 KB) a second, read all along.
         for id in 0..PINGS {
             let v = c.json();
@@ -313,10 +302,11 @@ fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_
         let pad = 3 << 20;
         assert_eq!(publish(&server.engine, "big", 0, pad), 3);
         // 24 KiB every 15 ms; 4 KiB every 100 ms for 6 s, then as fast as it comes.
-        let steady = std::thread::spawn(move || read_paced(steady, 24 << 10, |_| 15));
+        let line_read = |got: &[u8]| got.last() == Some(&b'\n');
+        let steady = std::thread::spawn(move || read_paced(steady, 24 << 10, line_read, || 15));
         let slow_until = Instant::now() + Duration::from_secs(6);
         let slow = std::thread::spawn(move || {
-            read_paced(slow, 4 << 10, |_| {
+            read_paced(slow, 4 << 10, line_read, || {
                 if Instant::now() < slow_until {
                     100
                 } else {
@@ -349,22 +339,45 @@ fn a_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_max_outbox_
     });
 }
 
-/// Reads one line from `c`, `chunk` bytes at a time, sleeping `pause(read so far)` ms after each
-/// read; returns what it read (up to the end of the stream if no line ends first).
-fn read_paced(mut c: Client, chunk: usize, pause: impl Fn(usize) -> u64) -> Vec<u8> {
+/// Reads from `c`, `chunk` bytes at a time, until `done` holds for what it read (or the stream
+/// ends), sleeping `pause()` ms after each read; returns what it read.
+fn read_paced(
+    mut c: Client,
+    chunk: usize,
+    done: impl Fn(&[u8]) -> bool,
+    pause: impl Fn() -> u64,
+) -> Vec<u8> {
     use std::io::Read;
     let (mut got, mut buf) = (Vec::new(), vec![0u8; chunk]);
-    while got.last() != Some(&b'\n') {
+    while !done(&got) {
         match c.reader.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => got.extend_from_slice(&buf[..n]),
         }
-        let ms = pause(got.len());
+        let ms = pause();
         if ms > 0 {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
     }
     got
+}
+
+/// Writes `pings` pings on `c` (ids 0 on, 100 per write) from a thread of their own, so that
+/// the client's reading never waits for its writing; the thread ends early if the server
+/// closes.
+fn spawn_pinger(c: &Client, pings: u64) -> std::thread::JoinHandle<()> {
+    use std::io::Write;
+    let mut w = c.writer.try_clone().unwrap();
+    std::thread::spawn(move || {
+        for first in (0..pings).step_by(100) {
+            let lines: String = (first..first + 100)
+                .map(|id| format!("{{\"type\":\"ping\",\"id\":{id}}}\n"))
+                .collect();
+            if w.write_all(lines.as_bytes()).is_err() {
+                return;
+            }
+        }
+    })
 }
 
 /// As `a_client_pipelining_while_it_reads_slowly_is_held_back_not_closed`, through the default
@@ -373,37 +386,22 @@ fn read_paced(mut c: Client, chunk: usize, pause: impl Fn(usize) -> u64) -> Vec<
 /// closed (`push::INPUT_WAIT`); then it reads the rest at full speed and has every pong in order.
 #[test]
 fn a_client_pipelining_while_it_reads_slowly_through_a_large_buffer_is_held_back_not_closed() {
-    use std::io::{Read, Write};
     use std::time::{Duration, Instant};
     on_both_backends(|backend| {
         let mut config = base_config(backend);
         config.limits.max_outbox_bytes = 256 << 10;
         let server = start(config);
-        let mut c = Client::connect(server.addr);
+        let c = Client::connect(server.addr);
         const PINGS: u64 = 20_000;
-        let mut w = c.writer.try_clone().unwrap();
-        let writer = std::thread::spawn(move || {
-            for first in (0..PINGS).step_by(100) {
-                let lines: String = (first..first + 100)
-                    .map(|id| format!("{{\"type\":\"ping\",\"id\":{id}}}\n"))
-                    .collect();
-                if w.write_all(lines.as_bytes()).is_err() {
-                    return;
-                }
-            }
-        });
+        let writer = spawn_pinger(&c, PINGS);
         let slow_until = Instant::now() + Duration::from_secs(6);
-        let (mut got, mut buf) = (Vec::new(), vec![0u8; 4 << 10]);
         let last = format!("\"requestId\":{}}}\n", PINGS - 1);
-        while !got.ends_with(last.as_bytes()) {
-            match c.reader.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => got.extend_from_slice(&buf[..n]),
-            }
-            if Instant::now() < slow_until {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
+        let got = read_paced(
+            c,
+            4 << 10,
+            |got| got.ends_with(last.as_bytes()),
+            || if Instant::now() < slow_until { 100 } else { 0 },
+        );
         writer.join().unwrap();
         let text = String::from_utf8_lossy(&got);
         for (id, line) in text.lines().enumerate() {

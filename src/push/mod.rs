@@ -1002,16 +1002,15 @@ impl PushConnection {
         if now < due || !self.outbox.wants_writable() {
             return false;
         }
-        let life = self.last_life();
-        let Some(input) = self.input.as_deref_mut() else {
-            return false;
-        };
         // A try is made once per sign of life; progress at the very instant of the try (a
         // driver that writes at once, on one clock reading) is its answer, and a later deadline
         // may try again.
-        if input.probed.is_some_and(|at| at > life) {
+        if self.tried_since(self.last_life()).is_some() {
             return false;
         }
+        let Some(input) = self.input.as_deref_mut() else {
+            return false;
+        };
         input.probed = Some(now);
         true
     }
@@ -2200,17 +2199,15 @@ impl PushConnection {
             return;
         }
         if self.stall_deadline().is_some_and(|at| now >= at) {
-            if self.tried_since(self.last_life()).is_some() || self.input.is_none() {
-                // Past the limit and behind its socket, and a write tried since the peer's last
-                // sign of life took nothing: judged without waiting for a delivery.
-                if let Some(ending) = self.over_outbox(true) {
-                    self.close(ending, now);
-                    return;
-                }
-            } else if let Some(input) = self.input.as_deref_mut() {
+            if self.tried_since(self.last_life()).is_none() {
                 // No try could be made (a write in flight, or one the driver is about to
                 // make): that write is the try, and its result within `PROBE_WAIT` decides.
-                input.probed = Some(now);
+                self.input_mut().probed = Some(now);
+            } else if let Some(ending) = self.over_outbox(true) {
+                // Past the limit and behind its socket, and a write tried since the peer's last
+                // sign of life took nothing: judged without waiting for a delivery.
+                self.close(ending, now);
+                return;
             }
         }
         if self.outbox.poll_timeout().is_some_and(|t| t <= now) {
