@@ -10,14 +10,17 @@
 //! against the full parser on generated and byte-mutated lines, and `tests/protocol_fuzz.rs`
 //! checks the whole parser against serde_json.
 //!
+//! A line that starts as nearly every publish does, `{"type":"publish","message":`, is read from
+//! its message on, those two members known without reading their names.
+//!
 //! The line need not be known to be UTF-8: the path takes only ASCII outside strings and checks
 //! a string holding a byte above ASCII as UTF-8, so a line it accepts is UTF-8 (and one that is
 //! not goes to the full parser, which names the offset). A short string ends at the next special
-//! byte of the 64-byte block it starts in, found in the block's masks (16 bytes compared at a
-//! time, once per block); a longer one is skipped a word at a time, then 32 bytes a step in one
-//! pass where the CPU has AVX2 (a quote, backslash or control character stops it; a byte above
-//! ASCII is noted), its last bytes with `memchr`, the skipped bytes checked for control
-//! characters in one vectorisable pass.
+//! byte of the 64-byte block it starts in, found in the block's masks (32 bytes compared at a
+//! time where the CPU has AVX2, else 16; once per block); a longer one is skipped a word at a
+//! time, then 32 bytes a step in one pass where the CPU has AVX2 (a quote, backslash or control
+//! character stops it; a byte above ASCII is noted), its last bytes with `memchr`, the skipped
+//! bytes checked for control characters in one vectorisable pass.
 
 use bytes::Bytes;
 
@@ -170,22 +173,23 @@ fn read<'a>(
     };
     p.ws();
     let mut env = Envelope::default();
-    p.object(true, |p, key| {
-        let Some(k) = named(key, &ENVELOPE) else {
-            return p.value(1).map(drop);
-        };
-        let slot = &mut env.members[k];
-        if k == MESSAGE {
-            // The message is read once: validated, and its head taken on the way.
-            let head = &mut env.head;
-            p.record(slot, |p| {
-                p.head(head)?;
-                Some(Kind::Object)
-            })
-        } else {
-            p.record(slot, |p| p.value(1))
+    if line.get(p.i..p.i + USUAL_START.len()) == Some(USUAL_START) {
+        // The shape nearly every client writes: the type first, then the message. Read as the
+        // loop below would read them, without comparing the names.
+        env.members[TYPE] = Some(Token {
+            start: (p.i + USUAL_TYPE.start) as u32,
+            end: (p.i + USUAL_TYPE.end) as u32,
+            kind: Kind::PlainString,
+        });
+        p.i += USUAL_START.len();
+        p.ws();
+        envelope_member(&mut p, MESSAGE, &mut env)?;
+        if p.member_end()? {
+            p.members(true, |p, key| envelope_key(p, key, &mut env))?;
         }
-    })?;
+    } else {
+        p.object(true, |p, key| envelope_key(p, key, &mut env))?;
+    }
     let end = if let Some(reread) = in_run {
         // The line must end here; a line break read as whitespace means the read crossed into
         // another line.
@@ -206,13 +210,12 @@ fn read<'a>(
     if kind?.plain_str(line)? != "publish" {
         return None;
     }
-    if id.is_some() && request_id.is_some() {
+    let id = match (id, request_id) {
+        // Most publishes carry no id.
+        (None, None) => None,
         // Both names of the id: the full parser refuses it.
-        return None;
-    }
-    let id = match self::request_id(line, id)? {
-        Some(id) => Some(id),
-        None => self::request_id(line, request_id)?,
+        (Some(_), Some(_)) => return None,
+        (Some(t), None) | (None, Some(t)) => self::request_id(line, t)?,
     };
     let message = message?;
     let [head_kind, head_stream, head_device_id, head_session, ..] = env.head;
@@ -250,12 +253,9 @@ fn field(json: &[u8], token: Option<Token>) -> Option<FieldRef<'_>> {
     }
 }
 
-/// A request id: absent or `null`, a string without escapes, or an integer that fits an `i64`.
+/// A request id: `null`, a string without escapes, or an integer that fits an `i64`.
 /// `Some(None)` is "no id"; `None` sends the line to the full parser.
-fn request_id(line: &[u8], token: Option<Token>) -> Option<Option<RequestId>> {
-    let Some(t) = token else {
-        return Some(None);
-    };
+fn request_id(line: &[u8], t: Token) -> Option<Option<RequestId>> {
     match t.kind {
         Kind::Null => Some(None),
         Kind::PlainString => t
@@ -285,8 +285,40 @@ const ENVELOPE: [&[u8]; 8] = [
     b"subscriptionId",
     b"token",
 ];
+/// [`ENVELOPE`]'s index of the type.
+const TYPE: usize = 0;
 /// [`ENVELOPE`]'s index of the message.
 const MESSAGE: usize = 1;
+/// How nearly every publish line starts: its type, then its message's value.
+const USUAL_START: &[u8] = br#"{"type":"publish","message":"#;
+/// Where the type's value (with its quotes) is in [`USUAL_START`].
+const USUAL_TYPE: std::ops::Range<usize> = 8..17;
+
+/// Reads the envelope's member named `key`, its value at the cursor, into `env`.
+#[inline(always)]
+fn envelope_key<'a>(p: &mut Parser<'a>, key: &[u8], env: &mut Envelope) -> Option<()> {
+    match named(key, &ENVELOPE) {
+        Some(k) => envelope_member(p, k, env),
+        None => p.value(1).map(drop),
+    }
+}
+
+/// Reads the envelope's member `k` of [`ENVELOPE`], its value at the cursor, into `env`; a
+/// member read before gives `None`.
+#[inline(always)]
+fn envelope_member(p: &mut Parser<'_>, k: usize, env: &mut Envelope) -> Option<()> {
+    let slot = &mut env.members[k];
+    if k == MESSAGE {
+        // The message is read once: validated, and its head taken on the way.
+        let head = &mut env.head;
+        p.record(slot, |p| {
+            p.head(head)?;
+            Some(Kind::Object)
+        })
+    } else {
+        p.record(slot, |p| p.value(1))
+    }
+}
 /// The members of the message's own top level the server reads, then the ids the outbox reads
 /// (a correlated message is never coalesced): the names of [`Envelope::head`].
 const HEAD: [&[u8]; 6] = [
@@ -423,10 +455,59 @@ impl Block {
     }
 }
 
-/// The masks of a block (its `start` left 0): 16 bytes compared at a time.
+/// The masks of a block (its `start` left 0): 32 bytes compared at a time where the CPU has
+/// AVX2, else 16.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 fn masks(block: &[u8; 64]) -> Block {
+    if std::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2 (checked just above).
+        return unsafe { masks_avx2(block) };
+    }
+    masks_sse2(block)
+}
+
+/// [`masks`] on AVX2.
+///
+/// # Safety
+///
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[allow(unused_unsafe)]
+unsafe fn masks_avx2(block: &[u8; 64]) -> Block {
+    use std::arch::x86_64::{
+        _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256,
+        _mm256_set1_epi8,
+    };
+    let mut out = Block {
+        start: 0,
+        stop: 0,
+        quote: 0,
+    };
+    for (k, chunk) in block.chunks_exact(32).enumerate() {
+        // SAFETY: AVX2 is enabled here and the CPU has it (this function's contract), and
+        // `chunk` is 32 readable bytes (the load has no alignment requirement).
+        let (stop, q) = unsafe {
+            let x = _mm256_loadu_si256(chunk.as_ptr().cast());
+            let quote = _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'"' as i8));
+            // A byte above ASCII has its sign bit set: it stops a plain string too.
+            (
+                _mm256_movemask_epi8(_mm256_or_si256(plain_stops_avx2(x), x)),
+                _mm256_movemask_epi8(quote),
+            )
+        };
+        // The sign bits of the 32 lanes.
+        out.stop |= u64::from(stop as u32) << (32 * k);
+        out.quote |= u64::from(q as u32) << (32 * k);
+    }
+    out
+}
+
+/// [`masks`] on SSE2 (part of every x86_64 target).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+fn masks_sse2(block: &[u8; 64]) -> Block {
     use std::arch::x86_64::{
         _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8,
@@ -506,13 +587,24 @@ impl<'a> Parser<'a> {
     fn object(
         &mut self,
         plain_keys: bool,
-        mut each: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
+        each: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
     ) -> Option<()> {
         self.eat(b'{')?;
         self.ws();
         if self.eat_if(b'}') {
             return Some(());
         }
+        self.members(plain_keys, each)
+    }
+
+    /// Reads an object's members from the cursor, at a key, through its closing brace, as
+    /// [`Self::object`] does.
+    #[inline(always)]
+    fn members(
+        &mut self,
+        plain_keys: bool,
+        mut each: impl FnMut(&mut Self, &'a [u8]) -> Option<()>,
+    ) -> Option<()> {
         loop {
             let start = self.i;
             if self.string()? != Kind::PlainString && plain_keys {
@@ -523,18 +615,28 @@ impl<'a> Parser<'a> {
             self.eat(b':')?;
             self.ws();
             each(self, key)?;
-            self.ws();
-            match self.b.get(self.i)? {
-                b',' => {
-                    self.i += 1;
-                    self.ws();
-                }
-                b'}' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                _ => return None,
+            if !self.member_end()? {
+                return Some(());
             }
+        }
+    }
+
+    /// Past a member's value: a comma (`true`: another member follows, the cursor at its key)
+    /// or the object's closing brace (`false`).
+    #[inline(always)]
+    fn member_end(&mut self) -> Option<bool> {
+        self.ws();
+        match self.b.get(self.i)? {
+            b',' => {
+                self.i += 1;
+                self.ws();
+                Some(true)
+            }
+            b'}' => {
+                self.i += 1;
+                Some(false)
+            }
+            _ => None,
         }
     }
 
@@ -1030,6 +1132,32 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn a_block_has_the_same_masks_on_avx2_as_on_sse2() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return;
+        }
+        // Each special byte, a byte above ASCII and a plain one at every position of a block.
+        for byte in [b'"', b'\\', 0x00, 0x1f, 0x20, 0x7f, 0x80, 0xff, b'a'] {
+            for at in 0..64 {
+                let mut block = [b'x'; 64];
+                block[at] = byte;
+                block[63 - at] = b'"';
+                // SAFETY: the CPU has AVX2 (checked above).
+                let (avx2, sse2) = (
+                    unsafe { super::masks_avx2(&block) },
+                    super::masks_sse2(&block),
+                );
+                assert_eq!(
+                    (avx2.stop, avx2.quote),
+                    (sse2.stop, sse2.quote),
+                    "{byte:#x} at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn a_special_byte_is_found_anywhere_in_a_word() {
         // A quote, a backslash or a control character at each position of the words read.
         for pad in 0..40 {
@@ -1115,6 +1243,29 @@ mod tests {
             panic!("not taken");
         };
         assert_eq!(&message[..], b"{\"type\":\"t\",  \"stream\":\"s\" }");
+    }
+
+    #[test]
+    fn a_line_of_the_usual_start_reads_as_any_other_order_does() {
+        // The type, then the message, named in the usual start without comparing the names:
+        // what follows it is read as in any other order, a repeated member refused.
+        for line in [
+            r#"{"type":"publish","message": {"type":"t","stream":"s"} ,"id":3}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s"},"requestId":"r","x":[1]}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s","deviceId":"d"}}"#,
+        ] {
+            assert!(both(line).is_some(), "{line}");
+        }
+        for line in [
+            r#"{"type":"publish","message":{"type":"t","stream":"s"},"type":"publish"}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s"},"message":{"type":"t","stream":"s"}}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s"},}"#,
+            r#"{"type":"publish","message":{"type":"t","stream":"s"}"#,
+            r#"{"type":"publish","message":5}"#,
+            r#"{"type":"publish","message":"#,
+        ] {
+            assert!(publish(line.as_bytes(), 128).is_none(), "{line}");
+        }
     }
 
     #[test]

@@ -1255,7 +1255,7 @@ impl PushConnection {
                     // any other line is cut at its newline, and sliced off the run and parsed as
                     // a text event's.
                     let (request, last) = match self.session.read_publish_line(&run[start..]) {
-                        Ok((publish, newline)) => {
+                        Ok((mut publish, newline)) => {
                             let last = self.input_mut().end_line(run.len(), start + newline);
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
                             // Without its `\r`, as `cut_line` cuts other lines.
@@ -1264,7 +1264,7 @@ impl PushConnection {
                             let request = if self.refused_as_long(line, now) {
                                 None
                             } else {
-                                self.publish_read(publish, &run, now, wall)
+                                self.publish_read(&mut publish, &run, now, wall)
                             };
                             (request, last)
                         }
@@ -1284,7 +1284,9 @@ impl PushConnection {
                                     .then(|| self.session.read_publish(&run[start..end]))
                                     .flatten();
                                 match read {
-                                    Some(publish) => self.publish_read(publish, &run, now, wall),
+                                    Some(mut publish) => {
+                                        self.publish_read(&mut publish, &run, now, wall)
+                                    }
                                     None => self.command_line(run.slice(start..end), now, wall),
                                 }
                             };
@@ -1310,7 +1312,7 @@ impl PushConnection {
                         None
                     } else {
                         match self.session.read_publish(&line) {
-                            Some(publish) => self.publish_read(publish, &line, now, wall),
+                            Some(mut publish) => self.publish_read(&mut publish, &line, now, wall),
                             None => self.command_line(line, now, wall),
                         }
                     };
@@ -1482,20 +1484,20 @@ impl PushConnection {
     /// asked of the driver; or answered (an error, a close) when a check refuses it.
     fn publish_read(
         &mut self,
-        publish: fast::Publish<'_>,
+        publish: &mut fast::Publish<'_>,
         owner: &Bytes,
         now: Instant,
         wall: SystemTime,
     ) -> Option<Request> {
-        if let Some(action) = self.session.check_read_publish(&publish, wall) {
-            return self.perform(action, publish.id, now);
+        if let Some(action) = self.session.check_read_publish(publish, wall) {
+            return self.perform(action, publish.id.take(), now);
         }
         // A slice of the receive, not a copy (the hub copies it where it keeps it).
         let message = publish.message_in(owner);
         self.input_mut()
             .topics
             .set_message(publish.stream, publish.device_id());
-        Some(self.ask_publish(publish.id, message))
+        Some(self.ask_publish(publish.id.take(), message))
     }
 
     /// Whether the publish asked last waits for what it reached (a publish with an id, whose
