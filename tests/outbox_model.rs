@@ -618,6 +618,7 @@ proptest! {
 // a masked text frame; the model's stream is then server frames: a text frame per message, a
 // ping frame per keepalive).
 
+use powerhub::hub::Message;
 use powerhub::plugin::ProtocolFactory;
 use powerhub::protocol::{reply, RequestId, Session, SessionConfig};
 use powerhub::push::{PushConfig, PushConnection, PushLimits, PushState, Request};
@@ -819,22 +820,33 @@ impl PushDriver {
                     self.conn.unsubscribe_done(now);
                 }
                 Request::Publish { message } => {
-                    let mut delivered = 0;
-                    let topics: Vec<String> =
-                        self.conn.publish_topics().map(String::from).collect();
-                    for topic in &topics {
-                        if let Some(&t) = stream_of.get(topic) {
-                            delivered += self.topics.subs.get(&t).map_or(0, Vec::len);
-                            let json = String::from_utf8(message.bytes().to_vec()).unwrap();
-                            let msg = self.known[&json].clone();
-                            self.topics.pending.entry(t).or_default().push((msg, json));
-                        }
-                    }
+                    let delivered = self.publish(&message, stream_of);
                     self.conn.publish_done(Ok(delivered), now);
+                }
+                // Gathered as the server's shards gather them: each message as its publish.
+                Request::PublishRun { messages } => {
+                    for message in &messages {
+                        self.publish(message, stream_of);
+                    }
                 }
                 other => panic!("unexpected request {other:?}"),
             }
         }
+    }
+
+    /// Queues `message` for the subscribers of the last publish's topics; returns how many.
+    fn publish(&mut self, message: &Message, stream_of: &BTreeMap<String, u8>) -> usize {
+        let mut delivered = 0;
+        let topics: Vec<String> = self.conn.publish_topics().map(String::from).collect();
+        for topic in &topics {
+            if let Some(&t) = stream_of.get(topic) {
+                delivered += self.topics.subs.get(&t).map_or(0, Vec::len);
+                let json = String::from_utf8(message.bytes().to_vec()).unwrap();
+                let msg = self.known[&json].clone();
+                self.topics.pending.entry(t).or_default().push((msg, json));
+            }
+        }
+        delivered
     }
 
     fn write(&mut self, cap: usize) {
@@ -862,7 +874,12 @@ fn run_push(ops: &[PushOp], hw: usize, websocket: bool) -> Result<(), TestCaseEr
     let limits = PushLimits::default()
         .with_first_message_timeout_ms(u64::MAX / 4)
         .with_idle_timeout_ms(0);
-    let config = Arc::new(PushConfig::new(limits, outbox, Arc::new(PayloadFactory)).unwrap());
+    // Publish runs gathered, as the server's shards drive connections.
+    let config = Arc::new(
+        PushConfig::new(limits, outbox, Arc::new(PayloadFactory))
+            .unwrap()
+            .with_publish_runs(true),
+    );
     let t0 = Instant::now();
     let proto = if websocket {
         powerhub_websocket::WebSocketFactory::new(powerhub_websocket::WebSocketConfig::default())

@@ -239,6 +239,8 @@ pub struct PushConfig {
     outbox_ndjson: Arc<OutboxConfig>,
     outbox_protocol: Arc<OutboxConfig>,
     factory: Arc<dyn MessageFactory>,
+    /// Connections gather publish runs ([`PushConfig::with_publish_runs`]).
+    publish_runs: bool,
 }
 
 impl std::fmt::Debug for PushConfig {
@@ -285,7 +287,44 @@ impl PushConfig {
             outbox_ndjson: Arc::new(outbox_ndjson),
             outbox_protocol: Arc::new(outbox_protocol),
             factory,
+            publish_runs: false,
         })
+    }
+
+    /// With `on`, a connection asks publishes without an id to one topic, read one after
+    /// another from one receive, as one [`Request::PublishRun`] each run instead of a
+    /// [`Request::Publish`] each (off by default): a driver that publishes a run at once saves a
+    /// request per message. Nothing else changes: a run ends before any other line, which is
+    /// handled after it, and a subscribed connection gathers none.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use std::time::{Instant, SystemTime};
+    /// # use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    /// # use powerhub::plugin::ProtocolFactory;
+    /// # use powerhub::protocol::{Session, SessionConfig};
+    /// # use powerhub::push::{PushConfig, PushConnection, PushLimits, Request};
+    /// let config = PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory))
+    ///     .unwrap()
+    ///     .with_publish_runs(true);
+    /// # let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    /// # let (now, wall) = (Instant::now(), SystemTime::now());
+    /// let mut conn = PushConnection::new(proto, Session::new(1, SessionConfig::default()), &Arc::new(config), now).unwrap();
+    /// let publish = |n: u32| format!("{{\"type\":\"publish\",\"message\":{{\"type\":\"t\",\"stream\":\"s\",\"n\":{n}}}}}\n");
+    /// conn.handle_input((publish(1) + &publish(2)).as_bytes(), now);
+    /// match conn.poll(now, wall) {
+    ///     Some(Request::PublishRun { messages }) => {
+    ///         assert_eq!(messages.len(), 2);
+    ///         assert_eq!(conn.publish_topics().collect::<Vec<_>>(), ["s"]);
+    ///     }
+    ///     other => panic!("{other:?}"),
+    /// }
+    /// assert_eq!(conn.poll(now, wall), None);
+    /// ```
+    #[must_use]
+    pub fn with_publish_runs(mut self, on: bool) -> PushConfig {
+        self.publish_runs = on;
+        self
     }
 
     /// The limits.
@@ -338,6 +377,16 @@ pub enum Request {
     Publish {
         /// The message, byte for byte as the client wrote it.
         message: Message,
+    },
+    /// Publish `messages`, in order, to the one topic of [`PushConnection::publish_topics`]:
+    /// publishes without an id, read one after another from one receive, none of them
+    /// answered. Asked only of a connection whose config
+    /// [gathers publish runs](PushConfig::with_publish_runs), in place of a
+    /// [`Request::Publish`] per message; a connection gathers none while it is subscribed
+    /// (each of its publishes is fanned out before its next command).
+    PublishRun {
+        /// The messages, each byte for byte as the client wrote it, in the order read.
+        messages: Vec<Message>,
     },
 }
 
@@ -483,6 +532,9 @@ impl std::fmt::Debug for PushConnection {
     }
 }
 
+/// The most messages a publish run reserves room for at its start (it grows past that).
+const MAX_RUN_RESERVE: usize = 4096;
+
 /// Received bytes and what the protocol decoded of them.
 #[derive(Debug, Default)]
 struct Input {
@@ -509,6 +561,10 @@ struct Input {
     last_words: Vec<Bytes>,
     /// The topics of the publish asked for last ([`PushConnection::publish_topics`]).
     topics: TopicList,
+    /// The publish run being gathered ([`Request::PublishRun`]): empty between polls.
+    run: Vec<Message>,
+    /// What the line after a run asked, asked by the next poll, after the run.
+    after_run: Option<Request>,
     /// Since when the output has been over the input mark with input to handle (see
     /// [`PushConnection::input_waiting`]): kept across inputs until the output is found under
     /// the mark, so that a peer that reads nothing waits [`INPUT_WAIT`] once, not once per
@@ -629,9 +685,14 @@ impl TopicList {
     /// rule: the stream's topic, and the device's when the message names one).
     ///
     /// [`publish_topics`]: crate::protocol::publish_topics
+    /// Whether the list is the one topic of a message of `stream` without a device.
+    fn is(&self, stream: &str) -> bool {
+        self.ends.len() == 1 && self.text == stream
+    }
+
     fn set_message(&mut self, stream: &str, device: Option<&str>) {
         // A publisher most often publishes to the same stream again: the list it has is kept.
-        if device.is_none() && self.ends.len() == 1 && self.text == stream {
+        if device.is_none() && self.is(stream) {
             return;
         }
         self.text.clear();
@@ -1190,8 +1251,11 @@ impl PushConnection {
     /// assert_eq!(conn.poll(now, SystemTime::now()), None);
     /// ```
     pub fn poll(&mut self, now: Instant, wall: SystemTime) -> Option<Request> {
+        if let Some(request) = self.input.as_deref_mut().and_then(|i| i.after_run.take()) {
+            return Some(request);
+        }
         self.settle_pending(now);
-        loop {
+        'input: loop {
             if self.state != PushState::Open {
                 self.end_input();
                 self.count_decode_error();
@@ -1250,11 +1314,17 @@ impl PushConnection {
             };
             let event = match taken {
                 Taken::Event(event) => event,
-                Taken::Line { run, start } => {
+                Taken::Line { run, mut start } => loop {
                     // A usual publish is read where it lies, its line's end found by the read;
                     // any other line is cut at its newline, and sliced off the run and parsed as
                     // a text event's.
-                    let (request, last) = match self.session.read_publish_line(&run[start..]) {
+                    let read = self.session.read_publish_line(&run[start..]);
+                    if self.gathering() && !matches!(&read, Ok((p, _)) if self.joins_run(p)) {
+                        // The line is read by the next poll, after the run is asked.
+                        self.input_mut().give_back(run);
+                        return Some(self.take_run());
+                    }
+                    let (request, last) = match read {
                         Ok((mut publish, newline)) => {
                             let last = self.input_mut().end_line(run.len(), start + newline);
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
@@ -1274,7 +1344,7 @@ impl PushConnection {
                                 if !last {
                                     self.input_mut().give_back(run);
                                 }
-                                continue;
+                                continue 'input;
                             }
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
                             let request = if self.refused_as_long(&run[start..end], now) {
@@ -1293,14 +1363,45 @@ impl PushConnection {
                             (request, last)
                         }
                     };
+                    let request = match request {
+                        Some(Request::Publish { message }) if self.runs_publish() => {
+                            // Gathered, answered with nothing (it has no id); the run's next
+                            // line is read at once, with nothing in between to check: this
+                            // publish changed neither the output nor the connection's state.
+                            let input = self.input_mut();
+                            // It holds no allocation (a publish without an id): forgotten, with
+                            // no drop to call.
+                            std::mem::forget(input.pending.take());
+                            if input.run.is_empty() && !last {
+                                // Room for the run's lines if they are as long as this one.
+                                let line = input.line_at.saturating_sub(start).max(1);
+                                let rest = run.len() - start;
+                                input.run.reserve((rest / line).min(MAX_RUN_RESERVE));
+                            }
+                            input.run.push(message);
+                            if last {
+                                return Some(self.take_run());
+                            }
+                            start = input.line_at;
+                            continue;
+                        }
+                        other => other,
+                    };
                     if !last {
                         self.input_mut().give_back(run);
                     }
+                    if self.gathering() {
+                        // A publish of the run refused (its error queued): the run goes first.
+                        if let Some(request) = request {
+                            self.input_mut().after_run = Some(request);
+                        }
+                        return Some(self.take_run());
+                    }
                     match request {
                         Some(request) => return Some(request),
-                        None => continue,
+                        None => continue 'input,
                     }
-                }
+                },
             };
             match event {
                 Inbound::Text(line) => {
@@ -1512,7 +1613,7 @@ impl PushConnection {
     }
 
     /// The topics of the last [`Request::Publish`]: the stream's topic, then the device's when
-    /// the message names a device.
+    /// the message names a device; after a [`Request::PublishRun`], the run's one topic.
     pub fn publish_topics(&self) -> PublishTopics<'_> {
         static NONE: TopicList = TopicList {
             text: String::new(),
@@ -1559,6 +1660,39 @@ impl PushConnection {
         let request_id = cmd.request_id().cloned();
         let action = self.session.handle_command_at(cmd, wall);
         self.perform(action, request_id, now)
+    }
+
+    /// Whether a publish run is being gathered.
+    fn gathering(&self) -> bool {
+        self.input.as_deref().is_some_and(|i| !i.run.is_empty())
+    }
+
+    /// Whether `publish`, read while a run is gathered, joins it: no id, the run's one topic.
+    fn joins_run(&self, publish: &fast::Publish<'_>) -> bool {
+        publish.id.is_none()
+            && publish.device_id().is_none()
+            && self
+                .input
+                .as_deref()
+                .is_some_and(|i| i.topics.is(publish.stream))
+    }
+
+    /// Whether the publish just asked goes into a run: runs are gathered, the connection is
+    /// not subscribed, and the publish has no id and one topic.
+    fn runs_publish(&self) -> bool {
+        self.config.publish_runs
+            && self.input.as_deref().is_some_and(|i| {
+                matches!(i.pending, Some(Pending::Publish { request_id: None }))
+                    && i.topics.ends.len() == 1
+            })
+            && !self.is_subscribed()
+    }
+
+    /// The run gathered, asked of the driver.
+    fn take_run(&mut self) -> Request {
+        Request::PublishRun {
+            messages: std::mem::take(&mut self.input_mut().run),
+        }
     }
 
     fn input_mut(&mut self) -> &mut Input {

@@ -723,7 +723,9 @@ impl Engine {
         let limits = PushLimits::from_config(&config);
         let push_config = Arc::new(
             PushConfig::new(limits, outbox, factory)
-                .map_err(|e| EngineError::Outbox(e.to_string()))?,
+                .map_err(|e| EngineError::Outbox(e.to_string()))?
+                // A run of publishes goes to the hub as one (`Request::PublishRun`).
+                .with_publish_runs(true),
         );
         let n = config.shard_count();
         let mut handles = Vec::with_capacity(n);

@@ -1200,6 +1200,12 @@ impl<B: Backend> Shard<B> {
                         }
                     }
                 }
+                Request::PublishRun { mut messages } => {
+                    self.publish_run.flush(&self.shared.hub);
+                    if let Some(topic) = c.push.publish_topics().next() {
+                        self.shared.hub.publish_run(topic, &mut messages);
+                    }
+                }
                 Request::FanOut => {
                     self.publish_run.flush(&self.shared.hub);
                     self.fan_out_listed(now);
