@@ -428,6 +428,13 @@ impl Block {
         quote: 0,
     };
 
+    /// No bit set, where the mask functions start (`start` 0: set by [`Block::read`]).
+    const MASKS: Block = Block {
+        start: 0,
+        stop: 0,
+        quote: 0,
+    };
+
     /// The masks of the block of `line` that starts at `start` (past the line's end, no bit is
     /// set).
     #[inline(never)]
@@ -480,11 +487,7 @@ unsafe fn masks_avx2(block: &[u8; 64]) -> Block {
         _mm256_cmpeq_epi8, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256,
         _mm256_set1_epi8,
     };
-    let mut out = Block {
-        start: 0,
-        stop: 0,
-        quote: 0,
-    };
+    let mut out = Block::MASKS;
     for (k, chunk) in block.chunks_exact(32).enumerate() {
         // SAFETY: AVX2 is enabled here and the CPU has it (this function's contract), and
         // `chunk` is 32 readable bytes (the load has no alignment requirement).
@@ -512,11 +515,7 @@ fn masks_sse2(block: &[u8; 64]) -> Block {
         _mm_cmpeq_epi8, _mm_loadu_si128, _mm_max_epu8, _mm_movemask_epi8, _mm_or_si128,
         _mm_set1_epi8,
     };
-    let mut out = Block {
-        start: 0,
-        stop: 0,
-        quote: 0,
-    };
+    let mut out = Block::MASKS;
     for (k, chunk) in block.chunks_exact(16).enumerate() {
         // SAFETY: SSE2 is part of every x86_64 target, and `chunk` is 16 readable bytes (the
         // load has no alignment requirement).
@@ -545,11 +544,7 @@ fn masks_sse2(block: &[u8; 64]) -> Block {
 #[cfg(not(target_arch = "x86_64"))]
 #[inline]
 fn masks(block: &[u8; 64]) -> Block {
-    let mut out = Block {
-        start: 0,
-        stop: 0,
-        quote: 0,
-    };
+    let mut out = Block::MASKS;
     for (k, &c) in block.iter().enumerate() {
         out.stop |= u64::from(c == b'"' || c == b'\\' || c < 0x20 || c >= 0x80) << k;
         out.quote |= u64::from(c == b'"') << k;
