@@ -681,15 +681,15 @@ struct TopicList {
 }
 
 impl TopicList {
-    /// Makes the list the topics of a message of `stream` and `device` ([`publish_topics`]'s
-    /// rule: the stream's topic, and the device's when the message names one).
-    ///
-    /// [`publish_topics`]: crate::protocol::publish_topics
     /// Whether the list is the one topic of a message of `stream` without a device.
     fn is(&self, stream: &str) -> bool {
         self.ends.len() == 1 && self.text == stream
     }
 
+    /// Makes the list the topics of a message of `stream` and `device` ([`publish_topics`]'s
+    /// rule: the stream's topic, and the device's when the message names one).
+    ///
+    /// [`publish_topics`]: crate::protocol::publish_topics
     fn set_message(&mut self, stream: &str, device: Option<&str>) {
         // A publisher most often publishes to the same stream again: the list it has is kept.
         if device.is_none() && self.is(stream) {
@@ -1392,6 +1392,8 @@ impl PushConnection {
                     }
                     if self.gathering() {
                         // A publish of the run refused (its error queued): the run goes first.
+                        // (A refusal asks nothing of the driver today; were a line that joins
+                        // to ask something, it would be asked right after the run.)
                         if let Some(request) = request {
                             self.input_mut().after_run = Some(request);
                         }
