@@ -910,3 +910,67 @@ fn a_message_far_larger_than_max_outbox_bytes_reaches_a_reader_that_takes_it() {
     assert!(!conn.check_limits(now));
     assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
 }
+
+/// `limits.input_hold_timeout_ms` is how long held input waits for a peer that reads none of
+/// its output, shorter and longer than the default (virtual time).
+#[test]
+fn a_configured_input_hold_timeout_is_the_wait_before_held_input_is_handled_again() {
+    use std::time::Duration;
+    for wait_ms in [3_000u64, 20_000] {
+        let wait = Duration::from_millis(wait_ms);
+        let t = Instant::now();
+        let limits = PushLimits::default()
+            .with_max_outbox_bytes(65536)
+            .with_input_hold_timeout_ms(wait_ms);
+        let mut conn = ndjson_with(limits, t);
+        // 4000 bad lines: an error reply each, far past the limit if all were answered at once.
+        conn.handle_input(&b"x\n".repeat(4000), t);
+        assert_eq!(conn.poll(t, SystemTime::now()), None);
+        assert!(conn.input_held(t), "{wait_ms}: the output passed the mark");
+        assert!(
+            conn.input_held(t + wait - Duration::from_millis(1)),
+            "{wait_ms}"
+        );
+        assert!(conn.poll_timeout().is_some_and(|at| at <= t + wait));
+        assert!(!conn.input_held(t + wait), "{wait_ms}");
+        assert_eq!(conn.poll(t + wait, SystemTime::now()), None);
+        assert_eq!(conn.close_reason(), Some("max_outbox_bytes"), "{wait_ms}");
+    }
+}
+
+/// `limits.stall_timeout_ms` is how long a subscriber past `max_outbox_bytes`, behind its socket
+/// and sent nothing more, may take nothing before it is closed, shorter and longer than the
+/// default (virtual time).
+#[test]
+fn a_configured_stall_timeout_is_the_wait_before_a_stalled_subscriber_is_closed() {
+    use powerhub::push::PROBE_WAIT;
+    use std::time::Duration;
+    for wait_ms in [2_000u64, 8_000] {
+        let wait = Duration::from_millis(wait_ms);
+        let start = Instant::now();
+        let limits = limits_of(65536).with_stall_timeout_ms(wait_ms);
+        let (mut conn, sub, mut wire) = ndjson_subscribed_with(limits, start);
+        let sent = start + Duration::from_secs(3);
+        conn.deliver_lines(&sub, log_line(300_000), sent);
+        assert!(!conn.check_limits(sent));
+        assert!(write(&mut conn, &mut wire, 50_000, sent) > 0);
+        let mut t = sent;
+        while t < sent + Duration::from_secs(30) && conn.state() == PushState::Open {
+            t += Duration::from_millis(50);
+            if conn.poll_timeout().is_some_and(|at| at <= t) {
+                // The driver's order: the try first (the peer takes nothing), then the deadlines.
+                if conn.probe_writable(t) {
+                    conn.on_writable(t);
+                    write(&mut conn, &mut wire, 0, t);
+                }
+                conn.handle_timeout(t, SystemTime::now());
+            }
+        }
+        assert_eq!(conn.close_reason(), Some("max_outbox_bytes"), "{wait_ms}");
+        let after = t - sent;
+        assert!(
+            after >= wait + PROBE_WAIT && after < wait + 4 * PROBE_WAIT,
+            "{wait_ms}: closed {after:?} after the message"
+        );
+    }
+}

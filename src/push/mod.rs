@@ -109,7 +109,8 @@ pub(crate) use close::Ending;
 use writeq::WriteQueue;
 pub(crate) use writeq::MAX_IOV;
 
-/// How long a connection's input waits for its output to drain (see
+/// The default of [`PushLimits::input_hold_timeout_ms`] (`limits.input_hold_timeout_ms`): how
+/// long a connection's input waits for its output to drain (see
 /// [`PushConnection::input_waiting`]) while its peer reads none of it and sends no pong: past
 /// this (and a write tried then, [`PROBE_WAIT`]) its input is handled again, so a peer that
 /// never reads is closed at `max_outbox_bytes`. Ten seconds: on loopback a reader with a large
@@ -118,11 +119,12 @@ pub(crate) use writeq::MAX_IOV;
 /// no more memory meanwhile: the output stays near a quarter of the limit.
 pub const INPUT_WAIT: Duration = Duration::from_secs(10);
 
-/// How long a connection past `max_outbox_bytes` whose socket refused part of its last write,
-/// and that is sent nothing more, may go without its peer taking any of it before a write is
-/// tried, and, that write taking nothing within [`PROBE_WAIT`], the connection is closed at the
-/// limit. On loopback a reader with a large receive buffer acknowledges in steps of a 64 KiB
-/// segment, so one reading 20 KB/s shows progress only every three seconds or so.
+/// The default of [`PushLimits::stall_timeout_ms`] (`limits.stall_timeout_ms`): how long a
+/// connection past `max_outbox_bytes` whose socket refused part of its last write, and that is
+/// sent nothing more, may go without its peer taking any of it before a write is tried, and,
+/// that write taking nothing within [`PROBE_WAIT`], the connection is closed at the limit. On
+/// loopback a reader with a large receive buffer acknowledges in steps of a 64 KiB segment, so
+/// one reading 20 KB/s shows progress only every three seconds or so.
 pub const STALL_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a held input, or a connection past `max_outbox_bytes` behind its socket, waits for
@@ -154,11 +156,19 @@ pub struct PushLimits {
     /// refused part of a write and that holds more than this many bytes is closed with a
     /// `slow_consumer` error. `None` (the default): the outbox's rules alone apply.
     pub disconnect_backlog_bytes: Option<usize>,
+    /// A connection whose input is held back (its output past a quarter of `max_outbox_bytes`)
+    /// and whose peer reads none of its output for this many milliseconds has its input handled
+    /// again (see [`INPUT_WAIT`], the default).
+    pub input_hold_timeout_ms: u64,
+    /// A connection past `max_outbox_bytes`, behind its socket and sent nothing more, whose peer
+    /// takes nothing for this many milliseconds is closed at the limit (see [`STALL_WAIT`], the
+    /// default).
+    pub stall_timeout_ms: u64,
 }
 
 impl Default for PushLimits {
     /// The defaults of the server's `[limits]` (`Config::default()`): 32 MiB, 5 s, 300 s, no
-    /// slow-consumer disconnect.
+    /// slow-consumer disconnect, 10 s for held input, 5 s for a stall.
     fn default() -> Self {
         PushLimits::from_config(&Config::default())
     }
@@ -184,6 +194,8 @@ impl PushLimits {
             first_message_timeout_ms: limits.first_message_timeout_ms,
             idle_timeout_ms: limits.idle_timeout_ms,
             disconnect_backlog_bytes: disconnect.then_some(limits.backpressure_bytes),
+            input_hold_timeout_ms: limits.input_hold_timeout_ms,
+            stall_timeout_ms: limits.stall_timeout_ms,
         }
     }
 
@@ -228,6 +240,32 @@ impl PushLimits {
     /// ```
     pub fn with_idle_timeout_ms(mut self, ms: u64) -> Self {
         self.idle_timeout_ms = ms;
+        self
+    }
+
+    /// These limits with `input_hold_timeout_ms` = `ms`.
+    ///
+    /// ```
+    /// use powerhub::push::PushLimits;
+    /// let limits = PushLimits::default().with_input_hold_timeout_ms(30_000);
+    /// assert_eq!(limits.input_hold_timeout_ms, 30_000);
+    /// assert_eq!(PushLimits::default().input_hold_timeout_ms, 10_000);
+    /// ```
+    pub fn with_input_hold_timeout_ms(mut self, ms: u64) -> Self {
+        self.input_hold_timeout_ms = ms;
+        self
+    }
+
+    /// These limits with `stall_timeout_ms` = `ms`.
+    ///
+    /// ```
+    /// use powerhub::push::PushLimits;
+    /// let limits = PushLimits::default().with_stall_timeout_ms(2_000);
+    /// assert_eq!(limits.stall_timeout_ms, 2_000);
+    /// assert_eq!(PushLimits::default().stall_timeout_ms, 5_000);
+    /// ```
+    pub fn with_stall_timeout_ms(mut self, ms: u64) -> Self {
+        self.stall_timeout_ms = ms;
         self
     }
 }
@@ -567,7 +605,7 @@ struct Input {
     after_run: Option<Request>,
     /// Since when the output has been over the input mark with input to handle (see
     /// [`PushConnection::input_waiting`]): kept across inputs until the output is found under
-    /// the mark, so that a peer that reads nothing waits [`INPUT_WAIT`] once, not once per
+    /// the mark, so that a peer that reads nothing waits `input_hold_timeout_ms` once, not once per
     /// receive.
     held_since: Option<Instant>,
     /// When, during the current hold or stall, the driver was last asked to try a write
@@ -1024,12 +1062,14 @@ impl PushConnection {
                 > self.config.limits.max_outbox_bytes / 4
     }
 
-    /// Until when input over the input mark waits: [`INPUT_WAIT`] past the later of the hold's
+    /// Until when input over the input mark waits: `input_hold_timeout_ms` past the later of the
+    /// hold's
     /// start and the peer's last sign of life (a write it took part of, a pong). A peer that
     /// reads nothing for that long has its input handled again, so its output reaches
     /// `max_outbox_bytes` and it is closed as the limit says.
     fn hold_deadline(&self, since: Instant) -> Instant {
-        let deadline = since.max(self.outbox.last_alive()) + INPUT_WAIT;
+        let wait = Duration::from_millis(self.config.limits.input_hold_timeout_ms);
+        let deadline = since.max(self.outbox.last_alive()) + wait;
         // A write tried at the deadline (see `probe_writable`) is waited for.
         match self.input.as_deref().and_then(|i| i.probed) {
             Some(at) => deadline.max(at + PROBE_WAIT),
@@ -1041,14 +1081,14 @@ impl PushConnection {
     /// the hold's deadline has come while the driver waits for the socket to become writable
     /// ([`Outbox::wants_writable`]), and no such try was made since the peer last took
     /// output. A readiness event comes only once much of the socket's buffer is free, which a
-    /// reader taking its replies slowly, but all along, may need longer than [`INPUT_WAIT`]
-    /// for; the write shows whether the peer reads (its progress extends the hold), and the
+    /// reader taking its replies slowly, but all along, may need longer than
+    /// `input_hold_timeout_ms` for; the write shows whether the peer reads (its progress extends the hold), and the
     /// hold waits [`PROBE_WAIT`] for it. The driver makes the write happen (the epoll and
     /// io_uring shards end the wait for readiness at once), then calls
     /// [`on_writable`](Self::on_writable) as for a readiness event.
     ///
     /// The same holds for a connection past `max_outbox_bytes` whose socket refused part of its
-    /// last write and that is sent nothing more, [`STALL_WAIT`] after its socket began refusing
+    /// last write and that is sent nothing more, `stall_timeout_ms` after its socket began refusing
     /// (or after the peer's last sign of life). A driver calls this before
     /// [`handle_timeout`](Self::handle_timeout), which would otherwise count the write in flight
     /// as the try.
@@ -1096,7 +1136,7 @@ impl PushConnection {
     }
 
     /// When a connection past `max_outbox_bytes`, its socket refusing part of its last write,
-    /// is next judged if the peer takes nothing more: [`STALL_WAIT`] after the later of the
+    /// is next judged if the peer takes nothing more: `stall_timeout_ms` after the later of the
     /// write its socket began refusing at and the peer's last sign of life, then [`PROBE_WAIT`]
     /// after a write tried at that deadline (see [`probe_writable`](Self::probe_writable)),
     /// which closes it if the try took nothing. A delivery that finds it behind and past the
@@ -1112,7 +1152,7 @@ impl PushConnection {
         let life = self.last_life();
         Some(match self.tried_since(life) {
             Some(at) => at + PROBE_WAIT,
-            None => life + STALL_WAIT,
+            None => life + Duration::from_millis(self.config.limits.stall_timeout_ms),
         })
     }
 
@@ -1174,7 +1214,8 @@ impl PushConnection {
     /// Whether received input waits, not yet handled, because the output is over a quarter of
     /// `max_outbox_bytes`: the driver reads nothing more from the peer, and once writes have
     /// taken the output back under that mark ([`input_held`](Self::input_held) false), or at
-    /// [`poll_timeout`](Self::poll_timeout) when the peer read none of it for [`INPUT_WAIT`],
+    /// [`poll_timeout`](Self::poll_timeout) when the peer read none of it for
+    /// `input_hold_timeout_ms`,
     /// calls [`poll`](Self::poll) again to handle the rest. So a client that pipelines commands
     /// faster than it reads their replies is slowed by TCP's flow control, as its reading
     /// allows, instead of being closed at the limit; one that reads nothing is closed at the
@@ -2267,7 +2308,8 @@ impl PushConnection {
         let idle = self
             .idle_deadline()
             .map(|ms| self.started + Duration::from_millis(ms));
-        // Held input is handled again once the peer has read nothing for `INPUT_WAIT`.
+        // Held input is handled again once the peer has read nothing for
+        // `input_hold_timeout_ms`.
         let input = self.hold_start().map(|since| self.hold_deadline(since));
         [
             first,

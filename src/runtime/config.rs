@@ -169,6 +169,14 @@ pub struct Limits {
     pub first_message_timeout_ms: u64,
     /// Idle deadline (no inbound bytes), in milliseconds; 0 = none.
     pub idle_timeout_ms: u64,
+    /// How long a connection whose commands are held back (its unsent output past a quarter of
+    /// `max_outbox_bytes`) may read none of its output, in milliseconds, before its commands are
+    /// handled again (and it is closed at `max_outbox_bytes` if it still reads nothing).
+    pub input_hold_timeout_ms: u64,
+    /// How long a connection past `max_outbox_bytes`, its socket refusing writes and nothing
+    /// more sent to it, may take nothing, in milliseconds, before it is closed with an error
+    /// naming `max_outbox_bytes` (as NATS's `write_deadline` closes a stalled client).
+    pub stall_timeout_ms: u64,
     /// Publishes per second per connection (a token bucket of one second's worth); a publish
     /// past it gets a `limit_exceeded` error naming this key. 0 = no limit.
     pub publish_messages_per_second: u64,
@@ -190,6 +198,8 @@ impl Default for Limits {
             max_outbox_bytes: 32 << 20,
             first_message_timeout_ms: DEFAULT_FIRST_MESSAGE_TIMEOUT_MS,
             idle_timeout_ms: 300_000,
+            input_hold_timeout_ms: 10_000,
+            stall_timeout_ms: 5_000,
             publish_messages_per_second: 0,
             publish_bytes_per_second: 0,
             publish_violations_before_close: 0,
@@ -622,12 +632,17 @@ impl Config {
                 "must be larger than limits.backpressure_bytes under subscriptions.slow_consumer = \"disconnect\"",
             ));
         }
-        if l.first_message_timeout_ms == 0 {
-            return Err(invalid(
+        for (key, ms) in [
+            (
                 "limits.first_message_timeout_ms",
-                0,
-                "must be at least 1",
-            ));
+                l.first_message_timeout_ms,
+            ),
+            ("limits.input_hold_timeout_ms", l.input_hold_timeout_ms),
+            ("limits.stall_timeout_ms", l.stall_timeout_ms),
+        ] {
+            if ms == 0 {
+                return Err(invalid(key, 0, "must be at least 1"));
+            }
         }
         let o = &self.outbox;
         if o.high_water_bytes == 0 {
@@ -961,6 +976,33 @@ mod tests {
         assert_eq!(c.limits.first_message_timeout_ms, 300);
         let err = refusal("[limits]\nfirst_message_timeout_ms = 0\n");
         assert!(err.contains("limits.first_message_timeout_ms"), "{err}");
+    }
+
+    #[test]
+    fn the_waits_for_held_input_and_a_stall_are_read_and_zero_is_refused_naming_the_key() {
+        let c = Config::from_toml(DEFAULT_CONFIG, None).unwrap();
+        assert_eq!(
+            Duration::from_millis(c.limits.input_hold_timeout_ms),
+            crate::push::INPUT_WAIT
+        );
+        assert_eq!(
+            Duration::from_millis(c.limits.stall_timeout_ms),
+            crate::push::STALL_WAIT
+        );
+        let c = Config::from_toml(
+            "[limits]\ninput_hold_timeout_ms = 30000\nstall_timeout_ms = 2000\n",
+            None,
+        )
+        .unwrap();
+        let limits = crate::push::PushLimits::from_config(&c);
+        assert_eq!(
+            (limits.input_hold_timeout_ms, limits.stall_timeout_ms),
+            (30_000, 2_000)
+        );
+        for key in ["input_hold_timeout_ms", "stall_timeout_ms"] {
+            let err = refusal(&format!("[limits]\n{key} = 0\n"));
+            assert!(err.contains(&format!("limits.{key}")), "{err}");
+        }
     }
 
     #[test]
