@@ -1359,14 +1359,16 @@ impl PushConnection {
                     // A usual publish is read where it lies, its line's end found by the read;
                     // any other line is cut at its newline, and sliced off the run and parsed as
                     // a text event's.
-                    let read = self.session.read_publish_line(&run[start..]);
+                    let mut read = self.session.read_publish_line(&run[start..]);
                     if self.gathering() && !matches!(&read, Ok((p, _)) if self.joins_run(p)) {
                         // The line is read by the next poll, after the run is asked.
                         self.input_mut().give_back(run);
                         return Some(self.take_run());
                     }
-                    let (request, last) = match read {
-                        Ok((mut publish, newline)) => {
+                    // Matched in place: the read publish is not moved.
+                    let (request, last) = match &mut read {
+                        Ok((publish, newline)) => {
+                            let newline = *newline;
                             let last = self.input_mut().end_line(run.len(), start + newline);
                             self.counts.messages_in = self.counts.messages_in.saturating_add(1);
                             // Without its `\r`, as `cut_line` cuts other lines.
@@ -1375,11 +1377,11 @@ impl PushConnection {
                             let request = if self.refused_as_long(line, now) {
                                 None
                             } else {
-                                self.publish_read(&mut publish, &run, now, wall)
+                                self.publish_read(publish, &run, now, wall)
                             };
                             (request, last)
                         }
-                        Err(reread) => {
+                        &mut Err(reread) => {
                             let (end, last) = self.input_mut().cut_line(&run, start);
                             if run[start..end].iter().all(u8::is_ascii_whitespace) {
                                 if !last {
