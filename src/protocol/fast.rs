@@ -173,7 +173,8 @@ fn read<'a>(
     };
     p.ws();
     let mut env = Envelope::default();
-    if line.get(p.i..p.i + USUAL_START.len()) == Some(USUAL_START) {
+    let usual = line.get(p.i..p.i + USUAL_START.len()) == Some(USUAL_START);
+    if usual {
         // The shape nearly every client writes: the type first, then the message. Read as the
         // loop below would read them, without comparing the names.
         env.members[TYPE] = Some(Token {
@@ -207,7 +208,8 @@ fn read<'a>(
         p.i
     };
     let [kind, message, id, request_id, ..] = env.members;
-    if kind?.plain_str(line)? != "publish" {
+    // The usual start's type is `publish` already.
+    if !usual && kind?.plain_str(line)? != "publish" {
         return None;
     }
     let id = match (id, request_id) {

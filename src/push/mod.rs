@@ -1360,7 +1360,10 @@ impl PushConnection {
                     // any other line is cut at its newline, and sliced off the run and parsed as
                     // a text event's.
                     let mut read = self.session.read_publish_line(&run[start..]);
-                    if self.gathering() && !matches!(&read, Ok((p, _)) if self.joins_run(p)) {
+                    // A line that joins the run being gathered goes into it if it is published
+                    // (what `runs_publish` checks of a first publish holds of it already).
+                    let joins = self.gathering();
+                    if joins && !matches!(&read, Ok((p, _)) if self.joins_run(p)) {
                         // The line is read by the next poll, after the run is asked.
                         self.input_mut().give_back(run);
                         return Some(self.take_run());
@@ -1407,7 +1410,7 @@ impl PushConnection {
                         }
                     };
                     let request = match request {
-                        Some(Request::Publish { message }) if self.runs_publish() => {
+                        Some(Request::Publish { message }) if joins || self.runs_publish() => {
                             // Gathered, answered with nothing (it has no id); the run's next
                             // line is read at once, with nothing in between to check: this
                             // publish changed neither the output nor the connection's state.
