@@ -6,6 +6,7 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
+mod copy;
 pub mod hub;
 mod loom;
 pub mod outbox;

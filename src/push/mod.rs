@@ -628,14 +628,16 @@ struct Input {
 pub(crate) fn append_input(buf: &mut BytesMut, data: &[u8]) {
     let partial = buf.len();
     if partial == 0 {
-        *buf = BytesMut::from(data);
+        let mut fresh = BytesMut::with_capacity(data.len());
+        crate::copy::extend_bytes(&mut fresh, data);
+        *buf = fresh;
     } else if buf.capacity() - partial < data.len() {
         let mut grown = BytesMut::with_capacity((partial + data.len()).max(2 * partial));
-        grown.extend_from_slice(buf);
-        grown.extend_from_slice(data);
+        crate::copy::extend_bytes(&mut grown, buf);
+        crate::copy::extend_bytes(&mut grown, data);
         *buf = grown;
     } else {
-        buf.extend_from_slice(data);
+        crate::copy::extend_bytes(buf, data);
     }
 }
 

@@ -49,6 +49,11 @@ use x509_cert::der::asn1::{Ia5StringRef, PrintableStringRef, TeletexStringRef, U
 use x509_cert::der::oid::ObjectIdentifier;
 use x509_cert::der::{Decode as _, Tag, Tagged as _};
 
+use crate::copy;
+
+/// The most plaintext one TLS record carries (rustls's default fragment size).
+const RECORD: usize = 16 << 10;
+
 /// The listener keys this module reads, as a listener section names them.
 pub const TLS_CERT_KEY: &str = "tls_cert";
 /// See [`TLS_CERT_KEY`].
@@ -621,10 +626,13 @@ impl TlsSession {
             if ready > 0 {
                 let start = plaintext.len();
                 plaintext.resize(start + ready, 0);
-                self.conn
-                    .reader()
-                    .read_exact(&mut plaintext[start..])
-                    .map_err(TlsSessionError::Buffer)?;
+                // Read a piece at a time: rustls copies what each read asks for at once.
+                for piece in plaintext[start..].chunks_mut(copy::PIECE) {
+                    self.conn
+                        .reader()
+                        .read_exact(piece)
+                        .map_err(TlsSessionError::Buffer)?;
+                }
                 out.plaintext += ready;
             }
             if state.peer_has_closed() {
@@ -662,9 +670,35 @@ impl TlsSession {
     /// # Ok(()) }
     /// ```
     pub fn send_vectored(&mut self, parts: &[impl AsRef<[u8]>]) -> usize {
-        let slices: Vec<io::IoSlice<'_>> =
-            parts.iter().map(|p| io::IoSlice::new(p.as_ref())).collect();
-        self.conn.writer().write_vectored(&slices).unwrap_or(0)
+        // Offered in pieces of at most `copy::PIECE` bytes, which rustls copies into its records
+        // one at a time (a larger copy may take glibc's slow `rep movsb`: see `crate::copy`),
+        // and one full record at a time, since rustls walks every piece of an offer for each
+        // record it cuts from it.
+        let mut taken = 0;
+        let mut offer: Vec<io::IoSlice<'_>> = Vec::with_capacity(RECORD / copy::PIECE + 2);
+        let mut room = RECORD;
+        for part in parts {
+            let mut rest = part.as_ref();
+            while !rest.is_empty() {
+                let (piece, after) = rest.split_at(rest.len().min(copy::PIECE).min(room));
+                offer.push(io::IoSlice::new(piece));
+                rest = after;
+                room -= piece.len();
+                if room == 0 {
+                    let took = self.conn.writer().write_vectored(&offer).unwrap_or(0);
+                    taken += took;
+                    if took < RECORD {
+                        return taken;
+                    }
+                    offer.clear();
+                    room = RECORD;
+                }
+            }
+        }
+        if !offer.is_empty() {
+            taken += self.conn.writer().write_vectored(&offer).unwrap_or(0);
+        }
+        taken
     }
 
     /// Appends everything rustls has to send (handshake messages, records, alerts) to `out`;
@@ -673,7 +707,7 @@ impl TlsSession {
         let start = out.len();
         while self.conn.wants_write() {
             // Writing to a Vec does not fail.
-            if self.conn.write_tls(out).unwrap_or(0) == 0 {
+            if self.conn.write_tls(&mut copy::Pieces(out)).unwrap_or(0) == 0 {
                 break;
             }
         }
@@ -909,6 +943,57 @@ pub(crate) mod tests {
         let server = exchange(config, client);
         assert_eq!(server.protocol_version(), Some(ProtocolVersion::TLSv1_3));
         assert!(server.peer_subject().is_none());
+    }
+
+    /// Parts of any size, sent in copy pieces and offered a record at a time, arrive whole and
+    /// in order, in full records; a large receive is read out whole.
+    #[test]
+    fn parts_of_any_size_go_out_in_full_records_and_come_in_whole() {
+        let pki = pki();
+        let config = server_config_with(&files(false), reader(&pki)).unwrap();
+        for versions in [&rustls::version::TLS13, &rustls::version::TLS12] {
+            let mut server = TlsSession::new(Arc::clone(&config)).unwrap();
+            server.connection_mut().set_buffer_limit(None);
+            let name = ServerName::try_from("localhost").unwrap();
+            let mut client =
+                ClientConnection::new(client_config(&pki, false, &[versions]), name).unwrap();
+            let mut plaintext = Vec::new();
+            pump(&mut client, &mut server, &mut plaintext).unwrap();
+            let sizes = [1usize, 2047, 2049, 16383, 16385, 40_000, 7, 0, 3 * RECORD];
+            let parts: Vec<Vec<u8>> = sizes
+                .iter()
+                .enumerate()
+                .map(|(k, &n)| (0..n).map(|i| (i * 7 + k) as u8).collect())
+                .collect();
+            let total: usize = sizes.iter().sum();
+            assert_eq!(server.send_vectored(&parts), total);
+            let mut s2c = Vec::new();
+            server.take_ciphertext(&mut s2c);
+            // Application data records: as few as 16 KiB of plaintext each allows.
+            let mut records = 0;
+            let mut at = 0;
+            while at < s2c.len() {
+                let len = usize::from(u16::from_be_bytes([s2c[at + 3], s2c[at + 4]]));
+                records += usize::from(s2c[at] == 23);
+                at += 5 + len;
+            }
+            assert_eq!(records, total.div_ceil(RECORD), "{versions:?}");
+            let mut rd = &s2c[..];
+            let mut got = Vec::new();
+            while !rd.is_empty() {
+                client.read_tls(&mut rd).unwrap();
+                client.process_new_packets().unwrap();
+                got.extend(client_plaintext(&mut client));
+            }
+            assert_eq!(got, parts.concat(), "{versions:?}");
+
+            // The other way: records of 16 KiB, read out a piece at a time.
+            let big: Vec<u8> = (0..5 * RECORD + 5).map(|i| (i % 253) as u8).collect();
+            client.set_buffer_limit(None);
+            client.writer().write_all(&big).unwrap();
+            pump(&mut client, &mut server, &mut plaintext).unwrap();
+            assert_eq!(plaintext, big, "{versions:?}");
+        }
     }
 
     #[test]
