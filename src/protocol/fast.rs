@@ -755,9 +755,10 @@ impl<'a> Parser<'a> {
     /// A plain ASCII string that ends in the 64-byte block it starts in (nearly every key and
     /// every field the server reads) ends at the block's next special byte ([`Block`]: the
     /// block's bytes compared once for all its strings). Otherwise [`string_rest`] reads
-    /// it: plain bytes eight at a time (a word tested for a quote, a backslash or a control
-    /// character at once); past 32 bytes, 32 bytes a step where the CPU has AVX2
-    /// ([`skip_plain`]), and the last bytes found with `memchr`, the skipped bytes checked for
+    /// it from the block's end where the block holds no special byte past the quote, else
+    /// from the quote: plain bytes eight at a time (a word tested for a quote, a backslash or
+    /// a control character at once); past 32 bytes, up to 128 bytes a step where the CPU has
+    /// AVX2 ([`skip_plain`]), and the last bytes found with `memchr`, the skipped bytes checked for
     /// control characters in one vectorisable pass (a base64 image is one long string). A
     /// string holding a byte above ASCII is checked as UTF-8 once it ends: outside
     /// strings the parser takes only ASCII, so a line whose strings are all UTF-8 is UTF-8.
@@ -781,18 +782,22 @@ impl<'a> Parser<'a> {
             self.i = first + stop.trailing_zeros() as usize + 1;
             return Some(Kind::PlainString);
         }
-        let (end, kind) = string_rest(b, self.i)?;
+        // No special byte in the rest of the block: the string is plain ASCII up to its end,
+        // where the reading goes on.
+        let from = if stop == 0 { start + 64 } else { first };
+        let (end, kind) = string_rest(b, self.i, from)?;
         self.i = end;
         Some(kind)
     }
 }
 
 /// [`Parser::string`] for a string that does not end, plain, in the block it starts in: the
-/// string whose opening quote is at `open`, its end (past the closing quote) and kind.
+/// string whose opening quote is at `open`, its end (past the closing quote) and kind. Its bytes
+/// before `from` are known to be plain ASCII.
 #[inline(never)]
-fn string_rest(b: &[u8], open: usize) -> Option<(usize, Kind)> {
+fn string_rest(b: &[u8], open: usize, from: usize) -> Option<(usize, Kind)> {
     let first = open + 1;
-    let mut j = first;
+    let mut j = from;
     let mut kind = Kind::PlainString;
     // The bytes seen, or-ed together: bit 7 set when one was above ASCII.
     let mut seen = 0u64;
@@ -952,7 +957,8 @@ fn skip_plain(b: &[u8], j: usize) -> Option<(usize, bool)> {
     None
 }
 
-/// [`skip_plain`] on AVX2: 64 bytes a step while nothing stops the string, then 32.
+/// [`skip_plain`] on AVX2: 128 bytes a step while every byte is plain ASCII, then 64 while
+/// nothing stops the string (bytes above ASCII included), then 32.
 ///
 /// # Safety
 ///
@@ -965,12 +971,62 @@ fn skip_plain(b: &[u8], j: usize) -> Option<(usize, bool)> {
 #[allow(unused_unsafe)]
 unsafe fn skip_plain_avx2(b: &[u8], mut j: usize) -> (usize, bool) {
     use std::arch::x86_64::{
-        _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256, _mm256_setzero_si256,
+        __m256i, _mm256_loadu_si256, _mm256_movemask_epi8, _mm256_or_si256, _mm256_set1_epi8,
+        _mm256_setzero_si256,
     };
     // The blocks below: AVX2 is enabled here and the CPU has it (this function's contract);
     // each load reads 32 bytes of a slice that holds them (no alignment needed).
+    // 128 bytes a step while all are plain ASCII (a base64 image, padding, most text): one
+    // signed comparison finds both the control characters and the bytes above ASCII, and no
+    // bytes above ASCII are or-ed up. The step that finds one says where: a stop ends the
+    // search; a byte above ASCII is where the steps below go on, with it seen.
+    let mut high_seen = false;
+    while let Some(chunk) = b.get(j..j + 128) {
+        // SAFETY: as said above the first block.
+        let (a, b1, c, d) = unsafe {
+            let p = chunk.as_ptr().cast::<__m256i>();
+            (
+                plain_ascii_stops_avx2(_mm256_loadu_si256(p)),
+                plain_ascii_stops_avx2(_mm256_loadu_si256(p.add(1))),
+                plain_ascii_stops_avx2(_mm256_loadu_si256(p.add(2))),
+                plain_ascii_stops_avx2(_mm256_loadu_si256(p.add(3))),
+            )
+        };
+        // SAFETY: as said above the first block.
+        let any = unsafe {
+            _mm256_movemask_epi8(_mm256_or_si256(
+                _mm256_or_si256(a, b1),
+                _mm256_or_si256(c, d),
+            ))
+        };
+        if any != 0 {
+            // SAFETY: as said above the first block.
+            let (low, upper) = unsafe {
+                let m = |v| u64::from(_mm256_movemask_epi8(v) as u32);
+                (m(a) | m(b1) << 32, m(c) | m(d) << 32)
+            };
+            let n = if low != 0 {
+                low.trailing_zeros() as usize
+            } else {
+                64 + upper.trailing_zeros() as usize
+            };
+            j += n;
+            if chunk[n] < 0x80 {
+                return (j, false);
+            }
+            high_seen = true;
+            break;
+        }
+        j += 128;
+    }
     // SAFETY: as said above.
-    let mut high = unsafe { _mm256_setzero_si256() };
+    let mut high = unsafe {
+        if high_seen {
+            _mm256_set1_epi8(-1)
+        } else {
+            _mm256_setzero_si256()
+        }
+    };
     // 64 bytes a step while none stops the string; the 32-byte steps find where one does.
     while let Some(chunk) = b.get(j..j + 64) {
         // SAFETY: as said above the first block.
@@ -1040,6 +1096,32 @@ unsafe fn plain_stops_avx2(x: std::arch::x86_64::__m256i) -> std::arch::x86_64::
             ),
             // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
             _mm256_cmpeq_epi8(_mm256_max_epu8(x, low), low),
+        )
+    }
+}
+
+/// The lanes of `x` that stop a plain string or hold a byte above ASCII: a quote, a backslash,
+/// or a byte below 0x20 taken as signed (a control character, or one above 0x7f).
+///
+/// # Safety
+///
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(unused_unsafe)]
+unsafe fn plain_ascii_stops_avx2(x: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::{
+        _mm256_cmpeq_epi8, _mm256_cmpgt_epi8, _mm256_or_si256, _mm256_set1_epi8,
+    };
+    // SAFETY: AVX2 is enabled here and the CPU has it (this function's contract).
+    unsafe {
+        _mm256_or_si256(
+            _mm256_or_si256(
+                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'"' as i8)),
+                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'\\' as i8)),
+            ),
+            _mm256_cmpgt_epi8(_mm256_set1_epi8(0x20), x),
         )
     }
 }
@@ -1199,10 +1281,12 @@ mod tests {
 
     #[test]
     fn a_long_string_reads_alike_whatever_byte_stops_it_and_wherever() {
-        // Strings long enough for the 32-byte steps, with an escape, a byte above ASCII, a
-        // control character or a byte that is no UTF-8 at every offset, and lines that end
-        // right after them (the steps stop 32 bytes before the line's end).
-        for len in [31, 32, 33, 63, 64, 65, 100, 200] {
+        // Strings long enough for the 32-, 64- and 128-byte steps, with an escape, a byte above
+        // ASCII, a control character or a byte that is no UTF-8 at every offset, and lines that
+        // end right after them (the steps stop 32 bytes before the line's end).
+        for len in [
+            31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 200, 255, 256, 257, 400, 1000,
+        ] {
             for at in 0..len {
                 for (special, valid) in [
                     (&br#"\""#[..], true),
@@ -1221,7 +1305,20 @@ mod tests {
                     line.extend_from_slice(&x);
                     line.extend_from_slice(br#""}}"#);
                     let text = String::from_utf8_lossy(&line).into_owned();
-                    assert_eq!(both_bytes(&line).is_some(), valid, "{text}");
+                    let alone = both_bytes(&line);
+                    assert_eq!(alone.is_some(), valid, "{text}");
+                    // Read from a run, where the steps go past the line into the next one.
+                    let mut run = line.clone();
+                    run.push(b'\n');
+                    run.extend_from_slice(&line);
+                    run.push(b'\n');
+                    match super::publish_line(&run, 128) {
+                        Ok((read, at)) => {
+                            assert_eq!(at, line.len(), "{text}");
+                            assert_eq!(Some(read.into_command()), alone, "{text}");
+                        }
+                        Err(reread) => assert!(reread || alone.is_none(), "{text}"),
+                    }
                 }
             }
         }
