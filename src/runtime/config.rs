@@ -108,7 +108,7 @@ pub struct EngineSection {
 pub const MAX_HUB_BATCH_DELAY_US: u64 = 100_000;
 
 /// Default `engine.turn_gap_us`.
-pub const DEFAULT_TURN_GAP_US: u64 = 100;
+pub const DEFAULT_TURN_GAP_US: u64 = 400;
 
 /// Largest accepted `engine.turn_gap_us` (10 ms).
 pub const MAX_TURN_GAP_US: u64 = 10_000;
