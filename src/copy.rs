@@ -1,18 +1,22 @@
 //! Large copies made in pieces of at most [`PIECE`] bytes.
 //!
-//! glibc before 2.40 copies more than about 2 KiB with `rep movsb` on CPUs that announce fast
-//! short `rep movsb`. On AMD Zen 3 and 4 that instruction runs at a tenth of the vector loop's
-//! speed or less whenever the destination lies 1 to 15 bytes past the source modulo 4 KiB
-//! (glibc bug 30994; glibc 2.40 stopped using it there). The TLS record layer meets that case
-//! every time rather than by chance: a record's payload starts 5 bytes into its buffer, and the
-//! frames it copies from and the buffers it copies into come from the same allocator size
-//! classes. On this project's benchmark machine (an AMD EPYC with glibc 2.36), a TLS fan-out spent
-//! 42 % of the server's CPU in that instruction; `cargo bench --bench copy` shows the two ways
-//! side by side. A piece of at most [`PIECE`] bytes is copied by the vector loop at any offset.
+//! glibc (2.36, Debian 12's) copies more than about 2 KiB with `rep movsb` on CPUs that announce
+//! fast short `rep movsb`. On AMD Zen 3 and 4 that instruction runs at a tenth of the vector
+//! loop's speed or less whenever the destination lies 1 to 15 bytes past the source modulo 4 KiB
+//! (glibc bug 30994; later glibc releases stop using it there). The TLS record layer meets that
+//! case more often than by chance: a record's payload starts 5 bytes into its buffer. On this
+//! project's benchmark machine (an AMD EPYC with glibc 2.36), a TLS fan-out spent 41 % of the
+//! server's CPU in that instruction; `cargo bench --bench copy` shows the two ways side by side.
+//! A piece of at most [`PIECE`] bytes is copied by the vector loop at any offset.
+//!
+//! Copies made inside rustls stay whole where the caller does not choose their size: plaintext
+//! held back during the handshake, received ciphertext taken into rustls's buffer, and each
+//! decrypted record. The send side, where a fan-out's bytes go, is cut here in full.
 
 use bytes::BytesMut;
 
-/// The largest copy made at once: glibc's lowest `rep movsb` threshold is 2 112 bytes.
+/// The largest copy made at once: glibc takes `rep movsb` for copies of more than its
+/// threshold, 2 112 bytes on CPUs with fast short `rep movsb` and 2 048 or more elsewhere.
 pub(crate) const PIECE: usize = 2048;
 
 /// Appends `src` to `dst`, a piece at a time.

@@ -782,9 +782,13 @@ impl<'a> Parser<'a> {
             self.i = first + stop.trailing_zeros() as usize + 1;
             return Some(Kind::PlainString);
         }
-        // No special byte in the rest of the block: the string is plain ASCII up to its end,
-        // where the reading goes on.
-        let from = if stop == 0 { start + 64 } else { first };
+        // No special byte in the rest of the block: the string is plain ASCII up to the block's
+        // end (or the line's, where the line ends in the block), where the reading goes on.
+        let from = if stop == 0 {
+            (start + 64).min(b.len())
+        } else {
+            first
+        };
         let (end, kind) = string_rest(b, self.i, from)?;
         self.i = end;
         Some(kind)
@@ -1319,6 +1323,34 @@ mod tests {
                         }
                         Err(reread) => assert!(reread || alone.is_none(), "{text}"),
                     }
+                }
+            }
+        }
+    }
+
+    /// Every prefix of a line (a receive cut anywhere, a client's truncated line) reads as the
+    /// full parser reads it, alone or as a run's last line, without a panic: the steps never
+    /// read or count past the end of what they were given.
+    #[test]
+    fn every_prefix_of_a_line_reads_as_the_full_parser_reads_it() {
+        let long = "x".repeat(1000);
+        let lines = [
+            r#"{"type":"publish","message":{"type":"t","stream":"s","n":1}}"#.to_owned(),
+            format!(r#"{{"type":"publish","message":{{"type":"t","stream":"s","p":"{long}"}}}}"#),
+            format!(r#"{{"type":"publish","message":{{"type":"t","stream":"s","p":"é{long}"}}}}"#),
+            format!(r#"{{"message":{{"p":"{long}","type":"t","stream":"s"}},"type":"publish"}}"#),
+        ];
+        for line in &lines {
+            let bytes = line.as_bytes();
+            for k in 0..=bytes.len() {
+                let prefix = &bytes[..k];
+                let alone = both_bytes(prefix);
+                assert_eq!(alone.is_some(), k == bytes.len(), "{k}");
+                if let Ok((read, at)) = super::publish_line(prefix, 128) {
+                    panic!(
+                        "a run's line read without its newline: {at} {:?}",
+                        read.stream
+                    );
                 }
             }
         }
