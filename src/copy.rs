@@ -13,27 +13,18 @@
 //! held back during the handshake, received ciphertext taken into rustls's buffer, and each
 //! decrypted record. The send side, where a fan-out's bytes go, is cut here in full.
 
-use bytes::BytesMut;
+use bytes::BufMut;
 
 /// The largest copy made at once: glibc takes `rep movsb` for copies of more than its
 /// threshold, 2 112 bytes on CPUs with fast short `rep movsb` and 2 048 or more elsewhere.
 pub(crate) const PIECE: usize = 2048;
 
-/// Appends `src` to `dst`, a piece at a time.
+/// Appends `src` to `dst` (a `Vec<u8>` or a `BytesMut`), a piece at a time. The caller makes
+/// room first: grown piece by piece, the buffer would be copied whole at each doubling.
 #[inline]
-pub(crate) fn extend(dst: &mut Vec<u8>, src: &[u8]) {
-    dst.reserve(src.len());
+pub(crate) fn put(dst: &mut impl BufMut, src: &[u8]) {
     for piece in src.chunks(PIECE) {
-        dst.extend_from_slice(piece);
-    }
-}
-
-/// [`extend`] for a [`BytesMut`].
-#[inline]
-pub(crate) fn extend_bytes(dst: &mut BytesMut, src: &[u8]) {
-    dst.reserve(src.len());
-    for piece in src.chunks(PIECE) {
-        dst.extend_from_slice(piece);
+        dst.put_slice(piece);
     }
 }
 
@@ -43,7 +34,8 @@ pub(crate) struct Pieces<'a>(pub(crate) &'a mut Vec<u8>);
 
 impl std::io::Write for Pieces<'_> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        extend(self.0, buf);
+        self.0.reserve(buf.len());
+        put(self.0, buf);
         Ok(buf.len())
     }
 
@@ -51,7 +43,7 @@ impl std::io::Write for Pieces<'_> {
         let len = bufs.iter().map(|b| b.len()).sum();
         self.0.reserve(len);
         for buf in bufs {
-            extend(self.0, buf);
+            put(self.0, buf);
         }
         Ok(len)
     }
@@ -64,17 +56,18 @@ impl std::io::Write for Pieces<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BytesMut;
     use std::io::Write;
 
     #[test]
     fn a_copy_in_pieces_appends_exactly_the_source() {
         let src: Vec<u8> = (0..3 * PIECE + 17).map(|i| (i % 251) as u8).collect();
         let mut v = b"head".to_vec();
-        extend(&mut v, &src);
+        put(&mut v, &src);
         assert_eq!(&v[..4], b"head");
         assert_eq!(&v[4..], &src[..]);
         let mut b = BytesMut::from(&b"head"[..]);
-        extend_bytes(&mut b, &src);
+        put(&mut b, &src);
         assert_eq!(&b[4..], &src[..]);
         let mut w = Vec::new();
         let parts = [

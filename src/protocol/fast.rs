@@ -1094,12 +1094,29 @@ unsafe fn plain_stops_avx2(x: std::arch::x86_64::__m256i) -> std::arch::x86_64::
     unsafe {
         let low = _mm256_set1_epi8(0x1f);
         _mm256_or_si256(
-            _mm256_or_si256(
-                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'"' as i8)),
-                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'\\' as i8)),
-            ),
+            quote_or_backslash_avx2(x),
             // Below 0x20 exactly when the unsigned maximum with 0x1f is 0x1f.
             _mm256_cmpeq_epi8(_mm256_max_epu8(x, low), low),
+        )
+    }
+}
+
+/// The lanes of `x` that hold a quote or a backslash.
+///
+/// # Safety
+///
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+#[allow(unused_unsafe)]
+unsafe fn quote_or_backslash_avx2(x: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::{_mm256_cmpeq_epi8, _mm256_or_si256, _mm256_set1_epi8};
+    // SAFETY: AVX2 is enabled here and the CPU has it (this function's contract).
+    unsafe {
+        _mm256_or_si256(
+            _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'"' as i8)),
+            _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'\\' as i8)),
         )
     }
 }
@@ -1115,16 +1132,11 @@ unsafe fn plain_stops_avx2(x: std::arch::x86_64::__m256i) -> std::arch::x86_64::
 #[inline]
 #[allow(unused_unsafe)]
 unsafe fn plain_ascii_stops_avx2(x: std::arch::x86_64::__m256i) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::{
-        _mm256_cmpeq_epi8, _mm256_cmpgt_epi8, _mm256_or_si256, _mm256_set1_epi8,
-    };
+    use std::arch::x86_64::{_mm256_cmpgt_epi8, _mm256_or_si256, _mm256_set1_epi8};
     // SAFETY: AVX2 is enabled here and the CPU has it (this function's contract).
     unsafe {
         _mm256_or_si256(
-            _mm256_or_si256(
-                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'"' as i8)),
-                _mm256_cmpeq_epi8(x, _mm256_set1_epi8(b'\\' as i8)),
-            ),
+            quote_or_backslash_avx2(x),
             _mm256_cmpgt_epi8(_mm256_set1_epi8(0x20), x),
         )
     }

@@ -605,8 +605,8 @@ struct Input {
     after_run: Option<Request>,
     /// Since when the output has been over the input mark with input to handle (see
     /// [`PushConnection::input_waiting`]): kept across inputs until the output is found under
-    /// the mark, so that a peer that reads nothing waits `input_hold_timeout_ms` once, not once per
-    /// receive.
+    /// the mark, so that a peer that reads nothing waits `input_hold_timeout_ms` once, not once
+    /// per receive.
     held_since: Option<Instant>,
     /// When, during the current hold or stall, the driver was last asked to try a write
     /// without waiting for the socket's readiness ([`PushConnection::probe_writable`]), or a
@@ -629,15 +629,15 @@ pub(crate) fn append_input(buf: &mut BytesMut, data: &[u8]) {
     let partial = buf.len();
     if partial == 0 {
         let mut fresh = BytesMut::with_capacity(data.len());
-        crate::copy::extend_bytes(&mut fresh, data);
+        crate::copy::put(&mut fresh, data);
         *buf = fresh;
     } else if buf.capacity() - partial < data.len() {
         let mut grown = BytesMut::with_capacity((partial + data.len()).max(2 * partial));
-        crate::copy::extend_bytes(&mut grown, buf);
-        crate::copy::extend_bytes(&mut grown, data);
+        crate::copy::put(&mut grown, buf);
+        crate::copy::put(&mut grown, data);
         *buf = grown;
     } else {
-        crate::copy::extend_bytes(buf, data);
+        crate::copy::put(buf, data);
     }
 }
 
@@ -1065,9 +1065,8 @@ impl PushConnection {
     }
 
     /// Until when input over the input mark waits: `input_hold_timeout_ms` past the later of the
-    /// hold's
-    /// start and the peer's last sign of life (a write it took part of, a pong). A peer that
-    /// reads nothing for that long has its input handled again, so its output reaches
+    /// hold's start and the peer's last sign of life (a write it took part of, a pong). A peer
+    /// that reads nothing for that long has its input handled again, so its output reaches
     /// `max_outbox_bytes` and it is closed as the limit says.
     fn hold_deadline(&self, since: Instant) -> Instant {
         let wait = Duration::from_millis(self.config.limits.input_hold_timeout_ms);
@@ -1084,14 +1083,14 @@ impl PushConnection {
     /// ([`Outbox::wants_writable`]), and no such try was made since the peer last took
     /// output. A readiness event comes only once much of the socket's buffer is free, which a
     /// reader taking its replies slowly, but all along, may need longer than
-    /// `input_hold_timeout_ms` for; the write shows whether the peer reads (its progress extends the hold), and the
-    /// hold waits [`PROBE_WAIT`] for it. The driver makes the write happen (the epoll and
+    /// `input_hold_timeout_ms` for; the write shows whether the peer reads (its progress extends
+    /// the hold), and the hold waits [`PROBE_WAIT`] for it. The driver makes the write happen (the epoll and
     /// io_uring shards end the wait for readiness at once), then calls
     /// [`on_writable`](Self::on_writable) as for a readiness event.
     ///
     /// The same holds for a connection past `max_outbox_bytes` whose socket refused part of its
-    /// last write and that is sent nothing more, `stall_timeout_ms` after its socket began refusing
-    /// (or after the peer's last sign of life). A driver calls this before
+    /// last write and that is sent nothing more, `stall_timeout_ms` after its socket began
+    /// refusing (or after the peer's last sign of life). A driver calls this before
     /// [`handle_timeout`](Self::handle_timeout), which would otherwise count the write in flight
     /// as the try.
     pub fn probe_writable(&mut self, now: Instant) -> bool {
@@ -1217,8 +1216,7 @@ impl PushConnection {
     /// `max_outbox_bytes`: the driver reads nothing more from the peer, and once writes have
     /// taken the output back under that mark ([`input_held`](Self::input_held) false), or at
     /// [`poll_timeout`](Self::poll_timeout) when the peer read none of it for
-    /// `input_hold_timeout_ms`,
-    /// calls [`poll`](Self::poll) again to handle the rest. So a client that pipelines commands
+    /// `input_hold_timeout_ms`, calls [`poll`](Self::poll) again to handle the rest. So a client that pipelines commands
     /// faster than it reads their replies is slowed by TCP's flow control, as its reading
     /// allows, instead of being closed at the limit; one that reads nothing is closed at the
     /// limit.

@@ -103,7 +103,7 @@ impl TlsLayer {
         self.scratch
             .reserve(self.pending.len() + plain + records * 64 + 256);
         if !self.pending.is_empty() {
-            crate::copy::extend(&mut self.scratch, &self.pending);
+            crate::copy::put(&mut self.scratch, &self.pending);
         }
         self.session.take_ciphertext(&mut self.scratch);
         self.pending = Bytes::from(std::mem::take(&mut self.scratch));
