@@ -100,7 +100,9 @@ pub struct EngineSection {
     /// After a pass of a busy shard whose sends were small (under [`SMALL_SEND_BYTES`] on
     /// average), that shard's next fan-out waits until this many microseconds after those
     /// sends, so that publications arriving meanwhile leave as one larger segment per
-    /// connection instead of many small ones; 0 = never wait. Per shard.
+    /// connection instead of many small ones; 0 = never wait. Per shard. A shard is busy when
+    /// it spent at least half of its last few milliseconds on the CPU and the pass began
+    /// within half this gap of its previous sends.
     pub turn_gap_us: u64,
 }
 
