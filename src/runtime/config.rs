@@ -101,8 +101,8 @@ pub struct EngineSection {
     /// average), that shard's next fan-out waits until this many microseconds after those
     /// sends, so that publications arriving meanwhile leave as one larger segment per
     /// connection instead of many small ones; 0 = never wait. Per shard. A shard is busy when
-    /// it spent at least half of its last few milliseconds on the CPU and the pass began
-    /// within half this gap of its previous sends.
+    /// its thread has lately spent at least half its time on the CPU (until that falls under
+    /// 35 %) and the pass began within half this gap of its previous sends.
     pub turn_gap_us: u64,
 }
 

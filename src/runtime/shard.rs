@@ -348,63 +348,79 @@ fn looks_like_tls(data: &[u8]) -> bool {
 /// Whether a pass that started `sends` sends of `bytes` bytes in all is followed by the quiet
 /// `gap` (`engine.turn_gap_us`): only when they were small on average, the case where each
 /// segment costs the server and its readers more than its bytes do, and only while the shard is
-/// busy: it was on the CPU for at least [`BUSY_SHARE`] of its recent time (`load`, see
-/// [`Load`]) and the pass began within `gap / 2` of the end of the previous pass that sent (or
-/// of the gap that followed it), `idle_before`. A publication that finds the shard idle is sent
-/// at once (an unloaded round trip pays no gap), and so is a moderate steady stream that leaves
-/// the shard mostly waiting; near saturation the gap gathers what comes next.
-fn wants_gap(sends: usize, bytes: usize, gap: Duration, idle_before: Duration, load: f32) -> bool {
-    !gap.is_zero()
-        && sends > 0
-        && bytes < SMALL_SEND_BYTES * sends
-        && idle_before < gap / 2
-        && load >= BUSY_SHARE
+/// busy: its [`Load`] says so (`busy`: it lately spent half its time or more on the CPU, and
+/// has not fallen far under that since) and the pass began within `gap / 2` of the end of the previous pass that sent (or of the gap
+/// that followed it), `idle_before`. A publication that finds the shard idle is sent at once (an
+/// unloaded round trip pays no gap), and so is a moderate steady stream that leaves the shard
+/// mostly waiting; near saturation the gap gathers what comes next.
+fn wants_gap(sends: usize, bytes: usize, gap: Duration, idle_before: Duration, busy: bool) -> bool {
+    !gap.is_zero() && sends > 0 && bytes < SMALL_SEND_BYTES * sends && idle_before < gap / 2 && busy
 }
 
-/// The share of its recent wall time a shard must have spent on the CPU for the turn gap to
-/// follow a pass of small sends: a half. Measured on loopback, a shard fanning 16 000 msg/s of
-/// 64 B out to 100 connections on a CPU of its own spent two thirds of its time there even with
-/// the gap, and one fanning 5 000 msg/s out to 10 connections a quarter to a third.
-const BUSY_SHARE: f32 = 0.5;
+/// A shard whose [`Load`] reaches this share of its time on the CPU counts as busy: a half. On
+/// loopback here, a shard fanning 15 800 msg/s of 64 B out to 100 connections on a CPU of its
+/// own (a quarter of the slowest peer's maximum in the perf tool's latency scenario) spent
+/// 0.63–0.68 of its time there with the gap, and each of two shards fanning 5 000 msg/s out to
+/// 10 connections 0.23–0.33 without it.
+const BUSY_FROM: f32 = 0.5;
+
+/// A busy shard counts as busy until its share falls under this: the gap lowers the share it
+/// is chosen by, so it is left only well below where it is taken.
+const BUSY_UNTIL: f32 = 0.35;
 
 /// The shortest span [`Load`] measures before it counts it.
 const LOAD_WINDOW: Duration = Duration::from_millis(5);
 
+/// How long [`Load`]'s smoothing remembers: a span this long or longer replaces the share.
+const LOAD_MEMORY: Duration = Duration::from_millis(20);
+
 /// How busy a shard has been lately: the CPU time its thread used (user and kernel mode, so the
 /// sends' system calls count) over the wall time that passed, measured over spans of at least
-/// [`LOAD_WINDOW`] (a span ends at the first wake-up past it; one clock read per span) and
-/// smoothed, each span weighing a quarter, so that it follows a change of load within about
-/// 20 ms. Time spent waiting, in the gap or for events, and time the thread was runnable but
-/// another process ran, count as idle: a shard is busy for the work it does, not for the
-/// machine's.
+/// [`LOAD_WINDOW`] (a span ends with the first turn of the loop past it; one read of the
+/// thread's CPU clock per span) and smoothed over [`LOAD_MEMORY`] (a span weighs its length
+/// over that, at most all). Time spent waiting, in the gap or for events, and time the thread
+/// was runnable while another ran, count as idle: a shard is busy for the work it does, not
+/// for the machine's, so on a machine short of CPU a shard under moderate load sends at once.
+/// It turns busy at [`BUSY_FROM`] and idle under [`BUSY_UNTIL`].
 #[derive(Debug)]
 struct Load {
     /// When the current span began, and the thread's CPU time then.
     since: Instant,
-    cpu_since: Duration,
+    cpu_since: Option<Duration>,
     /// The smoothed share, 0 to 1.
     share: f32,
+    busy: bool,
 }
 
 impl Load {
-    fn new(now: Instant, cpu: Duration) -> Load {
+    fn new(now: Instant, cpu: Option<Duration>) -> Load {
         Load {
             since: now,
             cpu_since: cpu,
             share: 0.0,
+            busy: false,
         }
     }
 
-    /// The shard woke at `now`; `cpu` reads its thread's CPU time, once the span is long
-    /// enough to count.
-    fn woke(&mut self, now: Instant, cpu: impl FnOnce() -> Duration) {
+    /// A turn of the shard's loop (a wake-up and its events) ended at `now`; `cpu` reads the
+    /// thread's CPU time, once the span is long enough to count (`None` if it cannot: the span
+    /// is not counted, and the share stays as it was).
+    fn turned(&mut self, now: Instant, cpu: impl FnOnce() -> Option<Duration>) {
         let span = now.saturating_duration_since(self.since);
         if span < LOAD_WINDOW {
             return;
         }
         let cpu = cpu();
-        let used = cpu.saturating_sub(self.cpu_since).as_secs_f32() / span.as_secs_f32();
-        self.share += (used.min(1.0) - self.share) / 4.0;
+        if let (Some(cpu), Some(before)) = (cpu, self.cpu_since) {
+            let used = cpu.saturating_sub(before).as_secs_f32() / span.as_secs_f32();
+            let weight = (span.as_secs_f32() / LOAD_MEMORY.as_secs_f32()).min(1.0);
+            self.share += (used.min(1.0) - self.share) * weight;
+            if self.share >= BUSY_FROM {
+                self.busy = true;
+            } else if self.share < BUSY_UNTIL {
+                self.busy = false;
+            }
+        }
         self.since = now;
         self.cpu_since = cpu;
     }
@@ -590,7 +606,8 @@ pub(crate) struct Shard<B: Backend> {
     /// The next fan-out waits until then (see `engine.turn_gap_us`).
     quiet_until: Option<Instant>,
     /// When the last pass that sent ended, or the gap that followed it: a pass that begins
-    /// within half a gap of it finds the shard busy (see [`wants_gap`]).
+    /// within half a gap of it, on a shard whose [`Load`] is busy, is followed by the gap (see
+    /// [`wants_gap`]).
     last_sent: Option<Instant>,
     /// How busy the shard has been lately (see [`wants_gap`]).
     load: Load,
@@ -680,8 +697,8 @@ impl<B: Backend> Shard<B> {
                 // io_uring shard would never see itself busy (`wants_gap`).
                 self.backend.submit();
                 let mut end = Instant::now();
-                let load = self.load.share;
-                if wants_gap(self.pass_sends, self.pass_bytes, gap, idle_before, load) {
+                let busy = self.load.busy;
+                if wants_gap(self.pass_sends, self.pass_bytes, gap, idle_before, busy) {
                     // Many small segments on a busy shard: the next fan-out waits `gap` after
                     // these sends end, and what is published meanwhile goes out in fewer,
                     // larger ones.
@@ -714,11 +731,11 @@ impl<B: Backend> Shard<B> {
                 std::thread::sleep(Duration::from_millis(1));
             }
             self.handle.parker.park_end();
-            self.load.woke(Instant::now(), sys::thread_cpu_time);
             for event in events.drain(..) {
                 self.handle_event(event);
             }
             let now = Instant::now();
+            self.load.turned(now, sys::thread_cpu_time);
             if now >= next_tick {
                 self.tick(now);
                 next_tick = now + TICK;
@@ -2026,17 +2043,16 @@ mod tests {
 
     /// `engine.turn_gap_us`: a pass of small sends on a busy shard is followed by the gap; a
     /// pass of large sends, a pass that sent nothing, a pass that found the shard idle (begun
-    /// half a gap or more after the last sends), a shard on the CPU for less than half of its
-    /// recent time or a gap of zero lets the next turn run at once.
+    /// half a gap or more after the last sends), a shard whose load is not busy or a gap of
+    /// zero lets the next turn run at once.
     #[test]
     fn the_turn_gap_follows_a_pass_of_small_sends_on_a_busy_shard_only() {
-        use super::{wants_gap, BUSY_SHARE, SMALL_SEND_BYTES};
+        use super::{wants_gap, SMALL_SEND_BYTES};
         use std::time::Duration;
         let gap = Duration::from_micros(100);
         let soon = Duration::from_micros(10);
-        let load = 0.75;
         assert!(
-            wants_gap(100, 100 * 94, gap, soon, load),
+            wants_gap(100, 100 * 94, gap, soon, true),
             "100 sends of one small message"
         );
         assert!(wants_gap(
@@ -2044,79 +2060,103 @@ mod tests {
             SMALL_SEND_BYTES - 1,
             gap,
             Duration::ZERO,
-            load
+            true
         ));
-        assert!(wants_gap(1, 64, gap, Duration::from_micros(49), load));
-        assert!(wants_gap(1, 64, gap, soon, BUSY_SHARE));
+        assert!(wants_gap(1, 64, gap, Duration::from_micros(49), true));
         assert!(
-            !wants_gap(1, 64, gap, Duration::from_micros(50), load),
+            !wants_gap(1, 64, gap, Duration::from_micros(50), true),
             "an idle shard: no gap"
         );
         assert!(
-            !wants_gap(100, 100 * 94, gap, Duration::MAX, load),
+            !wants_gap(100, 100 * 94, gap, Duration::MAX, true),
             "the first sends: no gap"
         );
         assert!(
-            !wants_gap(100, 100 * 94, gap, soon, 0.3),
+            !wants_gap(100, 100 * 94, gap, soon, false),
             "a steady stream that leaves the shard mostly waiting: no gap"
         );
         assert!(
-            !wants_gap(1, SMALL_SEND_BYTES, gap, soon, load),
+            !wants_gap(1, SMALL_SEND_BYTES, gap, soon, true),
             "large sends: no gap"
         );
-        assert!(!wants_gap(100, 100 * SMALL_SEND_BYTES, gap, soon, load));
-        assert!(!wants_gap(0, 0, gap, soon, load), "nothing sent: no gap");
+        assert!(!wants_gap(100, 100 * SMALL_SEND_BYTES, gap, soon, true));
+        assert!(!wants_gap(0, 0, gap, soon, true), "nothing sent: no gap");
         assert!(
-            !wants_gap(100, 100, Duration::ZERO, soon, load),
+            !wants_gap(100, 100, Duration::ZERO, soon, true),
             "turned off"
         );
     }
 
     /// A shard's load is the share of the wall time its thread spent on the CPU, counted per
-    /// span of at least `LOAD_WINDOW` and smoothed: a shard on the CPU for three quarters of
-    /// each span rises towards that, one that then sleeps falls back under `BUSY_SHARE` within
-    /// two spans, and wake-ups within one span add up before it counts (the clock is not read).
+    /// span of at least `LOAD_WINDOW` (turns within one add up before it counts, and the clock
+    /// is not read) and smoothed over `LOAD_MEMORY`: a shard on the CPU for three quarters of
+    /// each span turns busy within a few spans and settles there; it stays busy while its share
+    /// falls from `BUSY_FROM` to `BUSY_UNTIL`, and is idle under it; a long sleep replaces the
+    /// share; a span whose clock cannot be read is not counted.
     #[test]
     fn a_shards_load_follows_the_share_of_its_time_spent_on_the_cpu() {
-        use super::{Load, BUSY_SHARE, LOAD_WINDOW};
+        use super::{Load, BUSY_FROM, BUSY_UNTIL, LOAD_WINDOW};
         use std::time::{Duration, Instant};
         let start = Instant::now();
-        let mut load = Load::new(start, Duration::from_secs(7));
-        let (mut t, mut cpu) = (start, Duration::from_secs(7));
+        let mut cpu = Duration::from_secs(7);
+        let mut load = Load::new(start, Some(cpu));
+        let mut t = start;
         let (half, three_eighths) = (LOAD_WINDOW / 2, LOAD_WINDOW * 3 / 8);
+        // Three quarters of each 5 ms span on the CPU, in two turns; each span weighs 1/4.
         let mut spans = 0;
-        while load.share < BUSY_SHARE {
-            // Three quarters of a window on the CPU, in two wake-ups.
+        while !load.busy {
             t += half;
             cpu += three_eighths;
-            load.woke(t, || panic!("read within a span"));
+            load.turned(t, || panic!("read within a span"));
             t += half;
             cpu += three_eighths;
-            load.woke(t, || cpu);
+            load.turned(t, || Some(cpu));
             spans += 1;
             assert!(load.share <= 0.75 + f32::EPSILON);
         }
-        assert_eq!(
-            spans, 4,
-            "a shard busy for 3/4 counts as busy from its fourth span"
-        );
+        assert_eq!(spans, 4, "0.19, 0.33, 0.43, then 0.51: busy");
+        assert!(load.share >= BUSY_FROM);
         for _ in 0..20 {
             t += LOAD_WINDOW;
             cpu += three_eighths * 2;
-            load.woke(t, || cpu);
+            load.turned(t, || Some(cpu));
         }
-        let settled = load.share;
-        assert!((settled - 0.75).abs() < 0.01, "settles at 3/4: {settled}");
-        // A shard that sleeps: each long wait is one idle span.
-        t += Duration::from_secs(1);
-        load.woke(t, || cpu);
-        assert!(load.share > BUSY_SHARE, "{}", load.share);
-        t += Duration::from_secs(1);
-        load.woke(t, || cpu);
         assert!(
-            load.share < BUSY_SHARE,
-            "idle after two long waits: {}",
+            (load.share - 0.75).abs() < 0.01,
+            "settles at 3/4: {}",
             load.share
         );
+        // A fifth of each span: the share falls under BUSY_FROM, the shard stays busy until it
+        // is under BUSY_UNTIL.
+        let mut seen_between = false;
+        while load.busy {
+            t += LOAD_WINDOW;
+            cpu += LOAD_WINDOW / 5;
+            load.turned(t, || Some(cpu));
+            seen_between |= load.busy && load.share < BUSY_FROM;
+        }
+        assert!(seen_between, "busy between the two thresholds");
+        assert!(load.share < BUSY_UNTIL);
+        // Busy again, then one long sleep: that span replaces the share.
+        for _ in 0..20 {
+            t += LOAD_WINDOW;
+            cpu += LOAD_WINDOW;
+            load.turned(t, || Some(cpu));
+        }
+        assert!(load.busy && load.share > 0.99);
+        t += Duration::from_secs(1);
+        load.turned(t, || Some(cpu));
+        assert!(!load.busy && load.share < 0.01, "{}", load.share);
+        // A clock that cannot be read: the span is not counted.
+        t += LOAD_WINDOW;
+        load.turned(t, || None);
+        t += LOAD_WINDOW;
+        cpu += LOAD_WINDOW;
+        load.turned(t, || Some(cpu));
+        assert!(load.share < 0.01, "no span counted across the failed read");
+        t += LOAD_WINDOW;
+        cpu += LOAD_WINDOW;
+        load.turned(t, || Some(cpu));
+        assert!((load.share - 0.25).abs() < 0.01, "{}", load.share);
     }
 }

@@ -245,17 +245,15 @@ pub(crate) fn shutdown_how(how: std::net::Shutdown) -> libc::c_int {
 }
 
 /// The CPU time the calling thread has used (`CLOCK_THREAD_CPUTIME_ID`), in user and kernel
-/// mode; zero where the clock cannot be read.
-pub(crate) fn thread_cpu_time() -> Duration {
+/// mode; `None` where the clock cannot be read.
+pub(crate) fn thread_cpu_time() -> Option<Duration> {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a live, writable timespec for the duration of the call.
-    match syscall!(clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts)) {
-        Ok(_) => Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32),
-        Err(_) => Duration::ZERO,
-    }
+    syscall!(clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts)).ok()?;
+    Some(Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32))
 }
 
 /// Creates a non-blocking, close-on-exec eventfd used to wake a shard.
