@@ -253,6 +253,49 @@ fn a_tls_reader_that_stops_reading_is_closed_at_max_outbox_bytes_and_others_keep
     });
 }
 
+/// The stall rule over TLS: a subscriber that reads nothing of one message larger than
+/// `max_outbox_bytes` and the kernel's buffers, and is sent nothing more, is closed at the limit
+/// `stall_timeout_ms` after its socket stopped taking ciphertext (not at the liveness timeout).
+#[test]
+fn a_tls_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_the_stall_timeout() {
+    use std::time::{Duration, Instant};
+    let pki = Pki::new("stall");
+    on_both_backends(|backend| {
+        let mut config = tls_config(backend, &pki);
+        config.limits.max_outbox_bytes = 1 << 20;
+        config.limits.stall_timeout_ms = 1_000;
+        // Neither keepalive nor liveness acts within the test.
+        config.outbox.keepalive_interval_ms = 60_000;
+        config.outbox.liveness_timeout_ms = 120_000;
+        let server = start(config);
+        let mut stalled =
+            TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
+        stalled.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
+        assert_eq!(stalled.msg()["type"], "subscribed");
+        let published = Instant::now();
+        assert_eq!(publish(&server.engine, "big", 0, 24 << 20), 1);
+        eventually("the stalled TLS subscriber is closed", || {
+            server.engine.stats().limit_errors >= 1
+        });
+        let took = published.elapsed();
+        assert!(
+            took < Duration::from_secs(15),
+            "{backend:?}: closed after {took:?}, by the stall rule, not liveness"
+        );
+        // What it reads now ends with the limit error, then the end of the stream.
+        let mut last = None;
+        while let Ok(Some(line)) = stalled.try_line() {
+            last = Some(line);
+        }
+        let last = last.expect("lines");
+        let tail = &last[last.len().saturating_sub(300)..];
+        assert!(
+            tail.contains(r#""limit":"max_outbox_bytes""#),
+            "{backend:?}: the close names the limit: {tail}"
+        );
+    });
+}
+
 #[test]
 fn under_disconnect_a_stalled_tls_reader_is_closed_as_slow_consumer() {
     let pki = Pki::new("disconnect");

@@ -569,6 +569,12 @@ impl Outbox {
         self.last_alive = now;
     }
 
+    /// A layer below the connection (TLS) saw its socket take bytes after refusing some: drain
+    /// progress, which refreshes liveness as [`on_written`](Self::on_written)'s does.
+    pub(crate) fn on_drain_progress(&mut self, now: Instant) {
+        self.last_alive = now;
+    }
+
     /// When the peer last showed it is alive: its last pong, or the last write the socket took
     /// part of (drain progress).
     pub(crate) fn last_alive(&self) -> Instant {

@@ -617,6 +617,11 @@ struct Input {
     /// write itself is no sign of life: the kernel's buffer took it, not the peer). `None`
     /// while the socket takes everything.
     behind_since: Option<Instant>,
+    /// Output held below the connection (a TLS layer's ciphertext) while that layer's socket
+    /// refuses part of its writes; 0 while it takes everything
+    /// ([`PushConnection::on_below_written`]). Counted with the connection's own output by the
+    /// stall and by `max_outbox_bytes`.
+    below: usize,
 }
 
 /// Appends received bytes to an input buffer. Into an empty one, an allocation of just what
@@ -1101,7 +1106,7 @@ impl PushConnection {
         let Some(due) = hold.into_iter().chain(self.stall_deadline()).min() else {
             return false;
         };
-        if now < due || !self.outbox.wants_writable() {
+        if now < due || !(self.outbox.wants_writable() || self.held_below() > 0) {
             return false;
         }
         // A try is made once per sign of life; progress at the very instant of the try (a
@@ -1145,8 +1150,9 @@ impl PushConnection {
     /// nothing more, whose output would otherwise wait for the liveness timeout. `None` while it
     /// is under the limit or its socket took all of its last write.
     fn stall_deadline(&self) -> Option<Instant> {
-        if !self.outbox.socket_refused()
-            || self.output_memory() <= self.config.limits.max_outbox_bytes
+        let below = self.held_below();
+        if !(self.outbox.socket_refused() || below > 0)
+            || self.output_memory() + below <= self.config.limits.max_outbox_bytes
         {
             return None;
         }
@@ -2075,7 +2081,7 @@ impl PushConnection {
     /// Such a connection is let through once per progress: judged again with no byte taken
     /// since (its send refused whole, or still waiting for room in the socket), it is behind.
     fn over_outbox(&mut self, behind: bool) -> Option<Ending> {
-        let held = self.output_memory();
+        let held = self.output_memory() + self.held_below();
         let max = self.config.limits.max_outbox_bytes;
         if held <= max {
             self.outbox.clear_grace();
@@ -2257,6 +2263,48 @@ impl PushConnection {
                 self.outbox_mid = self.outbox.unsent_bytes() > 0;
             }
         }
+    }
+
+    /// A layer below the connection (TLS) wrote to the socket: it now holds `held` bytes of
+    /// output the socket has not taken, `refused` if the socket refused part of the write, and
+    /// the socket `took` some of it. While the socket refuses, those bytes count with the
+    /// connection's own output (for the stall past `max_outbox_bytes` and for the limit), and
+    /// the stall is timed from the write it began refusing at; bytes taken after a refusal are
+    /// drain progress and refresh liveness, as a plaintext socket's are
+    /// ([`on_written`](Self::on_written)).
+    pub(crate) fn on_below_written(
+        &mut self,
+        held: usize,
+        refused: bool,
+        took: bool,
+        now: Instant,
+    ) {
+        let was = self.held_below();
+        if took && was > 0 {
+            self.outbox.on_drain_progress(now);
+        }
+        if refused {
+            let own = self.outbox.socket_refused();
+            let input = self.input_mut();
+            if was == 0 && !own {
+                input.behind_since = Some(now);
+            }
+            input.below = held.max(1);
+        } else if was > 0 {
+            let own = self.outbox.socket_refused();
+            if let Some(input) = self.input.as_deref_mut() {
+                input.below = 0;
+                if !own {
+                    input.behind_since = None;
+                }
+            }
+        }
+    }
+
+    /// Output held below the connection while its socket refuses it (see
+    /// [`on_below_written`](Self::on_below_written)).
+    fn held_below(&self) -> usize {
+        self.input.as_deref().map_or(0, |i| i.below)
     }
 
     /// The socket drained after a partial write (see
@@ -2721,5 +2769,64 @@ mod tests {
             let want: Vec<Vec<u8>> = messages.into_iter().map(String::into_bytes).collect();
             prop_assert_eq!(got, want);
         }
+    }
+
+    /// Output held below the connection (a TLS layer's ciphertext) while its socket refuses it
+    /// counts with the connection's own: past `max_outbox_bytes` the stall rule judges it as it
+    /// judges a plaintext backlog (`stall_timeout_ms` after the refusal or the peer's last sign
+    /// of life, a write tried, then the close naming the limit). Bytes the socket takes after a
+    /// refusal are drain progress, which moves the stall's deadline; once the socket takes
+    /// everything, nothing is held below and no stall is timed.
+    #[test]
+    fn output_held_below_the_connection_is_judged_by_the_stall_rule() {
+        use std::time::Duration;
+        let limits = PushLimits::default()
+            .with_max_outbox_bytes(1 << 20)
+            .with_stall_timeout_ms(1_000);
+        let config = Arc::new(
+            PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap(),
+        );
+        let open = |now| {
+            let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+            let session = Session::new(1, SessionConfig::default());
+            let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+            conn.handle_input(b"{\"type\":\"subscribe\",\"stream\":\"s\"}\n", now);
+            let Some(Request::Subscribe { .. }) = conn.poll(now, SystemTime::now()) else {
+                panic!("a subscribe");
+            };
+            conn.subscribe_done(Ok(()), now);
+            conn
+        };
+        let t0 = Instant::now();
+        let mut conn = open(t0);
+        // The next timer without a stall (a deadline or the keepalive), seconds away.
+        let quiet = conn.poll_timeout();
+        assert!(quiet >= Some(t0 + Duration::from_secs(5)), "{quiet:?}");
+        // 2 MiB of ciphertext the socket refused: a stall is timed from the refusal.
+        conn.on_below_written(2 << 20, true, true, t0);
+        let second = Duration::from_secs(1);
+        assert_eq!(conn.poll_timeout(), Some(t0 + second));
+        // The socket takes some: drain progress moves the deadline.
+        let t1 = t0 + Duration::from_millis(800);
+        conn.on_below_written((2 << 20) - 1000, true, true, t1);
+        assert_eq!(conn.poll_timeout(), Some(t1 + second));
+        // At the deadline a write is tried; it takes nothing within PROBE_WAIT: closed.
+        let t2 = t1 + second;
+        conn.handle_timeout(t2, SystemTime::now());
+        assert_eq!(conn.state(), PushState::Open);
+        assert_eq!(conn.poll_timeout(), Some(t2 + PROBE_WAIT));
+        conn.handle_timeout(t2 + PROBE_WAIT, SystemTime::now());
+        assert_eq!(conn.state(), PushState::Closing);
+        assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
+        // Under the limit, or once the socket took everything, no stall is timed.
+        let mut under = open(t0);
+        under.on_below_written(1000, true, true, t0);
+        assert_eq!(under.poll_timeout(), quiet);
+        let mut drained = open(t0);
+        drained.on_below_written(2 << 20, true, true, t0);
+        drained.on_below_written(0, false, true, t1);
+        assert_eq!(drained.poll_timeout(), quiet);
+        drained.handle_timeout(t2 + PROBE_WAIT, SystemTime::now());
+        assert_eq!(drained.state(), PushState::Open);
     }
 }

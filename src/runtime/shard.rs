@@ -1771,6 +1771,8 @@ impl<B: Backend> Shard<B> {
         if let Some(tls) = c.tls.as_deref_mut() {
             tls.written(n);
             tls.stalled = n < send_tls;
+            let (held, stalled) = (tls.pending.len(), tls.stalled);
+            c.push.on_below_written(held, stalled, n > 0, now);
             c.sync_backlog(self.shared.counters_of(self.handle.index));
             if n < send_tls {
                 c.poll_inflight = true;

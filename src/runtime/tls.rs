@@ -7,7 +7,11 @@
 //! counts as written once rustls took it, so the outbox's rules apply up to the TLS buffer; the
 //! ciphertext buffer is bounded, since nothing more is encrypted until it is written out: a
 //! stalled TLS reader holds at most one batch (about [`ENCODE_AHEAD`](crate::outbox) plus
-//! rustls's 64 KiB) beyond the outbox's reach, as a plaintext one holds its kernel buffer.
+//! rustls's 64 KiB) beyond the outbox's reach, as a plaintext one holds its kernel buffer. The
+//! shard tells the connection what the socket refused of it
+//! ([`PushConnection::on_below_written`](crate::push::PushConnection::on_below_written)), so it
+//! counts for the stall and the limit, and what the socket takes after a refusal is drain
+//! progress.
 
 use std::sync::Arc;
 
