@@ -253,6 +253,32 @@ fn a_tls_reader_that_stops_reading_is_closed_at_max_outbox_bytes_and_others_keep
     });
 }
 
+/// A TLS reader that keeps up gets messages larger than `max_outbox_bytes` and is not closed:
+/// the ciphertext its socket holds while it reads counts only while the socket refuses it, and
+/// what the socket takes first is written before the limit is judged (as for plaintext,
+/// `engine_io::a_reader_that_keeps_up_gets_messages_larger_than_max_outbox_bytes`).
+#[test]
+fn a_tls_reader_that_keeps_up_gets_messages_larger_than_max_outbox_bytes() {
+    let pki = Pki::new("keeps-up");
+    on_both_backends(|backend| {
+        let mut config = tls_config(backend, &pki);
+        config.limits.backpressure_bytes = 16 << 10;
+        config.limits.max_outbox_bytes = 64 << 10;
+        let server = start(config);
+        let mut reader =
+            TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
+        reader.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
+        assert_eq!(reader.msg()["type"], "subscribed");
+        for seq in 0..20 {
+            assert_eq!(publish(&server.engine, "big", seq, 70_000), 1);
+            let got = reader.msg();
+            assert_eq!(got["seq"], seq, "{backend:?}: {}", got["type"]);
+            assert_eq!(got["pad"].as_str().map(str::len), Some(70_000));
+        }
+        assert_eq!(server.engine.stats().limit_errors, 0, "{backend:?}");
+    });
+}
+
 /// The stall rule over TLS: a subscriber that reads nothing of one message larger than
 /// `max_outbox_bytes` and the kernel's buffers, and is sent nothing more, is closed at the limit
 /// `stall_timeout_ms` after its socket stopped taking ciphertext (not at the liveness timeout).

@@ -2253,7 +2253,8 @@ impl PushConnection {
                 // Where a stall is timed from (see `stall_deadline`).
                 if behind {
                     self.input_mut().behind_since = Some(now);
-                } else if let Some(input) = self.input.as_deref_mut() {
+                } else if let Some(input) = self.input.as_deref_mut().filter(|i| i.below == 0) {
+                    // (Output held below, still refused, keeps the stall's timing.)
                     input.behind_since = None;
                 }
             }
@@ -2637,6 +2638,7 @@ impl PushConnection {
                 && i.pending.is_none()
                 && i.last_words.is_empty()
                 && i.behind_since.is_none()
+                && i.below == 0
         }) {
             self.input = None;
         }
@@ -2798,20 +2800,28 @@ mod tests {
             conn
         };
         let t0 = Instant::now();
+        let second = Duration::from_secs(1);
         let mut conn = open(t0);
         // The next timer without a stall (a deadline or the keepalive), seconds away.
         let quiet = conn.poll_timeout();
-        assert!(quiet >= Some(t0 + Duration::from_secs(5)), "{quiet:?}");
-        // 2 MiB of ciphertext the socket refused: a stall is timed from the refusal.
-        conn.on_below_written(2 << 20, true, true, t0);
-        let second = Duration::from_secs(1);
-        assert_eq!(conn.poll_timeout(), Some(t0 + second));
-        // The socket takes some: drain progress moves the deadline.
-        let t1 = t0 + Duration::from_millis(800);
+        assert!(quiet >= Some(t0 + 5 * second), "{quiet:?}");
+        // 2 MiB of ciphertext the socket refused at 3 s: a stall is timed from the refusal
+        // (not from the connection's last sign of life, at 0), and the first refused write is
+        // no sign of life.
+        let refused = t0 + 3 * second;
+        conn.on_below_written(2 << 20, true, true, refused);
+        assert_eq!(conn.outbox().last_alive(), t0);
+        assert_eq!(conn.poll_timeout(), Some(refused + second));
+        assert!(!conn.probe_writable(refused + second / 2), "not due yet");
+        // The socket takes some after the refusal: drain progress, which refreshes liveness
+        // and moves the deadline.
+        let t1 = refused + second * 4 / 5;
         conn.on_below_written((2 << 20) - 1000, true, true, t1);
+        assert_eq!(conn.outbox().last_alive(), t1);
         assert_eq!(conn.poll_timeout(), Some(t1 + second));
-        // At the deadline a write is tried; it takes nothing within PROBE_WAIT: closed.
+        // At the deadline a write is asked for; it takes nothing within PROBE_WAIT: closed.
         let t2 = t1 + second;
+        assert!(conn.probe_writable(t2), "a write tried at the deadline");
         conn.handle_timeout(t2, SystemTime::now());
         assert_eq!(conn.state(), PushState::Open);
         assert_eq!(conn.poll_timeout(), Some(t2 + PROBE_WAIT));

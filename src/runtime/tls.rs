@@ -3,15 +3,16 @@
 //!
 //! The shard stays the only one doing IO: received bytes go through [`TlsLayer::receive`] into
 //! the connection's input buffer, and a send encrypts what the urgent queue and the outbox offer
-//! ([`TlsLayer::encrypt`]) into one ciphertext buffer, written as the send's one chunk. Plaintext
-//! counts as written once rustls took it, so the outbox's rules apply up to the TLS buffer; the
-//! ciphertext buffer is bounded, since nothing more is encrypted until it is written out: a
-//! stalled TLS reader holds at most one batch (about [`ENCODE_AHEAD`](crate::outbox) plus
-//! rustls's 64 KiB) beyond the outbox's reach, as a plaintext one holds its kernel buffer. The
-//! shard tells the connection what the socket refused of it
-//! ([`PushConnection::on_below_written`](crate::push::PushConnection::on_below_written)), so it
-//! counts for the stall and the limit, and what the socket takes after a refusal is drain
-//! progress.
+//! ([`TlsLayer::encrypt`]) into one ciphertext buffer, written as the send's one chunk. rustls
+//! takes every plaintext byte offered (its buffer limit is off), so plaintext counts as written
+//! once encrypted and the outbox's rules apply up to the TLS layer; the ciphertext buffer is
+//! bounded, since nothing more is encrypted until it is written out: a stalled TLS reader holds
+//! at most one transmit of the outbox ([`ENCODE_AHEAD`](crate::outbox), or the one message that
+//! crosses it) as ciphertext beyond the outbox's reach. The shard tells the connection what the
+//! socket refused of it
+//! ([`PushConnection::on_below_written`](crate::push::PushConnection::on_below_written)), so
+//! that ciphertext counts with its output for the stall and `max_outbox_bytes`, and what the
+//! socket takes after a refusal is drain progress.
 
 use std::sync::Arc;
 
