@@ -129,6 +129,25 @@ impl TlsClient {
         }
     }
 
+    /// A client connected and subscribed to `stream`.
+    fn subscribed(addr: SocketAddr, config: Arc<ClientConfig>, stream: &str) -> TlsClient {
+        let mut c = TlsClient::connect(addr, config);
+        c.send(&format!(
+            r#"{{"type":"subscribe","id":1,"stream":"{stream}"}}"#
+        ));
+        assert_eq!(c.msg()["type"], "subscribed");
+        c
+    }
+
+    /// Reads to the end of the stream; its last line.
+    fn last_line(&mut self) -> String {
+        let mut last = None;
+        while let Ok(Some(line)) = self.try_line() {
+            last = Some(line);
+        }
+        last.expect("lines")
+    }
+
     fn send(&mut self, line: &str) {
         self.try_send(line).unwrap();
     }
@@ -178,9 +197,7 @@ fn the_push_protocol_runs_over_tls_1_3_and_1_2() {
                 rustls::ProtocolVersion::TLSv1_2,
             ),
         ] {
-            let mut sub = TlsClient::connect(server.addr, pki.client(false, versions));
-            sub.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
-            assert_eq!(sub.msg()["type"], "subscribed");
+            let mut sub = TlsClient::subscribed(server.addr, pki.client(false, versions), "obs");
             assert_eq!(sub.version(), Some(expected));
             let mut publisher = TlsClient::connect(server.addr, pki.client(false, versions));
             // Many small messages in one write, then one far larger than a TLS record (16 KiB).
@@ -217,12 +234,8 @@ fn a_tls_reader_that_stops_reading_is_closed_at_max_outbox_bytes_and_others_keep
         config.limits.max_outbox_bytes = 4 << 20;
         let server = start(config);
         let tls13 = [&rustls::version::TLS13];
-        let mut stalled = TlsClient::connect(server.addr, pki.client(false, &tls13));
-        stalled.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
-        assert_eq!(stalled.msg()["type"], "subscribed");
-        let mut healthy = TlsClient::connect(server.addr, pki.client(false, &tls13));
-        healthy.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
-        assert_eq!(healthy.msg()["type"], "subscribed");
+        let mut stalled = TlsClient::subscribed(server.addr, pki.client(false, &tls13), "obs");
+        let mut healthy = TlsClient::subscribed(server.addr, pki.client(false, &tls13), "obs");
         let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counted = Arc::clone(&received);
         let reader = std::thread::spawn(move || {
@@ -244,11 +257,7 @@ fn a_tls_reader_that_stops_reading_is_closed_at_max_outbox_bytes_and_others_keep
             server.engine.stats().limit_errors >= 1
         });
         // What it reads now ends with the limit error, then the end of the stream.
-        let mut last = None;
-        while let Ok(Some(line)) = stalled.try_line() {
-            last = Some(line);
-        }
-        let last: Value = serde_json::from_str(&last.expect("lines")).unwrap();
+        let last: Value = serde_json::from_str(&stalled.last_line()).unwrap();
         assert_eq!(last["limit"], "max_outbox_bytes", "{last}");
     });
 }
@@ -265,10 +274,11 @@ fn a_tls_reader_that_keeps_up_gets_messages_larger_than_max_outbox_bytes() {
         config.limits.backpressure_bytes = 16 << 10;
         config.limits.max_outbox_bytes = 64 << 10;
         let server = start(config);
-        let mut reader =
-            TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
-        reader.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
-        assert_eq!(reader.msg()["type"], "subscribed");
+        let mut reader = TlsClient::subscribed(
+            server.addr,
+            pki.client(false, &[&rustls::version::TLS13]),
+            "big",
+        );
         for seq in 0..20 {
             assert_eq!(publish(&server.engine, "big", seq, 70_000), 1);
             let got = reader.msg();
@@ -294,10 +304,11 @@ fn a_tls_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_the_sta
         config.outbox.keepalive_interval_ms = 60_000;
         config.outbox.liveness_timeout_ms = 120_000;
         let server = start(config);
-        let mut stalled =
-            TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
-        stalled.send(r#"{"type":"subscribe","id":1,"stream":"big"}"#);
-        assert_eq!(stalled.msg()["type"], "subscribed");
+        let mut stalled = TlsClient::subscribed(
+            server.addr,
+            pki.client(false, &[&rustls::version::TLS13]),
+            "big",
+        );
         let published = Instant::now();
         assert_eq!(publish(&server.engine, "big", 0, 24 << 20), 1);
         eventually("the stalled TLS subscriber is closed", || {
@@ -309,11 +320,7 @@ fn a_tls_subscriber_that_reads_nothing_of_one_large_message_is_closed_at_the_sta
             "{backend:?}: closed after {took:?}, by the stall rule, not liveness"
         );
         // What it reads now ends with the limit error, then the end of the stream.
-        let mut last = None;
-        while let Ok(Some(line)) = stalled.try_line() {
-            last = Some(line);
-        }
-        let last = last.expect("lines");
+        let last = stalled.last_line();
         let tail = &last[last.len().saturating_sub(300)..];
         assert!(
             tail.contains(r#""limit":"max_outbox_bytes""#),
@@ -331,10 +338,11 @@ fn under_disconnect_a_stalled_tls_reader_is_closed_as_slow_consumer() {
         config.limits.backpressure_bytes = 1 << 20;
         config.limits.max_outbox_bytes = 64 << 20;
         let server = start(config);
-        let mut stalled =
-            TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
-        stalled.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
-        assert_eq!(stalled.msg()["type"], "subscribed");
+        let mut stalled = TlsClient::subscribed(
+            server.addr,
+            pki.client(false, &[&rustls::version::TLS13]),
+            "obs",
+        );
         let mut seq = 0;
         // Small messages: each send's plaintext fits rustls's buffer whole, so only the
         // socket's refusal of ciphertext says the connection is stalled.
@@ -345,11 +353,7 @@ fn under_disconnect_a_stalled_tls_reader_is_closed_as_slow_consumer() {
             }
             server.engine.hub().stats().disconnected >= 1
         });
-        let mut last = None;
-        while let Ok(Some(line)) = stalled.try_line() {
-            last = Some(line);
-        }
-        let last: Value = serde_json::from_str(&last.expect("lines")).unwrap();
+        let last: Value = serde_json::from_str(&stalled.last_line()).unwrap();
         assert_eq!(last["code"], "slow_consumer", "{last}");
     });
 }
@@ -707,9 +711,11 @@ fn a_tls_close_notify_ends_the_stream_and_its_last_line_is_read() {
     let pki = Pki::new("close-notify");
     on_both_backends(|backend| {
         let server = start(tls_config(backend, &pki));
-        let mut c = TlsClient::connect(server.addr, pki.client(false, &[&rustls::version::TLS13]));
-        c.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
-        assert_eq!(c.msg()["type"], "subscribed");
+        let mut c = TlsClient::subscribed(
+            server.addr,
+            pki.client(false, &[&rustls::version::TLS13]),
+            "obs",
+        );
         let s = c.reader.get_mut();
         let last = format!(
             r#"{{"type":"publish","id":"p","message":{}}}"#,

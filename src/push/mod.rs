@@ -1150,10 +1150,7 @@ impl PushConnection {
     /// nothing more, whose output would otherwise wait for the liveness timeout. `None` while it
     /// is under the limit or its socket took all of its last write.
     fn stall_deadline(&self) -> Option<Instant> {
-        let below = self.held_below();
-        if !(self.outbox.socket_refused() || below > 0)
-            || self.output_memory() + below <= self.config.limits.max_outbox_bytes
-        {
+        if !self.behind_socket() || self.held_output() <= self.config.limits.max_outbox_bytes {
             return None;
         }
         let life = self.last_life();
@@ -2081,7 +2078,7 @@ impl PushConnection {
     /// Such a connection is let through once per progress: judged again with no byte taken
     /// since (its send refused whole, or still waiting for room in the socket), it is behind.
     fn over_outbox(&mut self, behind: bool) -> Option<Ending> {
-        let held = self.output_memory() + self.held_below();
+        let held = self.held_output();
         let max = self.config.limits.max_outbox_bytes;
         if held <= max {
             self.outbox.clear_grace();
@@ -2105,8 +2102,9 @@ impl PushConnection {
     /// `slow_consumer` error. A subscribed connection whose socket refused nothing of its last
     /// write is written to before either is judged: a reader that keeps up is not closed for
     /// one large message or batch. `max_outbox_bytes` is judged when output came since the last
-    /// check (a delivery, a reply), not when only writes moved it. Returns whether it
-    /// closed as a slow consumer.
+    /// check (a delivery, a reply), not when only writes moved it. Output a layer below the
+    /// connection holds while its socket refuses it (a TLS connection's ciphertext) counts with
+    /// the connection's own. Returns whether it closed as a slow consumer.
     ///
     /// ```
     /// # use std::sync::Arc;
@@ -2126,12 +2124,6 @@ impl PushConnection {
     /// assert_eq!(conn.close_reason(), Some("max_outbox_bytes"));
     /// ```
     pub fn check_limits(&mut self, now: Instant) -> bool {
-        self.check_limits_with(0, false, now)
-    }
-
-    /// [`check_limits`](Self::check_limits), with `extra` bytes held below the connection (TLS
-    /// ciphertext) and whether that layer is `stalled` (its socket refused part of a write).
-    pub(crate) fn check_limits_with(&mut self, extra: usize, stalled: bool, now: Instant) -> bool {
         if self.state != PushState::Open {
             return false;
         }
@@ -2141,10 +2133,11 @@ impl PushConnection {
         if took {
             self.outbox.clear_grace();
         }
-        let backlog = self.backlog() + extra;
+        // (With the output held below the connection, TLS ciphertext its socket refuses.)
+        let backlog = self.backlog() + self.held_below();
         // A healthy reader, whose socket takes every write, is never behind however much one
         // fan-out queued for it.
-        let behind = self.outbox.socket_refused() || stalled;
+        let behind = self.behind_socket();
         let subscribed = self.is_subscribed();
         let limit = match self.config.limits.disconnect_backlog_bytes {
             // Under `disconnect`, a connection past both bounds at once (a burst fanned out in
@@ -2306,6 +2299,16 @@ impl PushConnection {
     /// [`on_below_written`](Self::on_below_written)).
     fn held_below(&self) -> usize {
         self.input.as_deref().map_or(0, |i| i.below)
+    }
+
+    /// Whether the socket refused part of the last write: the outbox's, or the layer's below.
+    fn behind_socket(&self) -> bool {
+        self.outbox.socket_refused() || self.held_below() > 0
+    }
+
+    /// The output `max_outbox_bytes` bounds: the connection's own and what is held below it.
+    fn held_output(&self) -> usize {
+        self.output_memory() + self.held_below()
     }
 
     /// The socket drained after a partial write (see

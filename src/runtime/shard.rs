@@ -1550,11 +1550,7 @@ impl<B: Backend> Shard<B> {
                 continue;
             };
             if c.state == State::Open {
-                let (extra, stalled) = c
-                    .tls
-                    .as_ref()
-                    .map_or((0, false), |t| (t.pending.len(), t.stalled));
-                if c.push.check_limits_with(extra, stalled, now) {
+                if c.push.check_limits(now) {
                     self.shared.hub.count_tap_disconnect();
                 }
                 self.settle(token);
@@ -1770,11 +1766,11 @@ impl<B: Backend> Shard<B> {
             .fetch_add(n as u64, Ordering::Relaxed);
         if let Some(tls) = c.tls.as_deref_mut() {
             tls.written(n);
-            tls.stalled = n < send_tls;
-            let (held, stalled) = (tls.pending.len(), tls.stalled);
-            c.push.on_below_written(held, stalled, n > 0, now);
+            let stalled = n < send_tls;
+            c.push
+                .on_below_written(tls.pending.len(), stalled, n > 0, now);
             c.sync_backlog(self.shared.counters_of(self.handle.index));
-            if n < send_tls {
+            if stalled {
                 c.poll_inflight = true;
                 self.backend.poll_writable(token);
             } else {

@@ -31,9 +31,6 @@ pub(crate) struct TlsLayer {
     close_notified: bool,
     /// The session failed (a broken record, a refused handshake): only its alert goes out.
     pub(crate) failed: bool,
-    /// The socket refused part of the last ciphertext written: the connection is stalled, as a
-    /// plaintext one whose outbox wants writability.
-    pub(crate) stalled: bool,
     /// Reused for decrypted bytes and taken ciphertext.
     scratch: Vec<u8>,
     /// Plaintext bytes encrypted since ciphertext was last taken.
@@ -61,7 +58,6 @@ impl TlsLayer {
             pending: Bytes::new(),
             close_notified: false,
             failed: false,
-            stalled: false,
             scratch: Vec::new(),
             encrypted: 0,
         })
