@@ -270,6 +270,57 @@ impl PushLimits {
     }
 }
 
+impl PushLimits {
+    /// Checks the limits as the server's configuration does for its `[limits]`: a wait of 0
+    /// would close a connection (or try its socket) before its peer could answer, and a
+    /// `max_outbox_bytes` of 0 would close every connection at its first reply. The error names
+    /// the first field that is wrong.
+    ///
+    /// ```
+    /// use powerhub::push::{PushLimits, PushLimitsError};
+    /// assert!(PushLimits::default().validate().is_ok());
+    /// let err = PushLimits::default().with_stall_timeout_ms(0).validate().unwrap_err();
+    /// assert_eq!(err, PushLimitsError::Zero { field: "stall_timeout_ms" });
+    /// assert_eq!(err.to_string(), "stall_timeout_ms must be at least 1, got 0");
+    /// ```
+    pub fn validate(&self) -> Result<(), PushLimitsError> {
+        let fields = [
+            ("max_outbox_bytes", self.max_outbox_bytes as u64),
+            ("first_message_timeout_ms", self.first_message_timeout_ms),
+            ("input_hold_timeout_ms", self.input_hold_timeout_ms),
+            ("stall_timeout_ms", self.stall_timeout_ms),
+        ];
+        match fields.into_iter().find(|&(_, value)| value == 0) {
+            Some((field, _)) => Err(PushLimitsError::Zero { field }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Why [`PushLimits`] were rejected; each variant names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PushLimitsError {
+    /// A limit that must be at least 1 is 0 (`idle_timeout_ms`, where 0 means none, is not one).
+    #[error("{field} must be at least 1, got 0")]
+    Zero {
+        /// The field of [`PushLimits`].
+        field: &'static str,
+    },
+}
+
+/// Why a [`PushConfig`] was rejected: its limits or its outbox settings.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PushConfigError {
+    /// The limits are invalid (see [`PushLimits::validate`]).
+    #[error("invalid push limits: {0}")]
+    Limits(#[from] PushLimitsError),
+    /// The outbox settings are invalid (see [`OutboxConfig::validate`]).
+    #[error("invalid outbox settings: {0}")]
+    Outbox(#[from] OutboxConfigError),
+}
+
 /// What every push connection of a server shares: its limits, its outbox settings (one per
 /// framing) and the factory of its notifications.
 pub struct PushConfig {
@@ -296,21 +347,26 @@ impl PushConfig {
     ///
     /// # Errors
     ///
-    /// The outbox settings are invalid (see [`OutboxConfig::validate`]).
+    /// The limits are invalid (see [`PushLimits::validate`]), or the outbox settings are (see
+    /// [`OutboxConfig::validate`]).
     ///
     /// ```
     /// use std::sync::Arc;
     /// use powerhub::outbox::{OutboxConfig, PayloadFactory};
-    /// use powerhub::push::{PushConfig, PushLimits};
+    /// use powerhub::push::{PushConfig, PushConfigError, PushLimits, PushLimitsError};
     ///
     /// let config = PushConfig::new(PushLimits::default(), OutboxConfig::default(), Arc::new(PayloadFactory));
     /// assert!(config.is_ok());
+    /// let limits = PushLimits::default().with_first_message_timeout_ms(0);
+    /// let err = PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap_err();
+    /// assert_eq!(err, PushConfigError::Limits(PushLimitsError::Zero { field: "first_message_timeout_ms" }));
     /// ```
     pub fn new(
         limits: PushLimits,
         outbox: OutboxConfig,
         factory: Arc<dyn MessageFactory>,
-    ) -> Result<PushConfig, OutboxConfigError> {
+    ) -> Result<PushConfig, PushConfigError> {
+        limits.validate()?;
         let outbox_protocol = OutboxConfig {
             framing: Framing::Protocol,
             ..outbox
@@ -2678,6 +2734,44 @@ mod tests {
     const HANDSHAKE: &[u8] = b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
         Sec-WebSocket-Version: 13\r\n\r\n";
+
+    #[test]
+    fn limits_of_zero_that_would_close_every_connection_are_refused_naming_the_field() {
+        type Zeroed = fn(PushLimits) -> PushLimits;
+        let cases: [(&str, Zeroed); 4] = [
+            ("max_outbox_bytes", |l| l.with_max_outbox_bytes(0)),
+            ("first_message_timeout_ms", |l| {
+                l.with_first_message_timeout_ms(0)
+            }),
+            ("input_hold_timeout_ms", |l| l.with_input_hold_timeout_ms(0)),
+            ("stall_timeout_ms", |l| l.with_stall_timeout_ms(0)),
+        ];
+        for (field, zero) in cases {
+            let limits = zero(PushLimits::default());
+            assert_eq!(limits.validate(), Err(PushLimitsError::Zero { field }));
+            let err = PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory))
+                .unwrap_err();
+            assert_eq!(
+                err,
+                PushConfigError::Limits(PushLimitsError::Zero { field })
+            );
+            assert!(err.to_string().contains(field), "{err}");
+        }
+        // 0 means "none" for the idle timeout, and one byte is a (tiny) limit.
+        let limits = PushLimits::default()
+            .with_idle_timeout_ms(0)
+            .with_max_outbox_bytes(1);
+        assert_eq!(limits.validate(), Ok(()));
+        let outbox = OutboxConfig {
+            high_water_bytes: 0,
+            ..OutboxConfig::default()
+        };
+        let err = PushConfig::new(PushLimits::default(), outbox, Arc::new(PayloadFactory));
+        assert!(matches!(
+            err,
+            Err(PushConfigError::Outbox(OutboxConfigError::ZeroHighWater))
+        ));
+    }
 
     /// The client's bytes for `lines`: as they are, or each a masked WebSocket text frame
     /// behind the handshake.

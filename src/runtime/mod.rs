@@ -55,7 +55,7 @@ use powerhub_plugin::{
 use crate::hub::{DeliveryError, Driver, Hub, HubOptions, OptionsError};
 use crate::outbox::{Framing, MessageFactory, OutboxConfig, PayloadFactory};
 use crate::protocol::{AuthPolicy, SessionConfig};
-use crate::push::{PushConfig, PushLimits};
+use crate::push::{PushConfig, PushConfigError, PushLimits, PushLimitsError};
 use crate::security::auth::{AuthConfig, AuthConfigError, Authenticator};
 use crate::security::tls::{server_config, TlsError, TlsFiles};
 
@@ -723,7 +723,17 @@ impl Engine {
         let limits = PushLimits::from_config(&config);
         let push_config = Arc::new(
             PushConfig::new(limits, outbox, factory)
-                .map_err(|e| EngineError::Outbox(e.to_string()))?
+                .map_err(|e| match e {
+                    // `Config::validate` refuses these first, with the same words.
+                    PushConfigError::Limits(PushLimitsError::Zero { field }) => {
+                        EngineError::Config(ConfigError::Invalid {
+                            key: format!("limits.{field}"),
+                            value: "0".into(),
+                            reason: "must be at least 1".into(),
+                        })
+                    }
+                    PushConfigError::Outbox(e) => EngineError::Outbox(e.to_string()),
+                })?
                 // A run of publishes goes to the hub as one (`Request::PublishRun`).
                 .with_publish_runs(true),
         );
