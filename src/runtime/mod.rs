@@ -282,6 +282,11 @@ pub struct ShardStats {
 /// Slack past a shutdown deadline for the shards' coarse timers to act on it.
 const TICK_GRACE: Duration = Duration::from_millis(200);
 
+/// The longest a shutdown waits for every shard to stop reading, however short its budget: a
+/// shard stops at its next turn (well under this), and no shard may close its connections while
+/// another still reads.
+const STOP_READING_WAIT: Duration = Duration::from_secs(1);
+
 /// How often a shutdown checks whether the shards have read everything.
 const QUIET_POLL: Duration = Duration::from_millis(2);
 
@@ -1050,11 +1055,14 @@ impl Engine {
             std::thread::sleep(QUIET_POLL);
         }
         // Every shard stops reading before any finishes: a publish that one shard reads while
-        // another already closed its connections would reach only some subscribers.
+        // another already closed its connections would reach only some subscribers, and be
+        // answered so. A shard stops at its next turn, so this waits for it even past a budget
+        // too short for one (`shutdown_timeout_ms` = 0), up to `STOP_READING_WAIT`.
         for s in self.shared.shards() {
             s.send(ShardMsg::StopReading);
         }
-        while Instant::now() < deadline
+        let stop_by = deadline.max(Instant::now() + STOP_READING_WAIT);
+        while Instant::now() < stop_by
             && !self.shared.shards().iter().all(|s| s.has_stopped_reading())
         {
             std::thread::sleep(Duration::from_millis(1));
