@@ -98,8 +98,8 @@ pub(crate) enum ShardMsg {
         over_limit: bool,
     },
     /// Shutdown, phase 1: stop accepting, keep reading and serving; set
-    /// [`ShardHandle::is_quiet`] once no connection has sent anything for [`DRAIN_QUIET`]; at
-    /// `deadline` close every connection.
+    /// [`ShardHandle::is_quiet`] once no connection has sent anything for [`DRAIN_QUIET`] and
+    /// none has input held back by its output; at `deadline` close every connection.
     Drain { deadline: Instant },
     /// Shutdown, phase 2: read no more input (what arrives is discarded), then set
     /// [`ShardHandle::has_stopped_reading`]. Every shard stops before any finishes, so each
@@ -1971,9 +1971,13 @@ impl<B: Backend> Shard<B> {
         let now_ms = millis(self.epoch, now);
         let wall = SystemTime::now();
         if self.drain_deadline.is_some() && !self.finishing && !self.handle.is_quiet() {
+            // Input held back by its connection's output (see `PushConnection::input_waiting`)
+            // is not quiet: the peer sent it, and its socket holds more that the shard reads
+            // once the peer has read its replies, however long that takes within the budget.
             let quiet = self.slots.iter().flatten().all(|c| {
                 c.state != State::Open
-                    || now.saturating_duration_since(c.push.last_input()) >= DRAIN_QUIET
+                    || (!c.push.input_waiting()
+                        && now.saturating_duration_since(c.push.last_input()) >= DRAIN_QUIET)
             });
             if quiet {
                 // Release pairs with `is_quiet`'s Acquire.
