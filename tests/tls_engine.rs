@@ -445,6 +445,65 @@ fn a_tls_connection_that_never_finishes_its_handshake_is_closed_at_the_first_mes
     });
 }
 
+/// A shutdown does not wait for TLS handshakes that are not going on: a connection that sent
+/// nothing, half a record header, or a whole ClientHello and then nothing more gets what TLS
+/// can say (an alert, if anything) and the end of the stream at once, so the server stops long
+/// before `shutdown_timeout_ms`, and a subscriber that finished its handshake still gets the
+/// `shutdown` error. (Each such connection held the shutdown to its close deadline, 5 s, or to
+/// `shutdown_timeout_ms` where that is shorter.)
+#[test]
+fn a_shutdown_does_not_wait_for_a_tls_handshake_that_is_not_going_on() {
+    use std::time::{Duration, Instant};
+    let pki = Pki::new("shutdown-handshake");
+    on_both_backends(|backend| {
+        let mut config = tls_config(backend, &pki);
+        config.engine.shutdown_timeout_ms = 20_000;
+        let server = start(config);
+        let mut subscriber = TlsClient::subscribed(
+            server.addr,
+            pki.client(false, &[&rustls::version::TLS13]),
+            "s",
+        );
+        let hello = {
+            // A client's first flight, as rustls writes it.
+            let mut conn = ClientConnection::new(
+                pki.client(false, &[&rustls::version::TLS13]),
+                ServerName::try_from("localhost").unwrap(),
+            )
+            .unwrap();
+            let mut hello = Vec::new();
+            conn.write_tls(&mut hello).unwrap();
+            hello
+        };
+        let stalled: Vec<TcpStream> = [&[][..], &[0x16, 0x03, 0x01], &hello]
+            .into_iter()
+            .map(|sent| {
+                let mut raw = TcpStream::connect(server.addr).unwrap();
+                raw.set_read_timeout(Some(WAIT)).unwrap();
+                raw.write_all(sent).unwrap();
+                raw
+            })
+            .collect();
+        eventually("the connections are accepted", || {
+            server.engine.stats().open_connections == 4
+        });
+        let started = Instant::now();
+        server.engine.shutdown().unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(3),
+            "{backend:?}: the shutdown took {took:?}, as if it waited for the handshakes (the \
+             close deadline is 5 s)"
+        );
+        for mut raw in stalled {
+            let mut rest = Vec::new();
+            // Whatever the server sent (its handshake flight, an alert), then the end.
+            let _ = raw.read_to_end(&mut rest);
+        }
+        assert!(subscriber.last_line().contains(r#""code":"shutdown""#));
+    });
+}
+
 /// A server whose one listener is mutual TLS (clients need a certificate of the test CA).
 fn mutual_tls_config(backend: BackendChoice, pki: &Pki) -> Config {
     let mut config = base_config(backend);

@@ -121,6 +121,11 @@ impl Ending {
         matches!(self.kind, Some(Kind::Timeout))
     }
 
+    /// Whether the server shuts down.
+    pub(crate) fn is_shutdown(&self) -> bool {
+        matches!(self.kind, Some(Kind::Shutdown))
+    }
+
     /// A subscription fell behind under `slow_consumer = "disconnect"`.
     pub(crate) fn slow_consumer(message: String) -> Ending {
         Ending::new("slow_consumer", Some(Kind::SlowConsumer), message)

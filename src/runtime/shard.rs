@@ -1618,12 +1618,19 @@ impl<B: Backend> Shard<B> {
         let written = c.push.is_written() && c.tls.as_ref().is_none_or(|t| !t.has_output());
         let failed = c.tls.as_ref().is_some_and(|t| t.failed);
         // A TLS session whose handshake is not finished by a deadline the peer let pass (the
-        // first message's, say) will not finish to carry the deadline's error: what TLS itself
-        // can say (`close_notify`, an alert) is all the peer gets, at once, not at
-        // the close deadline. Other closes (over `max_connections` at accept, shutdown) wait for
-        // the handshake to say why, within the close deadline.
+        // first message's, say) will not finish to carry the deadline's error, and one that is
+        // not finished when the server shuts down is not waited for (a port scanner's or a
+        // health check's connection would hold the shutdown to its deadline, as an HTTP
+        // upgrade under way is answered 503 at once): what TLS itself can say (`close_notify`,
+        // an alert) is all the peer gets, at once, not at the close deadline. Other closes
+        // (over `max_connections` at accept) wait for the handshake to say why, within the
+        // close deadline.
         let unsayable = c.tls.as_ref().is_some_and(|t| {
-            t.is_handshaking() && !t.has_output() && c.push.ending().is_some_and(|e| e.is_timeout())
+            t.is_handshaking()
+                && !t.has_output()
+                && c.push
+                    .ending()
+                    .is_some_and(|e| e.is_timeout() || e.is_shutdown())
         });
         if !matches!(c.state, State::Closing(_)) || !(written || failed || unsayable) {
             return;
