@@ -103,11 +103,22 @@ fn split_pair<'a>(flag: &str, value: &'a str) -> Result<(&'a str, &'a str), Stri
         })
 }
 
+/// The server's config: the file (or the embedded default) as the command line changes it.
 fn build_config(args: &ServeArgs) -> Result<Config, String> {
-    let mut config = match &args.config {
+    let config = match &args.config {
         Some(path) => Config::from_file(path).map_err(|e| e.to_string())?,
         None => Config::embedded_default(),
     };
+    let config = with_overrides(config, args)?;
+    config.validate().map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+/// `config` as the command line changes it: `--shards`, `--backend`, `--max-connections`, and
+/// `--listen` and `--unix`, which replace the listeners; with none, a config without listeners
+/// gets the default ones. A reload reads the file through this too, so that it compares what
+/// the server would run now with what it runs, not the file with the command line.
+fn with_overrides(mut config: Config, args: &ServeArgs) -> Result<Config, String> {
     if let Some(n) = args.shards {
         config.engine.shards = n;
     }
@@ -133,7 +144,6 @@ fn build_config(args: &ServeArgs) -> Result<Config, String> {
         // keeps its default: a server that listens nowhere would say `ready` and serve nobody.
         config.listeners = Config::embedded_default().listeners;
     }
-    config.validate().map_err(|e| e.to_string())?;
     Ok(config)
 }
 
@@ -198,7 +208,7 @@ fn serve(args: ServeArgs) -> ExitCode {
     announce(&engine);
     let sig = loop {
         match wait_signal(&signals) {
-            libc::SIGHUP => reload(&engine, args.config.as_deref()),
+            libc::SIGHUP => reload(&engine, &args),
             sig => break sig,
         }
     };
@@ -229,14 +239,14 @@ fn serve(args: ServeArgs) -> ExitCode {
 
 /// SIGHUP: the config file's `[auth]` section (and its key files) again, for the connections
 /// accepted from now on.
-fn reload(engine: &Engine, path: Option<&std::path::Path>) {
-    let Some(path) = path else {
+fn reload(engine: &Engine, args: &ServeArgs) {
+    let Some(path) = args.config.as_deref() else {
         tracing::info!(
             "SIGHUP: no config file to reload (the embedded default has no [auth] and no TLS)"
         );
         return;
     };
-    let fresh = match Config::from_file(path) {
+    let fresh = match reread(path, args) {
         Ok(c) => Some(c),
         Err(e) => {
             tracing::error!(config = %path.display(), error = %e, "SIGHUP: the config file cannot be read; the running [auth] stays");
@@ -292,6 +302,12 @@ fn reload(engine: &Engine, path: Option<&std::path::Path>) {
             tracing::error!(error = %e, "SIGHUP: TLS reload refused; the running certificates stay")
         }
     }
+}
+
+/// The config file at `path` again, as the command line changes it (see [`with_overrides`]).
+fn reread(path: &std::path::Path, args: &ServeArgs) -> Result<Config, String> {
+    let config = Config::from_file(path).map_err(|e| e.to_string())?;
+    with_overrides(config, args)
 }
 
 /// Raises the soft limit of open descriptors to the hard limit (no further than the kernel's
@@ -388,6 +404,48 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(addresses(&config), ["frame Some(\"127.0.0.1:0\") None"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A reload compares the file, as the command line changes it, with what runs: the
+    /// command line's overrides are no change, an edit of the file is. (Every reload of a
+    /// server started with `--shards`, `--backend`, `--max-connections` or `--listen` warned
+    /// that `[engine]`, `[limits]` or `[[listener]]` had changed.)
+    #[test]
+    fn a_reload_of_an_unchanged_file_finds_no_change_whatever_the_command_line_overrides() {
+        let dir = std::env::temp_dir().join(format!("powerhub-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("powerhub.toml");
+        std::fs::write(&file, "[limits]\nmax_message_bytes = 8192\n").unwrap();
+        let path = file.to_str().unwrap();
+        let flags: [&[&str]; 5] = [
+            &[],
+            &["--shards", "2"],
+            &["--backend", "epoll"],
+            &["--max-connections", "50"],
+            &[
+                "--listen",
+                "ndjson=127.0.0.1:0",
+                "--unix",
+                "frame=/tmp/x.sock",
+            ],
+        ];
+        for extra in flags {
+            let args = serve_args(&[&["--config", path][..], extra].concat());
+            let running = build_config(&args).unwrap();
+            let fresh = reread(&file, &args).unwrap();
+            assert_eq!(
+                running.changed_at_start_only(&fresh),
+                Vec::<&str>::new(),
+                "{extra:?}"
+            );
+        }
+        // An edit is still found, beside the overrides.
+        let args = serve_args(&["--config", path, "--shards", "2"]);
+        let running = build_config(&args).unwrap();
+        std::fs::write(&file, "[limits]\nmax_message_bytes = 4096\n").unwrap();
+        let fresh = reread(&file, &args).unwrap();
+        assert_eq!(running.changed_at_start_only(&fresh), ["[limits]"]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
