@@ -999,8 +999,15 @@ impl<B: Backend> Shard<B> {
             set_tcp_option(&fd, libc::TCP_NOTSENT_LOWAT, SEND_LOWAT as libc::c_int);
         }
         let shards = self.shared.shards();
-        // Round-robin over every shard, whichever accepted (see `Shared::next_owner`).
-        let target = self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % shards.len();
+        // Round-robin over every shard, whichever accepted (see `Shared::next_owner`). During a
+        // shutdown's drain the accepting shard keeps it: its own quiet check then waits for what
+        // the client sent, where another shard may have said it was quiet already.
+        let draining = self.drain_deadline.is_some();
+        let target = if draining {
+            self.handle.index
+        } else {
+            self.shared.next_owner.fetch_add(1, Ordering::Relaxed) % shards.len()
+        };
         if target == self.handle.index {
             self.add_conn(fd, listener, false);
         } else {
@@ -1178,7 +1185,13 @@ impl<B: Backend> Shard<B> {
         let Some(c) = slot_mut(&mut self.slots, token) else {
             return;
         };
-        if c.state != State::Open || !c.push.input_waiting() || c.push.input_held(Instant::now()) {
+        // Once the shutdown's reading is over, held input stays unhandled too: another shard
+        // may have closed its connections, and a publish now would reach only some of them.
+        if c.state != State::Open
+            || !c.push.input_waiting()
+            || c.push.input_held(Instant::now())
+            || self.handle.has_stopped_reading()
+        {
             return;
         }
         let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1974,7 +1987,9 @@ impl<B: Backend> Shard<B> {
             self.freed_output = 0;
             super::alloc::release_free_memory();
         }
-        let drain_due = self.drain_deadline.is_some_and(|d| now >= d);
+        // The shutdown's deadline closes what is left only once the shard finishes (`Finish`):
+        // before that another shard may still read, and publish to these connections.
+        let drain_due = self.finishing && self.drain_deadline.is_some_and(|d| now >= d);
         let now_ms = millis(self.epoch, now);
         let wall = SystemTime::now();
         if self.drain_deadline.is_some() && !self.finishing && !self.handle.is_quiet() {
@@ -2004,7 +2019,9 @@ impl<B: Backend> Shard<B> {
                 State::Lingering(deadline) | State::Closing(deadline) if now_ms >= deadline => {
                     to_abort.push((token, Ending::unsaid("close_timeout", String::new())))
                 }
-                State::Closing(_) if drain_due => {
+                // A connection closed before the shutdown (at `max_connections`, say) lingers
+                // for its peer no longer than the shutdown's deadline.
+                State::Lingering(_) | State::Closing(_) if drain_due => {
                     to_abort.push((token, Ending::unsaid("shutdown_timeout_ms", String::new())))
                 }
                 State::Open if drain_due => {
