@@ -766,8 +766,14 @@ impl<B: Backend> Shard<B> {
                     self.finishing = true;
                     let tokens: Vec<Token> = self.live_tokens();
                     let now = Instant::now();
+                    // A connection closed before (over `max_connections`, say) waits for its
+                    // peer's close no longer than one closed now does.
+                    let linger_until = millis(self.epoch, now + SHUTDOWN_LINGER);
                     for t in tokens {
                         if let Some(c) = slot_mut(&mut self.slots, t) {
+                            if let State::Lingering(until) = c.state {
+                                c.state = State::Lingering(until.min(linger_until));
+                            }
                             c.push.shutdown(now);
                         }
                         self.settle(t);
