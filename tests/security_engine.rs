@@ -679,6 +679,38 @@ fn a_users_publish_rate_is_shared_by_its_connections_and_not_by_other_users() {
     });
 }
 
+/// A user's publish budget outlives its connections: a user that spent it, closed its last
+/// connection and came back finds it as it left it, refilling at its rate, not full again.
+/// (Its entry went with its last connection, so each reconnect refilled the bucket, and one
+/// connection at a time could publish a second's worth per reconnect.)
+#[test]
+fn a_users_publish_budget_is_not_refilled_by_reconnecting() {
+    on_both_backends(|backend| {
+        let config = auth_config(backend, "publish_messages_per_second_per_user = 100");
+        let server = start(config);
+        let started = std::time::Instant::now();
+        let mut first = authed(server.addr, "writer-token");
+        first.send_raw(publishes(100, true).as_bytes());
+        let (before, _) =
+            published_and_refused(&mut first, 100, "publish_messages_per_second_per_user");
+        drop(first);
+        eventually("the first connection is gone", || {
+            server.engine.stats().open_connections == 0
+        });
+        let mut again = authed(server.addr, "writer-token");
+        again.send_raw(publishes(60, true).as_bytes());
+        let (after, refused) =
+            published_and_refused(&mut again, 60, "publish_messages_per_second_per_user");
+        let elapsed = started.elapsed().as_secs_f64();
+        let most = 100 + (100.0 * elapsed).ceil() as u64;
+        assert!(
+            before + after <= most,
+            "{backend:?}: {before} then {after} published ({refused} refused) in {elapsed:.3} s: \
+             at most {most}"
+        );
+    });
+}
+
 #[test]
 fn a_token_may_give_its_user_publish_rates_of_its_own() {
     on_both_backends(|backend| {

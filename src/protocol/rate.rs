@@ -89,15 +89,20 @@ impl Buckets {
         self.messages.rate == 0 && self.bytes.rate == 0
     }
 
+    /// Whether both buckets are full at `now` (nothing taken still counts).
+    fn is_full(&self, now: SystemTime) -> bool {
+        let now_ns = epoch_ns(now);
+        self.messages.tat.load(Ordering::Relaxed) <= now_ns
+            && self.bytes.tat.load(Ordering::Relaxed) <= now_ns
+    }
+
     /// A clock before the Unix epoch counts as the epoch.
     fn check(&self, len: usize, now: SystemTime) -> Result<(), RateLimited> {
         if self.is_unlimited() {
             // An authenticated connection without rate limits still has a limiter: no clock.
             return Ok(());
         }
-        let now_ns = now
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX / 2)) as u64);
+        let now_ns = epoch_ns(now);
         if !self.messages.take(1, now_ns) {
             return Err(RateLimited {
                 limit: self.keys[0],
@@ -118,6 +123,12 @@ impl Buckets {
         self.messages.give_back(1);
         self.bytes.give_back(len as u64);
     }
+}
+
+/// Nanoseconds since the Unix epoch at `now` (a clock before it counts as the epoch).
+fn epoch_ns(now: SystemTime) -> u64 {
+    now.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().min(u128::from(u64::MAX / 2)) as u64)
 }
 
 /// One second, in the nanoseconds [`SharedBucket`] counts in: the burst a bucket allows.
@@ -251,6 +262,24 @@ impl UserRate {
     /// The limit the message would pass.
     pub fn check(&self, len: usize, now: SystemTime) -> Result<(), RateLimited> {
         self.0.check(len, now)
+    }
+
+    /// Whether both buckets are full at `now`: what the user published before has no weight
+    /// left, so forgetting these limits gives the user nothing.
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use powerhub::protocol::UserRate;
+    ///
+    /// let user = UserRate::new(2, 0);
+    /// let t = UNIX_EPOCH + Duration::from_secs(1_000);
+    /// assert!(user.is_full(t));
+    /// user.check(10, t).unwrap();
+    /// assert!(!user.is_full(t));
+    /// assert!(user.is_full(t + Duration::from_millis(500)));
+    /// ```
+    pub fn is_full(&self, now: SystemTime) -> bool {
+        self.0.is_full(now)
     }
 }
 

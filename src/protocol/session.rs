@@ -1,7 +1,7 @@
 //! A sans-IO push session: turns a connection's inbound lines into actions for the runtime.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 
@@ -178,11 +178,24 @@ fn limit_source(own: Option<usize>, key: &str) -> String {
 /// `[auth] max_connections_per_user` and `max_subscriptions_per_user`).
 #[derive(Debug, Default)]
 pub struct UserCounts {
-    counts: parking_lot::Mutex<std::collections::HashMap<String, UserEntry>>,
+    counts: parking_lot::Mutex<UserMap>,
 }
 
+/// The users' entries, and when entries without a connection were last looked over.
+#[derive(Debug, Default)]
+struct UserMap {
+    users: std::collections::HashMap<String, UserEntry>,
+    swept: Option<SystemTime>,
+}
+
+/// How often entries of users without a connection, whose publish budget has refilled, are
+/// removed (when a connection is counted): their budget refills within about a second of their
+/// last publish.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 /// One user's connections and subscriptions, and its publish rate limits, while it has a
-/// connection.
+/// connection or its rate limits still hold something it published (a user that reconnects
+/// finds its budget as it left it, not refilled).
 #[derive(Debug)]
 struct UserEntry {
     connections: usize,
@@ -195,15 +208,27 @@ impl UserCounts {
     /// user's rate limits (made with `rates`, messages and bytes per second, by its first
     /// connection).
     fn add_connection(&self, user: &str, max: usize, rates: (u64, u64)) -> Option<Arc<UserRate>> {
-        let mut counts = self.counts.lock();
-        let entry = counts.entry(user.to_owned()).or_insert_with(|| UserEntry {
-            connections: 0,
-            subscriptions: 0,
-            rate: Arc::new(UserRate::new(rates.0, rates.1)),
-        });
+        let now = SystemTime::now();
+        let mut map = self.counts.lock();
+        if map
+            .swept
+            .is_none_or(|at| now.duration_since(at).is_ok_and(|d| d >= SWEEP_EVERY))
+        {
+            map.swept = Some(now);
+            map.users
+                .retain(|_, e| e.connections > 0 || !e.rate.is_full(now));
+        }
+        let entry = map
+            .users
+            .entry(user.to_owned())
+            .or_insert_with(|| UserEntry {
+                connections: 0,
+                subscriptions: 0,
+                rate: Arc::new(UserRate::new(rates.0, rates.1)),
+            });
         if max > 0 && entry.connections >= max {
-            if entry.connections == 0 {
-                counts.remove(user);
+            if entry.connections == 0 && entry.rate.is_full(now) {
+                map.users.remove(user);
             }
             return None;
         }
@@ -213,8 +238,8 @@ impl UserCounts {
 
     /// Counts a subscription of `user`, unless it has `max` already (0: no limit).
     fn add_subscription(&self, user: &str, max: usize) -> bool {
-        let mut counts = self.counts.lock();
-        let Some(entry) = counts.get_mut(user) else {
+        let mut map = self.counts.lock();
+        let Some(entry) = map.users.get_mut(user) else {
             return false;
         };
         if max > 0 && entry.subscriptions >= max {
@@ -225,19 +250,21 @@ impl UserCounts {
     }
 
     fn remove_subscription(&self, user: &str) {
-        if let Some(entry) = self.counts.lock().get_mut(user) {
+        if let Some(entry) = self.counts.lock().users.get_mut(user) {
             entry.subscriptions = entry.subscriptions.saturating_sub(1);
         }
     }
 
-    /// A connection of `user` holding `subscriptions` counted ones ends.
+    /// A connection of `user` holding `subscriptions` counted ones ends. The user's entry goes
+    /// with its last connection unless its rate limits still hold what it published: then it
+    /// stays, so a reconnect does not refill them, until a later sweep finds them full.
     fn release(&self, user: &str, subscriptions: usize) {
-        let mut counts = self.counts.lock();
-        if let Some(entry) = counts.get_mut(user) {
+        let mut map = self.counts.lock();
+        if let Some(entry) = map.users.get_mut(user) {
             entry.connections = entry.connections.saturating_sub(1);
             entry.subscriptions = entry.subscriptions.saturating_sub(subscriptions);
-            if entry.connections == 0 {
-                counts.remove(user);
+            if entry.connections == 0 && entry.rate.is_full(SystemTime::now()) {
+                map.users.remove(user);
             }
         }
     }
@@ -246,6 +273,7 @@ impl UserCounts {
     pub fn of(&self, user: &str) -> (usize, usize) {
         self.counts
             .lock()
+            .users
             .get(user)
             .map_or((0, 0), |e| (e.connections, e.subscriptions))
     }
