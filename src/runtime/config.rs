@@ -488,6 +488,35 @@ pub struct Config {
     pub auth: Option<AuthConfig>,
 }
 
+/// The parser's message. It quotes the line at fault, unless that line holds a token or a
+/// secret (`token = "s3cret` left open, an inline table with one): then only its line, column
+/// and reason are said, since the message goes to the log.
+fn parse_message(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else {
+        return e.message().trim_end().to_owned();
+    };
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let quoted = &text[line_start..line_end];
+    let secret = ["token", "secret"].iter().any(|key| {
+        quoted.match_indices(key).any(|(i, _)| {
+            let rest = quoted[i + key.len()..].trim_start_matches(['"', ' ', '\t']);
+            rest.starts_with('=')
+        })
+    });
+    if !secret {
+        return e.to_string();
+    }
+    let line = text[..start].matches('\n').count() + 1;
+    let column = text[line_start..start].chars().count() + 1;
+    format!(
+        "at line {line}, column {column} (the line is not quoted: it holds a token or a \
+         secret): {}",
+        e.message().trim_end()
+    )
+}
+
 impl Config {
     /// The embedded default configuration (loopback listeners on the documented ports).
     pub fn embedded_default() -> Config {
@@ -500,14 +529,14 @@ impl Config {
     pub fn from_toml(text: &str, source_name: Option<&str>) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             source_name: source_name.map(str::to_owned),
-            message: e.to_string(),
+            message: parse_message(text, &e),
         })?;
         // `listener = []` reads as no `[[listener]]` table, which keeps the default listeners:
         // said instead of taken for the default (the table is small: read twice).
         if config.listeners.is_empty() {
             let table: toml::Table = toml::from_str(text).map_err(|e| ConfigError::Parse {
                 source_name: source_name.map(str::to_owned),
-                message: e.to_string(),
+                message: parse_message(text, &e),
             })?;
             if table.contains_key("listener") {
                 return Err(ConfigError::Invalid {
@@ -915,6 +944,27 @@ mod tests {
             );
         }
         assert!(Config::from_toml("[limits]\nmax_outbox_bytes = 65536\n", None).is_ok());
+    }
+
+    /// A parse error names its line and column and the parser's reason, never the text of the
+    /// line, which may hold a secret.
+    #[test]
+    fn a_parse_error_names_the_line_but_never_repeats_a_secret() {
+        for text in [
+            "[auth]\n[[auth.tokens]]\ntoken = \"s3cret\n",
+            "[auth]\ntokens = [{ token = \"s3cret\", usr = \"x\" }]\n",
+            "[auth.jwt]\nalgorithm = \"HS256\"\nsecret = \"s3cret\" x\n",
+        ] {
+            let err = refusal(text);
+            assert!(!err.contains("s3cret"), "{err}");
+            assert!(err.contains("at line "), "{err}");
+        }
+        // Other lines are quoted, as the parser quotes them.
+        let err = refusal("[limits]\nmax_connectionz = 10\n");
+        assert!(
+            err.contains("line 2") && err.contains("max_connectionz = 10"),
+            "{err}"
+        );
     }
 
     #[test]
