@@ -212,3 +212,45 @@ fn before_authentication_a_command_that_needs_it_is_refused_whatever_its_fields(
     ));
     assert_eq!(r["code"], "invalid_value", "{r}");
 }
+
+/// A command that arrives once the connection's token has expired is not handled: the
+/// connection is closed with `token_expired` then, not at the driver's next timer tick (until
+/// which a client pipelining right after the expiry still had its subscribes and publishes
+/// handled).
+#[test]
+fn a_command_arriving_after_the_token_expired_closes_the_connection_unhandled() {
+    use std::time::Instant;
+
+    use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    use powerhub::plugin::ProtocolFactory;
+    use powerhub::push::{PushConfig, PushConnection, PushLimits, Request};
+
+    let config = Arc::new(
+        PushConfig::new(
+            PushLimits::default(),
+            OutboxConfig::default(),
+            Arc::new(PayloadFactory),
+        )
+        .unwrap(),
+    );
+    let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+    let now = Instant::now();
+    let mut conn = PushConnection::new(proto, session(false), &config, now).unwrap();
+    conn.handle_input(
+        format!("{}\n", auth_line(&jwt("alice", 1_000))).as_bytes(),
+        now,
+    );
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(conn.close_reason(), None);
+    // Well past `exp` and its leeway; the timer has not run.
+    conn.handle_input(
+        b"{\"type\":\"subscribe\",\"id\":1,\"stream\":\"obs\"}\n{\"type\":\"ping\",\"id\":2}\n",
+        now,
+    );
+    let asked = conn.poll(now, at(2_000));
+    assert!(
+        !matches!(asked, Some(Request::Subscribe { .. })),
+        "the subscribe was handled: {asked:?}"
+    );
+    assert_eq!(conn.close_reason(), Some("token_expired"));
+}

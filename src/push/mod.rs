@@ -1355,6 +1355,9 @@ impl PushConnection {
             return Some(request);
         }
         self.settle_pending(now);
+        // Input that arrives once the token has expired is not handled: the driver's timer
+        // closes such a connection too, but only at its next tick.
+        self.close_if_expired(now, wall);
         'input: loop {
             if self.state != PushState::Open {
                 self.end_input();
@@ -2118,6 +2121,20 @@ impl PushConnection {
         self.state = PushState::Aborted;
     }
 
+    /// Closes the connection with `token_expired` if its token has expired at `wall`; whether
+    /// it did.
+    fn close_if_expired(&mut self, now: Instant, wall: SystemTime) -> bool {
+        if self.state != PushState::Open || self.session.expires_at().is_none_or(|at| wall < at) {
+            return false;
+        }
+        let msg = format!(
+            "the token of user `{}` expired; send a fresh one before it does",
+            self.session.user().unwrap_or_default()
+        );
+        self.close(Ending::auth(codes::TOKEN_EXPIRED, msg).in_order(), now);
+        true
+    }
+
     /// Queues one JSON message, framed by the connection's protocol, ahead of queued data.
     fn push_urgent_text(&mut self, json: &[u8]) {
         let mut buf = BytesMut::with_capacity(json.len() + 16);
@@ -2476,15 +2493,10 @@ impl PushConnection {
             self.close(Ending::timeout("first_message_timeout_ms", msg), now);
             return;
         }
-        if self.session.expires_at().is_some_and(|at| wall >= at) {
-            let msg = format!(
-                "the token of user `{}` expired; send a fresh one before it does",
-                self.session.user().unwrap_or_default()
-            );
-            self.close(Ending::auth(codes::TOKEN_EXPIRED, msg).in_order(), now);
+        let idle = limits.idle_timeout_ms;
+        if self.close_if_expired(now, wall) {
             return;
         }
-        let idle = limits.idle_timeout_ms;
         if self.idle_deadline().is_some_and(|at| now_ms >= at) {
             self.limit_errors = self.limit_errors.saturating_add(1);
             let msg = format!("no input for idle_timeout_ms = {idle}");
