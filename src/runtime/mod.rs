@@ -1005,31 +1005,37 @@ impl Engine {
 
     /// Replaces the authentication of connections accepted from now on with one built from
     /// `auth` (its key files read again): what `powerhub serve` does on SIGHUP. Connections
-    /// already open keep their identity and the policy they started with; a connection that
-    /// authenticates later is verified by the new keys. Authentication cannot be turned on or
-    /// off by a reload (the listeners' origin policies depend on it).
+    /// already open keep their identity and the policy they started with, keys included: one
+    /// accepted before the reload that authenticates, or refreshes its token, afterwards is
+    /// verified by the keys it started with (to take a token away from open connections, close
+    /// them or restart). Authentication cannot be turned on or off by a reload (the listeners'
+    /// origin policies depend on it).
     ///
     /// # Errors
     ///
     /// The new section cannot be used ([`EngineError::Auth`]; the old policy stays), or it
     /// turns authentication on or off ([`EngineError::Config`], naming `auth`).
     pub fn reload_auth(&self, auth: Option<&AuthConfig>) -> Result<(), EngineError> {
-        let mut current = self.shared.auth.write();
-        if current.is_some() != auth.is_some() {
+        if self.shared.auth.read().is_some() != auth.is_some() {
             return Err(EngineError::Config(ConfigError::Invalid {
                 key: "auth".into(),
                 value: if auth.is_some() { "present" } else { "absent" }.into(),
                 reason: "a reload cannot turn authentication on or off; restart the server".into(),
             }));
         }
-        if let Some(config) = auth {
-            let mut fresh = auth_policy(config)?;
-            if let Some(old) = current.as_ref() {
-                // Connections keep counting in their users' totals across the reload.
-                fresh.users = Arc::clone(&old.users);
-            }
-            *current = Some(fresh);
+        let Some(config) = auth else {
+            return Ok(());
+        };
+        // The key files are read with no lock held: a slow read (a network mount) holds up no
+        // shard accepting a connection meanwhile. Only a reload turns authentication on or off
+        // (it cannot), so the check above still holds.
+        let mut fresh = auth_policy(config)?;
+        let mut current = self.shared.auth.write();
+        if let Some(old) = current.as_ref() {
+            // Connections keep counting in their users' totals across the reload.
+            fresh.users = Arc::clone(&old.users);
         }
+        *current = Some(fresh);
         Ok(())
     }
 
