@@ -254,3 +254,75 @@ fn a_command_arriving_after_the_token_expired_closes_the_connection_unhandled() 
     );
     assert_eq!(conn.close_reason(), Some("token_expired"));
 }
+
+/// Before it authenticates, a connection holds at most
+/// `push::MAX_UNAUTHENTICATED_MESSAGE_BYTES` of one unfinished message: past it the client is
+/// told the limit and closed, so that clients that never authenticate cannot make the server
+/// hold `max_message_bytes` each. An `auth` read with a long message behind it is handled
+/// first, and an authenticated connection may send messages of any size up to
+/// `max_message_bytes`.
+#[test]
+fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
+    use std::time::Instant;
+
+    use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    use powerhub::plugin::ProtocolFactory;
+    use powerhub::push::{
+        PushConfig, PushConnection, PushLimits, MAX_UNAUTHENTICATED_MESSAGE_BYTES,
+    };
+
+    let config = Arc::new(
+        PushConfig::new(
+            PushLimits::default(),
+            OutboxConfig::default(),
+            Arc::new(PayloadFactory),
+        )
+        .unwrap(),
+    );
+    let now = Instant::now();
+    let connect = || {
+        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+        PushConnection::new(proto, session(false), &config, now).unwrap()
+    };
+    let long = format!(
+        r#"{{"type":"publish","message":{{"type":"t","stream":"obs","pad":"{}"#,
+        "x".repeat(MAX_UNAUTHENTICATED_MESSAGE_BYTES)
+    );
+
+    // Not authenticated: closed, told why.
+    let mut conn = connect();
+    conn.handle_input(&long.as_bytes()[..1000], now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(
+        conn.close_reason(),
+        None,
+        "a short unfinished message is held"
+    );
+    conn.handle_input(&long.as_bytes()[1000..], now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(
+        conn.close_reason(),
+        Some("max_unauthenticated_message_bytes")
+    );
+    let mut out = Vec::new();
+    while let Some(t) = conn.poll_transmit(&mut out, 64, now) {
+        let n = t.len();
+        conn.on_written(t, n, now);
+    }
+    let said = String::from_utf8(out.concat()).unwrap();
+    assert!(
+        said.contains(r#""limit":"max_unauthenticated_message_bytes""#),
+        "{said}"
+    );
+
+    // Authenticated in the same input, ahead of the long message: served.
+    let mut conn = connect();
+    conn.handle_input(
+        format!("{}\n{long}", auth_line("static-token")).as_bytes(),
+        now,
+    );
+    assert_eq!(conn.poll(now, at(900)), None);
+    conn.handle_input(b"\"}}\n", now);
+    let _ = conn.poll(now, at(900));
+    assert_eq!(conn.close_reason(), None);
+}

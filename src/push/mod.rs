@@ -109,6 +109,13 @@ pub(crate) use close::Ending;
 use writeq::WriteQueue;
 pub(crate) use writeq::MAX_IOV;
 
+/// The most bytes of one unfinished message a connection holds before it authenticates, where
+/// the server requires authentication: an `auth` command with a token of some kilobytes fits
+/// many times over, and a client that has not authenticated cannot make the server hold
+/// `max_message_bytes` (16 MiB by default) for it. Past it the connection is closed with a
+/// `limit_exceeded` error naming `max_unauthenticated_message_bytes`.
+pub const MAX_UNAUTHENTICATED_MESSAGE_BYTES: usize = 64 << 10;
+
 /// The default of [`PushLimits::input_hold_timeout_ms`] (`limits.input_hold_timeout_ms`): how
 /// long a connection's input waits for its output to drain (see
 /// [`PushConnection::input_waiting`]) while its peer reads none of it and sends no pong: past
@@ -1103,8 +1110,25 @@ impl PushConnection {
                 Inbound::Text(_) | Inbound::Lines(_) | Inbound::Binary(_) | Inbound::Close { .. }
             )
         });
+        let held = input.buf.len() + input.rest.as_ref().map_or(0, |r| r.len());
+        let nothing_to_handle = input.next_event >= input.output.events.len();
         if let Err(e) = result {
             input.error = Some(e);
+        } else if held > MAX_UNAUTHENTICATED_MESSAGE_BYTES
+            && nothing_to_handle
+            && self.session.awaiting_auth()
+        {
+            // Only once what came before it is handled: an `auth` command read with it would
+            // lift the limit.
+            self.limit_errors = self.limit_errors.saturating_add(1);
+            let msg = format!(
+                "{held} bytes of a message before authentication exceed \
+                 max_unauthenticated_message_bytes = {MAX_UNAUTHENTICATED_MESSAGE_BYTES}; \
+                 authenticate first"
+            );
+            self.discard_input();
+            self.close(Ending::limit("max_unauthenticated_message_bytes", msg), now);
+            return;
         }
         // What was published before this input reaches the outbox before the replies to it.
         self.fan_out_first = self.is_subscribed();
