@@ -488,33 +488,118 @@ pub struct Config {
     pub auth: Option<AuthConfig>,
 }
 
-/// The parser's message. It quotes the line at fault, unless that line holds a token or a
-/// secret (`token = "s3cret` left open, an inline table with one): then only its line, column
-/// and reason are said, since the message goes to the log.
+/// The parser's message. It quotes the line at fault, unless the error lies in `[auth]` (which
+/// holds tokens and secrets) or on a line that names a token, a secret or `auth`: then it says
+/// only the line, the column and the reason, with any quoted value in the reason left out
+/// (`invalid type: string "…"`), since the message goes to the log.
 fn parse_message(text: &str, e: &toml::de::Error) -> String {
     let Some(span) = e.span() else {
-        return e.message().trim_end().to_owned();
+        return without_quoted_values(e.message().trim_end());
     };
     let start = span.start.min(text.len());
     let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
-    let quoted = &text[line_start..line_end];
-    let secret = ["token", "secret"].iter().any(|key| {
-        quoted.match_indices(key).any(|(i, _)| {
-            let rest = quoted[i + key.len()..].trim_start_matches(['"', ' ', '\t']);
-            rest.starts_with('=')
-        })
-    });
-    if !secret {
+    let quoted = text[line_start..line_end].to_ascii_lowercase();
+    let names_one = ["token", "secret", "auth"]
+        .iter()
+        .any(|word| quoted.contains(word));
+    if !names_one && !in_auth_tables(&text[..line_start]) {
         return e.to_string();
     }
     let line = text[..start].matches('\n').count() + 1;
     let column = text[line_start..start].chars().count() + 1;
+    let keys = line_keys(&text[line_start..line_end]);
+    let keys = if keys.is_empty() {
+        String::new()
+    } else {
+        format!(", keys {}", keys.join(", "))
+    };
     format!(
-        "at line {line}, column {column} (the line is not quoted: it holds a token or a \
-         secret): {}",
-        e.message().trim_end()
+        "at line {line}, column {column}{keys} (the line is not quoted: [auth] holds tokens and \
+         secrets): {}",
+        without_quoted_values(e.message().trim_end())
     )
+}
+
+/// The bare keys a line assigns (`name =`), outside its quoted strings: what can be said of a
+/// line that may hold a secret.
+fn line_keys(line: &str) -> Vec<&str> {
+    let mut keys = Vec::new();
+    let mut quote: Option<char> = None;
+    let mut escaped = false;
+    let mut key_start: Option<usize> = None;
+    for (i, c) in line.char_indices() {
+        if let Some(q) = quote {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' && q == '"' {
+                escaped = true;
+            } else if c == q {
+                quote = None;
+            }
+            continue;
+        }
+        match c {
+            '"' | '\'' => {
+                quote = Some(c);
+                key_start = None;
+            }
+            c if c.is_ascii_alphanumeric() || c == '_' || c == '-' => {
+                key_start.get_or_insert(i);
+            }
+            ' ' | '\t' => {}
+            '=' => {
+                if let Some(k) = key_start.take() {
+                    keys.push(line[k..i].trim_end());
+                }
+            }
+            _ => key_start = None,
+        }
+    }
+    keys
+}
+
+/// Whether the last table header in `before` (the text before a line) is `[auth]` or one of
+/// its tables (`[auth.jwt]`, `[[auth.tokens]]`).
+fn in_auth_tables(before: &str) -> bool {
+    before
+        .lines()
+        .rev()
+        .map(str::trim_start)
+        .find(|l| l.starts_with('['))
+        .is_some_and(|header| {
+            let name = header.trim_start_matches('[').trim_start();
+            name.starts_with("auth") || name.starts_with("\"auth")
+        })
+}
+
+/// `message` with the text inside each pair of double quotes left out: a value quoted in a
+/// reason (`invalid type: string "s3cret", expected a sequence`) may be a secret.
+fn without_quoted_values(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut inside = false;
+    let mut escaped = false;
+    for c in message.chars() {
+        if inside {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                inside = false;
+                out.push_str("…\"");
+            }
+            continue;
+        }
+        out.push(c);
+        if c == '"' {
+            inside = true;
+        }
+    }
+    if inside {
+        out.push('…');
+    }
+    out
 }
 
 impl Config {
@@ -954,6 +1039,14 @@ mod tests {
             "[auth]\n[[auth.tokens]]\ntoken = \"s3cret\n",
             "[auth]\ntokens = [{ token = \"s3cret\", usr = \"x\" }]\n",
             "[auth.jwt]\nalgorithm = \"HS256\"\nsecret = \"s3cret\" x\n",
+            // A misspelt key, a key in capitals, values of the wrong type, a multi-line one.
+            "[auth]\n[[auth.tokens]]\ntokn = \"s3cret\"\nuser = \"u\"\n",
+            "[auth]\n[[auth.tokens]]\nToken = \"s3cret\"\nuser = \"u\"\n",
+            "[auth.jwt]\nsecert = \"s3cret\"\n",
+            "[auth]\ntokens = \"s3cret\"\n",
+            "[auth]\njwt = \"s3cret\"\n",
+            "[auth]\n[[auth.tokens]]\ntoken = '''\ns3cret''' x\n",
+            "auth = { tokens = \"s3cret\" }\n",
         ] {
             let err = refusal(text);
             assert!(!err.contains("s3cret"), "{err}");
