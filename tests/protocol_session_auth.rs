@@ -326,3 +326,43 @@ fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
     let _ = conn.poll(now, at(900));
     assert_eq!(conn.close_reason(), None);
 }
+
+/// The same limit holds for a WebSocket message the protocol assembles itself from its frames:
+/// 100 KB of an unfinished 200 KB text frame, before the client authenticates, closes it.
+#[test]
+fn before_authentication_a_websocket_holds_only_a_small_unfinished_message() {
+    use std::time::Instant;
+
+    use powerhub::outbox::{OutboxConfig, PayloadFactory};
+    use powerhub::plugin::ProtocolFactory;
+    use powerhub::push::{PushConfig, PushConnection, PushLimits};
+
+    let config = Arc::new(
+        PushConfig::new(
+            PushLimits::default(),
+            OutboxConfig::default(),
+            Arc::new(PayloadFactory),
+        )
+        .unwrap(),
+    );
+    let now = Instant::now();
+    let proto = powerhub_websocket::WebSocketFactory::new(Default::default())
+        .unwrap()
+        .new_connection(&Default::default());
+    let mut conn = PushConnection::new(proto, session(false), &config, now).unwrap();
+    let mut bytes = b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
+        Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+        Sec-WebSocket-Version: 13\r\n\r\n"
+        .to_vec();
+    // A final text frame of 200 000 bytes, masked with zeros (the payload as it is).
+    bytes.extend_from_slice(&[0x81, 0x80 | 127]);
+    bytes.extend_from_slice(&200_000u64.to_be_bytes());
+    bytes.extend_from_slice(&[0, 0, 0, 0]);
+    bytes.extend_from_slice(&[b' '; 100_000]);
+    conn.handle_input(&bytes, now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(
+        conn.close_reason(),
+        Some("max_unauthenticated_message_bytes")
+    );
+}

@@ -1110,7 +1110,9 @@ impl PushConnection {
                 Inbound::Text(_) | Inbound::Lines(_) | Inbound::Binary(_) | Inbound::Close { .. }
             )
         });
-        let held = input.buf.len() + input.rest.as_ref().map_or(0, |r| r.len());
+        let held = input.buf.len()
+            + input.rest.as_ref().map_or(0, |r| r.len())
+            + self.proto.pending_message_bytes();
         let nothing_to_handle = input.next_event >= input.output.events.len();
         if let Err(e) = result {
             input.error = Some(e);

@@ -508,6 +508,14 @@ pub trait StreamProtocol: Send + fmt::Debug {
         true
     }
 
+    /// Bytes of an unfinished inbound message the protocol holds itself, beyond the runtime's
+    /// input buffer (a WebSocket message being assembled from its frames): the runtime counts
+    /// them with its own for its limits on what a connection may hold. The default, 0, is for
+    /// a protocol that leaves unfinished messages in the input buffer.
+    fn pending_message_bytes(&self) -> usize {
+        0
+    }
+
     /// The protocol's registered name, for logs and errors.
     fn name(&self) -> &str;
 }

@@ -617,6 +617,10 @@ impl StreamProtocol for WebSocket {
         }
     }
 
+    fn pending_message_bytes(&self) -> usize {
+        self.message.len()
+    }
+
     fn encode_text(&mut self, json: &[u8], out: &mut BytesMut) {
         if !self.closing() {
             put_frame(OP_TEXT, json, out);
