@@ -1110,16 +1110,18 @@ impl PushConnection {
                 Inbound::Text(_) | Inbound::Lines(_) | Inbound::Binary(_) | Inbound::Close { .. }
             )
         });
-        let held = input.buf.len()
-            + input.rest.as_ref().map_or(0, |r| r.len())
-            + self.proto.pending_message_bytes();
+        let buffered = input.buf.len() + input.rest.as_ref().map_or(0, |r| r.len());
         let nothing_to_handle = input.next_event >= input.output.events.len();
+        // The session first: an authenticated connection (or a server without authentication)
+        // pays no call into the protocol.
+        let held = || buffered + self.proto.pending_message_bytes();
         if let Err(e) = result {
             input.error = Some(e);
-        } else if held > MAX_UNAUTHENTICATED_MESSAGE_BYTES
-            && nothing_to_handle
+        } else if nothing_to_handle
             && self.session.awaiting_auth()
+            && held() > MAX_UNAUTHENTICATED_MESSAGE_BYTES
         {
+            let held = held();
             // Only once what came before it is handled: an `auth` command read with it would
             // lift the limit.
             self.limit_errors = self.limit_errors.saturating_add(1);
