@@ -368,6 +368,40 @@ fn read_to_end(mut client: Client) -> std::thread::JoinHandle<(Vec<u64>, bool)> 
     })
 }
 
+/// Every publish answered (`(id, delivered)`) reached all 3 subscriptions, and each reader of
+/// `subs` (see [`read_to_end`]) got it; with `told`, each reader's stream ended with the
+/// `shutdown` error.
+fn assert_answers_reached_every_subscriber(
+    backend: powerhub::runtime::BackendChoice,
+    answers: &[(u64, serde_json::Value)],
+    subs: Vec<std::thread::JoinHandle<(Vec<u64>, bool)>>,
+    told: bool,
+) {
+    let short: Vec<_> = answers.iter().filter(|(_, d)| *d != 3).collect();
+    assert!(
+        short.is_empty(),
+        "{backend:?}: {} publishes answered as reaching fewer than the 3 subscriptions \
+         (another shard had closed its connections), the first {:?}",
+        short.len(),
+        short.first()
+    );
+    for (i, sub) in subs.into_iter().enumerate() {
+        let (seqs, said) = sub.join().unwrap();
+        assert!(
+            !told || said,
+            "{backend:?}: subscriber {i} was told `shutdown`"
+        );
+        let missing = answers.iter().filter(|(s, _)| !seqs.contains(s)).count();
+        assert_eq!(
+            missing,
+            0,
+            "{backend:?}: subscriber {i} got {} of the {} publishes answered as delivered to it",
+            seqs.len(),
+            answers.len()
+        );
+    }
+}
+
 /// A shutdown budget shorter than a shard's turn (`shutdown_timeout_ms` = 0) still has every
 /// shard stop reading before any finishes: a publish that one shard read and answered as
 /// delivered to three subscriptions reaches all three, on either shard, before their
@@ -391,14 +425,7 @@ fn a_shutdown_shorter_than_a_turn_still_delivers_each_answered_publish_on_every_
                 })
                 .collect();
             let mut publisher = Client::connect(server.addr);
-            let burst: String = (0..600)
-                .map(|seq| {
-                    format!(
-                        "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
-                        message("x", seq, 8)
-                    )
-                })
-                .collect();
+            let burst = publish_burst("x", 600, 8);
             publisher.send_raw(burst.as_bytes());
             let answers = std::thread::spawn(move || {
                 let mut delivered = Vec::new();
@@ -412,28 +439,7 @@ fn a_shutdown_shorter_than_a_turn_still_delivers_each_answered_publish_on_every_
             });
             server.engine.shutdown().unwrap();
             let answers = answers.join().unwrap();
-            let short: Vec<_> = answers.iter().filter(|(_, d)| *d != 3).collect();
-            assert!(
-                short.is_empty(),
-                "{backend:?}: {} publishes answered as reaching fewer than the 3 subscriptions \
-                 (another shard had closed its connections), the first {:?}",
-                short.len(),
-                short.first()
-            );
-            let answered: Vec<u64> = answers.iter().map(|&(seq, _)| seq).collect();
-            for (i, sub) in subs.into_iter().enumerate() {
-                let (seqs, said) = sub.join().unwrap();
-                assert!(said, "{backend:?}: subscriber {i} was told `shutdown`");
-                let missing = answered.iter().filter(|s| !seqs.contains(s)).count();
-                assert_eq!(
-                    missing,
-                    0,
-                    "{backend:?}: subscriber {i} got {} of the {} publishes answered as delivered \
-                     to it",
-                    seqs.len(),
-                    answered.len()
-                );
-            }
+            assert_answers_reached_every_subscriber(backend, &answers, subs, true);
         }
     });
 }
@@ -597,14 +603,7 @@ fn held_input_is_not_handled_after_the_shutdowns_reading_ends() {
             })
             .collect();
         let mut publisher = Client::connect(server.addr);
-        let burst: String = (0..20_000)
-            .map(|seq| {
-                format!(
-                    "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
-                    message("x", seq, 8)
-                )
-            })
-            .collect();
+        let burst = publish_burst("x", 20_000, 8);
         let writer = {
             let mut w = publisher.writer.try_clone().unwrap();
             std::thread::spawn(move || {
@@ -636,22 +635,7 @@ fn held_input_is_not_handled_after_the_shutdowns_reading_ends() {
             !answered.is_empty(),
             "{backend:?}: some publishes were answered"
         );
-        let short: Vec<_> = answered.iter().filter(|(_, d)| *d != 3).collect();
-        assert!(
-            short.is_empty(),
-            "{backend:?}: {} publishes answered as reaching fewer than 3 subscriptions, the \
-             first {:?}",
-            short.len(),
-            short.first()
-        );
-        for (i, sub) in subs.into_iter().enumerate() {
-            let (seqs, _) = sub.join().unwrap();
-            let missing = answered.iter().filter(|(s, _)| !seqs.contains(s)).count();
-            assert_eq!(
-                missing, 0,
-                "{backend:?}: subscriber {i} missed answered publishes"
-            );
-        }
+        assert_answers_reached_every_subscriber(backend, &answered, subs, false);
     });
 }
 

@@ -368,14 +368,7 @@ fn a_shutdown_waits_for_input_held_back_by_the_output_and_answers_all_of_it() {
         // A small receive buffer: the replies soon fill the socket, and the input is held.
         let mut c = client_with_rcvbuf(server.addr, 16 << 10);
         const PUBLISHES: u64 = 20_000;
-        let burst: String = (0..PUBLISHES)
-            .map(|seq| {
-                format!(
-                    "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
-                    message("held", seq, 8)
-                )
-            })
-            .collect();
+        let burst = publish_burst("held", PUBLISHES, 8);
         // The kernel's buffers take the whole burst (1.7 MB) while the server holds it back.
         c.writer.write_all(burst.as_bytes()).unwrap();
         let engine = server.engine;

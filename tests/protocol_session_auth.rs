@@ -213,18 +213,14 @@ fn before_authentication_a_command_that_needs_it_is_refused_whatever_its_fields(
     assert_eq!(r["code"], "invalid_value", "{r}");
 }
 
-/// A command that arrives once the connection's token has expired is not handled: the
-/// connection is closed with `token_expired` then, not at the driver's next timer tick (until
-/// which a client pipelining right after the expiry still had its subscribes and publishes
-/// handled).
-#[test]
-fn a_command_arriving_after_the_token_expired_closes_the_connection_unhandled() {
-    use std::time::Instant;
-
+/// A push connection over `proto` with the session of `session(false)`, under the default
+/// limits.
+fn push_connection(
+    proto: Box<dyn powerhub::plugin::StreamProtocol>,
+    now: std::time::Instant,
+) -> powerhub::push::PushConnection {
     use powerhub::outbox::{OutboxConfig, PayloadFactory};
-    use powerhub::plugin::ProtocolFactory;
-    use powerhub::push::{PushConfig, PushConnection, PushLimits, Request};
-
+    use powerhub::push::{PushConfig, PushConnection, PushLimits};
     let config = Arc::new(
         PushConfig::new(
             PushLimits::default(),
@@ -233,9 +229,23 @@ fn a_command_arriving_after_the_token_expired_closes_the_connection_unhandled() 
         )
         .unwrap(),
     );
+    PushConnection::new(proto, session(false), &config, now).unwrap()
+}
+
+/// A command that arrives once the connection's token has expired is not handled: the
+/// connection is closed with `token_expired` then, not at the driver's next timer tick (until
+/// which a client pipelining right after the expiry still had its subscribes and publishes
+/// handled).
+#[test]
+fn a_command_arriving_after_the_token_expired_closes_the_connection_unhandled() {
+    use std::time::Instant;
+
+    use powerhub::plugin::ProtocolFactory;
+    use powerhub::push::Request;
+
     let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
     let now = Instant::now();
-    let mut conn = PushConnection::new(proto, session(false), &config, now).unwrap();
+    let mut conn = push_connection(proto, now);
     conn.handle_input(
         format!("{}\n", auth_line(&jwt("alice", 1_000))).as_bytes(),
         now,
@@ -265,24 +275,15 @@ fn a_command_arriving_after_the_token_expired_closes_the_connection_unhandled() 
 fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
     use std::time::Instant;
 
-    use powerhub::outbox::{OutboxConfig, PayloadFactory};
     use powerhub::plugin::ProtocolFactory;
-    use powerhub::push::{
-        PushConfig, PushConnection, PushLimits, MAX_UNAUTHENTICATED_MESSAGE_BYTES,
-    };
+    use powerhub::push::MAX_UNAUTHENTICATED_MESSAGE_BYTES;
 
-    let config = Arc::new(
-        PushConfig::new(
-            PushLimits::default(),
-            OutboxConfig::default(),
-            Arc::new(PayloadFactory),
-        )
-        .unwrap(),
-    );
     let now = Instant::now();
     let connect = || {
-        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
-        PushConnection::new(proto, session(false), &config, now).unwrap()
+        push_connection(
+            powerhub_ndjson::NdjsonFactory.new_connection(&Default::default()),
+            now,
+        )
     };
     let long = format!(
         r#"{{"type":"publish","message":{{"type":"t","stream":"obs","pad":"{}"#,
@@ -333,23 +334,13 @@ fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
 fn before_authentication_a_websocket_holds_only_a_small_unfinished_message() {
     use std::time::Instant;
 
-    use powerhub::outbox::{OutboxConfig, PayloadFactory};
     use powerhub::plugin::ProtocolFactory;
-    use powerhub::push::{PushConfig, PushConnection, PushLimits};
 
-    let config = Arc::new(
-        PushConfig::new(
-            PushLimits::default(),
-            OutboxConfig::default(),
-            Arc::new(PayloadFactory),
-        )
-        .unwrap(),
-    );
     let now = Instant::now();
     let proto = powerhub_websocket::WebSocketFactory::new(Default::default())
         .unwrap()
         .new_connection(&Default::default());
-    let mut conn = PushConnection::new(proto, session(false), &config, now).unwrap();
+    let mut conn = push_connection(proto, now);
     let mut bytes = b"GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\
         Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
         Sec-WebSocket-Version: 13\r\n\r\n"

@@ -168,6 +168,19 @@ pub fn message(stream: &str, seq: u64, pad: usize) -> String {
     )
 }
 
+/// `n` publish commands with ids 0 to `n - 1`, each of `message(stream, seq, pad)`, as one
+/// NDJSON text.
+pub fn publish_burst(stream: &str, n: u64, pad: usize) -> String {
+    (0..n)
+        .map(|seq| {
+            format!(
+                "{{\"type\":\"publish\",\"id\":{seq},\"message\":{}}}\n",
+                message(stream, seq, pad)
+            )
+        })
+        .collect()
+}
+
 /// Publishes `message(stream, seq, pad)` in-process through the engine's hub.
 pub fn publish(engine: &Engine, stream: &str, seq: u64, pad: usize) -> usize {
     let m = powerhub::hub::Message::json(message(stream, seq, pad)).unwrap();
