@@ -5,7 +5,7 @@
 mod engine_support;
 
 use std::net::TcpStream;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use engine_support::*;
 use powerhub::runtime::{BackendChoice, Config, Engine};
@@ -47,13 +47,6 @@ fn auth_config(backend: BackendChoice, extra: &str) -> Config {
     let mut c = base_config(backend);
     c.auth = Some(auth_section(extra));
     c
-}
-
-fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
 }
 
 /// An HS256 JWT with `claims`, signed with `secret`.

@@ -25,6 +25,8 @@ use serde_json::{json, Value};
 struct Pki {
     dir: PathBuf,
     ca: CertificateDer<'static>,
+    ca_cert: rcgen::Certificate,
+    ca_key: KeyPair,
     client_cert: CertificateDer<'static>,
     client_key: Vec<u8>,
 }
@@ -58,9 +60,38 @@ impl Pki {
         Pki {
             dir,
             ca: ca.der().clone(),
+            ca_cert: ca,
+            ca_key,
             client_cert: client.der().clone(),
             client_key: client_key.serialize_der(),
         }
+    }
+
+    /// A client config presenting a fresh certificate of the CA for `CN=alice` whose last
+    /// valid second (`notAfter`) is `secs` from now, and that moment in Unix seconds.
+    fn client_expiring(&self, secs: u64) -> (Arc<ClientConfig>, u64) {
+        let not_after = unix_now() + secs;
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, "alice");
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        params.not_after =
+            rcgen::date_time_ymd(1970, 1, 1) + std::time::Duration::from_secs(not_after);
+        let cert = params.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
+        let mut roots = RootCertStore::empty();
+        roots.add(self.ca.clone()).unwrap();
+        let config =
+            ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_client_auth_cert(
+                    vec![cert.der().clone()],
+                    PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+                )
+                .unwrap();
+        (Arc::new(config), not_after)
     }
 
     fn path(&self, file: &str) -> PathBuf {
@@ -555,6 +586,57 @@ fn a_client_certificate_listed_in_auth_certificates_authenticates_as_its_user() 
             r#"{"type":"publish","id":4,"message":{"type":"reading","stream":"other","n":2}}"#,
         );
         assert_eq!(alice.msg()["code"], "permission_denied");
+    });
+}
+
+#[test]
+fn a_connection_is_closed_with_certificate_expired_when_its_client_certificate_expires() {
+    let pki = Pki::new("cert-expiry");
+    let auth = r#"
+        [[certificates]]
+        subject = "CN=alice"
+        permissions = { subscribe = { allow = ["obs"] } }
+    "#;
+    on_both_backends(|backend| {
+        // Mutual TLS alone, and a certificate that authenticates its user: either way the
+        // connection lives no longer than the certificate, and is told why.
+        for with_auth in [false, true] {
+            let config = if with_auth {
+                mutual_tls_auth_config(backend, &pki, auth)
+            } else {
+                mutual_tls_config(backend, &pki)
+            };
+            let server = start(config);
+            let (client, not_after) = pki.client_expiring(1);
+            let mut c = TlsClient::connect(server.addr, client);
+            if with_auth {
+                assert_eq!(c.msg()["user"], "alice");
+            }
+            c.send(r#"{"type":"subscribe","id":1,"stream":"obs"}"#);
+            assert_eq!(c.msg()["type"], "subscribed");
+            let tls13 = [&rustls::version::TLS13];
+            let mut other = TlsClient::connect(server.addr, pki.client(true, &tls13));
+            if with_auth {
+                assert_eq!(other.msg()["user"], "alice");
+            }
+            let v = c.msg();
+            assert_eq!(v["code"], "certificate_expired", "{v}");
+            assert!(
+                unix_now() > not_after,
+                "closed before its notAfter passed: {v}"
+            );
+            let message = v["message"].as_str().unwrap();
+            assert!(message.contains(&not_after.to_string()), "{v}");
+            assert_eq!(message.contains("user `alice`"), with_auth, "{v}");
+            assert_eq!(
+                c.try_line().ok().flatten(),
+                None,
+                "the end of the stream after it"
+            );
+            // A connection whose certificate is valid for long stays.
+            other.send(r#"{"type":"ping","id":2}"#);
+            assert_eq!(other.msg()["type"], "pong");
+        }
     });
 }
 

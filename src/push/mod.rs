@@ -90,7 +90,7 @@ pub(crate) mod close;
 pub(crate) mod writeq;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::{Buf, Bytes, BytesMut};
 use powerhub_plugin::{codes, Inbound, ProtocolError, ProtocolOutput, StreamProtocol};
@@ -622,6 +622,18 @@ pub struct PushConnection {
     /// A complete message arrived (after the protocol's handshake and authentication): the
     /// first-message deadline no longer applies.
     greeted: bool,
+    /// The last second (Unix time) of the client certificate's validity, its `notAfter`
+    /// ([`NO_CERTIFICATE`] when the connection has none): closed with `certificate_expired`
+    /// past it.
+    certificate_until: u64,
+}
+
+/// [`PushConnection::certificate_until`] of a connection without a client certificate.
+const NO_CERTIFICATE: u64 = u64::MAX;
+
+/// Whole seconds since the Unix epoch at `t` (0 before it).
+fn unix_secs(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 impl std::fmt::Debug for PushConnection {
@@ -926,6 +938,7 @@ impl PushConnection {
             published: false,
             greeting: false,
             greeted: false,
+            certificate_until: NO_CERTIFICATE,
         })
     }
 
@@ -1950,9 +1963,22 @@ impl PushConnection {
         }
     }
 
-    /// A client certificate the TLS handshake verified: a subject listed in the auth policy
-    /// authenticates the connection before any of its commands is read.
-    pub(crate) fn authenticate_certificate(&mut self, subject: &PeerSubject, now: Instant) {
+    /// A client certificate the TLS handshake verified, valid until `valid_until` (the
+    /// earliest `notAfter` of the chain the client presented, if it could be read): the
+    /// connection is closed with `certificate_expired` once that passes. A subject listed in
+    /// the auth policy authenticates the connection before any of its commands is read.
+    pub(crate) fn certificate_verified(
+        &mut self,
+        subject: Option<&PeerSubject>,
+        valid_until: Option<SystemTime>,
+        now: Instant,
+    ) {
+        if let Some(at) = valid_until {
+            self.certificate_until = unix_secs(at).min(NO_CERTIFICATE - 1);
+        }
+        let Some(subject) = subject else {
+            return;
+        };
         if let Some(action) = self.session.authenticate_certificate(subject) {
             // An authentication needs nothing of the driver.
             let request = self.perform(action, None, now);
@@ -2149,10 +2175,41 @@ impl PushConnection {
         self.state = PushState::Aborted;
     }
 
-    /// Closes the connection with `token_expired` if its token has expired at `wall`; whether
-    /// it did.
+    /// When the connection's credential expires: its token's expiry or, from one second past
+    /// its `notAfter`, its client certificate's, the earlier of the two; `None` if neither
+    /// does.
+    pub(crate) fn expires_at(&self) -> Option<SystemTime> {
+        let token = self.session.expires_at();
+        if self.certificate_until == NO_CERTIFICATE {
+            return token;
+        }
+        let certificate = UNIX_EPOCH + Duration::from_secs(self.certificate_until + 1);
+        Some(token.map_or(certificate, |t| t.min(certificate)))
+    }
+
+    /// Closes the connection with `certificate_expired` if its client certificate has expired
+    /// at `wall`, else with `token_expired` if its token has; whether it did.
     fn close_if_expired(&mut self, now: Instant, wall: SystemTime) -> bool {
-        if self.state != PushState::Open || self.session.expires_at().is_none_or(|at| wall < at) {
+        if self.state != PushState::Open {
+            return false;
+        }
+        if self.certificate_until != NO_CERTIFICATE && unix_secs(wall) > self.certificate_until {
+            let whose = self
+                .session
+                .user()
+                .map_or_else(String::new, |u| format!(" of user `{u}`"));
+            let msg = format!(
+                "the client certificate{whose} expired: its notAfter ({} in Unix seconds) has \
+                 passed; reconnect with a renewed one",
+                self.certificate_until
+            );
+            self.close(
+                Ending::auth(codes::CERTIFICATE_EXPIRED, msg).in_order(),
+                now,
+            );
+            return true;
+        }
+        if self.session.expires_at().is_none_or(|at| wall < at) {
             return false;
         }
         let msg = format!(
@@ -2811,6 +2868,51 @@ mod tests {
             err,
             Err(PushConfigError::Outbox(OutboxConfigError::ZeroHighWater))
         ));
+    }
+
+    #[test]
+    fn a_connection_is_closed_with_certificate_expired_once_its_certificates_not_after_passed() {
+        let config = Arc::new(
+            PushConfig::new(
+                PushLimits::default(),
+                OutboxConfig::default(),
+                Arc::new(PayloadFactory),
+            )
+            .unwrap(),
+        );
+        let now = Instant::now();
+        let not_after = UNIX_EPOCH + Duration::from_secs(1_900_000_000);
+        let connection = || {
+            let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+            let session = Session::new(1, SessionConfig::default());
+            let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+            conn.certificate_verified(None, Some(not_after), now);
+            conn
+        };
+        let said = |conn: &mut PushConnection| {
+            let mut out = Vec::new();
+            conn.poll_transmit(&mut out, 16, now);
+            String::from_utf8(out.concat()).unwrap()
+        };
+
+        // Valid through its last second; the driver is asked to look from the next one.
+        let mut conn = connection();
+        assert_eq!(conn.expires_at(), Some(not_after + Duration::from_secs(1)));
+        conn.handle_timeout(now, not_after + Duration::from_millis(999));
+        assert_eq!(conn.state(), PushState::Open);
+        conn.handle_timeout(now, not_after + Duration::from_secs(1));
+        assert_eq!(conn.close_reason(), Some(codes::CERTIFICATE_EXPIRED));
+        let out = said(&mut conn);
+        assert!(out.contains(r#""code":"certificate_expired""#), "{out}");
+        assert!(out.contains("1900000000"), "{out}");
+
+        // A command arriving after it is not handled: the close comes first.
+        let mut conn = connection();
+        conn.handle_input(b"{\"type\":\"ping\",\"id\":7}\n", now);
+        assert_eq!(conn.poll(now, not_after + Duration::from_secs(2)), None);
+        assert_eq!(conn.close_reason(), Some(codes::CERTIFICATE_EXPIRED));
+        let out = said(&mut conn);
+        assert!(!out.contains("pong"), "{out}");
     }
 
     /// The client's bytes for `lines`: as they are, or each a masked WebSocket text frame

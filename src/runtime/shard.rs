@@ -1110,11 +1110,15 @@ impl<B: Backend> Shard<B> {
                     c.push.receive(data);
                 }
                 if established {
-                    // A client certificate listed in `[[auth.certificates]]` authenticates the
-                    // connection before any of its commands is read.
-                    let subject = c.tls.as_deref().and_then(TlsLayer::peer_subject);
-                    if let Some(subject) = subject {
-                        c.push.authenticate_certificate(&subject, now);
+                    // A client certificate bounds the connection's life by its `notAfter`, and
+                    // one listed in `[[auth.certificates]]` authenticates the connection before
+                    // any of its commands is read.
+                    let tls = c.tls.as_deref();
+                    let valid_until = tls.and_then(TlsLayer::peer_valid_until);
+                    let subject = tls.and_then(TlsLayer::peer_subject);
+                    if valid_until.is_some() || subject.is_some() {
+                        c.push
+                            .certificate_verified(subject.as_ref(), valid_until, now);
                         if c.push.state() != PushState::Open {
                             self.settle(token);
                             return;
@@ -2035,7 +2039,7 @@ impl<B: Backend> Shard<B> {
                 }
                 State::Open
                     if c.push.poll_timeout().is_some_and(|t| t <= now)
-                        || c.push.session().expires_at().is_some_and(|at| wall >= at) =>
+                        || c.push.expires_at().is_some_and(|at| wall >= at) =>
                 {
                     if c.poll_inflight && c.push.probe_writable(now) {
                         // A deadline for a peer that may not read (a held input, output past

@@ -15,6 +15,7 @@
 //! socket takes after a refusal is drain progress.
 
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use bytes::{Buf, Bytes, BytesMut};
 use rustls::ServerConfig;
@@ -123,6 +124,12 @@ impl TlsLayer {
     /// The subject of the client certificate the handshake verified (mutual TLS), if any.
     pub(crate) fn peer_subject(&self) -> Option<PeerSubject> {
         self.session.peer_subject()?.ok()
+    }
+
+    /// When the client certificate chain the handshake verified stops being valid, if the
+    /// client presented one.
+    pub(crate) fn peer_valid_until(&self) -> Option<SystemTime> {
+        self.session.peer_valid_until()
     }
 
     /// Whether the handshake is done, so that plaintext goes out as it is encrypted.

@@ -303,6 +303,11 @@ pub struct JwtConfig {
     /// [`MAX_LEEWAY_SECS`]).
     #[serde(default)]
     pub leeway_secs: u64,
+    /// When true, a token without `exp` is refused ([`AuthError::MissingExp`]), so that every
+    /// connection's token expires. Default false: a token without `exp` never expires, as in
+    /// NATS.
+    #[serde(default)]
+    pub require_exp: bool,
 }
 
 fn default_permissions_claim() -> String {
@@ -320,6 +325,7 @@ impl fmt::Debug for JwtConfig {
             .field("issuer", &self.issuer)
             .field("permissions_claim", &self.permissions_claim)
             .field("leeway_secs", &self.leeway_secs)
+            .field("require_exp", &self.require_exp)
             .finish()
     }
 }
@@ -643,6 +649,9 @@ pub enum AuthError {
     /// The JWT has no `sub` claim (or an empty one): there is no user.
     #[error("the token has no `sub` claim")]
     MissingSub,
+    /// The JWT has no `exp` claim, and the server requires one (`[auth.jwt] require_exp`).
+    #[error("the token has no `exp` claim, and this server requires one (auth.jwt.require_exp)")]
+    MissingExp,
     /// The JWT's permissions claim is not a permission set, or holds an invalid pattern; or its
     /// [`RATES_CLAIM`] is not a set of rates.
     #[error("the token's `{claim}` claim: {reason}")]
@@ -667,6 +676,7 @@ impl AuthError {
         codes::ALG_NONE,
         codes::ALGORITHM_NOT_ALLOWED,
         codes::MISSING_SUB,
+        codes::MISSING_EXP,
         codes::INVALID_PERMISSIONS,
     ];
 
@@ -684,6 +694,7 @@ impl AuthError {
             AuthError::AlgNone => codes::ALG_NONE,
             AuthError::AlgorithmNotAllowed { .. } => codes::ALGORITHM_NOT_ALLOWED,
             AuthError::MissingSub => codes::MISSING_SUB,
+            AuthError::MissingExp => codes::MISSING_EXP,
             AuthError::InvalidPermissions { .. } => codes::INVALID_PERMISSIONS,
         }
     }
@@ -714,6 +725,7 @@ struct JwtVerifier {
     issuer: Option<String>,
     permissions_claim: String,
     leeway_secs: u64,
+    require_exp: bool,
 }
 
 /// Verifies presented tokens against an `[auth]` configuration. Immutable once built: to reload
@@ -1129,6 +1141,7 @@ impl JwtVerifier {
             issuer: config.issuer.clone(),
             permissions_claim: config.permissions_claim.clone(),
             leeway_secs: config.leeway_secs,
+            require_exp: config.require_exp,
         })
     }
 
@@ -1212,6 +1225,9 @@ impl JwtVerifier {
         }
         if claims.get("jti").is_some_and(|j| !j.is_string()) {
             return Err(malformed(TokenPart::Payload, "`jti` is not a string"));
+        }
+        if exp.is_none() && self.require_exp {
+            return Err(AuthError::MissingExp);
         }
         if let Some(exp) = exp {
             if now_secs >= exp.saturating_add(self.leeway_secs) {
@@ -1470,6 +1486,7 @@ mod tests {
             issuer: None,
             permissions_claim: DEFAULT_PERMISSIONS_CLAIM.into(),
             leeway_secs: 0,
+            require_exp: false,
         }
     }
 
@@ -1983,6 +2000,40 @@ mod tests {
         });
         let token = hs_token(&json!({"sub": "alice", "exp": u64::MAX - 1}));
         assert_eq!(auth.verify(&token, at(T0)).unwrap().expires_at, None);
+    }
+
+    /// `require_exp` refuses a signed token without `exp` (after its signature verified) and
+    /// lets one with any `exp` through; without it such a token never expires.
+    #[test]
+    fn with_require_exp_a_token_without_exp_is_refused_as_missing_exp() {
+        let strict = with_jwt(JwtConfig {
+            require_exp: true,
+            ..hs_config()
+        });
+        let lax = with_jwt(hs_config());
+        let no_exp = hs_token(&json!({"sub": "alice"}));
+        let err = strict.verify(&no_exp, at(T0)).unwrap_err();
+        assert_eq!(err, AuthError::MissingExp);
+        assert_eq!(err.code(), "missing_exp");
+        assert!(err.to_string().contains("require_exp"), "{err}");
+        assert_eq!(lax.verify(&no_exp, at(T0)).unwrap().expires_at, None);
+        let with_exp = hs_token(&json!({"sub": "alice", "exp": T0 + 60}));
+        assert_eq!(
+            strict.verify(&with_exp, at(T0)).unwrap().expires_at,
+            Some(at(T0 + 60))
+        );
+        // A forged token is a bad signature first, whatever its claims lack.
+        let forged = format!("{}x", &no_exp[..no_exp.len() - 1]);
+        assert_ne!(
+            strict.verify(&forged, at(T0)).unwrap_err(),
+            AuthError::MissingExp
+        );
+        // The key is read from a config file.
+        let config: AuthConfig = toml::from_str(&format!(
+            "[jwt]\nalgorithm = \"HS256\"\nsecret = \"{SECRET}\"\nrequire_exp = true\n"
+        ))
+        .unwrap();
+        assert!(config.jwt.unwrap().require_exp);
     }
 
     #[test]

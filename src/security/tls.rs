@@ -40,6 +40,7 @@ use std::fmt;
 use std::io::{self, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::SystemTime;
 
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -495,6 +496,31 @@ impl fmt::Display for PeerSubject {
     }
 }
 
+/// The last moment a DER certificate is valid (its `notAfter`).
+///
+/// # Errors
+///
+/// [`TlsError::PeerCertificate`] if the certificate does not parse.
+///
+/// ```
+/// use std::time::{Duration, UNIX_EPOCH};
+/// use powerhub::security::tls::certificate_not_after;
+///
+/// let key = rcgen::KeyPair::generate().unwrap();
+/// let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+/// params.not_after = rcgen::date_time_ymd(2030, 1, 1);
+/// let cert = params.self_signed(&key).unwrap();
+/// let at = certificate_not_after(cert.der()).unwrap();
+/// assert_eq!(at, UNIX_EPOCH + Duration::from_secs(1_893_456_000));
+/// assert!(certificate_not_after(b"not DER").is_err());
+/// ```
+pub fn certificate_not_after(der: &[u8]) -> Result<SystemTime, TlsError> {
+    let cert = x509_cert::Certificate::from_der(der).map_err(|e| TlsError::PeerCertificate {
+        reason: e.to_string(),
+    })?;
+    Ok(cert.tbs_certificate.validity.not_after.to_system_time())
+}
+
 /// What one [`TlsSession::receive`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Received {
@@ -741,6 +767,19 @@ impl TlsSession {
         chain
             .first()
             .map(|end_entity| PeerSubject::from_certificate(end_entity))
+    }
+
+    /// When the client's certificate chain stops being valid: the earliest `notAfter` of the
+    /// certificates it presented (mutual TLS, once the handshake completed; validity is
+    /// inclusive, so the chain is expired from one second past it). `None` when the client
+    /// presented none, or one does not parse (the handshake's verification parsed them).
+    pub fn peer_valid_until(&self) -> Option<SystemTime> {
+        let mut earliest: Option<SystemTime> = None;
+        for der in self.conn.peer_certificates()? {
+            let at = certificate_not_after(der).ok()?;
+            earliest = Some(earliest.map_or(at, |e| e.min(at)));
+        }
+        earliest
     }
 
     /// The rustls connection, to read what this wrapper does not (SNI, ALPN).

@@ -74,6 +74,14 @@ pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Whole seconds since the Unix epoch, now.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("a clock past 1970")
+        .as_secs()
+}
+
 /// A blocking NDJSON client over TCP.
 pub struct Client {
     pub reader: BufReader<TcpStream>,

@@ -68,6 +68,8 @@ pub const UNKNOWN_TOKEN: &str = "unknown_token";
 pub const BAD_SIGNATURE: &str = "bad_signature";
 /// A token past its `exp`; also the close of a connection whose token expired.
 pub const TOKEN_EXPIRED: &str = "token_expired";
+/// The close of a connection whose client certificate (mutual TLS) passed its `notAfter`.
+pub const CERTIFICATE_EXPIRED: &str = "certificate_expired";
 /// A JWT before its `nbf`.
 pub const TOKEN_NOT_YET_VALID: &str = "token_not_yet_valid";
 /// A JWT for another audience.
@@ -82,6 +84,8 @@ pub const ALG_NONE: &str = "alg_none";
 pub const ALGORITHM_NOT_ALLOWED: &str = "algorithm_not_allowed";
 /// A JWT without a `sub`.
 pub const MISSING_SUB: &str = "missing_sub";
+/// A JWT without an `exp`, on a server that requires one (`[auth.jwt] require_exp`).
+pub const MISSING_EXP: &str = "missing_exp";
 /// A JWT whose permissions claim is not a permission set.
 pub const INVALID_PERMISSIONS: &str = "invalid_permissions";
 
@@ -115,6 +119,7 @@ pub const ALL: &[&str] = &[
     UNKNOWN_TOKEN,
     BAD_SIGNATURE,
     TOKEN_EXPIRED,
+    CERTIFICATE_EXPIRED,
     TOKEN_NOT_YET_VALID,
     WRONG_AUDIENCE,
     WRONG_ISSUER,
@@ -122,6 +127,7 @@ pub const ALL: &[&str] = &[
     ALG_NONE,
     ALGORITHM_NOT_ALLOWED,
     MISSING_SUB,
+    MISSING_EXP,
     INVALID_PERMISSIONS,
 ];
 
