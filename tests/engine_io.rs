@@ -296,6 +296,26 @@ fn counters_are_published_to_the_stats_stream_while_it_has_subscribers() {
         assert_eq!(shards.len(), 2, "{m}");
         let subs: Vec<_> = shards.iter().map(|s| &s["subscriptions"]).collect();
         assert!(subs == [1, 0] || subs == [0, 1], "{m}");
+        let row = &m["stats"]["list"][0];
+        assert_eq!(row["topic"], "$stats", "{m}");
+        assert_eq!(row["in_flight"], false, "{m}");
+
+        // Past `STATS_LIST_MAX` subscribers the list stops, and `subscribers` counts them all.
+        let max = powerhub::runtime::STATS_LIST_MAX;
+        // Sent without waiting for each answer: stats messages come in between.
+        for i in 0..max {
+            c.send(&format!(
+                r#"{{"type":"subscribe","id":{i},"stream":"t{i}"}}"#
+            ));
+        }
+        let m = loop {
+            let line = c.line().expect("a stats message");
+            let m: serde_json::Value = serde_json::from_str(&line).expect("JSON");
+            if m["type"] == "stats" && m["stats"]["subscribers"] == max + 1 {
+                break m;
+            }
+        };
+        assert_eq!(m["stats"]["list"].as_array().unwrap().len(), max, "{m}");
     });
 }
 

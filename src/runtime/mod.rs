@@ -294,8 +294,9 @@ const QUIET_POLL: Duration = Duration::from_millis(2);
 /// "stats":{...}}`, every `engine.stats_interval_ms` while it has subscribers.
 pub const STATS_STREAM: &str = "$stats";
 
-/// Most subscribers listed in one stats message.
-const STATS_LIST_MAX: usize = 100;
+/// Most subscribers listed in one stats message (the first in drain order; `subscribers` counts
+/// them all), so that the message stays small however many subscribe.
+pub const STATS_LIST_MAX: usize = 100;
 
 /// The stats message: the hub's counters (and its first subscribers) and the engine's, each
 /// object's members in the order docs/websocket.md shows them.
@@ -328,6 +329,7 @@ fn stats_json(shared: &Shared, backend: BackendKind) -> String {
         queued: usize,
         dropped: u64,
         bytes_sent: u64,
+        in_flight: bool,
     }
     #[derive(Serialize)]
     struct EnginePart {
@@ -377,6 +379,7 @@ fn stats_json(shared: &Shared, backend: BackendKind) -> String {
                     queued: s.queued,
                     dropped: s.dropped,
                     bytes_sent: s.bytes_sent,
+                    in_flight: s.in_flight,
                 })
                 .collect(),
             engine: EnginePart {
