@@ -219,17 +219,31 @@ fn push_connection(
     proto: Box<dyn powerhub::plugin::StreamProtocol>,
     now: std::time::Instant,
 ) -> powerhub::push::PushConnection {
+    push_connection_with(proto, powerhub::push::PushLimits::default(), now)
+}
+
+/// [`push_connection`] under `limits`.
+fn push_connection_with(
+    proto: Box<dyn powerhub::plugin::StreamProtocol>,
+    limits: powerhub::push::PushLimits,
+    now: std::time::Instant,
+) -> powerhub::push::PushConnection {
     use powerhub::outbox::{OutboxConfig, PayloadFactory};
-    use powerhub::push::{PushConfig, PushConnection, PushLimits};
+    use powerhub::push::{PushConfig, PushConnection};
     let config = Arc::new(
-        PushConfig::new(
-            PushLimits::default(),
-            OutboxConfig::default(),
-            Arc::new(PayloadFactory),
-        )
-        .unwrap(),
+        PushConfig::new(limits, OutboxConfig::default(), Arc::new(PayloadFactory)).unwrap(),
     );
     PushConnection::new(proto, session(false), &config, now).unwrap()
+}
+
+/// What the connection has to say, written whole.
+fn said(conn: &mut powerhub::push::PushConnection, now: std::time::Instant) -> String {
+    let mut out = Vec::new();
+    while let Some(t) = conn.poll_transmit(&mut out, 64, now) {
+        let n = t.len();
+        conn.on_written(t, n, now);
+    }
+    String::from_utf8(out.concat()).unwrap()
 }
 
 /// A command that arrives once the connection's token has expired is not handled: the
@@ -305,12 +319,7 @@ fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
         conn.close_reason(),
         Some("max_unauthenticated_message_bytes")
     );
-    let mut out = Vec::new();
-    while let Some(t) = conn.poll_transmit(&mut out, 64, now) {
-        let n = t.len();
-        conn.on_written(t, n, now);
-    }
-    let said = String::from_utf8(out.concat()).unwrap();
+    let said = said(&mut conn, now);
     assert!(
         said.contains(r#""limit":"max_unauthenticated_message_bytes""#),
         "{said}"
@@ -326,6 +335,60 @@ fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
     conn.handle_input(b"\"}}\n", now);
     let _ = conn.poll(now, at(900));
     assert_eq!(conn.close_reason(), None);
+}
+
+/// The limit is `limits.max_unauthenticated_message_bytes`: a server that sets it lower closes
+/// a connection holding more than that, and says the value it set.
+#[test]
+fn the_unauthenticated_message_limit_is_the_configured_one() {
+    use std::time::Instant;
+
+    use powerhub::plugin::ProtocolFactory;
+    use powerhub::push::PushLimits;
+
+    let now = Instant::now();
+    let limits = PushLimits::default().with_max_unauthenticated_message_bytes(1024);
+    let connect = || {
+        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+        push_connection_with(proto, limits.clone(), now)
+    };
+    let long = format!(
+        r#"{{"type":"publish","message":{{"type":"t","stream":"obs","pad":"{}"#,
+        "x".repeat(2000)
+    );
+    let mut conn = connect();
+    conn.handle_input(&long.as_bytes()[..1000], now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(conn.close_reason(), None, "under the limit: held");
+    conn.handle_input(&long.as_bytes()[1000..], now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(
+        conn.close_reason(),
+        Some("max_unauthenticated_message_bytes")
+    );
+    let said = said(&mut conn, now);
+    assert!(
+        said.contains("max_unauthenticated_message_bytes = 1024"),
+        "{said}"
+    );
+
+    // The server's config sets it, and refuses 0 naming the key.
+    let config = powerhub::runtime::Config::from_toml(
+        "[limits]\nmax_unauthenticated_message_bytes = 1024\n",
+        None,
+    )
+    .unwrap();
+    assert_eq!(PushLimits::from_config(&config), limits);
+    let err = powerhub::runtime::Config::from_toml(
+        "[limits]\nmax_unauthenticated_message_bytes = 0\n",
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("limits.max_unauthenticated_message_bytes"),
+        "{err}"
+    );
 }
 
 /// The same limit holds for a WebSocket message the protocol assembles itself from its frames:

@@ -829,7 +829,7 @@ mod tests {
         let auth_kinds = crate::security::auth::AuthError::CODES.iter().map(|code| {
             assert!(ERROR_CODES.contains(code), "{code}");
         });
-        assert_eq!(auth_kinds.count(), 11);
+        assert_eq!(auth_kinds.count(), 12);
         for kind in kinds {
             // An exhaustive match: a new kind must be added above.
             match kind {

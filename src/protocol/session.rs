@@ -166,6 +166,9 @@ struct Extra {
     limiter: PublishLimiter,
     /// Publishes refused in a row by the limiter.
     strikes: u32,
+    /// The last second (Unix time) of the client certificate's validity, its `notAfter`, on a
+    /// mutual-TLS connection.
+    certificate_until: Option<u64>,
 }
 
 /// Where a per-user limit in an error message came from: the user's own (`key` in its entry's
@@ -507,6 +510,7 @@ impl Session {
                 auth: None,
                 limiter,
                 strikes: 0,
+                certificate_until: None,
             })
         });
         Session {
@@ -574,6 +578,7 @@ impl Session {
                     auth: Some(auth),
                     limiter: PublishLimiter::new(0, 0),
                     strikes: 0,
+                    certificate_until: None,
                 }))
             }
         }
@@ -590,6 +595,29 @@ impl Session {
         self.auth()
             .and_then(|a| a.identity.as_ref())
             .map(|i| i.user.as_str())
+    }
+
+    /// Bounds the connection's life by its client certificate, valid through the Unix second
+    /// `not_after` (see [`certificate_until`](Self::certificate_until)).
+    pub(crate) fn limit_to_certificate(&mut self, not_after: u64) {
+        self.extra
+            .get_or_insert_with(|| {
+                Box::new(Extra {
+                    auth: None,
+                    limiter: PublishLimiter::new(0, 0),
+                    strikes: 0,
+                    certificate_until: None,
+                })
+            })
+            .certificate_until = Some(not_after);
+    }
+
+    /// The last second (Unix time) of the connection's client certificate's validity, its
+    /// `notAfter`: the connection is to be closed with `certificate_expired` past it. `None`
+    /// without a client certificate.
+    #[inline]
+    pub(crate) fn certificate_until(&self) -> Option<u64> {
+        self.extra.as_ref()?.certificate_until
     }
 
     /// When the connection's token expires (it is to be closed then with `token_expired`,

@@ -109,8 +109,10 @@ pub(crate) use close::Ending;
 use writeq::WriteQueue;
 pub(crate) use writeq::MAX_IOV;
 
-/// The most bytes of one unfinished message a connection holds before it authenticates, where
-/// the server requires authentication: an `auth` command with a token of some kilobytes fits
+/// The default of [`PushLimits::max_unauthenticated_message_bytes`]
+/// (`limits.max_unauthenticated_message_bytes`), 64 KiB: the most bytes of one unfinished
+/// message a connection holds before it authenticates, where the server requires
+/// authentication. An `auth` command with a token of some kilobytes fits
 /// many times over, and a client that has not authenticated cannot make the server hold
 /// `max_message_bytes` (16 MiB by default) for it. Past it the connection is closed with a
 /// `limit_exceeded` error naming `max_unauthenticated_message_bytes`.
@@ -171,6 +173,11 @@ pub struct PushLimits {
     /// takes nothing for this many milliseconds is closed at the limit (see [`STALL_WAIT`], the
     /// default).
     pub stall_timeout_ms: u64,
+    /// Where the server requires authentication, the most bytes of one unfinished message a
+    /// connection that has not authenticated may hold; past it the connection is closed with
+    /// an error naming `max_unauthenticated_message_bytes` (see
+    /// [`MAX_UNAUTHENTICATED_MESSAGE_BYTES`], the default).
+    pub max_unauthenticated_message_bytes: usize,
 }
 
 impl Default for PushLimits {
@@ -203,6 +210,7 @@ impl PushLimits {
             disconnect_backlog_bytes: disconnect.then_some(limits.backpressure_bytes),
             input_hold_timeout_ms: limits.input_hold_timeout_ms,
             stall_timeout_ms: limits.stall_timeout_ms,
+            max_unauthenticated_message_bytes: limits.max_unauthenticated_message_bytes,
         }
     }
 
@@ -275,6 +283,22 @@ impl PushLimits {
         self.stall_timeout_ms = ms;
         self
     }
+
+    /// These limits with `max_unauthenticated_message_bytes` = `bytes`.
+    ///
+    /// ```
+    /// use powerhub::push::{PushLimits, MAX_UNAUTHENTICATED_MESSAGE_BYTES};
+    /// let limits = PushLimits::default().with_max_unauthenticated_message_bytes(4096);
+    /// assert_eq!(limits.max_unauthenticated_message_bytes, 4096);
+    /// assert_eq!(
+    ///     PushLimits::default().max_unauthenticated_message_bytes,
+    ///     MAX_UNAUTHENTICATED_MESSAGE_BYTES
+    /// );
+    /// ```
+    pub fn with_max_unauthenticated_message_bytes(mut self, bytes: usize) -> Self {
+        self.max_unauthenticated_message_bytes = bytes;
+        self
+    }
 }
 
 impl PushLimits {
@@ -296,6 +320,10 @@ impl PushLimits {
             ("first_message_timeout_ms", self.first_message_timeout_ms),
             ("input_hold_timeout_ms", self.input_hold_timeout_ms),
             ("stall_timeout_ms", self.stall_timeout_ms),
+            (
+                "max_unauthenticated_message_bytes",
+                self.max_unauthenticated_message_bytes as u64,
+            ),
         ];
         match fields.into_iter().find(|&(_, value)| value == 0) {
             Some((field, _)) => Err(PushLimitsError::Zero { field }),
@@ -622,14 +650,7 @@ pub struct PushConnection {
     /// A complete message arrived (after the protocol's handshake and authentication): the
     /// first-message deadline no longer applies.
     greeted: bool,
-    /// The last second (Unix time) of the client certificate's validity, its `notAfter`
-    /// ([`NO_CERTIFICATE`] when the connection has none): closed with `certificate_expired`
-    /// past it.
-    certificate_until: u64,
 }
-
-/// [`PushConnection::certificate_until`] of a connection without a client certificate.
-const NO_CERTIFICATE: u64 = u64::MAX;
 
 /// Whole seconds since the Unix epoch at `t` (0 before it).
 fn unix_secs(t: SystemTime) -> u64 {
@@ -938,7 +959,6 @@ impl PushConnection {
             published: false,
             greeting: false,
             greeted: false,
-            certificate_until: NO_CERTIFICATE,
         })
     }
 
@@ -1128,19 +1148,17 @@ impl PushConnection {
         // The session first: an authenticated connection (or a server without authentication)
         // pays no call into the protocol.
         let held = || buffered + self.proto.pending_message_bytes();
+        let most = self.config.limits.max_unauthenticated_message_bytes;
         if let Err(e) = result {
             input.error = Some(e);
-        } else if nothing_to_handle
-            && self.session.awaiting_auth()
-            && held() > MAX_UNAUTHENTICATED_MESSAGE_BYTES
-        {
+        } else if nothing_to_handle && self.session.awaiting_auth() && held() > most {
             let held = held();
             // Only once what came before it is handled: an `auth` command read with it would
             // lift the limit.
             self.limit_errors = self.limit_errors.saturating_add(1);
             let msg = format!(
                 "{held} bytes of a message before authentication exceed \
-                 max_unauthenticated_message_bytes = {MAX_UNAUTHENTICATED_MESSAGE_BYTES}; \
+                 max_unauthenticated_message_bytes = {most}; \
                  authenticate first"
             );
             self.discard_input();
@@ -1974,7 +1992,7 @@ impl PushConnection {
         now: Instant,
     ) {
         if let Some(at) = valid_until {
-            self.certificate_until = unix_secs(at).min(NO_CERTIFICATE - 1);
+            self.session.limit_to_certificate(unix_secs(at));
         }
         let Some(subject) = subject else {
             return;
@@ -2180,11 +2198,14 @@ impl PushConnection {
     /// does.
     pub(crate) fn expires_at(&self) -> Option<SystemTime> {
         let token = self.session.expires_at();
-        if self.certificate_until == NO_CERTIFICATE {
+        let Some(last) = self.session.certificate_until() else {
             return token;
+        };
+        let certificate = UNIX_EPOCH.checked_add(Duration::from_secs(last.saturating_add(1)));
+        match (token, certificate) {
+            (Some(t), Some(c)) => Some(t.min(c)),
+            (t, c) => t.or(c),
         }
-        let certificate = UNIX_EPOCH + Duration::from_secs(self.certificate_until + 1);
-        Some(token.map_or(certificate, |t| t.min(certificate)))
     }
 
     /// Closes the connection with `certificate_expired` if its client certificate has expired
@@ -2193,15 +2214,18 @@ impl PushConnection {
         if self.state != PushState::Open {
             return false;
         }
-        if self.certificate_until != NO_CERTIFICATE && unix_secs(wall) > self.certificate_until {
+        if let Some(last) = self
+            .session
+            .certificate_until()
+            .filter(|&last| unix_secs(wall) > last)
+        {
             let whose = self
                 .session
                 .user()
                 .map_or_else(String::new, |u| format!(" of user `{u}`"));
             let msg = format!(
-                "the client certificate{whose} expired: its notAfter ({} in Unix seconds) has \
-                 passed; reconnect with a renewed one",
-                self.certificate_until
+                "the client certificate{whose} expired: its notAfter ({last} in Unix seconds) \
+                 has passed; reconnect with a renewed one"
             );
             self.close(
                 Ending::auth(codes::CERTIFICATE_EXPIRED, msg).in_order(),

@@ -179,6 +179,9 @@ pub struct Limits {
     /// more sent to it, may take nothing, in milliseconds, before it is closed with an error
     /// naming `max_outbox_bytes` (as NATS's `write_deadline` closes a stalled client).
     pub stall_timeout_ms: u64,
+    /// With `[auth]`: the most bytes of one unfinished message a connection that has not
+    /// authenticated may hold; past it the connection is closed with an error naming this key.
+    pub max_unauthenticated_message_bytes: usize,
     /// Publishes per second per connection (a token bucket of one second's worth); a publish
     /// past it gets a `limit_exceeded` error naming this key. 0 = no limit.
     pub publish_messages_per_second: u64,
@@ -202,6 +205,7 @@ impl Default for Limits {
             idle_timeout_ms: 300_000,
             input_hold_timeout_ms: crate::push::INPUT_WAIT.as_millis() as u64,
             stall_timeout_ms: crate::push::STALL_WAIT.as_millis() as u64,
+            max_unauthenticated_message_bytes: crate::push::MAX_UNAUTHENTICATED_MESSAGE_BYTES,
             publish_messages_per_second: 0,
             publish_bytes_per_second: 0,
             publish_violations_before_close: 0,
@@ -748,15 +752,19 @@ impl Config {
                 "must be larger than limits.backpressure_bytes under subscriptions.slow_consumer = \"disconnect\"",
             ));
         }
-        for (key, ms) in [
+        for (key, value) in [
             (
                 "limits.first_message_timeout_ms",
                 l.first_message_timeout_ms,
             ),
             ("limits.input_hold_timeout_ms", l.input_hold_timeout_ms),
             ("limits.stall_timeout_ms", l.stall_timeout_ms),
+            (
+                "limits.max_unauthenticated_message_bytes",
+                l.max_unauthenticated_message_bytes as u64,
+            ),
         ] {
-            if ms == 0 {
+            if value == 0 {
                 return Err(invalid(key, 0, "must be at least 1"));
             }
         }
