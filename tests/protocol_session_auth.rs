@@ -319,10 +319,10 @@ fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
         conn.close_reason(),
         Some("max_unauthenticated_message_bytes")
     );
-    let said = said(&mut conn, now);
+    let words = said(&mut conn, now);
     assert!(
-        said.contains(r#""limit":"max_unauthenticated_message_bytes""#),
-        "{said}"
+        words.contains(r#""limit":"max_unauthenticated_message_bytes""#),
+        "{words}"
     );
 
     // Authenticated in the same input, ahead of the long message: served.
@@ -366,10 +366,30 @@ fn the_unauthenticated_message_limit_is_the_configured_one() {
         conn.close_reason(),
         Some("max_unauthenticated_message_bytes")
     );
-    let said = said(&mut conn, now);
+    let words = said(&mut conn, now);
     assert!(
-        said.contains("max_unauthenticated_message_bytes = 1024"),
-        "{said}"
+        words.contains("max_unauthenticated_message_bytes = 1024"),
+        "{words}"
+    );
+
+    // Behind a command in the same input that does not authenticate: judged once that command
+    // is answered, not at the next receive.
+    let mut conn = connect();
+    let input = format!("{{\"type\":\"ping\",\"id\":1}}\n{long}");
+    conn.handle_input(input.as_bytes(), now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(
+        conn.close_reason(),
+        Some("max_unauthenticated_message_bytes")
+    );
+    let words = said(&mut conn, now);
+    assert!(
+        words.starts_with(r#"{"type":"pong","requestId":1}"#),
+        "{words}"
+    );
+    assert!(
+        words.contains(r#""limit":"max_unauthenticated_message_bytes""#),
+        "{words}"
     );
 
     // The server's config sets it, and refuses 0 naming the key.

@@ -68,8 +68,10 @@ impl Pki {
     }
 
     /// A client config presenting a fresh certificate of the CA for `CN=alice` whose last
-    /// valid second (`notAfter`) is `secs` from now, and that moment in Unix seconds.
-    fn client_expiring(&self, secs: u64) -> (Arc<ClientConfig>, u64) {
+    /// valid second (`notAfter`) is `secs` from now, and that moment in Unix seconds. `odd`:
+    /// with a serial number of 30 octets (past RFC 5280's 20, which the verification takes),
+    /// and followed in the chain by bytes that are no certificate (which it never reads).
+    fn client_expiring(&self, secs: u64, odd: bool) -> (Arc<ClientConfig>, u64) {
         let not_after = unix_now() + secs;
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -78,7 +80,14 @@ impl Pki {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.not_after =
             rcgen::date_time_ymd(1970, 1, 1) + std::time::Duration::from_secs(not_after);
+        if odd {
+            params.serial_number = Some(rcgen::SerialNumber::from_slice(&[0x7f; 30]));
+        }
         let cert = params.signed_by(&key, &self.ca_cert, &self.ca_key).unwrap();
+        let mut chain = vec![cert.der().clone()];
+        if odd {
+            chain.push(CertificateDer::from(vec![0x30, 0x03, 1, 2, 3]));
+        }
         let mut roots = RootCertStore::empty();
         roots.add(self.ca.clone()).unwrap();
         let config =
@@ -86,10 +95,7 @@ impl Pki {
                 .with_safe_default_protocol_versions()
                 .unwrap()
                 .with_root_certificates(roots)
-                .with_client_auth_cert(
-                    vec![cert.der().clone()],
-                    PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-                )
+                .with_client_auth_cert(chain, PrivateKeyDer::try_from(key.serialize_der()).unwrap())
                 .unwrap();
         (Arc::new(config), not_after)
     }
@@ -599,15 +605,16 @@ fn a_connection_is_closed_with_certificate_expired_when_its_client_certificate_e
     "#;
     on_both_backends(|backend| {
         // Mutual TLS alone, and a certificate that authenticates its user: either way the
-        // connection lives no longer than the certificate, and is told why.
-        for with_auth in [false, true] {
+        // connection lives no longer than the certificate, and is told why; a certificate
+        // that the server's reading could find odd does not escape it.
+        for (with_auth, odd) in [(false, false), (true, false), (false, true), (true, true)] {
             let config = if with_auth {
                 mutual_tls_auth_config(backend, &pki, auth)
             } else {
                 mutual_tls_config(backend, &pki)
             };
             let server = start(config);
-            let (client, not_after) = pki.client_expiring(1);
+            let (client, not_after) = pki.client_expiring(1, odd);
             let mut c = TlsClient::connect(server.addr, client);
             if with_auth {
                 assert_eq!(c.msg()["user"], "alice");

@@ -1143,30 +1143,48 @@ impl PushConnection {
                 Inbound::Text(_) | Inbound::Lines(_) | Inbound::Binary(_) | Inbound::Close { .. }
             )
         });
-        let buffered = input.buf.len() + input.rest.as_ref().map_or(0, |r| r.len());
         let nothing_to_handle = input.next_event >= input.output.events.len();
-        // The session first: an authenticated connection (or a server without authentication)
-        // pays no call into the protocol.
-        let held = || buffered + self.proto.pending_message_bytes();
-        let most = self.config.limits.max_unauthenticated_message_bytes;
         if let Err(e) = result {
             input.error = Some(e);
-        } else if nothing_to_handle && self.session.awaiting_auth() && held() > most {
-            let held = held();
-            // Only once what came before it is handled: an `auth` command read with it would
-            // lift the limit.
-            self.limit_errors = self.limit_errors.saturating_add(1);
-            let msg = format!(
-                "{held} bytes of a message before authentication exceed \
-                 max_unauthenticated_message_bytes = {most}; \
-                 authenticate first"
-            );
-            self.discard_input();
-            self.close(Ending::limit("max_unauthenticated_message_bytes", msg), now);
+        } else if nothing_to_handle && self.close_if_unauthenticated_input_too_long(now) {
+            // (With commands to handle, judged once they are: an `auth` command read with the
+            // long message would lift the limit.)
             return;
         }
         // What was published before this input reaches the outbox before the replies to it.
         self.fan_out_first = self.is_subscribed();
+    }
+
+    /// Where the server requires authentication and the connection has not authenticated:
+    /// closes it, naming `max_unauthenticated_message_bytes`, if it holds more than that of an
+    /// unfinished message; whether it did. Judged once the commands read before that message
+    /// are handled.
+    fn close_if_unauthenticated_input_too_long(&mut self, now: Instant) -> bool {
+        // The session first: an authenticated connection (or a server without authentication)
+        // pays no call into the protocol. An opening handshake under way (WebSocket's) is held
+        // to `limits.max_handshake_bytes` instead.
+        if !self.session.awaiting_auth() || !self.proto.is_ready() {
+            return false;
+        }
+        let buffered = self
+            .input
+            .as_deref()
+            .map_or(0, |i| i.buf.len() + i.rest.as_ref().map_or(0, |r| r.len()));
+        let held = buffered + self.proto.pending_message_bytes();
+        let most = self.config.limits.max_unauthenticated_message_bytes;
+        if held <= most {
+            return false;
+        }
+        self.limit_errors = self.limit_errors.saturating_add(1);
+        let msg = format!(
+            "{held} bytes of a message before authentication exceed \
+             max_unauthenticated_message_bytes = {most}; authenticate first"
+        );
+        self.discard_input();
+        // After the answers to what came before it (a `ping` read with it).
+        let ending = Ending::limit("max_unauthenticated_message_bytes", msg).in_order();
+        self.close(ending, now);
+        true
     }
 
     fn is_subscribed(&self) -> bool {
@@ -1451,6 +1469,10 @@ impl PushConnection {
                 self.end_input();
                 if let Some(ending) = self.count_decode_error() {
                     self.close(ending, now);
+                } else {
+                    // The commands read with an unfinished message are handled, and none of
+                    // them authenticated the connection.
+                    self.close_if_unauthenticated_input_too_long(now);
                 }
                 return None;
             };
@@ -2222,9 +2244,9 @@ impl PushConnection {
             let whose = self
                 .session
                 .user()
-                .map_or_else(String::new, |u| format!(" of user `{u}`"));
+                .map_or_else(String::new, |u| format!(" (the connection of user `{u}`)"));
             let msg = format!(
-                "the client certificate{whose} expired: its notAfter ({last} in Unix seconds) \
+                "the client certificate expired{whose}: its notAfter ({last} in Unix seconds) \
                  has passed; reconnect with a renewed one"
             );
             self.close(

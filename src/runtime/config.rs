@@ -519,8 +519,8 @@ fn parse_message(text: &str, e: &toml::de::Error) -> String {
         format!(", keys {}", keys.join(", "))
     };
     format!(
-        "at line {line}, column {column}{keys} (the line is not quoted: [auth] holds tokens and \
-         secrets): {}",
+        "at line {line}, column {column}{keys} (the line is not quoted: it may hold a token or a \
+         secret): {}",
         without_quoted_values(e.message().trim_end())
     )
 }

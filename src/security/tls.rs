@@ -40,7 +40,7 @@ use std::fmt;
 use std::io::{self, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -48,7 +48,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{ProtocolVersion, RootCertStore, ServerConfig, ServerConnection};
 use x509_cert::der::asn1::{Ia5StringRef, PrintableStringRef, TeletexStringRef, Utf8StringRef};
 use x509_cert::der::oid::ObjectIdentifier;
-use x509_cert::der::{Decode as _, Tag, Tagged as _};
+use x509_cert::der::{self, Decode as _, Reader as _, Tag, Tagged as _};
 
 use crate::copy;
 
@@ -438,8 +438,10 @@ impl PeerSubject {
     /// [`TlsError::PeerCertificate`] if the certificate does not parse.
     pub fn from_certificate(der: &[u8]) -> Result<PeerSubject, TlsError> {
         let cert =
-            x509_cert::Certificate::from_der(der).map_err(|e| TlsError::PeerCertificate {
-                reason: e.to_string(),
+            x509_cert::certificate::CertificateInner::<AnySerial>::from_der(der).map_err(|e| {
+                TlsError::PeerCertificate {
+                    reason: e.to_string(),
+                }
             })?;
         let subject = &cert.tbs_certificate.subject;
         let common_name = subject
@@ -515,10 +517,49 @@ impl fmt::Display for PeerSubject {
 /// assert!(certificate_not_after(b"not DER").is_err());
 /// ```
 pub fn certificate_not_after(der: &[u8]) -> Result<SystemTime, TlsError> {
-    let cert = x509_cert::Certificate::from_der(der).map_err(|e| TlsError::PeerCertificate {
+    // Only the validity is read: the fields before it are skipped whole, so that a field this
+    // parser would judge more strictly than the handshake's verification (a serial number
+    // longer than RFC 5280's 20 octets, a subject's string types) cannot hide it.
+    let read = || -> der::Result<SystemTime> {
+        let mut reader = der::SliceReader::new(der)?;
+        let at = reader.sequence(|certificate| {
+            let at = certificate.sequence(|tbs| {
+                let version = Tag::ContextSpecific {
+                    constructed: true,
+                    number: der::TagNumber::N0,
+                };
+                if tbs.peek_tag()? == version {
+                    tbs.tlv_bytes()?;
+                }
+                tbs.tlv_bytes()?; // serialNumber
+                tbs.tlv_bytes()?; // signature
+                tbs.tlv_bytes()?; // issuer
+                let validity = x509_cert::time::Validity::decode(tbs)?;
+                tbs.read_slice(tbs.remaining_len())?;
+                Ok(validity.not_after.to_system_time())
+            })?;
+            certificate.read_slice(certificate.remaining_len())?;
+            Ok(at)
+        })?;
+        reader.finish(at)
+    };
+    read().map_err(|e| TlsError::PeerCertificate {
         reason: e.to_string(),
-    })?;
-    Ok(cert.tbs_certificate.validity.not_after.to_system_time())
+    })
+}
+
+/// Reads certificates as the handshake's verification (rustls-webpki) takes them: a serial
+/// number of any length. RFC 5280 caps it at 20 octets; CAs that issued longer ones exist, and
+/// the verification lets them through, so the subject of such a certificate must read too.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AnySerial;
+
+impl x509_cert::certificate::Profile for AnySerial {
+    fn check_serial_number(
+        _serial: &x509_cert::serial_number::SerialNumber<Self>,
+    ) -> der::Result<()> {
+        Ok(())
+    }
 }
 
 /// What one [`TlsSession::receive`] did.
@@ -772,14 +813,22 @@ impl TlsSession {
     /// When the client's certificate chain stops being valid: the earliest `notAfter` of the
     /// certificates it presented (mutual TLS, once the handshake completed; validity is
     /// inclusive, so the chain is expired from one second past it). `None` when the client
-    /// presented none, or one does not parse (the handshake's verification parsed them).
+    /// presented none.
+    ///
+    /// The end-entity certificate's validity was read by the handshake's verification; should
+    /// it not read here, the chain counts as expired (at the epoch), so that a certificate this
+    /// reading misses never lives for ever. A further certificate that does not read is one the
+    /// verification did not take into the chain it verified (it reads each it takes): it
+    /// bounds nothing.
     pub fn peer_valid_until(&self) -> Option<SystemTime> {
-        let mut earliest: Option<SystemTime> = None;
-        for der in self.conn.peer_certificates()? {
-            let at = certificate_not_after(der).ok()?;
-            earliest = Some(earliest.map_or(at, |e| e.min(at)));
+        let (end_entity, rest) = self.conn.peer_certificates()?.split_first()?;
+        let mut earliest = certificate_not_after(end_entity).unwrap_or(UNIX_EPOCH);
+        for der in rest {
+            if let Ok(at) = certificate_not_after(der) {
+                earliest = earliest.min(at);
+            }
         }
-        earliest
+        Some(earliest)
     }
 
     /// The rustls connection, to read what this wrapper does not (SNI, ALPN).
@@ -1361,5 +1410,81 @@ pub(crate) mod tests {
         assert_eq!(s.common_name, None);
         assert_eq!(s.user(), "OU=sensor-7,O=Devices");
         assert!(PeerSubject::from_certificate(b"not der").is_err());
+    }
+
+    /// A serial number longer than RFC 5280's 20 octets, which the handshake's verification
+    /// accepts, hides neither the subject nor the validity; a version 1 certificate (no
+    /// version field) reads too, and what is no certificate does not.
+    #[test]
+    fn a_long_serial_number_hides_neither_the_subject_nor_the_not_after() {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = DistinguishedName::new();
+        params.distinguished_name.push(DnType::CommonName, "alice");
+        params.serial_number = Some(rcgen::SerialNumber::from_slice(&[0x7f; 30]));
+        params.not_after = rcgen::date_time_ymd(2031, 1, 1);
+        let cert = params.self_signed(&key).unwrap();
+        assert!(
+            x509_cert::Certificate::from_der(cert.der()).is_err(),
+            "strict"
+        );
+        let subject = PeerSubject::from_certificate(cert.der()).unwrap();
+        assert_eq!(subject.distinguished_name, "CN=alice");
+        let at = certificate_not_after(cert.der()).unwrap();
+        assert_eq!(
+            at,
+            UNIX_EPOCH + std::time::Duration::from_secs(1_924_992_000)
+        );
+
+        // Version 1: the TBS starts at its serial number.
+        let v1 = strip_version(cert.der());
+        assert_eq!(certificate_not_after(&v1).unwrap(), at);
+
+        for junk in [&b"not der"[..], &[0x30, 0x03, 1, 2, 3], &[]] {
+            assert!(certificate_not_after(junk).is_err(), "{junk:?}");
+        }
+        // Trailing bytes after the certificate are refused.
+        let mut trailing = cert.der().to_vec();
+        trailing.push(0);
+        assert!(certificate_not_after(&trailing).is_err());
+    }
+
+    /// `der` (a certificate) with its TBS's `[0]` version field taken out and the lengths
+    /// around it mended.
+    fn strip_version(der: &[u8]) -> Vec<u8> {
+        // A SEQUENCE's header: its length, and where its content starts.
+        let header = |at: usize| -> (usize, usize) {
+            assert_eq!(der[at], 0x30);
+            match der[at + 1] {
+                n if n < 0x80 => (usize::from(n), at + 2),
+                0x81 => (usize::from(der[at + 2]), at + 3),
+                0x82 => (
+                    usize::from(der[at + 2]) << 8 | usize::from(der[at + 3]),
+                    at + 4,
+                ),
+                other => panic!("length form {other:#x}"),
+            }
+        };
+        let encode = |len: usize, out: &mut Vec<u8>| {
+            out.push(0x30);
+            match len {
+                0..=0x7f => out.push(len as u8),
+                0x80..=0xff => out.extend_from_slice(&[0x81, len as u8]),
+                _ => out.extend_from_slice(&[0x82, (len >> 8) as u8, len as u8]),
+            }
+        };
+        let (_, tbs_at) = header(0);
+        let (tbs_len, version_at) = header(tbs_at);
+        let version = [0xa0, 0x03, 0x02, 0x01, 0x02];
+        assert_eq!(&der[version_at..version_at + 5], &version);
+        let mut tbs = Vec::new();
+        encode(tbs_len - 5, &mut tbs);
+        tbs.extend_from_slice(&der[version_at + 5..version_at + tbs_len]);
+        let rest = &der[version_at + tbs_len..];
+        let mut out = Vec::new();
+        encode(tbs.len() + rest.len(), &mut out);
+        out.extend_from_slice(&tbs);
+        out.extend_from_slice(rest);
+        out
     }
 }
