@@ -46,6 +46,39 @@ fn channel_iterator_receives_frames_then_close_events_and_ends() {
     );
 }
 
+/// A `Subscription` handle kept past the hub's close does not keep the channel open: the
+/// hub lets its subscribers (and their sinks) go, so a `for event in rx` consumer ends after
+/// the close events, whoever still holds a handle. The handle then says it is not active and
+/// that there is nothing left to unsubscribe.
+#[test]
+fn a_kept_subscription_handle_does_not_keep_the_channel_open_after_the_hub_closed() {
+    for threaded in [false, true] {
+        let (sink, rx) = channel(8);
+        let driver = if threaded {
+            Driver::Thread
+        } else {
+            Driver::Manual
+        };
+        let hub = Hub::new(sink, HubOptions::default().driver(driver)).unwrap();
+        let kept = hub
+            .subscribe("t", |_| {}, SubscribeOptions::default().id("a"))
+            .unwrap();
+        hub.publish_json("t", &1).unwrap();
+        hub.flush().unwrap();
+        drop(hub);
+        let events: Vec<ChannelEvent> = rx.collect();
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(frame_messages(&events[0]), ["1"]);
+        assert!(
+            matches!(&events[1], ChannelEvent::Closed { reason, .. } if *reason == CloseReason::HubClosed),
+            "{events:?}"
+        );
+        assert_eq!((kept.id(), kept.topic()), ("a", "t"));
+        assert!(!kept.is_active());
+        assert!(!kept.unsubscribe());
+    }
+}
+
 #[test]
 fn channel_reports_pending_when_full_and_completes_when_the_consumer_catches_up() {
     let (sink, rx) = channel(1);

@@ -222,18 +222,21 @@ impl Hub {
         self.inner().stats_gate()
     }
 
+    /// Subscribes `consumer`: the handle, and the subscriber (for a receiver, which holds it).
     fn subscribe_consumer(
         &self,
         topic: &str,
         consumer: Consumer,
         options: SubscribeOptions,
-    ) -> Result<Subscription, SubscribeError> {
+    ) -> Result<(Subscription, Arc<Sub>), SubscribeError> {
         let sub = self.inner().subscribe(topic, consumer, options)?;
-        Ok(Subscription {
+        let handle = Subscription {
             hub: Arc::downgrade(self.inner()),
-            sub,
+            sref: sub.sref.clone(),
+            sub: Arc::downgrade(&sub),
             detached: false,
-        })
+        };
+        Ok((handle, sub))
     }
 
     /// Subscribes `handler` to `topic`. The handler runs for each delivered message after the
@@ -257,6 +260,7 @@ impl Hub {
         F: Fn(&Delivery<'_>) + Send + Sync + 'static,
     {
         self.subscribe_consumer(topic, Consumer::Each(Arc::new(handler)), options)
+            .map(|(handle, _)| handle)
     }
 
     /// Subscribes to `topic` with no handler: the subscriber's [`Sink`] (the hub's, or
@@ -282,6 +286,7 @@ impl Hub {
         options: SubscribeOptions,
     ) -> Result<Subscription, SubscribeError> {
         self.subscribe_consumer(topic, Consumer::Sink, options)
+            .map(|(handle, _)| handle)
     }
 
     /// Subscribes to `topic` with a receiver of its own: the consumer pulls the deliveries
@@ -565,7 +570,12 @@ impl Hub {
 #[must_use = "dropping a Subscription unsubscribes; call `.detach()` to keep it without the handle"]
 pub struct Subscription {
     hub: Weak<Inner>,
-    sub: Arc<Sub>,
+    /// The subscriber's id and topic, kept by the handle.
+    sref: SubscriberRef,
+    /// Not kept alive by the handle: once the hub let the subscriber go (its close, an
+    /// unsubscribe by id, a `disconnect`), so does its sink (a channel's sender, whose receiver
+    /// then ends), however long the handle is kept.
+    sub: Weak<Sub>,
     /// [`Subscription::detach`] was called: the drop leaves the subscription in place.
     detached: bool,
 }
@@ -590,25 +600,27 @@ impl std::fmt::Debug for Subscription {
 impl Subscription {
     /// The subscriber's id.
     pub fn id(&self) -> &str {
-        self.sub.sref.id()
+        self.sref.id()
     }
 
     /// The subscriber's topic.
     pub fn topic(&self) -> &str {
-        self.sub.sref.topic()
+        self.sref.topic()
     }
 
     /// Whether the subscription is still live.
     pub fn is_active(&self) -> bool {
-        !self.sub.closed.load(std::sync::atomic::Ordering::Acquire)
+        self.sub
+            .upgrade()
+            .is_some_and(|sub| !sub.closed.load(std::sync::atomic::Ordering::Acquire))
     }
 
     /// Unsubscribes; `false` if it was already gone. Calls the close adapter with reason
     /// `unsubscribe`.
     pub fn unsubscribe(&self) -> bool {
-        match self.hub.upgrade() {
-            Some(inner) => inner.remove(&self.sub, CloseReason::Unsubscribe),
-            None => false,
+        match (self.hub.upgrade(), self.sub.upgrade()) {
+            (Some(inner), Some(sub)) => inner.remove(&sub, CloseReason::Unsubscribe),
+            _ => false,
         }
     }
 

@@ -490,9 +490,12 @@ impl Drop for DirectRx {
 }
 
 /// A receiver fed batches by the drain.
-#[derive(Debug)]
 struct HandOffRx {
     chan: Arc<Chan>,
+    /// The subscriber, kept while the receiver lives (the handle keeps only a weak reference):
+    /// once the hub let it go, the receiver still takes the rest of its queue and its drop
+    /// count from it.
+    _sub: Arc<Sub>,
     /// What the consumer was told about losses.
     seen: Seen,
     /// The batch being received, and the index of its next message.
@@ -501,6 +504,16 @@ struct HandOffRx {
     /// The last receive could not take its next batch itself (the drain lock was taken): a
     /// wait looks again after [`FEED_RETRY`].
     busy: bool,
+}
+
+impl std::fmt::Debug for HandOffRx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandOffRx")
+            .field("chan", &self.chan)
+            .field("seen", &self.seen)
+            .field("pos", &self.pos)
+            .finish_non_exhaustive()
+    }
 }
 
 /// How soon a receive that found the drain lock taken looks again.
@@ -515,11 +528,11 @@ impl Receiver {
         if hub.reads_directly(&options) {
             let cursor = DirectCursor::new(options.max_queue, hub.stats_gate());
             let options = options.sink(Arc::new(DirectEnd(Arc::clone(&cursor))));
-            let sub =
+            let (sub, subscriber) =
                 hub.subscribe_consumer(topic, Consumer::Direct(Arc::clone(&cursor)), options)?;
             let direct = DirectRx {
                 reader: DirectReader::new(cursor),
-                sub: Arc::clone(&sub.sub),
+                sub: subscriber,
                 received: 0,
                 registered: None,
             };
@@ -536,13 +549,14 @@ impl Receiver {
         });
         let options = options.sink(Arc::new(HandOff(Arc::clone(&chan))));
         let end: Arc<dyn HandOffEnd> = Arc::clone(&chan) as _;
-        let sub = hub.subscribe_consumer(topic, Consumer::Batch(end), options)?;
-        let _ = chan.sub.set(Arc::downgrade(&sub.sub));
-        let start = sub.sub.start.load(std::sync::atomic::Ordering::Relaxed);
+        let (sub, subscriber) = hub.subscribe_consumer(topic, Consumer::Batch(end), options)?;
+        let _ = chan.sub.set(Arc::downgrade(&subscriber));
+        let start = subscriber.start.load(std::sync::atomic::Ordering::Relaxed);
         Ok(Receiver {
             sub,
             mode: Mode::HandOff(HandOffRx {
                 chan,
+                _sub: subscriber,
                 seen: Seen {
                     start,
                     ..Seen::default()
@@ -607,7 +621,7 @@ impl Receiver {
     #[inline]
     pub fn try_recv_ref(&mut self) -> Result<Delivery<'_>, TryRecvError> {
         if matches!(&self.mode, Mode::Direct(d) if d.reader.in_run()) {
-            let subscriber = &self.sub.sub.sref;
+            let subscriber = &self.sub.sref;
             let Mode::Direct(d) = &mut self.mode else {
                 unreachable!("matched above")
             };
@@ -684,7 +698,7 @@ impl Receiver {
     }
 
     fn delivery(&self) -> Delivery<'_> {
-        Delivery::of(&self.sub.sub.sref, self.entry())
+        Delivery::of(&self.sub.sref, self.entry())
     }
 
     fn try_next(&mut self) -> Result<(), TryRecvError> {

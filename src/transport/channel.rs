@@ -64,7 +64,8 @@ struct Shared {
 /// hub.subscribe("t", |_| {}, SubscribeOptions::default().id("a"))?.detach();
 /// hub.publish_json("t", &1)?;
 /// hub.flush()?;
-/// drop(hub); // closes the hub and drops its sink: the iterator ends after the close event
+/// drop(hub); // closes the hub and lets go of its sink: the iterator ends after the close event
+///            // (a `Subscription` handle kept past it would not hold the channel open)
 /// let events: Vec<ChannelEvent> = rx.collect();
 /// assert!(matches!(events[0], ChannelEvent::Frame { .. }));
 /// assert!(matches!(events[1], ChannelEvent::Closed { .. }));
