@@ -250,6 +250,8 @@ impl Hub {
     /// `disconnect`, a log longer than `max_queue` closes the subscriber during its own
     /// replay (as a slow consumer, counted in `disconnected`), so the subscription returned is
     /// already inactive ([`Subscription::is_active`]) and the rest of the log is not offered.
+    /// Where it was the topic's only subscriber, its leaving releases the log, as any last
+    /// subscriber's does: the next subscriber finds none.
     pub fn subscribe<F>(
         &self,
         topic: &str,
