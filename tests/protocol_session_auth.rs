@@ -439,4 +439,20 @@ fn before_authentication_a_websocket_holds_only_a_small_unfinished_message() {
         conn.close_reason(),
         Some("max_unauthenticated_message_bytes")
     );
+
+    // The opening handshake is not a message: `max_handshake_bytes` bounds it, so even a limit
+    // of one byte lets an upgrade arriving in pieces complete.
+    let proto = powerhub_websocket::WebSocketFactory::new(Default::default())
+        .unwrap()
+        .new_connection(&Default::default());
+    let limits = powerhub::push::PushLimits::default().with_max_unauthenticated_message_bytes(1);
+    let mut conn = push_connection_with(proto, limits, now);
+    let handshake = &bytes[..bytes.iter().position(|&b| b == 0x81).unwrap()];
+    for piece in handshake.chunks(20) {
+        conn.handle_input(piece, now);
+        assert_eq!(conn.poll(now, at(900)), None);
+        assert_eq!(conn.close_reason(), None);
+    }
+    let words = said(&mut conn, now);
+    assert!(words.starts_with("HTTP/1.1 101"), "{words}");
 }
