@@ -79,24 +79,30 @@ struct Args {
     /// The powerhub binary (default: target/release/powerhub of this workspace).
     #[arg(long, env = "POWERHUB_BIN")]
     powerhub_bin: Option<PathBuf>,
+    /// Seconds a started powerhub server may take to print `ready` before the tool gives up
+    /// on it (a binary that is not powerhub, or one that hangs).
+    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    ready_timeout: f64,
     /// Worker-thread budget.
     #[arg(long, value_enum, default_value = "pinned")]
     budget: Budget,
     /// Results directory (default: perf/results of this workspace).
     #[arg(long)]
     results: Option<PathBuf>,
-    /// Warm-up seconds per case (fanout, latency, slow-consumer, scaling).
+    /// Warm-up seconds per case (fanout, latency, slow-consumer, scaling; default 2, 0.2 in
+    /// quick mode).
     #[arg(long)]
     warmup: Option<f64>,
-    /// Measured seconds per case (fanout, latency, slow-consumer, scaling; screens runs 5 s,
+    /// Measured seconds per case (default 10, 0.8 in quick mode: fanout, latency, slow-consumer,
+    /// scaling; screens runs 5 s,
     /// idle-connections holds 5 s, in-process runs a fixed number of deliveries).
     #[arg(long)]
     measure: Option<f64>,
-    /// fanout: subscriber counts.
+    /// fanout: subscriber counts (default 1,10,100,1000; 10,100 in quick mode).
     #[arg(long, value_delimiter = ',')]
     subs: Option<Vec<usize>>,
-    /// fanout: message sizes in bytes (at least the benchmark message's fixed fields, at most
-    /// 8 MiB: NATS's `max_payload` as perf/peers.sh starts it).
+    /// fanout: message sizes in bytes (default 64,1024; 64 in quick mode; at least the benchmark
+    /// message's fixed fields, at most 8 MiB: NATS's `max_payload` as perf/peers.sh starts it).
     #[arg(long, value_delimiter = ',')]
     sizes: Option<Vec<usize>>,
     /// rtt: round trips per block (default 2000; 200 in quick mode); every system runs 6 blocks
@@ -106,20 +112,21 @@ struct Args {
     /// latency: subscribers (default 100; 10 in quick mode).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     latency_subs: Option<u64>,
-    /// latency: offered rates as fractions of the slowest system's fanout maximum.
+    /// latency: offered rates as fractions of the slowest system's fanout maximum (default
+    /// 0.25,0.5,0.75; 0.5 in quick mode; above 1 offers more than that maximum).
     #[arg(long, value_delimiter = ',')]
     rates: Option<Vec<f64>>,
-    /// idle-connections: connections to open per system.
+    /// idle-connections: connections to open per system (default 50000; 2000 in quick mode).
     #[arg(long)]
     idle: Option<usize>,
     /// screens: screenshot_update frames per device per second (1 to 30: at most one per
-    /// hierarchy_update tick).
+    /// hierarchy_update tick; default 30, 5 in quick mode).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=30))]
     shot_hz: Option<u64>,
-    /// screens: number of devices.
+    /// screens: number of devices (default 20; 4 in quick mode).
     #[arg(long)]
     devices: Option<usize>,
-    /// in-process: subscriber counts.
+    /// in-process: subscriber counts (default 1,100,10000).
     #[arg(long, value_delimiter = ',')]
     inproc_subs: Option<Vec<usize>>,
     /// in-process: the systems to run (default: all), comma-separated: hub, hub-inline,
@@ -150,6 +157,20 @@ struct Args {
     /// delivery is pooled over the runs, and the note gives the runs' throughput range.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     repeat: u32,
+}
+
+/// `--ready-timeout`: seconds, more than 0 and at most an hour.
+fn positive_seconds(text: &str) -> Result<f64, String> {
+    let secs: f64 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a number of seconds"))?;
+    if secs.is_finite() && secs > 0.0 && secs <= 3600.0 {
+        Ok(secs)
+    } else {
+        Err(format!(
+            "{text} seconds: must be more than 0 and at most 3600"
+        ))
+    }
 }
 
 fn start_raw() -> io::Result<Target> {
@@ -469,6 +490,7 @@ fn run(args: Args) -> io::Result<ExitCode> {
         pin: server_cpu,
         dir: results.clone(),
         tls: tls.clone(),
+        ready_wait: std::time::Duration::from_secs_f64(args.ready_timeout),
     };
     let mut failures = Vec::new();
     let mut targets = Vec::new();

@@ -454,6 +454,7 @@ fn scaling(ctx: &Ctx) -> io::Result<Scenario> {
             pin: None,
             dir: base.dir.clone(),
             tls: None,
+            ready_wait: base.ready_wait,
         };
         let case = format!("N={n} {size}B {k} shards");
         let target = match launcher.start(SystemKind::Powerhub, Flavor::Throughput) {

@@ -78,3 +78,51 @@ fn a_results_directory_that_cannot_be_made_is_named() {
     assert!(err.contains(path) && err.contains("--results"), "{err}");
     let _ = std::fs::remove_file(&file);
 }
+
+/// A `--powerhub-bin` that starts but never says `ready` (not a powerhub binary, or one that
+/// hangs) is given up on after `--ready-timeout`, named, and the run fails: it used to wait
+/// for ever.
+#[test]
+fn a_server_that_never_says_ready_is_given_up_on_after_the_ready_timeout() {
+    use std::os::unix::fs::PermissionsExt;
+
+    let dir = std::env::temp_dir().join(format!("powerhub-perf-ready-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bin = dir.join("silent-server");
+    std::fs::write(&bin, "#!/bin/sh\nexec sleep 600\n").unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_powerhub-perf"))
+        .args(["--systems", "powerhub", "--subs", "1", "--sizes", "64"])
+        .args([
+            "--warmup",
+            "0",
+            "--measure",
+            "0.1",
+            "--ready-timeout",
+            "0.5",
+        ])
+        .arg("--powerhub-bin")
+        .arg(&bin)
+        .arg("--results")
+        .arg(&dir)
+        .arg("fanout")
+        .output()
+        .expect("the tool runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("--ready-timeout"), "{said}");
+    // Given up on, not waited for (the fake would sleep ten minutes).
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(300),
+        "{said}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let err = refused(&["--ready-timeout=0", "fanout"]);
+    assert!(err.contains("--ready-timeout"), "{err}");
+}

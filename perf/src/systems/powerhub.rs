@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use powerhub::hub::{Codec, Hub, HubOptions, Message, PublishOptions, SubscribeOptions};
@@ -115,6 +115,8 @@ pub(crate) struct Launcher {
     pub(crate) dir: PathBuf,
     /// The certificate of the `powerhub-tls` system, when it runs.
     pub(crate) tls: Option<crate::tls::TlsFiles>,
+    /// How long a started server may take to say `ready` (`--ready-timeout`).
+    pub(crate) ready_wait: Duration,
 }
 
 impl Launcher {
@@ -169,16 +171,42 @@ impl Launcher {
             .stdout
             .take()
             .ok_or_else(|| io::Error::other("no stdout"))?;
-        let mut lines = BufReader::new(stdout).lines();
+        // Read on a thread of its own, which goes on reading once the server is ready (so that
+        // it never blocks on its stdout): the wait for `ready` is bounded.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                // Once the start gave up or the server is ready nobody listens: read on.
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + self.ready_wait;
         let mut addr: Option<SocketAddr> = None;
         let mut backend = String::new();
         let mut said = Vec::new();
         loop {
-            let Some(line) = lines.next().transpose()? else {
-                let _ = child.kill();
-                return Err(io::Error::other(format!(
-                    "powerhub serve exited before `ready` (said {said:?}; log in {name}.log)"
-                )));
+            let left = deadline.saturating_duration_since(Instant::now());
+            let line = match rx.recv_timeout(left) {
+                Ok(line) => line?,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!(
+                            "{} serve said no `ready` within --ready-timeout = {} s (said \
+                             {said:?}; log in {name}.log): is it a powerhub binary?",
+                            self.bin.display(),
+                            self.ready_wait.as_secs_f64()
+                        ),
+                    ));
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                    let _ = child.kill();
+                    return Err(io::Error::other(format!(
+                        "powerhub serve exited before `ready` (said {said:?}; log in {name}.log)"
+                    )));
+                }
             };
             if let Some(a) = line.strip_prefix("listening ndjson ") {
                 addr = a.trim().parse().ok();
@@ -191,8 +219,6 @@ impl Launcher {
             }
             said.push(line);
         }
-        // Keep reading stdout so that the server never blocks on it.
-        std::thread::spawn(move || for _ in lines {});
         let addr = addr.ok_or_else(|| {
             io::Error::other(format!(
                 "powerhub serve printed no ndjson listener: {said:?}"
