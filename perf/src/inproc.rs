@@ -333,7 +333,8 @@ pub(crate) fn run(ctx: &Ctx) -> io::Result<Scenario> {
                 system: (*name).to_owned(),
                 is_powerhub: *is_ph,
                 is_peer: !is_ph,
-                throughput: Some(r[r.len() / 2]),
+                // With an even number of runs, the slower of the middle two.
+                throughput: Some(r[(r.len() - 1) / 2]),
                 lost: Some(lost[k]),
                 note: format!(
                     "{msgs} messages of 64 B; median of {} runs ({:.2}–{:.2} M/s)",

@@ -153,7 +153,7 @@ struct Args {
     #[arg(long)]
     slow_control: bool,
     /// Runs of every socket case (fanout, latency, slow-consumer, screens): throughput is the
-    /// median run's, latency percentiles come from the runs' merged histograms, CPU per
+    /// median run's (with an even number of runs, the slower of the middle two), latency percentiles come from the runs' merged histograms, CPU per
     /// delivery is pooled over the runs, and the note gives the runs' throughput range.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     repeat: u32,

@@ -118,7 +118,8 @@ pub(crate) fn combine_runs(mut outs: Vec<CaseOut>) -> CaseOut {
     let gen_busy = (!busy.is_empty()).then(|| busy.iter().sum::<f64>() / busy.len() as f64);
     let mut order: Vec<usize> = (0..outs.len()).collect();
     order.sort_by(|&a, &b| runs[a].total_cmp(&runs[b]));
-    let median = order[order.len() / 2];
+    // With an even number of runs, the slower of the middle two: a figure never rounds up.
+    let median = order[(order.len() - 1) / 2];
     let mut hist = outs[median].fleet.hist.clone();
     let mut errors = Vec::new();
     for (i, o) in outs.iter().enumerate() {
@@ -893,7 +894,8 @@ fn run_without_slow(
 }
 
 /// The others' p99 of a slow-consumer case: with several runs, the median of the runs' p99
-/// (one unlucky run does not decide), else the histogram's.
+/// (one unlucky run does not decide; with an even number, the higher of the middle two), else
+/// the histogram's.
 fn others_p99(out: &CaseOut) -> u64 {
     if out.run_p99.len() > 1 {
         let mut v = out.run_p99.clone();
