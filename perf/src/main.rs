@@ -81,7 +81,7 @@ struct Args {
     powerhub_bin: Option<PathBuf>,
     /// Seconds a started powerhub server may take to print `ready` before the tool gives up
     /// on it (a binary that is not powerhub, or one that hangs).
-    #[arg(long, default_value_t = 30.0, value_parser = positive_seconds)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 30.0, value_parser = positive_seconds)]
     ready_timeout: f64,
     /// Worker-thread budget.
     #[arg(long, value_enum, default_value = "pinned")]
@@ -91,43 +91,43 @@ struct Args {
     results: Option<PathBuf>,
     /// Warm-up seconds per case (fanout, latency, slow-consumer, scaling; default 2, 0.2 in
     /// quick mode).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     warmup: Option<f64>,
     /// Measured seconds per case (default 10, 0.8 in quick mode: fanout, latency, slow-consumer,
     /// scaling; screens runs 5 s,
     /// idle-connections holds 5 s, in-process runs a fixed number of deliveries).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     measure: Option<f64>,
     /// fanout: subscriber counts (default 1,10,100,1000; 10,100 in quick mode).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     subs: Option<Vec<usize>>,
     /// fanout: message sizes in bytes (default 64,1024; 64 in quick mode; at least the benchmark
     /// message's fixed fields, at most 8 MiB: NATS's `max_payload` as perf/peers.sh starts it).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     sizes: Option<Vec<usize>>,
     /// rtt: round trips per block (default 2000; 200 in quick mode); every system runs 6 blocks
     /// (2 in quick mode), taking turns.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     rtt_samples: Option<u64>,
     /// latency: subscribers (default 100; 10 in quick mode).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     latency_subs: Option<u64>,
     /// latency: offered rates as fractions of the slowest system's fanout maximum (default
     /// 0.25,0.5,0.75; 0.5 in quick mode; above 1 offers more than that maximum).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     rates: Option<Vec<f64>>,
     /// idle-connections: connections to open per system (default 50000; 2000 in quick mode).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     idle: Option<usize>,
     /// screens: screenshot_update frames per device per second (1 to 30: at most one per
     /// hierarchy_update tick; default 30, 5 in quick mode).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=30))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u64).range(1..=30))]
     shot_hz: Option<u64>,
     /// screens: number of devices (default 20; 4 in quick mode).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     devices: Option<usize>,
     /// in-process: subscriber counts (default 1,100,10000).
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, allow_negative_numbers = true, value_delimiter = ',')]
     inproc_subs: Option<Vec<usize>>,
     /// in-process: the systems to run (default: all), comma-separated: hub, hub-inline,
     /// receivers, receivers-borrowed, broadcast, crossbeam, flume.
@@ -135,18 +135,18 @@ struct Args {
     inproc_systems: Option<Vec<String>>,
     /// in-process: repetitions of each system's run, interleaved (the median is reported;
     /// default 3, 1 in quick mode).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=101))]
+    #[arg(long, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=101))]
     inproc_reps: Option<u32>,
     /// slow-consumer: the offered rate as a fraction of the slowest system's fanout maximum.
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 0.5)]
     slow_fraction: f64,
     /// latency: the maximum, in messages/s, that the --rates fractions are taken of, instead of
     /// the slowest system's probed fanout maximum (no probes run): runs compare at fixed rates.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     latency_max: Option<f64>,
     /// slow-consumer: the offered rate in messages/s, instead of a fraction of the slowest
     /// maximum (no probes run): runs of different days compare at one rate.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     slow_rate: Option<f64>,
     /// slow-consumer: an A/A control. The "with slow" runs have no slow readers either, so their
     /// difference from the runs without is the method's own noise at these settings.
@@ -155,7 +155,7 @@ struct Args {
     /// Runs of every socket case (fanout, latency, slow-consumer, screens): throughput is the
     /// median run's (with an even number of runs, the slower of the middle two), latency percentiles come from the runs' merged histograms, CPU per
     /// delivery is pooled over the runs, and the note gives the runs' throughput range.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    #[arg(long, allow_negative_numbers = true, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
     repeat: u32,
 }
 

@@ -126,3 +126,24 @@ fn a_server_that_never_says_ready_is_given_up_on_after_the_ready_timeout() {
     let err = refused(&["--ready-timeout=0", "fanout"]);
     assert!(err.contains("--ready-timeout"), "{err}");
 }
+
+/// A negative number written after a space is the option's value, refused naming the option
+/// (it was taken for an unknown flag, with a tip that would have made it a scenario name).
+#[test]
+fn a_negative_value_after_a_space_is_refused_naming_its_option() {
+    for (option, value) in [
+        ("--subs", "-1"),
+        ("--sizes", "-5"),
+        ("--measure", "-1"),
+        ("--warmup", "-1"),
+        ("--latency-max", "-3"),
+        ("--repeat", "-2"),
+    ] {
+        let err = refused(&[option, value, "fanout"]);
+        assert!(err.contains(option), "{option} {value}: {err}");
+        assert!(
+            !err.contains("unexpected argument"),
+            "{option} {value}: {err}"
+        );
+    }
+}

@@ -231,7 +231,8 @@ impl Drop for Target {
 
 /// Connect with `TCP_NODELAY` and a handshake timeout.
 pub(crate) fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+    let s = TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot connect to {addr}: {e}")))?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(Duration::from_secs(10)))?;
     Ok(s)
