@@ -9,5 +9,5 @@ cargo build --release -p powerhub --bin powerhub
 cargo build --release -p powerhub-perf
 perf/peers.sh run -- target/release/powerhub-perf --quick "$@"
 # The TLS systems (the tool makes their certificate and starts nats-server with TLS itself):
-# fan-out only.
-target/release/powerhub-perf --quick --systems powerhub-tls,nats-tls fanout
+# fan-out only, reported in a directory of its own so that it keeps the main run's report.
+target/release/powerhub-perf --quick --results perf/results/tls --systems powerhub-tls,nats-tls fanout
