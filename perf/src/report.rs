@@ -117,7 +117,7 @@ impl Scenario {
         }
         let ratios = self.ratios();
         if !ratios.is_empty() {
-            let _ = writeln!(s, "\npowerhub against each peer (throughput ×, CPU per delivery ×, p99 ×, memory per connection ×; > 1 is better for powerhub):\n");
+            let _ = writeln!(s, "\npowerhub against each peer, in what the scenario measures (throughput, or memory per connection; CPU per delivery; p99 and p99.9): > 1 is better for powerhub\n");
             for line in ratios {
                 let _ = writeln!(s, "- {line}");
             }
