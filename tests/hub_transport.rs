@@ -66,7 +66,19 @@ fn a_kept_subscription_handle_does_not_keep_the_channel_open_after_the_hub_close
         hub.publish_json("t", &1).unwrap();
         hub.flush().unwrap();
         drop(hub);
-        let events: Vec<ChannelEvent> = rx.collect();
+        // Read with a deadline: a channel held open fails the test rather than hanging it.
+        let mut events = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(event) => events.push(event),
+                Err(TryRecvError::Disconnected) => break,
+                Err(TryRecvError::Empty) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "the channel is still open after the hub's close: {events:?}"
+                ),
+            }
+        }
         assert_eq!(events.len(), 2, "{events:?}");
         assert_eq!(frame_messages(&events[0]), ["1"]);
         assert!(

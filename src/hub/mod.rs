@@ -572,7 +572,8 @@ impl Hub {
 #[must_use = "dropping a Subscription unsubscribes; call `.detach()` to keep it without the handle"]
 pub struct Subscription {
     hub: Weak<Inner>,
-    /// The subscriber's id and topic, kept by the handle.
+    /// The subscriber's id and topic (and the transport context it was given), kept by the
+    /// handle.
     sref: SubscriberRef,
     /// Not kept alive by the handle: once the hub let the subscriber go (its close, an
     /// unsubscribe by id, a `disconnect`), so does its sink (a channel's sender, whose receiver

@@ -2005,16 +2005,21 @@ impl PushConnection {
 
     /// A client certificate the TLS handshake verified, valid until `valid_until` (the
     /// earliest `notAfter` of the chain the client presented, if it could be read): the
-    /// connection is closed with `certificate_expired` once that passes. A subject listed in
-    /// the auth policy authenticates the connection before any of its commands is read.
+    /// connection is closed with `certificate_expired` once that passes, at once where it has
+    /// at `wall` (a resumed session is not verified again). A subject listed in the auth policy
+    /// authenticates the connection before any of its commands is read.
     pub(crate) fn certificate_verified(
         &mut self,
         subject: Option<&PeerSubject>,
         valid_until: Option<SystemTime>,
         now: Instant,
+        wall: SystemTime,
     ) {
         if let Some(at) = valid_until {
             self.session.limit_to_certificate(unix_secs(at));
+            if self.close_if_expired(now, wall) {
+                return;
+            }
         }
         let Some(subject) = subject else {
             return;
@@ -2932,7 +2937,8 @@ mod tests {
             let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
             let session = Session::new(1, SessionConfig::default());
             let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
-            conn.certificate_verified(None, Some(not_after), now);
+            let verified_at = not_after - Duration::from_secs(10);
+            conn.certificate_verified(None, Some(not_after), now, verified_at);
             conn
         };
         let said = |conn: &mut PushConnection| {
@@ -2959,6 +2965,36 @@ mod tests {
         assert_eq!(conn.close_reason(), Some(codes::CERTIFICATE_EXPIRED));
         let out = said(&mut conn);
         assert!(!out.contains("pong"), "{out}");
+
+        // Expired when the handshake completes (a resumed session is not verified again): closed
+        // at once, before a listed subject authenticates the connection.
+        let auth: crate::security::auth::AuthConfig =
+            toml::from_str("[[certificates]]\nsubject = \"CN=alice\"\n").unwrap();
+        let authenticator = crate::security::auth::Authenticator::from_config(&auth).unwrap();
+        let policy = crate::protocol::AuthPolicy::new(Arc::new(authenticator));
+        let session = Session::new(1, SessionConfig::default()).with_auth(policy);
+        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+        let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+        let subject = PeerSubject {
+            distinguished_name: "CN=alice".into(),
+            common_name: Some("alice".into()),
+        };
+        let late = not_after + Duration::from_secs(5);
+        conn.certificate_verified(Some(&subject), Some(not_after), now, late);
+        assert_eq!(conn.close_reason(), Some(codes::CERTIFICATE_EXPIRED));
+        let out = said(&mut conn);
+        assert!(!out.contains("authenticated"), "{out}");
+        // The same subject, valid: authenticated.
+        let session =
+            Session::new(2, SessionConfig::default()).with_auth(crate::protocol::AuthPolicy::new(
+                Arc::new(crate::security::auth::Authenticator::from_config(&auth).unwrap()),
+            ));
+        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+        let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+        let early = not_after - Duration::from_secs(5);
+        conn.certificate_verified(Some(&subject), Some(not_after), now, early);
+        assert_eq!(conn.close_reason(), None);
+        assert!(said(&mut conn).contains(r#""user":"alice""#));
     }
 
     /// The client's bytes for `lines`: as they are, or each a masked WebSocket text frame

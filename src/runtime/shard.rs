@@ -1114,11 +1114,12 @@ impl<B: Backend> Shard<B> {
                     // one listed in `[[auth.certificates]]` authenticates the connection before
                     // any of its commands is read.
                     let tls = c.tls.as_deref();
-                    let valid_until = tls.and_then(TlsLayer::peer_valid_until);
+                    let wall = SystemTime::now();
+                    let valid_until = tls.and_then(|t| t.peer_valid_until(wall));
                     let subject = tls.and_then(TlsLayer::peer_subject);
                     if valid_until.is_some() || subject.is_some() {
                         c.push
-                            .certificate_verified(subject.as_ref(), valid_until, now);
+                            .certificate_verified(subject.as_ref(), valid_until, now, wall);
                         if c.push.state() != PushState::Open {
                             self.settle(token);
                             return;

@@ -128,8 +128,8 @@ impl TlsLayer {
 
     /// When the client certificate chain the handshake verified stops being valid, if the
     /// client presented one.
-    pub(crate) fn peer_valid_until(&self) -> Option<SystemTime> {
-        self.session.peer_valid_until()
+    pub(crate) fn peer_valid_until(&self, now: SystemTime) -> Option<SystemTime> {
+        self.session.peer_valid_until(now)
     }
 
     /// Whether the handshake is done, so that plaintext goes out as it is encrypted.

@@ -303,9 +303,9 @@ pub struct JwtConfig {
     /// [`MAX_LEEWAY_SECS`]).
     #[serde(default)]
     pub leeway_secs: u64,
-    /// When true, a token without `exp` is refused ([`AuthError::MissingExp`]), so that every
-    /// connection's token expires. Default false: a token without `exp` never expires, as in
-    /// NATS.
+    /// When true, a JWT without `exp` is refused ([`AuthError::MissingExp`]), so that every JWT
+    /// expires (static tokens never do). Default false: a JWT without `exp` never expires, as
+    /// in NATS.
     #[serde(default)]
     pub require_exp: bool,
 }

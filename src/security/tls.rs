@@ -817,16 +817,28 @@ impl TlsSession {
     ///
     /// The end-entity certificate's validity was read by the handshake's verification; should
     /// it not read here, the chain counts as expired (at the epoch), so that a certificate this
-    /// reading misses never lives for ever. A further certificate that does not read is one the
-    /// verification did not take into the chain it verified (it reads each it takes): it
-    /// bounds nothing.
-    pub fn peer_valid_until(&self) -> Option<SystemTime> {
+    /// reading misses never lives for ever. A further certificate bounds nothing where the
+    /// verification cannot have taken it into the path it verified: one that does not read (it
+    /// reads each it takes), and, after a full handshake completed at `now`, one already past
+    /// its `notAfter` (it skips an expired candidate, as a cross-signed bundle's old
+    /// intermediate). A resumed session was not verified again: each certificate that reads
+    /// counts, expired or not.
+    pub fn peer_valid_until(&self, now: SystemTime) -> Option<SystemTime> {
         let (end_entity, rest) = self.conn.peer_certificates()?.split_first()?;
         let mut earliest = certificate_not_after(end_entity).unwrap_or(UNIX_EPOCH);
+        let verified_now = !matches!(
+            self.conn.handshake_kind(),
+            Some(rustls::HandshakeKind::Resumed)
+        );
+        let secs = |t: SystemTime| t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         for der in rest {
-            if let Ok(at) = certificate_not_after(der) {
-                earliest = earliest.min(at);
+            let Ok(at) = certificate_not_after(der) else {
+                continue;
+            };
+            if verified_now && secs(now) > secs(at) {
+                continue;
             }
+            earliest = earliest.min(at);
         }
         Some(earliest)
     }
@@ -861,6 +873,8 @@ pub(crate) mod tests {
         client_cert_der: CertificateDer<'static>,
         client_key_der: Vec<u8>,
         ca_der: CertificateDer<'static>,
+        ca: rcgen::Certificate,
+        ca_key: KeyPair,
     }
 
     pub(crate) fn pki() -> Pki {
@@ -895,6 +909,8 @@ pub(crate) mod tests {
             server_key_pem: server_key.serialize_pem(),
             client_cert_der: client.der().clone(),
             client_key_der: client_key.serialize_der(),
+            ca,
+            ca_key,
         }
     }
 
@@ -1105,6 +1121,95 @@ pub(crate) mod tests {
             assert_eq!(subject.user(), "alice");
             assert_eq!(subject.distinguished_name, "O=Example\\, Inc.,CN=alice");
         }
+    }
+
+    /// The chain's validity is the earliest `notAfter` of the certificates the verification may
+    /// have taken: an intermediate expiring before the end-entity certificate bounds it, and
+    /// an extra certificate already expired at the full handshake (a cross-signed bundle's old
+    /// intermediate, which the verification skips) does not. A `notAfter` from 2050 on, a
+    /// GeneralizedTime, reads as well.
+    #[test]
+    fn the_chains_validity_is_the_earliest_not_after_the_verification_may_have_taken() {
+        let pki = pki();
+        let config = server_config_with(&files(true), reader(&pki)).unwrap();
+        let at = |y| rcgen::date_time_ymd(y, 1, 1);
+        let unix = |y: i32| {
+            let days = (1970..y)
+                .map(|y| {
+                    if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 {
+                        366
+                    } else {
+                        365
+                    }
+                })
+                .sum::<u64>();
+            UNIX_EPOCH + std::time::Duration::from_secs(days * 86_400)
+        };
+        let ca_params = |not_after| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p.key_usages = vec![KeyUsagePurpose::KeyCertSign];
+            p.distinguished_name = DistinguishedName::new();
+            p.distinguished_name
+                .push(DnType::CommonName, "powerhub test intermediate");
+            p.not_after = not_after;
+            p
+        };
+        let leaf_params = |not_after| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name = DistinguishedName::new();
+            p.distinguished_name.push(DnType::CommonName, "alice");
+            p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+            p.not_after = not_after;
+            p
+        };
+        let inter_key = KeyPair::generate().unwrap();
+        let inter = ca_params(at(2039))
+            .signed_by(&inter_key, &pki.ca, &pki.ca_key)
+            .unwrap();
+        let old_key = KeyPair::generate().unwrap();
+        let mut old = ca_params(at(2021));
+        old.not_before = at(2020);
+        let old = old.signed_by(&old_key, &pki.ca, &pki.ca_key).unwrap();
+        let leaf_key = KeyPair::generate().unwrap();
+        let leaf = leaf_params(at(2040))
+            .signed_by(&leaf_key, &inter, &inter_key)
+            .unwrap();
+        let late_key = KeyPair::generate().unwrap();
+        let late = leaf_params(at(2051))
+            .signed_by(&late_key, &pki.ca, &pki.ca_key)
+            .unwrap();
+        let cases = [
+            (
+                vec![leaf.der().clone(), inter.der().clone()],
+                &leaf_key,
+                2039,
+            ),
+            (
+                vec![leaf.der().clone(), inter.der().clone(), old.der().clone()],
+                &leaf_key,
+                2039,
+            ),
+            (vec![late.der().clone()], &late_key, 2051),
+        ];
+        for (chain, key, until) in cases {
+            let mut roots = RootCertStore::empty();
+            roots.add(pki.ca_der.clone()).unwrap();
+            let client = ClientConfig::builder_with_provider(provider())
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, PrivateKeyDer::try_from(key.serialize_der()).unwrap())
+                .unwrap();
+            let server = exchange(Arc::clone(&config), Arc::new(client));
+            assert_eq!(
+                server.connection().handshake_kind(),
+                Some(rustls::HandshakeKind::Full)
+            );
+            let now = SystemTime::now();
+            assert_eq!(server.peer_valid_until(now), Some(unix(until)), "{until}");
+        }
+        assert_eq!(certificate_not_after(old.der()).unwrap(), unix(2021));
     }
 
     #[test]

@@ -187,7 +187,12 @@ impl Launcher {
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match rx.recv_timeout(left) {
-                Ok(line) => line?,
+                Ok(Ok(line)) => line,
+                Ok(Err(e)) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(e);
+                }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
                     let _ = child.kill();
                     let _ = child.wait();
@@ -203,6 +208,7 @@ impl Launcher {
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
                     let _ = child.kill();
+                    let _ = child.wait();
                     return Err(io::Error::other(format!(
                         "powerhub serve exited before `ready` (said {said:?}; log in {name}.log)"
                     )));
