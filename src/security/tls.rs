@@ -249,7 +249,9 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Builds the listener's TLS configuration, reading the files from the file system.
+/// Builds the listener's TLS configuration, reading the files from the file system. With
+/// `tls_client_ca` (mutual TLS) it resumes no session, so that every connection's certificate
+/// chain is verified in full at its own handshake.
 ///
 /// # Errors
 ///
@@ -332,7 +334,7 @@ pub fn server_config_with(
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let config = builder.with_single_cert(chain, key).map_err(|e| match e {
+    let mut config = builder.with_single_cert(chain, key).map_err(|e| match e {
         rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
             TlsError::KeyMismatch {
                 cert: files.cert.clone(),
@@ -349,6 +351,15 @@ pub fn server_config_with(
             reason: e.to_string(),
         },
     })?;
+    if files.client_ca.is_some() {
+        // Mutual TLS resumes no session: every connection's chain is verified in full, at its
+        // own time, against the CA file in force. A resumed session would carry its chain
+        // unverified, and where the first handshake skipped an expired extra certificate (a
+        // cross-signed bundle's old intermediate) nothing tells it from one that expired since,
+        // so each resumption of such a client would be closed at once.
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
+    }
     Ok(Arc::new(config))
 }
 
@@ -821,8 +832,8 @@ impl TlsSession {
     /// verification cannot have taken it into the path it verified: one that does not read (it
     /// reads each it takes), and, after a full handshake completed at `now`, one already past
     /// its `notAfter` (it skips an expired candidate, as a cross-signed bundle's old
-    /// intermediate). A resumed session was not verified again: each certificate that reads
-    /// counts, expired or not.
+    /// intermediate). A resumed session (which a mutual-TLS [`server_config`] never grants) was
+    /// not verified again: each certificate that reads counts, expired or not.
     pub fn peer_valid_until(&self, now: SystemTime) -> Option<SystemTime> {
         let (end_entity, rest) = self.conn.peer_certificates()?.split_first()?;
         let mut earliest = certificate_not_after(end_entity).unwrap_or(UNIX_EPOCH);
@@ -1210,6 +1221,34 @@ pub(crate) mod tests {
             assert_eq!(server.peer_valid_until(now), Some(unix(until)), "{until}");
         }
         assert_eq!(certificate_not_after(old.der()).unwrap(), unix(2021));
+    }
+
+    /// A mutual-TLS listener resumes no session (every chain is verified in full at its own
+    /// connection), while a listener without client certificates resumes as rustls does.
+    #[test]
+    fn mutual_tls_resumes_no_session() {
+        let pki = pki();
+        for (client_ca, expected) in [
+            (true, rustls::HandshakeKind::Full),
+            (false, rustls::HandshakeKind::Resumed),
+        ] {
+            let config = server_config_with(&files(client_ca), reader(&pki)).unwrap();
+            for versions in [&rustls::version::TLS13, &rustls::version::TLS12] {
+                // One client config: its session cache carries what the first connection got.
+                let client = client_config(&pki, client_ca, &[versions]);
+                let first = exchange(Arc::clone(&config), Arc::clone(&client));
+                assert_eq!(
+                    first.connection().handshake_kind(),
+                    Some(rustls::HandshakeKind::Full)
+                );
+                let second = exchange(Arc::clone(&config), client);
+                assert_eq!(
+                    second.connection().handshake_kind(),
+                    Some(expected),
+                    "client_ca {client_ca}, {versions:?}"
+                );
+            }
+        }
     }
 
     #[test]
