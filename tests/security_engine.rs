@@ -344,6 +344,43 @@ fn a_connection_is_closed_when_its_token_expires_unless_it_sent_a_fresh_one() {
     });
 }
 
+/// `[auth.jwt] require_exp`: a first JWT without `exp` is refused with `missing_exp` and the
+/// connection closed; a fresh one without `exp` on an authenticated connection is refused and
+/// the connection keeps its token; JWTs with `exp`, and static tokens, pass.
+#[test]
+fn with_require_exp_a_jwt_without_exp_is_refused_as_missing_exp() {
+    on_both_backends(|backend| {
+        let mut config = auth_config(backend, "");
+        let jwt_config = config.auth.as_mut().and_then(|a| a.jwt.as_mut());
+        jwt_config.expect("[auth.jwt]").require_exp = true;
+        let server = start(config);
+        let no_exp = jwt(json!({"sub":"alice","aud":"powerhub"}), SECRET);
+        let with_exp = jwt(
+            json!({"sub":"alice","aud":"powerhub","exp":unix_now() + 600}),
+            SECRET,
+        );
+
+        let mut c = Client::connect(server.addr);
+        let v = auth(&mut c, &no_exp);
+        assert_eq!(v["code"], "missing_exp", "{v}");
+        assert!(
+            v["message"].as_str().unwrap().contains("require_exp"),
+            "{v}"
+        );
+        assert_closed(&mut c);
+
+        let mut c = Client::connect(server.addr);
+        assert_eq!(auth(&mut c, &with_exp)["type"], "authenticated");
+        let v = auth(&mut c, &no_exp);
+        assert_eq!(v["code"], "missing_exp", "{v}");
+        c.send(r#"{"type":"ping","id":9}"#);
+        assert_eq!(c.msg(), json!({"type":"pong","requestId":9}));
+
+        let mut c = Client::connect(server.addr);
+        assert_eq!(auth(&mut c, "reader-token")["type"], "authenticated");
+    });
+}
+
 #[test]
 fn the_first_message_deadline_closes_a_connection_that_does_not_authenticate() {
     on_both_backends(|backend| {
