@@ -246,6 +246,39 @@ fn said(conn: &mut powerhub::push::PushConnection, now: std::time::Instant) -> S
     String::from_utf8(out.concat()).unwrap()
 }
 
+/// The start of a publish whose message is padded with `pad` bytes, unfinished.
+fn unfinished_publish(pad: usize) -> String {
+    format!(
+        r#"{{"type":"publish","message":{{"type":"t","stream":"obs","pad":"{}"#,
+        "x".repeat(pad)
+    )
+}
+
+/// Feeds `long` (an unfinished message longer than the connection's pre-authentication limit,
+/// more than 1000 bytes of it within) in two pieces cut at its 1000th byte: held after the
+/// first, closed naming `max_unauthenticated_message_bytes` after the second. What the
+/// connection said.
+fn held_then_closed(
+    conn: &mut powerhub::push::PushConnection,
+    long: &str,
+    now: std::time::Instant,
+) -> String {
+    conn.handle_input(&long.as_bytes()[..1000], now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(
+        conn.close_reason(),
+        None,
+        "a short unfinished message is held"
+    );
+    conn.handle_input(&long.as_bytes()[1000..], now);
+    assert_eq!(conn.poll(now, at(900)), None);
+    assert_eq!(
+        conn.close_reason(),
+        Some("max_unauthenticated_message_bytes")
+    );
+    said(conn, now)
+}
+
 /// A command that arrives once the connection's token has expired is not handled: the
 /// connection is closed with `token_expired` then, not at the driver's next timer tick (until
 /// which a client pipelining right after the expiry still had its subscribes and publishes
@@ -299,27 +332,10 @@ fn before_authentication_a_connection_holds_only_a_small_unfinished_message() {
             now,
         )
     };
-    let long = format!(
-        r#"{{"type":"publish","message":{{"type":"t","stream":"obs","pad":"{}"#,
-        "x".repeat(MAX_UNAUTHENTICATED_MESSAGE_BYTES)
-    );
+    let long = unfinished_publish(MAX_UNAUTHENTICATED_MESSAGE_BYTES);
 
     // Not authenticated: closed, told why.
-    let mut conn = connect();
-    conn.handle_input(&long.as_bytes()[..1000], now);
-    assert_eq!(conn.poll(now, at(900)), None);
-    assert_eq!(
-        conn.close_reason(),
-        None,
-        "a short unfinished message is held"
-    );
-    conn.handle_input(&long.as_bytes()[1000..], now);
-    assert_eq!(conn.poll(now, at(900)), None);
-    assert_eq!(
-        conn.close_reason(),
-        Some("max_unauthenticated_message_bytes")
-    );
-    let words = said(&mut conn, now);
+    let words = held_then_closed(&mut connect(), &long, now);
     assert!(
         words.contains(r#""limit":"max_unauthenticated_message_bytes""#),
         "{words}"
@@ -352,21 +368,8 @@ fn the_unauthenticated_message_limit_is_the_configured_one() {
         let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
         push_connection_with(proto, limits.clone(), now)
     };
-    let long = format!(
-        r#"{{"type":"publish","message":{{"type":"t","stream":"obs","pad":"{}"#,
-        "x".repeat(2000)
-    );
-    let mut conn = connect();
-    conn.handle_input(&long.as_bytes()[..1000], now);
-    assert_eq!(conn.poll(now, at(900)), None);
-    assert_eq!(conn.close_reason(), None, "under the limit: held");
-    conn.handle_input(&long.as_bytes()[1000..], now);
-    assert_eq!(conn.poll(now, at(900)), None);
-    assert_eq!(
-        conn.close_reason(),
-        Some("max_unauthenticated_message_bytes")
-    );
-    let words = said(&mut conn, now);
+    let long = unfinished_publish(2000);
+    let words = held_then_closed(&mut connect(), &long, now);
     assert!(
         words.contains("max_unauthenticated_message_bytes = 1024"),
         "{words}"

@@ -171,6 +171,17 @@ struct Extra {
     certificate_until: Option<u64>,
 }
 
+impl Extra {
+    fn new(limiter: PublishLimiter) -> Extra {
+        Extra {
+            auth: None,
+            limiter,
+            strikes: 0,
+            certificate_until: None,
+        }
+    }
+}
+
 /// Where a per-user limit in an error message came from: the user's own (`key` in its entry's
 /// `limits`, or its token's `limits` claim) or the `[auth]` default (nothing said).
 fn limit_source(own: Option<usize>, key: &str) -> String {
@@ -505,14 +516,7 @@ impl Session {
             config.publish_messages_per_second,
             config.publish_bytes_per_second,
         );
-        let extra = (!limiter.is_unlimited()).then(|| {
-            Box::new(Extra {
-                auth: None,
-                limiter,
-                strikes: 0,
-                certificate_until: None,
-            })
-        });
+        let extra = (!limiter.is_unlimited()).then(|| Box::new(Extra::new(limiter)));
         Session {
             config,
             connection_id,
@@ -520,6 +524,12 @@ impl Session {
             next_id: 1,
             extra,
         }
+    }
+
+    /// The session's extras, made (without rate limits) where it had none.
+    fn extra_mut(&mut self) -> &mut Extra {
+        self.extra
+            .get_or_insert_with(|| Box::new(Extra::new(PublishLimiter::new(0, 0))))
     }
 
     fn auth(&self) -> Option<&AuthState> {
@@ -571,17 +581,7 @@ impl Session {
             subscriptions: 0,
             rate: None,
         };
-        match &mut self.extra {
-            Some(extra) => extra.auth = Some(auth),
-            None => {
-                self.extra = Some(Box::new(Extra {
-                    auth: Some(auth),
-                    limiter: PublishLimiter::new(0, 0),
-                    strikes: 0,
-                    certificate_until: None,
-                }))
-            }
-        }
+        self.extra_mut().auth = Some(auth);
         self
     }
 
@@ -600,16 +600,7 @@ impl Session {
     /// Bounds the connection's life by its client certificate, valid through the Unix second
     /// `not_after` (see [`certificate_until`](Self::certificate_until)).
     pub(crate) fn limit_to_certificate(&mut self, not_after: u64) {
-        self.extra
-            .get_or_insert_with(|| {
-                Box::new(Extra {
-                    auth: None,
-                    limiter: PublishLimiter::new(0, 0),
-                    strikes: 0,
-                    certificate_until: None,
-                })
-            })
-            .certificate_until = Some(not_after);
+        self.extra_mut().certificate_until = Some(not_after);
     }
 
     /// The last second (Unix time) of the connection's client certificate's validity, its

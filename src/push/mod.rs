@@ -2921,16 +2921,19 @@ mod tests {
         ));
     }
 
+    /// A push configuration of the default limits and outbox.
+    fn default_config() -> Arc<PushConfig> {
+        let config = PushConfig::new(
+            PushLimits::default(),
+            OutboxConfig::default(),
+            Arc::new(PayloadFactory),
+        );
+        Arc::new(config.unwrap())
+    }
+
     #[test]
     fn a_connection_is_closed_with_certificate_expired_once_its_certificates_not_after_passed() {
-        let config = Arc::new(
-            PushConfig::new(
-                PushLimits::default(),
-                OutboxConfig::default(),
-                Arc::new(PayloadFactory),
-            )
-            .unwrap(),
-        );
+        let config = default_config();
         let now = Instant::now();
         let not_after = UNIX_EPOCH + Duration::from_secs(1_900_000_000);
         let connection = || {
@@ -2970,11 +2973,15 @@ mod tests {
         // at once, before a listed subject authenticates the connection.
         let auth: crate::security::auth::AuthConfig =
             toml::from_str("[[certificates]]\nsubject = \"CN=alice\"\n").unwrap();
-        let authenticator = crate::security::auth::Authenticator::from_config(&auth).unwrap();
-        let policy = crate::protocol::AuthPolicy::new(Arc::new(authenticator));
-        let session = Session::new(1, SessionConfig::default()).with_auth(policy);
-        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
-        let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+        let authenticator =
+            Arc::new(crate::security::auth::Authenticator::from_config(&auth).unwrap());
+        let listed = || {
+            let policy = crate::protocol::AuthPolicy::new(Arc::clone(&authenticator));
+            let session = Session::new(1, SessionConfig::default()).with_auth(policy);
+            let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
+            PushConnection::new(proto, session, &config, now).unwrap()
+        };
+        let mut conn = listed();
         let subject = PeerSubject {
             distinguished_name: "CN=alice".into(),
             common_name: Some("alice".into()),
@@ -2985,12 +2992,7 @@ mod tests {
         let out = said(&mut conn);
         assert!(!out.contains("authenticated"), "{out}");
         // The same subject, valid: authenticated.
-        let session =
-            Session::new(2, SessionConfig::default()).with_auth(crate::protocol::AuthPolicy::new(
-                Arc::new(crate::security::auth::Authenticator::from_config(&auth).unwrap()),
-            ));
-        let proto = powerhub_ndjson::NdjsonFactory.new_connection(&Default::default());
-        let mut conn = PushConnection::new(proto, session, &config, now).unwrap();
+        let mut conn = listed();
         let early = not_after - Duration::from_secs(5);
         conn.certificate_verified(Some(&subject), Some(not_after), now, early);
         assert_eq!(conn.close_reason(), None);
@@ -3023,14 +3025,7 @@ mod tests {
     /// The messages the connection publishes when `bytes` arrive in pieces cut at `cuts`, a
     /// piece given as copied bytes or (where `owned` says) as a taken receive buffer.
     fn published(bytes: &[u8], cuts: &[usize], owned: &[bool], websocket: bool) -> Vec<Vec<u8>> {
-        let config = Arc::new(
-            PushConfig::new(
-                PushLimits::default(),
-                OutboxConfig::default(),
-                Arc::new(PayloadFactory),
-            )
-            .unwrap(),
-        );
+        let config = default_config();
         let now = Instant::now();
         let proto = if websocket {
             powerhub_websocket::WebSocketFactory::new(Default::default())
