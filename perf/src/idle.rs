@@ -6,7 +6,7 @@
 //! system are spread over helper processes (this binary run as `__idle-holder`), each holding at
 //! most [`per_holder`] of them. A holder opens its share, says `opened N` (with the first error,
 //! if any) on stdout, then every 200 ms reads what arrived on each connection and answers
-//! keepalive pings, until its stdin closes; then it says `alive M pongs P` and exits, closing
+//! keepalive pings (as it does while it opens them), until its stdin closes; then it says `alive M pongs P` and exits, closing
 //! its connections.
 
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -14,7 +14,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::systems::{Decoder, SystemKind, Target};
 
@@ -22,6 +22,10 @@ use crate::systems::{Decoder, SystemKind, Target};
 /// binding port 0 before connect picks a port unique to the source address, so no address runs
 /// out of ports, whatever earlier runs' closed connections (in TIME_WAIT) still hold.
 const PER_BLOCK: usize = 250;
+
+/// How often a holder reads its connections and answers their keepalives, while it opens them
+/// and while it holds them.
+const SERVE_EVERY: Duration = Duration::from_millis(200);
 
 /// Descriptors a holder keeps for itself besides its connections.
 const SPARE_FDS: u64 = 64;
@@ -129,9 +133,20 @@ fn hold(args: &[String]) -> io::Result<()> {
             stop.store(true, Ordering::Release);
         });
     }
-    let mut conns = Vec::with_capacity(count);
+    let mut conns: Vec<IdleConn> = Vec::with_capacity(count);
     let mut err = None;
+    let mut pongs = 0u64;
+    // Opening a share takes a while (tens of seconds for 100 000 connections on two CPUs): the
+    // connections opened go on answering keepalives meanwhile, or a server's liveness timeout
+    // would close them before the hold begins.
+    let mut served = Instant::now();
     for i in first..first + count {
+        if served.elapsed() >= SERVE_EVERY {
+            for c in conns.iter_mut().filter(|c| c.open) {
+                pongs += c.serve();
+            }
+            served = Instant::now();
+        }
         let r = connect_from(source(sys, i), addr).and_then(|mut s| {
             let left = wire.subscribe(&mut s, "idle")?;
             s.set_nonblocking(true)?;
@@ -156,7 +171,6 @@ fn hold(args: &[String]) -> io::Result<()> {
         None => writeln!(out, "opened {}", conns.len())?,
     }
     out.flush()?;
-    let mut pongs = 0u64;
     loop {
         for c in conns.iter_mut().filter(|c| c.open) {
             pongs += c.serve();
@@ -164,7 +178,7 @@ fn hold(args: &[String]) -> io::Result<()> {
         if stop.load(Ordering::Acquire) {
             break;
         }
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(SERVE_EVERY);
     }
     let alive = conns.iter().filter(|c| c.open).count();
     writeln!(out, "alive {alive} pongs {pongs}")?;

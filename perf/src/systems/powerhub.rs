@@ -258,9 +258,10 @@ pub(crate) enum Flavor {
     /// Every push subscription with this slow-consumer policy and a queue of this many
     /// messages.
     Policy(Policy, usize),
-    /// Idle connections with the keepalive running: a ping every second; at least
-    /// [`IDLE_SHARDS`] shards.
-    Idle,
+    /// This many idle connections with the keepalive running: a ping every second; at least
+    /// [`IDLE_SHARDS`] shards, and enough of them to hold every connection as a direct
+    /// descriptor (see [`idle_shards`]).
+    Idle(usize),
 }
 
 impl Flavor {
@@ -268,7 +269,7 @@ impl Flavor {
         match self {
             Flavor::Throughput => "throughput",
             Flavor::Policy(p, _) => p.name(),
-            Flavor::Idle => "idle",
+            Flavor::Idle(_) => "idle",
         }
     }
 }
@@ -276,15 +277,39 @@ impl Flavor {
 /// Shards of a server for idle connections, at least.
 pub(crate) const IDLE_SHARDS: usize = 2;
 
+/// Keepalive pings a second an idle server is asked to answer at most (with their pongs, each a
+/// loopback TCP segment: about 25 µs of a CPU for the pair, most of it in the kernel).
+const IDLE_PINGS_PER_SEC: usize = 25_000;
+
+/// The keepalive interval of an idle server of `connections`: a ping a second on each, or fewer
+/// where that would pass [`IDLE_PINGS_PER_SEC`] (100 000 connections: one every 4 s), so that
+/// the machine that also runs the holders keeps up with the pings.
+pub(crate) fn idle_keepalive(connections: usize) -> Duration {
+    let ms = (connections * 1000).div_ceil(IDLE_PINGS_PER_SEC).max(1000);
+    Duration::from_millis(ms as u64)
+}
+
+/// Shards a server needs to keep `connections` as io_uring direct descriptors: each shard's
+/// table of them is at most the descriptor limit (see the engine's io_uring backend), less
+/// what the process keeps for its own files, and a server assigns new connections to its shards
+/// round-robin. At least [`IDLE_SHARDS`].
+pub(crate) fn idle_shards(connections: usize, nofile: u64) -> usize {
+    let per_shard = usize::try_from(nofile.saturating_sub(1024))
+        .unwrap_or(usize::MAX)
+        .max(1);
+    connections.div_ceil(per_shard).max(IDLE_SHARDS)
+}
+
 fn config_text(shards: usize, backend: &str, flavor: Flavor) -> String {
-    // Idle connections: at least two shards. With io_uring each shard's table of direct
-    // descriptors is as large as the descriptor limit (see the engine's io_uring backend), so
-    // two shards hold more connections than one process may open descriptors. The process
+    // Idle connections: enough shards that every connection is a direct descriptor on io_uring,
+    // so the server holds more connections than one process may open descriptors. The process
     // stays pinned to the one server CPU like every other server.
-    let shards = if matches!(flavor, Flavor::Idle) {
-        shards.max(IDLE_SHARDS)
-    } else {
-        shards
+    let (shards, max_connections) = match flavor {
+        Flavor::Idle(n) => (
+            shards.max(idle_shards(n, crate::procfs::nofile_hard())),
+            n.max(100_000),
+        ),
+        _ => (shards, 100_000),
     };
     let tuning = match flavor {
         Flavor::Throughput => "[subscriptions]\nmax_queue = 16384\n".to_owned(),
@@ -292,7 +317,10 @@ fn config_text(shards: usize, backend: &str, flavor: Flavor) -> String {
             "[subscriptions]\nslow_consumer = \"{}\"\nmax_queue = {queue}\n",
             p.name()
         ),
-        Flavor::Idle => "[outbox]\nkeepalive_interval_ms = 1000\n".to_owned(),
+        Flavor::Idle(n) => format!(
+            "[outbox]\nkeepalive_interval_ms = {}\n",
+            idle_keepalive(n).as_millis()
+        ),
     };
     format!(
         r#"# Written by powerhub-perf.
@@ -301,7 +329,7 @@ shards = {shards}
 backend = "{backend}"
 
 [limits]
-max_connections = 100000
+max_connections = {max_connections}
 # Screenshot frames of up to 2 MiB inside a publish command.
 max_message_bytes = 16777216
 
@@ -516,4 +544,32 @@ pub(crate) fn inproc_receivers(
         lost,
         secs,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{config_text, idle_keepalive, idle_shards, Flavor, IDLE_SHARDS};
+    use std::time::Duration;
+
+    #[test]
+    fn an_idle_server_has_a_direct_descriptor_table_for_every_connection() {
+        // 20 000 descriptors, 1 024 kept: 18 976 connections a shard.
+        assert_eq!(idle_shards(50_000, 20_000), 3);
+        assert_eq!(idle_shards(100_000, 20_000), 6);
+        assert_eq!(idle_shards(18_976, 20_000), IDLE_SHARDS);
+        assert_eq!(idle_shards(1, 1_000_000), IDLE_SHARDS);
+        assert_eq!(
+            idle_shards(10, 0),
+            10,
+            "no limit read: one connection a shard"
+        );
+        let text = config_text(1, "auto", Flavor::Idle(250_000));
+        assert!(text.contains("max_connections = 250000"), "{text}");
+        assert!(text.contains("keepalive_interval_ms = 10000"), "{text}");
+        assert_eq!(idle_keepalive(50_000), Duration::from_secs(2));
+        assert_eq!(idle_keepalive(100_000), Duration::from_secs(4));
+        assert_eq!(idle_keepalive(10_000), Duration::from_secs(1));
+        let text = config_text(4, "auto", Flavor::Throughput);
+        assert!(text.contains("shards = 4\n") && text.contains("max_connections = 100000"));
+    }
 }
