@@ -96,6 +96,28 @@ fn a_publish_without_an_id_gets_no_reply_but_its_error_does() {
     });
 }
 
+/// A stalled connection shows in the engine's `unsent_bytes` (docs/websocket.md): what it was
+/// given while its socket took nothing counts, not only what its last send carried.
+#[test]
+fn a_stalled_connections_backlog_shows_in_unsent_bytes() {
+    on_both_backends(|backend| {
+        let server = start(base_config(backend));
+        let mut stalled = Client::connect(server.addr);
+        stalled.subscribe("feed");
+        // 4 000 x 4 KiB: far more than the sockets hold, under the default max_outbox_bytes.
+        for seq in 0..4000 {
+            publish(&server.engine, "feed", seq, 4096);
+        }
+        eventually("the backlog counted in unsent_bytes", || {
+            server.engine.stats().unsent_bytes >= 8 << 20
+        });
+        drop(stalled);
+        eventually("the counter back at 0 once the connection is gone", || {
+            server.engine.stats().unsent_bytes == 0
+        });
+    });
+}
+
 /// A push subscription's only queue is its connection's outbox: a reader that never reads
 /// loses nothing silently (every message here is lossless under the push-stream spec); its
 /// memory is bounded by `limits.max_outbox_bytes`, past which it is closed with an error naming

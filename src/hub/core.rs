@@ -1397,15 +1397,28 @@ impl Inner {
         self.counters.disconnected.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The members of every tap, topic by topic.
-    fn tap_members(&self) -> Vec<(Arc<str>, TapMember)> {
+    /// The members of every tap, topic by topic; of `topic`'s taps only, if given.
+    fn tap_members(&self, topic: Option<&str>) -> Vec<(Arc<str>, TapMember)> {
         let topics = self.topics.read();
         let mut out = Vec::new();
         let mut scratch = Vec::new();
-        for (name, t) in topics.iter() {
+        let mut take = |name: &Arc<str>, t: &Topic| {
             for tap in &t.taps {
                 tap.members(&mut scratch);
                 out.extend(scratch.drain(..).map(|m| (Arc::clone(name), m)));
+            }
+        };
+        match topic {
+            // One topic's presence costs its own members, not the server's.
+            Some(want) => {
+                if let Some((name, t)) = topics.get_key_value(want) {
+                    take(name, t);
+                }
+            }
+            None => {
+                for (name, t) in topics.iter() {
+                    take(name, t);
+                }
             }
         }
         out
@@ -2481,7 +2494,7 @@ impl Inner {
             (subs, ended)
         };
         subs.sort_by_key(|s| (Reverse(s.priority), s.order));
-        let taps = self.tap_members();
+        let taps = self.tap_members(None);
         let topics = self.topics.read().len();
         // No count moves from an estimate to a counter while they are read (see `StatsGate`).
         let reading = self.gate.reading();
@@ -2548,27 +2561,27 @@ impl Inner {
     }
 
     pub(crate) fn presence(&self, topic: Option<&str>) -> Vec<Presence> {
-        let mut subs: Vec<Arc<Sub>> = self.ids.lock().values().cloned().collect();
+        let mut subs: Vec<Arc<Sub>> = self
+            .ids
+            .lock()
+            .values()
+            .filter(|s| topic.is_none_or(|t| s.sref.topic() == t))
+            .cloned()
+            .collect();
         subs.sort_by_key(|s| s.order);
         let mut out: Vec<Presence> = subs
             .iter()
-            .filter(|s| topic.is_none_or(|t| s.sref.topic() == t))
             .map(|s| Presence {
                 id: s.sref.id().to_owned(),
                 topic: s.sref.topic().to_owned(),
                 transport: s.sref.transport_any().cloned(),
             })
             .collect();
-        out.extend(
-            self.tap_members()
-                .into_iter()
-                .filter(|(t, _)| topic.is_none_or(|want| &**t == want))
-                .map(|(t, m)| Presence {
-                    id: m.id.to_string(),
-                    topic: t.to_string(),
-                    transport: Some(m.transport),
-                }),
-        );
+        out.extend(self.tap_members(topic).into_iter().map(|(t, m)| Presence {
+            id: m.id.to_string(),
+            topic: t.to_string(),
+            transport: Some(m.transport),
+        }));
         out
     }
 }

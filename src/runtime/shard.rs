@@ -315,11 +315,13 @@ impl Conn {
     /// Frees what an idle connection keeps for its next write or read (queue capacities,
     /// framing scratch, an empty input buffer), once no send started for a whole [`TICK`]:
     /// a busy connection keeps them, an idle one costs only its state.
-    fn shrink_if_idle(&mut self) {
+    /// Returns whether the connection was not idle (so was left as it is).
+    fn shrink_if_idle(&mut self) -> bool {
         if std::mem::take(&mut self.sent_recently) || self.send.is_some() {
-            return;
+            return true;
         }
         self.push.shrink_idle();
+        false
     }
 
     fn sync_backlog(&mut self, counters: &Counters) -> usize {
@@ -431,12 +433,6 @@ fn millis(epoch: Instant, t: Instant) -> u64 {
     t.saturating_duration_since(epoch).as_millis() as u64
 }
 
-/// The live connection `key` names, if it is still the slot's tenant.
-fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
-    let c = slots.get_mut(key.index as usize)?.as_deref_mut()?;
-    (c.key.generation == key.generation).then_some(c)
-}
-
 /// Delivers one batch's `lines` to the topic's [`LocalSub::repeated`] subscriptions: for each
 /// connection with several subscriptions to the topic, message by message, each message to
 /// every one of them in subscription order before the next message (as the connection's FIFO
@@ -444,7 +440,7 @@ fn conn_in(slots: &mut [Option<Box<Conn>>], key: ConnKey) -> Option<&mut Conn> {
 /// whole batch ahead of the second's copies. Each line is a slice of the shared batch (no
 /// copy). Returns the (subscription, batch) deliveries made.
 fn deliver_interleaved(
-    slots: &mut [Option<Box<Conn>>],
+    slots: &mut Slots,
     dirty: &mut Vec<Token>,
     topic: &LocalTopic,
     lines: &Bytes,
@@ -457,7 +453,7 @@ fn deliver_interleaved(
     let parts: Vec<Bytes> = crate::outbox::whole_lines(lines).collect();
     let mut deliveries = 0;
     for group in subs.chunk_by(|a, b| a.conn == b.conn) {
-        let Some(c) = conn_in(slots, group[0].conn) else {
+        let Some(c) = slots.get_key(group[0].conn) else {
             continue;
         };
         if c.state != State::Open {
@@ -550,9 +546,67 @@ impl PublishRun {
     }
 }
 
-/// The connection in slot `token`, if the slot is occupied.
-fn slot_mut(slots: &mut [Option<Box<Conn>>], token: Token) -> Option<&mut Conn> {
-    slots.get_mut(token as usize)?.as_deref_mut()
+/// How often [`Shard::tick`] looks at a connection with a wall-clock expiry (a token's `exp`, a
+/// client certificate's `notAfter`) before it is due: what bounds how late the expiry is seen
+/// after the system clock jumps forward.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// A shard's connections by token, with when each is next due for [`Shard::tick`].
+///
+/// An idle connection costs the shard nothing between its deadlines: a tick looks only at the
+/// connections whose `due` time has come (a scan of 8 bytes a connection), not at every
+/// connection's state. `due` is reset whenever a connection is reached mutably
+/// ([`get_mut`](Self::get_mut), which every change to a connection goes through), so a change
+/// that brings a deadline forward (a stall, held input, a close begun) is looked at by the
+/// next tick; the tick then sets it to the connection's next deadline (a keepalive ping at the
+/// latest, where keepalive runs), at most [`RECHECK`] ahead for a wall-clock expiry.
+#[derive(Default)]
+struct Slots {
+    conns: Vec<Option<Box<Conn>>>,
+    /// Per token: the tick time (milliseconds since the shard's epoch) before which the
+    /// connection has nothing due; 0 for "at the next tick".
+    due: Vec<u64>,
+}
+
+impl Slots {
+    /// Appends an empty slot; returns its token.
+    fn push_empty(&mut self) -> Token {
+        self.conns.push(None);
+        self.due.push(0);
+        (self.conns.len() - 1) as Token
+    }
+
+    fn put(&mut self, token: Token, conn: Box<Conn>) {
+        self.conns[token as usize] = Some(conn);
+        self.due[token as usize] = 0;
+    }
+
+    fn take(&mut self, token: Token) -> Option<Box<Conn>> {
+        self.conns.get_mut(token as usize)?.take()
+    }
+
+    /// The connection in slot `token`, if the slot is occupied.
+    fn get(&self, token: Token) -> Option<&Conn> {
+        self.conns.get(token as usize)?.as_deref()
+    }
+
+    /// The connection in slot `token`, if the slot is occupied, due at the next tick.
+    fn get_mut(&mut self, token: Token) -> Option<&mut Conn> {
+        let c = self.conns.get_mut(token as usize)?.as_deref_mut()?;
+        self.due[token as usize] = 0;
+        Some(c)
+    }
+
+    /// The live connection `key` names, if it is still the slot's tenant (due at the next
+    /// tick).
+    fn get_key(&mut self, key: ConnKey) -> Option<&mut Conn> {
+        let c = self.get_mut(key.index)?;
+        (c.key.generation == key.generation).then_some(c)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Conn> {
+        self.conns.iter().flatten().map(|c| &**c)
+    }
 }
 
 /// Where a connection's handling panicked (see `Shard::fail`).
@@ -578,7 +632,7 @@ pub(crate) struct Shard<B: Backend> {
     handle: Arc<ShardHandle>,
     shared: Arc<Shared>,
     backend: B,
-    slots: Vec<Option<Box<Conn>>>,
+    slots: Slots,
     generations: Vec<u32>,
     /// Free tokens, the lowest taken first: tokens stay compact, so that on io_uring a new
     /// connection gets a slot of the ring's table of direct descriptors (which covers the low
@@ -639,7 +693,7 @@ impl<B: Backend> Shard<B> {
             handle,
             shared,
             backend,
-            slots: Vec::new(),
+            slots: Slots::default(),
             generations: Vec::new(),
             free: BinaryHeap::new(),
             dirty: Vec::new(),
@@ -709,7 +763,7 @@ impl<B: Backend> Shard<B> {
             }
             self.pass_sends = 0;
             self.pass_bytes = 0;
-            if self.finishing && self.slots.iter().all(Option::is_none) {
+            if self.finishing && self.slots.iter().next().is_none() {
                 break;
             }
             let now = Instant::now();
@@ -770,7 +824,7 @@ impl<B: Backend> Shard<B> {
                     // peer's close no longer than one closed now does.
                     let linger_until = millis(self.epoch, now + SHUTDOWN_LINGER);
                     for t in tokens {
-                        if let Some(c) = slot_mut(&mut self.slots, t) {
+                        if let Some(c) = self.slots.get_mut(t) {
                             if let State::Lingering(until) = c.state {
                                 c.state = State::Lingering(until.min(linger_until));
                             }
@@ -784,12 +838,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn live_tokens(&self) -> Vec<Token> {
-        self.slots
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.is_some())
-            .map(|(i, _)| i as Token)
-            .collect()
+        self.slots.iter().map(|c| c.key.index).collect()
     }
 
     fn close_listeners(&mut self) {
@@ -867,9 +916,8 @@ impl<B: Backend> Shard<B> {
         let index = match self.free.pop() {
             Some(Reverse(i)) => i,
             None => {
-                self.slots.push(None);
                 self.generations.push(0);
-                (self.slots.len() - 1) as u32
+                self.slots.push_empty()
             }
         };
         let key = ConnKey {
@@ -897,16 +945,13 @@ impl<B: Backend> Shard<B> {
             counted: !over_limit,
         });
         let max = shared.config.limits.max_connections;
-        self.slots[index as usize] = Some(conn);
+        self.slots.put(index, conn);
         self.handle.conns.fetch_add(1, Ordering::Relaxed);
         if over_limit {
             let msg =
                 format!("the server holds its maximum of max_connections = {max} connections");
             self.close_with(index, Ending::limit("max_connections", msg));
-            if self.slots[index as usize]
-                .as_ref()
-                .is_some_and(|c| c.tls.is_some())
-            {
+            if self.slots.get(index).is_some_and(|c| c.tls.is_some()) {
                 // The error goes through TLS once the handshake is done: read it.
                 self.arm_recv(index);
             }
@@ -923,7 +968,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn arm_recv(&mut self, token: Token) {
-        let Some(c) = self.slots[token as usize].as_deref_mut() else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.recv_inflight || matches!(c.state, State::Dead) {
@@ -1027,7 +1072,7 @@ impl<B: Backend> Shard<B> {
 
     /// A receive finished with `n` bytes in lent buffer `buf` (given back by the caller).
     fn on_recv(&mut self, token: Token, result: io::Result<(usize, Option<sys::BufId>)>) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         c.recv_inflight = false;
@@ -1139,14 +1184,14 @@ impl<B: Backend> Shard<B> {
                 if tls_ended {
                     self.on_peer_end(token);
                 }
-                if let Some(c) = slot_mut(&mut self.slots, token) {
+                if let Some(c) = self.slots.get_mut(token) {
                     // Input is quiet from when it was handled: handling a large receive can take
                     // longer than a shutdown's quiet period.
                     c.push.touch_input(Instant::now());
                 }
                 // Input left waiting for the output to drain: nothing more is read until it
                 // is handled (`resume_input`), so TCP holds the client back.
-                if self.slots[token as usize].as_ref().is_some_and(|c| {
+                if self.slots.get(token).is_some_and(|c| {
                     matches!(c.state, State::Open | State::Closing(_)) && !c.push.input_waiting()
                 }) {
                     self.arm_recv(token);
@@ -1174,7 +1219,7 @@ impl<B: Backend> Shard<B> {
                 return;
             }
         }
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.push.input_waiting() {
@@ -1193,7 +1238,7 @@ impl<B: Backend> Shard<B> {
     /// then the connection reads again, or, when the peer had ended its stream, closes as the
     /// peer did.
     fn resume_input(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         // Once the shutdown's reading is over, held input stays unhandled too: another shard
@@ -1212,7 +1257,7 @@ impl<B: Backend> Shard<B> {
             self.fail(token, &*panic, Stage::Input);
             return;
         }
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         c.push.touch_input(Instant::now());
@@ -1257,7 +1302,7 @@ impl<B: Backend> Shard<B> {
     fn after_input(&mut self, token: Token, end: bool) {
         let now = Instant::now();
         let wall = SystemTime::now();
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.state != State::Open {
@@ -1273,7 +1318,7 @@ impl<B: Backend> Shard<B> {
     /// or waits for the output to drain.
     fn run_input(&mut self, token: Token, now: Instant, wall: SystemTime) {
         loop {
-            let Some(c) = slot_mut(&mut self.slots, token) else {
+            let Some(c) = self.slots.get_mut(token) else {
                 self.publish_run.flush(&self.shared.hub);
                 return;
             };
@@ -1345,7 +1390,7 @@ impl<B: Backend> Shard<B> {
         now: Instant,
     ) {
         self.fan_out_listed(now);
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         // Another subscription of this connection to the topic (its session lists its own).
@@ -1379,7 +1424,7 @@ impl<B: Backend> Shard<B> {
     /// coalescible frames and queues the acknowledgement).
     fn unsubscribe(&mut self, token: Token, subscription_id: Arc<str>, topic: &str, now: Instant) {
         self.fan_out_listed(now);
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         self.fanout.unsubscribe(topic, c.key, &subscription_id);
@@ -1390,7 +1435,7 @@ impl<B: Backend> Shard<B> {
     /// error counts go to the shard's counters; a close it decided starts closing the socket
     /// (its subscriptions leave the fan-out); an abort closes it now.
     fn settle(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         let (limit_errors, protocol_errors) = c.push.take_errors();
@@ -1501,7 +1546,7 @@ impl<B: Backend> Shard<B> {
                     // Below, with its connection's other subscriptions to the topic.
                     continue;
                 }
-                let Some(c) = conn_in(&mut self.slots, sub.conn) else {
+                let Some(c) = self.slots.get_key(sub.conn) else {
                     continue;
                 };
                 if c.state != State::Open {
@@ -1556,7 +1601,7 @@ impl<B: Backend> Shard<B> {
             .collect();
         self.fanout.remove_topic(slot);
         for (key, sub) in ended {
-            if let Some(c) = conn_in(&mut self.slots, key).filter(|c| c.state == State::Open) {
+            if let Some(c) = self.slots.get_key(key).filter(|c| c.state == State::Open) {
                 c.push.subscription_ended(&sub, now);
                 self.settle(key.index);
             }
@@ -1570,7 +1615,7 @@ impl<B: Backend> Shard<B> {
         dirty.sort_unstable();
         dirty.dedup();
         for &token in &dirty {
-            let Some(c) = slot_mut(&mut self.slots, token) else {
+            let Some(c) = self.slots.get_mut(token) else {
                 continue;
             };
             if c.state == State::Open {
@@ -1594,7 +1639,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn start_send(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.send.is_some()
@@ -1617,7 +1662,7 @@ impl<B: Backend> Shard<B> {
     /// The plaintext of the connection's next write, as a send (see
     /// [`PushConnection::poll_transmit`]); `None` when there is nothing to write.
     fn gather(&mut self, token: Token) -> Option<Box<SendState>> {
-        let c = slot_mut(&mut self.slots, token)?;
+        let c = self.slots.get_mut(token)?;
         let mut s = self.spare_sends.pop().unwrap_or_else(SendState::new);
         match c.push.poll_transmit(&mut s.chunks, MAX_IOV, Instant::now()) {
             Some(transmit) => {
@@ -1635,7 +1680,7 @@ impl<B: Backend> Shard<B> {
     /// Nothing is left to write: a closing connection's protocol close message goes last (then
     /// TLS's `close_notify`), then the close.
     fn nothing_to_send(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         // The push connection's close message went with its last bytes (`poll_transmit`).
@@ -1673,7 +1718,7 @@ impl<B: Backend> Shard<B> {
     /// A TLS connection's next write: the ciphertext still pending, else what [`Shard::gather`]
     /// offers, encrypted (as much as rustls takes: the rest stays under the outbox's rules).
     fn start_send_tls(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         let Some(tls) = c.tls.as_deref() else {
@@ -1682,7 +1727,7 @@ impl<B: Backend> Shard<B> {
         if tls.pending.is_empty() && !tls.failed && !tls.is_handshaking() {
             if let Some(plain) = self.gather(token) {
                 let now = Instant::now();
-                let Some(c) = slot_mut(&mut self.slots, token) else {
+                let Some(c) = self.slots.get_mut(token) else {
                     return;
                 };
                 let Some(tls) = c.tls.as_deref_mut() else {
@@ -1695,7 +1740,7 @@ impl<B: Backend> Shard<B> {
                 self.recycle_send(plain);
             }
         }
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         c.sync_backlog(self.shared.counters_of(self.handle.index));
@@ -1716,7 +1761,7 @@ impl<B: Backend> Shard<B> {
 
     /// Hands `s` to the kernel as the connection's send in flight.
     fn submit_send(&mut self, token: Token, mut s: Box<SendState>) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             self.recycle_send(s);
             return;
         };
@@ -1762,7 +1807,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn on_send(&mut self, token: Token, result: io::Result<usize>) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         let Some(send) = c.send.take() else {
@@ -1770,7 +1815,7 @@ impl<B: Backend> Shard<B> {
         };
         let (transmit, send_tls) = (send.transmit, send.tls);
         self.recycle_send(send);
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.state == State::Dead {
@@ -1828,7 +1873,7 @@ impl<B: Backend> Shard<B> {
     }
 
     fn on_writable(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         c.poll_inflight = false;
@@ -1843,7 +1888,7 @@ impl<B: Backend> Shard<B> {
     /// Closes for `ending`, saying it in the connection's protocol (see
     /// [`PushConnection`]'s close), then closes the socket once that is written.
     fn close_with(&mut self, token: Token, ending: Ending) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.state != State::Open {
@@ -1855,7 +1900,7 @@ impl<B: Backend> Shard<B> {
 
     /// Closes at once for `ending` (unless an ending was decided before), saying nothing.
     fn abort_with(&mut self, token: Token, ending: Ending) {
-        if let Some(c) = slot_mut(&mut self.slots, token) {
+        if let Some(c) = self.slots.get_mut(token) {
             c.push.abort(ending);
         }
         self.abort(token);
@@ -1863,7 +1908,7 @@ impl<B: Backend> Shard<B> {
 
     /// Graceful close: stop taking commands and deliveries, write what is queued, then shut down.
     fn begin_close(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.state != State::Open {
@@ -1881,7 +1926,7 @@ impl<B: Backend> Shard<B> {
     /// Everything is written: shut the sending side down and linger for the peer's close, or
     /// close at once when the peer has closed already.
     fn finish_close(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.peer_eof && !c.recv_inflight {
@@ -1905,7 +1950,7 @@ impl<B: Backend> Shard<B> {
 
     /// Ends the connection's push subscriptions (nothing more is delivered to it).
     fn release_session(&mut self, token: Token) {
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         for (id, info) in c.push.take_subscriptions() {
@@ -1916,7 +1961,7 @@ impl<B: Backend> Shard<B> {
     /// Closes at once: no more writes.
     fn abort(&mut self, token: Token) {
         self.release_session(token);
-        let Some(c) = slot_mut(&mut self.slots, token) else {
+        let Some(c) = self.slots.get_mut(token) else {
             return;
         };
         if c.state == State::Dead {
@@ -1933,13 +1978,13 @@ impl<B: Backend> Shard<B> {
     /// Frees a dead connection's slot once no operation on it is in flight.
     fn free_if_idle(&mut self, token: Token) {
         let idx = token as usize;
-        let Some(c) = self.slots[idx].as_deref() else {
+        let Some(c) = self.slots.get(token) else {
             return;
         };
         if c.state != State::Dead || c.recv_inflight || c.send.is_some() || c.poll_inflight {
             return;
         }
-        let c = self.slots[idx].take().expect("checked above");
+        let c = self.slots.take(token).expect("checked above");
         self.freed_output += c.push.output_memory() + c.push.input_memory();
         self.backend.remove_conn(token); // closes the socket
         self.generations[idx] = self.generations[idx].wrapping_add(1);
@@ -2007,7 +2052,7 @@ impl<B: Backend> Shard<B> {
             // Input held back by its connection's output (see `PushConnection::input_waiting`)
             // is not quiet: the peer sent it, and its socket holds more that the shard reads
             // once the peer has read its replies, however long that takes within the budget.
-            let quiet = self.slots.iter().flatten().all(|c| {
+            let quiet = self.slots.iter().all(|c| {
                 c.state != State::Open
                     || (!c.push.input_waiting()
                         && now.saturating_duration_since(c.push.last_input()) >= DRAIN_QUIET)
@@ -2019,12 +2064,29 @@ impl<B: Backend> Shard<B> {
         }
         let mut due = Vec::new();
         let mut to_abort = Vec::new();
-        for (i, slot) in self.slots.iter_mut().enumerate() {
+        // During a shutdown every connection is looked at: its deadline is the shutdown's.
+        let every = self.drain_deadline.is_some();
+        let tick_ms = TICK.as_millis() as u64;
+        let recheck = now_ms + RECHECK.as_millis() as u64;
+        let counters = self.shared.counters_of(self.handle.index);
+        let Slots { conns, due: due_at } = &mut self.slots;
+        for (i, (slot, due_at)) in conns.iter_mut().zip(due_at.iter_mut()).enumerate() {
+            if !every && *due_at > now_ms {
+                continue;
+            }
             let Some(c) = slot.as_deref_mut() else {
                 continue;
             };
             let token = i as Token;
-            c.shrink_if_idle();
+            // What a paused connection was given since its send began (its sends sync the
+            // counter, and a stalled one sends nothing) shows in `unsent_bytes` within a tick.
+            c.sync_backlog(counters);
+            // A connection that sent since the last tick is looked at again at the next.
+            let mut next = if c.shrink_if_idle() {
+                now_ms + tick_ms
+            } else {
+                u64::MAX
+            };
             match c.state {
                 // Whatever the ending was, it could not be written in time.
                 State::Lingering(deadline) | State::Closing(deadline) if now_ms >= deadline => {
@@ -2054,6 +2116,21 @@ impl<B: Backend> Shard<B> {
                 }
                 _ => {}
             }
+            // When the connection is due next (what handles it before then resets it).
+            match c.state {
+                State::Lingering(deadline) | State::Closing(deadline) => next = next.min(deadline),
+                State::Open => {
+                    if let Some(t) = c.push.poll_timeout() {
+                        next = next.min(millis(self.epoch, t));
+                    }
+                    if let Some(at) = c.push.expires_at() {
+                        let left = at.duration_since(wall).map_or(0, |d| d.as_millis() as u64);
+                        next = next.min(now_ms.saturating_add(left)).min(recheck);
+                    }
+                }
+                State::Dead => {}
+            }
+            *due_at = next;
         }
         for t in due {
             // A keepalive ping to write, or a close to begin; or input held for a peer that
