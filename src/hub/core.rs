@@ -1510,12 +1510,12 @@ impl Inner {
         if sub.closed.load(Ordering::Acquire) {
             return;
         }
-        match sub.queue.offer(Arc::clone(entry)) {
+        // The queue counts what it evicts in `sub.dropped` itself (see `Queue::offer`).
+        match sub.queue.offer(Arc::clone(entry), &sub.dropped) {
             Offer::Queued { evicted } => {
                 *queued += 1;
                 if evicted > 0 {
                     sub.removed.fetch_add(evicted as u64, Ordering::Relaxed);
-                    sub.dropped.fetch_add(evicted as u64, Ordering::Relaxed);
                     self.counters
                         .dropped
                         .fetch_add(evicted as u64, Ordering::Relaxed);

@@ -447,13 +447,26 @@ impl Queue {
         }
     }
 
-    /// Offers `entry` under the policy.
-    pub(crate) fn offer(&self, entry: Arc<Entry>) -> Offer {
+    /// Offers `entry` under the policy. Older entries evicted to make room (the result's
+    /// `evicted`) are added to `dropped`, the subscriber's drop count, before a consumer can
+    /// pop what follows them: under the queue's lock where it has one, so that a consumer
+    /// that pops the entry after a gap reads a count that includes the gap (a receiver reports
+    /// the loss before that entry, see the receiver's `Handed`).
+    pub(crate) fn offer(&self, entry: Arc<Entry>, dropped: &AtomicU64) -> Offer {
+        // Relaxed: the count is ordered with the pop by the queue's lock (a consumer takes it
+        // after this offer let go of it), or, for the ring, read after the pop of the entry
+        // offered with the eviction at best effort.
+        let count = |n: usize| {
+            if n > 0 {
+                dropped.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        };
         match &self.store {
             Store::Cursor(c) => {
                 let mut st = c.lock();
                 st.prefix.push_back(entry);
                 let evicted = st.normalize(c.log.head(), self.capacity);
+                count(evicted);
                 Offer::Queued { evicted }
             }
             Store::Zero => match self.policy {
@@ -465,7 +478,10 @@ impl Queue {
                 let ring = ring.get_or_init(|| Box::new(Ring::new(self.capacity)));
                 match self.policy {
                     SlowConsumer::DropOldest => match ring.force_push(entry) {
-                        Some(_evicted) => Offer::Queued { evicted: 1 },
+                        Some(_evicted) => {
+                            count(1);
+                            Offer::Queued { evicted: 1 }
+                        }
                         None => Offer::Queued { evicted: 0 },
                     },
                     SlowConsumer::DropNewest => match ring.push(entry) {
@@ -493,6 +509,7 @@ impl Queue {
                     }
                 }
                 map.insert((Reverse(entry.priority), entry.seq), entry);
+                count(evicted);
                 Offer::Queued { evicted }
             }
         }
@@ -631,6 +648,7 @@ mod tests {
     fn fifo_queue_allocates_its_ring_on_first_offer() {
         for policy in [SlowConsumer::DropNewest, SlowConsumer::Disconnect] {
             let q = Queue::new(2, policy, false);
+            let dropped = AtomicU64::new(0);
             assert!(!ring_allocated(&q));
             // Reading an untouched queue allocates nothing.
             assert_eq!(q.len(), 0);
@@ -640,17 +658,39 @@ mod tests {
             assert!(out.is_empty());
             assert!(!ring_allocated(&q));
 
-            assert_eq!(q.offer(entry(1)), Offer::Queued { evicted: 0 });
+            assert_eq!(q.offer(entry(1), &dropped), Offer::Queued { evicted: 0 });
             assert!(ring_allocated(&q));
-            assert_eq!(q.offer(entry(2)), Offer::Queued { evicted: 0 });
+            assert_eq!(q.offer(entry(2), &dropped), Offer::Queued { evicted: 0 });
             let full = if policy == SlowConsumer::DropNewest {
                 Offer::Dropped
             } else {
                 Offer::Disconnect
             };
-            assert_eq!(q.offer(entry(3)), full);
+            assert_eq!(q.offer(entry(3), &dropped), full);
             q.pop_into(8, &mut out);
             assert_eq!(out.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+        }
+    }
+
+    /// A priority queue full under drop-oldest evicts the entry furthest from delivery, and
+    /// counts it before it lets go of its lock: a consumer that pops the entry after the gap
+    /// reads a drop count that includes it.
+    #[test]
+    fn an_eviction_is_counted_by_the_offer_that_makes_it() {
+        for priority in [false, true] {
+            let q = Queue::new(2, SlowConsumer::DropOldest, priority);
+            let dropped = AtomicU64::new(0);
+            for seq in 1..=3 {
+                q.offer(entry(seq), &dropped);
+            }
+            assert_eq!(
+                dropped.load(Ordering::Relaxed),
+                1,
+                "priority queue: {priority}"
+            );
+            let mut out = Vec::new();
+            q.pop_into(8, &mut out);
+            assert_eq!(out.len(), 2);
         }
     }
 
