@@ -160,7 +160,8 @@ fn hold(args: &[String]) -> io::Result<()> {
         match r {
             Ok(c) => conns.push(c),
             Err(e) => {
-                err = Some(format!("connection {i}: {e}"));
+                // One line on stdout: what a refusal quotes may hold several.
+                err = Some(format!("connection {i}: {e}").replace('\n', " | "));
                 break;
             }
         }

@@ -1126,7 +1126,9 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         } else {
             ctx.idle_hold
         };
+        let cpu_before = procfs::cpu_seconds(t.pid)?;
         std::thread::sleep(hold);
+        let hold_cpu = (procfs::cpu_seconds(t.pid)? - cpu_before) / hold.as_secs_f64();
         let after = procfs::rss_kib(t.pid)?;
         let held = holders.stop()?;
         let alive = held.alive;
@@ -1150,12 +1152,13 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
             peak_rss_kib: Some(peak),
             mem_per_conn: Some(per),
             note: format!(
-                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s, {} keepalive pings answered{}",
+                "{:.2} KiB of server RSS per connection ({:.1} → {:.1} MiB{}); opened in {open_secs:.1} s, held {:.0} s at {:.0} % of a CPU, {} keepalive pings answered{}",
                 per / 1024.0,
                 base as f64 / 1024.0,
                 after as f64 / 1024.0,
                 if after < base { ": RSS fell, memory freed by the runtime meanwhile" } else { "" },
                 hold.as_secs_f64(),
+                hold_cpu * 100.0,
                 held.pongs,
                 err.map_or(String::new(), |e| format!("; stopped: {e}"))
             ),

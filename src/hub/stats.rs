@@ -15,9 +15,11 @@ pub struct Stats {
     /// Publications (a retained replay is not one).
     pub published: u64,
     /// Messages offered to transports (sent in a batch, whatever the send's outcome), and
-    /// messages receivers received (each counted by its receive). A message waiting for a
-    /// drop-oldest [`Receiver`](crate::hub::Receiver), which reads its topic's log itself, is
-    /// not counted until it is received: it is in that receiver's `queued`.
+    /// messages receivers received. A drop-oldest [`Receiver`](crate::hub::Receiver) reads its
+    /// topic's log itself: each message counts at its receive, and waits in that receiver's
+    /// `queued` until then. A drop-newest, disconnect or priority receiver is handed its
+    /// messages as a transport is, a batch (at most `max_batch`) at a time: a batch counts when
+    /// it is handed over, and leaves `queued` then, before its consumer receives it.
     pub delivered: u64,
     /// Messages lost: evicted or refused by a policy, discarded on disconnect, or in a batch
     /// that could not be encoded. A counter to alert on: it never goes back.
@@ -43,7 +45,9 @@ pub struct SubscriberStats {
     pub id: String,
     /// Its topic.
     pub topic: String,
-    /// Messages waiting in its queue.
+    /// Messages waiting in its queue. A drop-newest, disconnect or priority receiver may also
+    /// hold one batch handed over to it and not yet received (see [`Stats::delivered`]), which
+    /// this does not count.
     pub queued: usize,
     /// Messages it lost.
     pub dropped: u64,
