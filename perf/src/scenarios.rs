@@ -1090,8 +1090,15 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         }
         // powerhub: a server of its own with a one-second keepalive, so that pings and pongs
         // run on every connection during the hold.
+        // Sized for the connections it will be given: all of them on io_uring (direct
+        // descriptors), at most the descriptor limit less 1 024 on epoll.
+        let asked = if t.kind == SystemKind::PowerhubEpoll {
+            ctx.idle_target.min(cap)
+        } else {
+            ctx.idle_target
+        };
         let dedicated = match (t.kind.is_powerhub(), &ctx.launcher) {
-            (true, Some(l)) => Some(l.start(t.kind, Flavor::Idle(ctx.idle_target))?),
+            (true, Some(l)) => Some(l.start(t.kind, Flavor::Idle(asked))?),
             _ => None,
         };
         let t = dedicated.as_ref().unwrap_or(t);
@@ -1122,7 +1129,7 @@ fn idle(ctx: &Ctx) -> io::Result<Scenario> {
         // keepalive intervals of a powerhub server of its own.
         let hold = if dedicated.is_some() {
             ctx.idle_hold
-                .max(2 * crate::systems::powerhub::idle_keepalive(k))
+                .max(2 * crate::systems::powerhub::idle_keepalive(asked))
         } else {
             ctx.idle_hold
         };

@@ -292,13 +292,21 @@ pub(crate) fn idle_keepalive(connections: usize) -> Duration {
 /// Shards a server needs to keep `connections` as io_uring direct descriptors: each shard's
 /// table of them is at most the descriptor limit (see the engine's io_uring backend), less
 /// what the process keeps for its own files, and a server assigns new connections to its shards
-/// round-robin. At least [`IDLE_SHARDS`].
+/// round-robin. At least [`IDLE_SHARDS`], at most [`MAX_IDLE_SHARDS`]; [`IDLE_SHARDS`] where
+/// the limit leaves a shard fewer than 1 024 connections (or could not be read), as a server
+/// that keeps them as ordinary descriptors gets.
 pub(crate) fn idle_shards(connections: usize, nofile: u64) -> usize {
-    let per_shard = usize::try_from(nofile.saturating_sub(1024))
-        .unwrap_or(usize::MAX)
-        .max(1);
-    connections.div_ceil(per_shard).max(IDLE_SHARDS)
+    let per_shard = usize::try_from(nofile.saturating_sub(1024)).unwrap_or(usize::MAX);
+    if per_shard < 1024 {
+        return IDLE_SHARDS;
+    }
+    connections
+        .div_ceil(per_shard)
+        .clamp(IDLE_SHARDS, MAX_IDLE_SHARDS)
 }
+
+/// The most shards an idle server is given (1 200 000 connections under a limit of 20 000).
+const MAX_IDLE_SHARDS: usize = 64;
 
 fn config_text(shards: usize, backend: &str, flavor: Flavor) -> String {
     // Idle connections: enough shards that every connection is a direct descriptor on io_uring,
@@ -558,11 +566,15 @@ mod tests {
         assert_eq!(idle_shards(100_000, 20_000), 6);
         assert_eq!(idle_shards(18_976, 20_000), IDLE_SHARDS);
         assert_eq!(idle_shards(1, 1_000_000), IDLE_SHARDS);
+        assert_eq!(idle_shards(10, 0), IDLE_SHARDS, "no limit read");
         assert_eq!(
-            idle_shards(10, 0),
-            10,
-            "no limit read: one connection a shard"
+            idle_shards(50_000, 1024),
+            IDLE_SHARDS,
+            "a limit that leaves no room"
         );
+        assert_eq!(idle_shards(50_000, 2047), IDLE_SHARDS);
+        assert_eq!(idle_shards(50_000, 2048), 49);
+        assert_eq!(idle_shards(10_000_000, 20_000), 64, "at most 64");
         let text = config_text(1, "auto", Flavor::Idle(250_000));
         assert!(text.contains("max_connections = 250000"), "{text}");
         assert!(text.contains("keepalive_interval_ms = 10000"), "{text}");
