@@ -2087,22 +2087,22 @@ impl<B: Backend> Shard<B> {
             } else {
                 u64::MAX
             };
+            let (timeout, expires) = (c.push.poll_timeout(), c.push.expires_at());
             match c.state {
                 // Whatever the ending was, it could not be written in time.
                 State::Lingering(deadline) | State::Closing(deadline) if now_ms >= deadline => {
-                    to_abort.push((token, Ending::unsaid("close_timeout", String::new())))
+                    to_abort.push((token, Ending::unsaid("close_timeout", String::new())));
+                    next = 0;
                 }
                 // A connection closed before the shutdown (at `max_connections`, say) lingers
                 // for its peer no longer than the shutdown's deadline.
-                State::Lingering(_) | State::Closing(_) if drain_due => {
-                    to_abort.push((token, Ending::unsaid("shutdown_timeout_ms", String::new())))
-                }
-                State::Open if drain_due => {
-                    to_abort.push((token, Ending::unsaid("shutdown_timeout_ms", String::new())))
+                State::Lingering(_) | State::Closing(_) | State::Open if drain_due => {
+                    to_abort.push((token, Ending::unsaid("shutdown_timeout_ms", String::new())));
+                    next = 0;
                 }
                 State::Open
-                    if c.push.poll_timeout().is_some_and(|t| t <= now)
-                        || c.push.expires_at().is_some_and(|at| wall >= at) =>
+                    if timeout.is_some_and(|t| t <= now)
+                        || expires.is_some_and(|at| wall >= at) =>
                 {
                     if c.poll_inflight && c.push.probe_writable(now) {
                         // A deadline for a peer that may not read (a held input, output past
@@ -2113,17 +2113,15 @@ impl<B: Backend> Shard<B> {
                     }
                     c.push.handle_timeout(now, wall);
                     due.push(token);
+                    next = 0;
                 }
-                _ => {}
-            }
-            // When the connection is due next (what handles it before then resets it).
-            match c.state {
+                // Not due: when it is next (what handles it before then resets this).
                 State::Lingering(deadline) | State::Closing(deadline) => next = next.min(deadline),
                 State::Open => {
-                    if let Some(t) = c.push.poll_timeout() {
+                    if let Some(t) = timeout {
                         next = next.min(millis(self.epoch, t));
                     }
-                    if let Some(at) = c.push.expires_at() {
+                    if let Some(at) = expires {
                         let left = at.duration_since(wall).map_or(0, |d| d.as_millis() as u64);
                         next = next.min(now_ms.saturating_add(left)).min(recheck);
                     }

@@ -1144,18 +1144,7 @@ pub(crate) mod tests {
         let pki = pki();
         let config = server_config_with(&files(true), reader(&pki)).unwrap();
         let at = |y| rcgen::date_time_ymd(y, 1, 1);
-        let unix = |y: i32| {
-            let days = (1970..y)
-                .map(|y| {
-                    if (y % 4 == 0 && y % 100 != 0) || y % 400 == 0 {
-                        366
-                    } else {
-                        365
-                    }
-                })
-                .sum::<u64>();
-            UNIX_EPOCH + std::time::Duration::from_secs(days * 86_400)
-        };
+        let unix = |y| std::time::SystemTime::from(at(y));
         let ca_params = |not_after| {
             let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
             p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
